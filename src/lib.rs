@@ -1,1 +1,4 @@
+//! Artemis Studio Operator: manages Apache ActiveMQ Artemis clusters from Kubernetes.
+//! The ADRs in the design records are the spec; each module below owns one concept.
 
+pub mod api;

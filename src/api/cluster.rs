@@ -1,0 +1,238 @@
+//! ArtemisCluster: how to reach a cluster's management endpoints, and what the cluster looks
+//! like now (ADR-0049: live nodes from polled topology, managementWrite from evidence).
+
+use std::collections::BTreeMap;
+
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::common::Condition;
+
+/// How to reach an Apache ActiveMQ Artemis cluster's Jolokia management endpoints.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "artemis-studio.io",
+    version = "v1alpha1",
+    kind = "ArtemisCluster",
+    namespaced,
+    status = "ArtemisClusterStatus",
+    shortname = "acl",
+    category = "artemis",
+    doc = "An Artemis cluster the operator manages: its Jolokia endpoints, credentials and limits. Status shows the live logical nodes and whether management writes are permitted.",
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Live", type_ = "integer", json_path = ".status.liveNodes", description = "live logical nodes"),
+    printcolumn(name = "Nodes", type_ = "integer", json_path = ".status.totalNodes", description = "logical nodes seen"),
+    printcolumn(name = "Writes", type_ = "string", json_path = ".status.managementWrite.state", description = "management write evidence"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("size(self.brokers) > 0 || has(self.discovery)").message("set spec.brokers (Jolokia URLs) or spec.discovery (a pod selector), or both"))]
+pub struct ArtemisClusterSpec {
+    /// Static Jolokia endpoints, one per broker process (primary and backup alike), e.g.
+    /// `http://broker-0.broker:8161/console/jolokia`.
+    #[serde(default)]
+    pub brokers: Vec<BrokerEndpoint>,
+    /// Discover broker pods by label in this namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<PodDiscovery>,
+    /// Secret holding the management user's credentials.
+    pub credentials: CredentialsRef,
+    /// TLS for https endpoints: the CA that signed the brokers' certificates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
+    /// The `Origin` header sent to Jolokia. Artemis's default strict origin checking refuses a
+    /// request without one. Defaults to the endpoint's `scheme://host`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
+    /// How often the topology and inventory are polled, in seconds.
+    #[serde(default = "default_poll_interval")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub poll_interval_seconds: u32,
+    /// Per-request timeout for one management call, in seconds.
+    #[serde(default = "default_request_timeout")]
+    #[schemars(range(min = 1, max = 300))]
+    pub request_timeout_seconds: u32,
+    /// The bulk cap (ADR-0022): the most messages one command may destroy, and the most
+    /// connections one command may close. Objects override it per command
+    /// (`deletion.allowMessageLoss`, `allowBulk`).
+    #[serde(default = "default_bulk_cap")]
+    #[schemars(range(min = 0))]
+    pub bulk_cap: u64,
+    /// Where the declared topology lives (ADR-0084 §2): `StudioManaged` (the operator's objects
+    /// are the declaration) or `ConfigManaged` (broker.xml rendered from it).
+    #[serde(default)]
+    pub declaration_mode: DeclarationMode,
+}
+
+pub fn default_poll_interval() -> u32 {
+    10
+}
+pub fn default_request_timeout() -> u32 {
+    5
+}
+pub fn default_bulk_cap() -> u64 {
+    10_000
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BrokerEndpoint {
+    /// Jolokia URL, e.g. `https://broker-0.broker.ns.svc:8161/console/jolokia`.
+    #[schemars(regex(pattern = r"^https?://"))]
+    pub url: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodDiscovery {
+    /// Labels that select the broker pods (matchLabels) in this namespace.
+    pub match_labels: BTreeMap<String, String>,
+    /// Jolokia port on each pod.
+    #[serde(default = "default_jolokia_port")]
+    pub port: u16,
+    /// Jolokia path on each pod.
+    #[serde(default = "default_jolokia_path")]
+    pub path: String,
+    /// `http` or `https`.
+    #[serde(default = "default_scheme")]
+    #[schemars(regex(pattern = r"^https?$"))]
+    pub scheme: String,
+}
+
+fn default_jolokia_port() -> u16 {
+    8161
+}
+fn default_jolokia_path() -> String {
+    "/console/jolokia".into()
+}
+fn default_scheme() -> String {
+    "http".into()
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CredentialsRef {
+    /// Secret in this namespace.
+    pub secret_name: String,
+    /// Key of the user name in the Secret.
+    #[serde(default = "default_username_key")]
+    pub username_key: String,
+    /// Key of the password in the Secret.
+    #[serde(default = "default_password_key")]
+    pub password_key: String,
+}
+
+fn default_username_key() -> String {
+    "username".into()
+}
+fn default_password_key() -> String {
+    "password".into()
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsConfig {
+    /// Secret in this namespace holding the CA certificate (PEM).
+    pub ca_secret_name: String,
+    /// Key of the CA certificate in the Secret.
+    #[serde(default = "default_ca_key")]
+    pub ca_key: String,
+}
+
+fn default_ca_key() -> String {
+    "ca.crt".into()
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum DeclarationMode {
+    #[default]
+    StudioManaged,
+    ConfigManaged,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ArtemisClusterStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// Logical nodes: one per broker node ID, a primary and its backup together.
+    #[serde(default)]
+    pub nodes: Vec<LogicalNodeStatus>,
+    #[serde(default)]
+    pub live_nodes: u32,
+    #[serde(default)]
+    pub total_nodes: u32,
+    /// Endpoints that did not answer the last poll, with the reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreachable_endpoints: Vec<EndpointProblem>,
+    /// When the topology was last polled (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_poll_time: Option<String>,
+    /// Whether management writes are permitted, from evidence only (ADR-0049).
+    #[serde(default)]
+    pub management_write: ManagementWrite,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LogicalNodeStatus {
+    /// Broker node ID.
+    pub node_id: String,
+    /// The endpoint commands go to now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_endpoint: Option<String>,
+    /// Endpoints of the same node ID that are not active (replicating backups).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub standby_endpoints: Vec<String>,
+    /// `primary`, `backup` (a backup that is active now, after failover) or `unknown`.
+    pub role: String,
+    /// In the polled topology and answering now.
+    pub live: bool,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointProblem {
+    pub endpoint: String,
+    pub message: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ManagementWriteState {
+    /// No write has been attempted yet.
+    #[default]
+    Unknown,
+    /// A write succeeded.
+    Available,
+    /// A write was refused for an authorization reason.
+    Unavailable,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ManagementWrite {
+    pub state: ManagementWriteState,
+    /// The write that decided the state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<WriteEvidence>,
+    /// For UNAVAILABLE: the management.xml `<role-access>` entry that would grant it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WriteEvidence {
+    /// When (RFC 3339).
+    pub at: String,
+    /// The command, e.g. `ArtemisQueue ns/orders create`.
+    pub command: String,
+    /// The logical node that answered.
+    pub node: String,
+    /// What the broker said.
+    pub message: String,
+}

@@ -1,0 +1,127 @@
+//! The vocabulary every kind shares (ADR-0049, ADR-0057): one per-node outcome shape, one set of
+//! refusal kinds, one cluster reference. Types only, no I/O.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+/// API group of every kind.
+pub const GROUP: &str = "artemis-studio.io";
+/// Annotation that stops every broker write for one object (status says so).
+pub const PAUSED_ANNOTATION: &str = "artemis-studio.io/paused";
+/// Name prefix reserved to capture subscriptions (ADR-0079 D3 via ADR-0084 §5).
+pub const CAPTURE_PREFIX: &str = "artemis-studio.capture.";
+
+/// Which ArtemisCluster (in the object's own namespace) this object acts on.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterRef {
+    /// Name of an ArtemisCluster in the same namespace.
+    pub name: String,
+}
+
+/// What one command did, or would do, on one logical node (ADR-0049). `ALREADY` is success:
+/// the node was already in the requested state. `SKIPPED_NOT_LIVE` is not a failure: the node
+/// never received the command.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Outcome {
+    WouldApply,
+    Applied,
+    Already,
+    SkippedNotLive,
+    Failed,
+}
+
+impl Outcome {
+    /// The node is in the requested state (or, in a dry run, could be put there).
+    pub fn is_success(self) -> bool {
+        matches!(self, Outcome::Applied | Outcome::Already | Outcome::WouldApply)
+    }
+}
+
+/// Why a broker (or the operator, on the broker's behalf) refused a command. Each kind has a
+/// message naming the next action: the flag, the field, or the grant.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum RefusalKind {
+    /// The queue has consumers (AMQ229025, or the preflight's ConsumerCount).
+    HasConsumers,
+    /// The routing type of an existing queue cannot change (AMQ229211).
+    RoutingTypeImmutable,
+    /// The routing type is not supported by the address (AMQ229207).
+    RoutingTypeNotSupported,
+    /// The address does not exist (AMQ229203).
+    AddressDoesNotExist,
+    /// The address exists already (AMQ229204).
+    AddressExists,
+    /// The address still has bindings (AMQ229205).
+    AddressHasBindings,
+    /// The queue does not exist (AMQ229017).
+    QueueDoesNotExist,
+    /// The queue exists already (AMQ229019).
+    QueueExists,
+    /// max-consumers below the current consumer count (AMQ229210).
+    MaxConsumersTooLow,
+    /// The divert does not exist (AMQ229012, AMQ229231).
+    DivertDoesNotExist,
+    /// The name is bound, but not to a divert (AMQ229013).
+    NotADivert,
+    /// The broker refused the JSON document (AMQ229229).
+    InvalidConfiguration,
+    /// Authentication or management.xml authorization refused the call.
+    NotAuthorized,
+    /// The command would destroy more messages or close more connections than the cluster's cap.
+    BulkCapExceeded,
+    /// An exclusive divert on the source address would starve a capture tap (ADR-0062 D8).
+    ExclusiveDivertPresent,
+    /// No authority to restrict the capture queue (ADR-0062 D8).
+    NoSecurityAuthority,
+    /// Nothing consumes at a divert's forwarding address (ADR-0084 §2).
+    NothingConsumes,
+    /// Another object on the broker already holds this name with a different shape.
+    NameConflict,
+    /// Another object of ours declares the same broker object; the oldest wins.
+    ResourceConflict,
+    /// The management endpoint could not be reached.
+    Unreachable,
+    /// The management call did not answer in time; its effect is unknown.
+    Timeout,
+    /// The broker answered something the operator cannot interpret.
+    BadResponse,
+}
+
+/// One logical node's result for one command. Every mutating kind reports a list of these.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeOutcome {
+    /// Logical node: the broker node ID (a primary and its backup share it).
+    pub node: String,
+    /// The endpoint the command went to (the node's active endpoint at the time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    pub outcome: Outcome,
+    /// Why the node refused, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<RefusalKind>,
+    /// What happened, for a human: the cause and the next action.
+    pub message: String,
+    /// Further lines: the fields that differ, the objects removed, warnings.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub detail: Vec<String>,
+}
+
+/// What happens to the broker object when the Kubernetes object is deleted.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum DeletionPolicy {
+    /// Remove it from every live node (with the checks of ADR-0084).
+    #[default]
+    Delete,
+    /// Leave the broker untouched; only the Kubernetes object goes.
+    Retain,
+}
+
+pub fn default_true() -> bool {
+    true
+}

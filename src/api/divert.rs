@@ -1,0 +1,93 @@
+//! ArtemisDivert: a declared divert on every live node. It is the declaration ADR-0084 §2 checks
+//! a dependent divert against.
+
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::common::{ClusterRef, Condition, DeletionPolicy, NodeOutcome};
+
+/// A divert the operator keeps on every live node of an ArtemisCluster.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "artemis-studio.io",
+    version = "v1alpha1",
+    kind = "ArtemisDivert",
+    namespaced,
+    status = "ArtemisDivertStatus",
+    shortname = "adv",
+    category = "artemis",
+    doc = "A divert on every live node of an Artemis cluster: copies (or moves) messages sent to one address into another.",
+    printcolumn(name = "Cluster", type_ = "string", json_path = ".spec.clusterRef.name"),
+    printcolumn(name = "Address", type_ = "string", json_path = ".spec.address"),
+    printcolumn(name = "Forward", type_ = "string", json_path = ".spec.forwardingAddress"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Applied", type_ = "string", json_path = ".status.nodesSummary"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.name) == has(oldSelf.name) && (!has(self.name) || self.name == oldSelf.name)").message("spec.name is immutable: create a new ArtemisDivert"))]
+#[x_kube(validation = Rule::new("!has(self.name) || !self.name.startsWith('artemis-studio.capture.')").message("spec.name: the prefix artemis-studio.capture. is reserved for capture subscriptions (ADR-0079 D3); choose another name"))]
+pub struct ArtemisDivertSpec {
+    /// The ArtemisCluster to act on. Immutable.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("clusterRef is immutable: create a new object for another cluster"))]
+    pub cluster_ref: ClusterRef,
+    /// Divert name on the broker. Defaults to metadata.name. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Source address: messages sent here are diverted.
+    #[schemars(length(min = 1))]
+    pub address: String,
+    /// Where the diverted messages go. Something must consume there (a queue bound to it).
+    #[schemars(length(min = 1))]
+    pub forwarding_address: String,
+    /// Only messages matching this filter are diverted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<String>,
+    /// Routing type of the diverted copy: STRIP (the broker's default), PASS, ANYCAST, MULTICAST.
+    #[serde(default)]
+    pub routing_type: DivertRoutingType,
+    /// An exclusive divert moves messages instead of copying them. Immutable: the broker cannot
+    /// update it; create a new ArtemisDivert.
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("exclusive is immutable (the broker cannot update it): create a new ArtemisDivert"))]
+    pub exclusive: bool,
+    /// Never write to the broker: status shows WOULD_APPLY per node.
+    #[serde(default)]
+    pub dry_run: bool,
+    #[serde(default)]
+    pub deletion: DivertDeletion,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum DivertRoutingType {
+    #[default]
+    Strip,
+    Pass,
+    Anycast,
+    Multicast,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DivertDeletion {
+    /// `Delete` removes the divert from every live node; `Retain` leaves it.
+    #[serde(default)]
+    pub policy: DeletionPolicy,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ArtemisDivertStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    #[serde(default)]
+    pub nodes: Vec<NodeOutcome>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes_summary: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_audit_id: Option<i64>,
+}

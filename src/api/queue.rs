@@ -1,0 +1,220 @@
+//! ArtemisQueue: one queue on every live node of a cluster (ADR-0049), deleted with the checks
+//! of ADR-0084.
+
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::common::{ClusterRef, Condition, DeletionPolicy, NodeOutcome, RefusalKind};
+
+/// A queue the operator keeps on every live node of an ArtemisCluster.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "artemis-studio.io",
+    version = "v1alpha1",
+    kind = "ArtemisQueue",
+    namespaced,
+    status = "ArtemisQueueStatus",
+    shortname = "aq",
+    category = "artemis",
+    doc = "A queue on every live node of an Artemis cluster, with a per-node report and a delete preview.",
+    printcolumn(name = "Cluster", type_ = "string", json_path = ".spec.clusterRef.name"),
+    printcolumn(name = "Queue", type_ = "string", json_path = ".status.queueName"),
+    printcolumn(name = "Routing", type_ = "string", json_path = ".spec.routingType"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Applied", type_ = "string", json_path = ".status.nodesSummary", description = "nodes in the requested state / live nodes"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.name) == has(oldSelf.name) && (!has(self.name) || self.name == oldSelf.name)").message("spec.name is immutable: create a new ArtemisQueue for another queue"))]
+#[x_kube(validation = Rule::new("has(self.address) == has(oldSelf.address) && (!has(self.address) || self.address == oldSelf.address)").message("spec.address is immutable: create a new ArtemisQueue for another address"))]
+pub struct ArtemisQueueSpec {
+    /// The ArtemisCluster to act on. Immutable.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("clusterRef is immutable: create a new object for another cluster"))]
+    pub cluster_ref: ClusterRef,
+    /// Queue name on the broker. Defaults to metadata.name. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Address the queue is bound to. Defaults to the queue name. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// ANYCAST (point to point) or MULTICAST (a subscription). Immutable: the broker refuses a
+    /// change (AMQ229211); create a new queue and move the messages instead.
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("routingType is immutable (the broker refuses the change with AMQ229211): create a new queue with the other routing type and move the messages"))]
+    pub routing_type: QueueRoutingType,
+    /// Message selector (filter string). Editable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<String>,
+    /// Durable queues survive a broker restart.
+    #[serde(default = "super::common::default_true")]
+    pub durable: bool,
+    /// Most consumers at once; -1 for unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_consumers: Option<i32>,
+    /// Deliver to one consumer at a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclusive: Option<bool>,
+    /// Last-value queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_value: Option<bool>,
+    /// Property that keys a last-value queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_value_key: Option<String>,
+    /// Consumers browse instead of consuming.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub non_destructive: Option<bool>,
+    /// Purge messages when the last consumer leaves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub purge_on_no_consumers: Option<bool>,
+    /// A disabled queue receives no routed messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Consumers to wait for before dispatching.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumers_before_dispatch: Option<i32>,
+    /// Milliseconds to wait for consumersBeforeDispatch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_before_dispatch: Option<i64>,
+    /// Default priority of consumers on this queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumer_priority: Option<i32>,
+    /// Ring queue size; -1 for none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring_size: Option<i64>,
+    /// Rebalance message groups when a consumer is added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_rebalance: Option<bool>,
+    /// Number of message-group buckets; -1 for unbounded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_buckets: Option<i32>,
+    /// Header key of the first message of a group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_first_key: Option<String>,
+    /// Let the broker delete the queue when it is unused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_delete: Option<bool>,
+    /// Milliseconds unused before auto delete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_delete_delay: Option<i64>,
+    /// Message count at or below which auto delete may act.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_delete_message_count: Option<i64>,
+    /// Never write to the broker: status shows WOULD_APPLY per node and what would change.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// What deleting this object does to the broker.
+    #[serde(default)]
+    pub deletion: QueueDeletion,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum QueueRoutingType {
+    #[default]
+    Anycast,
+    Multicast,
+}
+
+impl QueueRoutingType {
+    pub fn as_broker(self) -> &'static str {
+        match self {
+            QueueRoutingType::Anycast => "ANYCAST",
+            QueueRoutingType::Multicast => "MULTICAST",
+        }
+    }
+}
+
+/// ADR-0084: deleting removes the queue on every live node after a preflight.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueDeletion {
+    /// `Delete` removes the queue (and its dependent diverts) from every live node; `Retain`
+    /// leaves the broker untouched.
+    #[serde(default)]
+    pub policy: DeletionPolicy,
+    /// Close the queue's consumers to delete it. Without it a node with consumers refuses
+    /// (HAS_CONSUMERS).
+    #[serde(default)]
+    pub disconnect_consumers: bool,
+    /// Accept destroying up to this many messages (summed over nodes), above the cluster's
+    /// bulk cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub allow_message_loss: Option<u64>,
+    /// Also delete the address when no binding is left on it (never forced).
+    #[serde(default)]
+    pub remove_empty_address: bool,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ArtemisQueueStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// The queue name on the broker (spec.name or metadata.name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_name: Option<String>,
+    /// Per-node outcome of the last command.
+    #[serde(default)]
+    pub nodes: Vec<NodeOutcome>,
+    /// `applied/total`: nodes in the requested state over live nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes_summary: Option<String>,
+    /// What deleting this object would do now (ADR-0084), kept current.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_preview: Option<DeletePreview>,
+    /// Audit row of the last command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_audit_id: Option<i64>,
+}
+
+/// The blast radius of a delete, per node (ADR-0084 §1–§7).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeletePreview {
+    pub nodes: Vec<NodeDeletePreview>,
+    /// Messages a delete would destroy, summed over live nodes.
+    pub total_messages: u64,
+    /// The cap they are measured against (the cluster's bulk cap, or allowMessageLoss).
+    pub bulk_cap: u64,
+    /// The delete would be refused for the bulk cap.
+    pub exceeds_bulk_cap: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeDeletePreview {
+    pub node: String,
+    pub message_count: u64,
+    pub consumer_count: u64,
+    /// Diverts a delete removes first (they forward into the queue's address and this is the
+    /// last queue bound there).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dependent_diverts: Vec<DivertImpact>,
+    /// Diverts kept, with the reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept_diverts: Vec<DivertImpact>,
+    /// The refusal a delete would get on this node now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<RefusalKind>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DivertImpact {
+    pub name: String,
+    pub address: String,
+    pub forwarding_address: String,
+    /// The ArtemisDivert that declares it, if any: its next pass acts again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declared_by: Option<String>,
+    /// Why it is removed or kept, and what comes back.
+    pub note: String,
+}
