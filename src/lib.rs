@@ -2,3 +2,4 @@
 //! The ADRs in the design records are the spec; each module below owns one concept.
 
 pub mod api;
+pub mod store;

@@ -38,3 +38,21 @@ pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    /// The checked-in CRDs (crds/ and the chart's) are exactly what the types generate.
+    /// Regenerate with `make crds`.
+    #[test]
+    fn checked_in_crds_match_the_types() {
+        let generated = super::crds_yaml().expect("render CRDs");
+        for path in ["crds/artemis-studio.io.yaml", "charts/artemis-studio-operator/crds/artemis-studio.io.yaml"] {
+            let full = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+            let checked_in = std::fs::read_to_string(&full).unwrap_or_default();
+            assert!(
+                checked_in == generated,
+                "{path} differs from what src/api/ generates: run `make crds` and commit the result"
+            );
+        }
+    }
+}

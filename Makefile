@@ -1,0 +1,29 @@
+# Conveniences; the README's two commands are the supported entry points.
+CACHE ?= $(or $(ARTEMIS_STUDIO_CACHE),$(HOME)/.cache/artemis-studio)
+export CARGO_TARGET_DIR ?= $(CACHE)/target
+
+.PHONY: crds test demo up down fmt lint
+
+# Regenerate crds/ and the chart's CRDs from the Rust types (a unit test fails when they drift).
+crds:
+	cargo run --quiet -- crd > crds/artemis-studio.io.yaml
+	cp crds/artemis-studio.io.yaml charts/artemis-studio-operator/crds/artemis-studio.io.yaml
+
+test:
+	deploy/dev/test
+
+demo:
+	deploy/dev/demo
+
+up:
+	deploy/dev/testbed up
+
+down:
+	deploy/dev/testbed down
+
+fmt:
+	cargo fmt --all
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --all-targets -- -D warnings

@@ -1,0 +1,143 @@
+//! Postgres: migrations and the audit log (ADR-0049: one row per command, intent before the
+//! first broker write, outcome after).
+
+use serde::Serialize;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgPool};
+use std::str::FromStr;
+
+use crate::api::{NodeOutcome, Outcome};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("encoding audit detail: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+#[derive(Clone)]
+pub struct Store {
+    pool: PgPool,
+}
+
+/// Who asked for a command and on which object: written with the intent.
+#[derive(Debug, Clone, Serialize)]
+pub struct AuditIntent {
+    pub instance_id: String,
+    pub actor: String,
+    /// e.g. `queue.create`, `queue.delete`, `connection.close`.
+    pub command: String,
+    /// `namespace/name` of the ArtemisCluster.
+    pub cluster: String,
+    /// The broker object, e.g. `queue orders.in`.
+    pub target: String,
+    pub object_kind: String,
+    pub object_namespace: String,
+    pub object_name: String,
+    pub object_uid: String,
+    pub object_generation: Option<i64>,
+    pub params: serde_json::Value,
+}
+
+/// The final verdict of a command (ADR-0049: any FAILED node makes the command failed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandVerdict {
+    Succeeded,
+    Failed,
+    /// The outcome could not be learned (e.g. the operator restarted mid-command).
+    Unknown,
+}
+
+impl CommandVerdict {
+    pub fn of(nodes: &[NodeOutcome]) -> Self {
+        if nodes.iter().any(|n| n.outcome == Outcome::Failed) {
+            CommandVerdict::Failed
+        } else {
+            CommandVerdict::Succeeded
+        }
+    }
+    fn as_str(self) -> &'static str {
+        match self {
+            CommandVerdict::Succeeded => "succeeded",
+            CommandVerdict::Failed => "failed",
+            CommandVerdict::Unknown => "unknown",
+        }
+    }
+}
+
+/// The JSON stored in `outcome_detail`: every node's outcome, and on failure the nodes that
+/// applied, named (ADR-0049).
+pub fn outcome_detail(nodes: &[NodeOutcome], extra: serde_json::Value) -> serde_json::Value {
+    let applied: Vec<&str> = nodes
+        .iter()
+        .filter(|n| n.outcome == Outcome::Applied)
+        .map(|n| n.node.as_str())
+        .collect();
+    serde_json::json!({ "nodes": nodes, "appliedNodes": applied, "extra": extra })
+}
+
+impl Store {
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let pool = PgPoolOptions::new().max_connections(8).connect(url).await?;
+        Ok(Store { pool })
+    }
+
+    /// Apply the migrations on a dedicated connection that is closed afterwards (sqlx's
+    /// migration lock can outlive a failed migration on a pooled connection).
+    pub async fn migrate(url: &str) -> Result<(), StoreError> {
+        let mut conn = PgConnectOptions::from_str(url)?.connect().await?;
+        let result = MIGRATOR.run(&mut conn).await;
+        conn.close().await?;
+        Ok(result?)
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Write the intent row before the first broker write; returns its id.
+    pub async fn audit_intent(&self, i: &AuditIntent) -> Result<i64, StoreError> {
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO audit_event (instance_id, actor, command, cluster, target, object_kind, \
+             object_namespace, object_name, object_uid, object_generation, params) \
+             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11) RETURNING id",
+        )
+        .bind(&i.instance_id)
+        .bind(&i.actor)
+        .bind(&i.command)
+        .bind(&i.cluster)
+        .bind(&i.target)
+        .bind(&i.object_kind)
+        .bind(&i.object_namespace)
+        .bind(&i.object_name)
+        .bind(&i.object_uid)
+        .bind(i.object_generation)
+        .bind(&i.params)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(id)
+    }
+
+    /// Complete the row with the per-node outcome.
+    pub async fn audit_outcome(
+        &self,
+        id: i64,
+        verdict: CommandVerdict,
+        detail: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE audit_event SET outcome = $2, outcome_detail = $3, completed_at = now() WHERE id = $1",
+        )
+        .bind(id)
+        .bind(verdict.as_str())
+        .bind(detail)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}

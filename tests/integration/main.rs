@@ -1,0 +1,5 @@
+//! Integration tests against the real test bed: Artemis brokers, kube-apiserver + etcd, Postgres.
+//! Bring it up with `deploy/dev/testbed up` (the README's test command does).
+
+mod smoke;
+mod support;

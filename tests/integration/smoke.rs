@@ -1,0 +1,161 @@
+//! Smoke tests: each real part of the test bed does what the product relies on.
+
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+use artemis_studio_operator::api::{self, ArtemisQueue, ConnectionClose};
+
+use crate::support::{TestBed, jolokia_raw, wait_until};
+
+/// Install the CRDs the way the operator and the chart do, and wait until they are served.
+pub async fn install_crds(client: &kube::Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in api::all_crds() {
+        crds.patch(
+            &crd.name_any(),
+            &PatchParams::apply("artemis-studio-tests").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .expect("apply CRD");
+    }
+    for crd in api::all_crds() {
+        let name = crd.name_any();
+        wait_until(&format!("CRD {name} Established"), Duration::from_secs(60), || {
+            let crds = crds.clone();
+            let name = name.clone();
+            async move {
+                let c = crds.get(&name).await.ok()?;
+                c.status?
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+                    .then_some(())
+            }
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn crds_install_and_cel_refuses_a_routing_type_change() {
+    let bed = TestBed::get();
+    let client = bed.kube_admin().await;
+    install_crds(&client).await;
+    let ns = bed.fresh_namespace("smoke-crd").await;
+
+    let queues: Api<ArtemisQueue> = Api::namespaced(client.clone(), &ns);
+    let q: ArtemisQueue = serde_json::from_value(json!({
+        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+        "metadata": {"name": "orders"},
+        "spec": {"clusterRef": {"name": "c"}, "routingType": "ANYCAST"}
+    }))
+    .expect("queue json");
+    let created = queues.create(&PostParams::default(), &q).await.expect("create queue");
+    // Defaults are written by the schema: a reader sees them with kubectl get -o yaml.
+    assert!(created.spec.durable);
+    assert_eq!(created.spec.deletion.policy, api::DeletionPolicy::Delete);
+
+    let err = queues
+        .patch(
+            "orders",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"routingType": "MULTICAST"}})),
+        )
+        .await
+        .expect_err("a routingType change must be refused at admission");
+    let kube::Error::Api(status) = err else { panic!("expected an API error, got {err:?}") };
+    assert_eq!(status.code, 422, "{status:?}");
+    assert!(status.message.contains("routingType is immutable"), "{}", status.message);
+
+    // The filter stays editable.
+    queues
+        .patch("orders", &PatchParams::default(), &Patch::Merge(json!({"spec": {"filter": "color='red'"}})))
+        .await
+        .expect("a filter change is allowed");
+
+    // A close by id without a node is refused: ids are node-local (ADR-0057 D1).
+    let closes: Api<ConnectionClose> = Api::namespaced(client.clone(), &ns);
+    let cc: ConnectionClose = serde_json::from_value(json!({
+        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ConnectionClose",
+        "metadata": {"name": "no-node"},
+        "spec": {"clusterRef": {"name": "c"}, "target": {"connectionId": "a3f1c9de"}}
+    }))
+    .expect("close json");
+    let err = closes.create(&PostParams::default(), &cc).await.expect_err("no node must be refused");
+    let kube::Error::Api(status) = err else { panic!("expected an API error, got {err:?}") };
+    assert!(status.message.contains("node is required"), "{}", status.message);
+}
+
+#[tokio::test]
+async fn jolokia_answers_on_every_broker_and_strict_origin_is_understood() {
+    let bed = TestBed::get();
+    let user = bed.broker_user();
+    for b in bed.brokers() {
+        let read = json!({"type": "read", "mbean": format!("org.apache.activemq.artemis:broker=\"{}\"", b.name), "attribute": "NodeID"});
+        let (http, body) = jolokia_raw(&b, &user, Some("http://localhost"), read.clone()).await;
+        assert_eq!(http, 200, "{}: {body}", b.name);
+        assert_eq!(body["status"], 200, "{}: {body}", b.name);
+        assert!(body["value"].as_str().is_some_and(|v| !v.is_empty()), "{}: {body}", b.name);
+
+        let (_, body) = jolokia_raw(&b, &user, None, read).await;
+        if b.strict_origin {
+            // The broker's default: no Origin, no answer. The operator always sends one.
+            assert_eq!(body["status"], 403, "{}: {body}", b.name);
+            assert!(body["error"].as_str().is_some_and(|e| e.contains("Origin")), "{}: {body}", b.name);
+        } else {
+            assert_eq!(body["status"], 200, "{}: {body}", b.name);
+        }
+    }
+}
+
+#[tokio::test]
+async fn topology_shows_three_members_and_the_pair_shares_a_node_id() {
+    let bed = TestBed::get();
+    let user = bed.broker_user();
+    let c1 = bed.broker("c1");
+    let exec = json!({"type": "exec", "mbean": "org.apache.activemq.artemis:broker=\"c1\"", "operation": "listNetworkTopology()"});
+    let members = wait_until("c1 sees 3 cluster members", Duration::from_secs(60), || {
+        let (c1, user, exec) = (c1.clone(), user.clone(), exec.clone());
+        async move {
+            let (_, body) = jolokia_raw(&c1, &user, Some("http://localhost"), exec).await;
+            let list: Vec<serde_json::Value> = serde_json::from_str(body["value"].as_str()?).ok()?;
+            (list.len() == 3).then_some(list)
+        }
+    })
+    .await;
+    assert!(members.iter().all(|m| m["nodeID"].is_string() && m["live"].is_string()));
+
+    let node_id = |name: &'static str| {
+        let b = bed.broker(name);
+        let user = user.clone();
+        async move {
+            let read = json!({"type": "read", "mbean": format!("org.apache.activemq.artemis:broker=\"{name}\""), "attribute": "NodeID"});
+            let (_, body) = jolokia_raw(&b, &user, Some("http://localhost"), read).await;
+            body["value"].as_str().map(str::to_string).expect("NodeID")
+        }
+    };
+    let primary = node_id("ha1").await;
+    let backup = node_id("ha1b").await;
+    assert_eq!(primary, backup, "a primary and its backup are one logical node");
+    assert_ne!(primary, node_id("ha2").await);
+}
+
+#[tokio::test]
+async fn migrations_apply_to_postgres() {
+    let bed = TestBed::get();
+    let url = bed.fresh_database().await;
+    artemis_studio_operator::store::Store::migrate(&url).await.expect("migrations apply");
+    // Twice is a no-op.
+    artemis_studio_operator::store::Store::migrate(&url).await.expect("migrations are idempotent");
+    let store = artemis_studio_operator::store::Store::connect(&url).await.expect("connect");
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_event")
+        .fetch_one(store.pool())
+        .await
+        .expect("audit_event exists");
+    assert_eq!(n, 0);
+}

@@ -1,0 +1,207 @@
+#![allow(dead_code)] // shared by every test module; not every test uses every helper
+//! Test support: the real test bed (deploy/dev/testbed) as the tests see it. Every test gets a
+//! fresh namespace and a fresh database; brokers are shared, so tests use unique object names.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use k8s_openapi::api::core::v1::Namespace;
+
+pub struct TestBed {
+    vars: HashMap<String, String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Broker {
+    pub name: String,
+    pub cluster: String,
+    pub role: String,
+    pub jolokia: String,
+    pub amqp: String,
+    pub strict_origin: bool,
+}
+
+fn env_file() -> PathBuf {
+    if let Ok(p) = std::env::var("ARTEMIS_STUDIO_TESTBED_ENV") {
+        return PathBuf::from(p);
+    }
+    let cache = std::env::var("ARTEMIS_STUDIO_CACHE").map(PathBuf::from).unwrap_or_else(|_| {
+        let base = std::env::var("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache"));
+        base.join("artemis-studio")
+    });
+    cache.join("testbed").join("env")
+}
+
+impl TestBed {
+    /// The running test bed. Panics with the command to run when it is not up.
+    pub fn get() -> TestBed {
+        let path = env_file();
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!("the test bed is not up ({}: {e}); run `deploy/dev/testbed up`", path.display())
+        });
+        let vars = text
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        TestBed { vars }
+    }
+
+    pub fn var(&self, key: &str) -> String {
+        self.vars
+            .get(key)
+            .cloned()
+            .unwrap_or_else(|| panic!("test bed env has no {key}"))
+    }
+
+    pub fn brokers(&self) -> Vec<Broker> {
+        self.var("TESTBED_BROKERS")
+            .split_whitespace()
+            .map(|n| self.broker(n))
+            .collect()
+    }
+
+    pub fn broker(&self, name: &str) -> Broker {
+        let up = name.to_uppercase();
+        Broker {
+            name: name.to_string(),
+            cluster: self.var(&format!("TESTBED_{up}_CLUSTER")),
+            role: self.var(&format!("TESTBED_{up}_ROLE")),
+            jolokia: self.var(&format!("TESTBED_{up}_JOLOKIA")),
+            amqp: self.var(&format!("TESTBED_{up}_AMQP")),
+            strict_origin: self.var(&format!("TESTBED_{up}_STRICT_ORIGIN")) == "true",
+        }
+    }
+
+    pub fn cluster_brokers(&self, cluster: &str) -> Vec<Broker> {
+        self.brokers().into_iter().filter(|b| b.cluster == cluster).collect()
+    }
+
+    pub fn broker_user(&self) -> (String, String) {
+        (self.var("TESTBED_BROKER_USER"), self.var("TESTBED_BROKER_PASSWORD"))
+    }
+
+    pub fn viewer_user(&self) -> (String, String) {
+        (self.var("TESTBED_VIEWER_USER"), self.var("TESTBED_VIEWER_PASSWORD"))
+    }
+
+    pub fn database_url(&self) -> String {
+        self.var("TESTBED_DATABASE_URL")
+    }
+
+    /// A client for the API server with the admin identity.
+    pub async fn kube_admin(&self) -> Client {
+        client_from(&self.var("TESTBED_KUBECONFIG")).await
+    }
+
+    /// A client with the operator's own identity: only what the chart's RBAC grants it.
+    pub async fn kube_operator(&self) -> Client {
+        client_from(&self.var("TESTBED_OPERATOR_KUBECONFIG")).await
+    }
+
+    /// A fresh namespace for one test.
+    pub async fn fresh_namespace(&self, prefix: &str) -> String {
+        let client = self.kube_admin().await;
+        let name = format!("{prefix}-{}", short_id());
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
+        }))
+        .expect("namespace json");
+        Api::<Namespace>::all(client)
+            .create(&Default::default(), &ns)
+            .await
+            .expect("create namespace");
+        name
+    }
+
+    /// A fresh, empty database for one test; returns its URL.
+    pub async fn fresh_database(&self) -> String {
+        use sqlx::Connection;
+        let admin = self.database_url();
+        let db = format!("t_{}", short_id());
+        let mut conn = sqlx::PgConnection::connect(&admin).await.expect("connect to postgres");
+        sqlx::query(&format!("CREATE DATABASE {db}"))
+            .execute(&mut conn)
+            .await
+            .expect("create database");
+        let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
+        format!("{base}/{db}")
+    }
+
+    /// Start, stop, kill (SIGKILL), freeze (SIGSTOP) or thaw (SIGCONT) one broker; `start`
+    /// returns once the broker is ready.
+    pub fn broker_action(&self, action: &str, name: &str) {
+        let status = std::process::Command::new(self.var("TESTBED_SCRIPT"))
+            .args(["broker", action, name])
+            .status()
+            .expect("run the testbed script");
+        assert!(status.success(), "testbed broker {action} {name} failed");
+    }
+
+    /// Restore the replicated pair (primary active, backup in sync) after a failover test.
+    pub fn ha_restore(&self) {
+        let status = std::process::Command::new(self.var("TESTBED_SCRIPT"))
+            .arg("ha-restore")
+            .status()
+            .expect("run the testbed script");
+        assert!(status.success(), "testbed ha-restore failed");
+    }
+}
+
+async fn client_from(path: &str) -> Client {
+    let kc = Kubeconfig::read_from(path).expect("read kubeconfig");
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig");
+    Client::try_from(config).expect("kube client")
+}
+
+pub fn short_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..10].to_string()
+}
+
+/// Poll `check` until it returns Some, or fail after `timeout` naming `what`. The timeout is a
+/// bound on a broken system, never an assertion about speed.
+pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// One raw Jolokia POST (tests only; the operator uses broker::JolokiaClient).
+pub async fn jolokia_raw(
+    broker: &Broker,
+    user: &(String, String),
+    origin: Option<&str>,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let client = reqwest::Client::new();
+    let mut req = client
+        .post(&broker.jolokia)
+        .basic_auth(&user.0, Some(&user.1))
+        .json(&body);
+    if let Some(o) = origin {
+        req = req.header("Origin", o);
+    }
+    let resp = req.send().await.expect("jolokia request");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap_or_default();
+    (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
+}
