@@ -2,4 +2,5 @@
 //! The ADRs in the design records are the spec; each module below owns one concept.
 
 pub mod api;
+pub mod broker;
 pub mod store;

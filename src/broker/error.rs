@@ -1,0 +1,196 @@
+//! One error type for every management call, classified once, close to the broker.
+
+use crate::api::RefusalKind;
+
+/// A management call that did not do what was asked.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BrokerError {
+    /// The broker (or Jolokia's access policy) answered and refused.
+    #[error("{0}")]
+    Refused(ManagementRefusal),
+    /// No connection to the endpoint.
+    #[error("unreachable: {0}")]
+    Unreachable(String),
+    /// No answer in time; the call's effect is unknown.
+    #[error("timed out after {0}s; the effect of the call is unknown")]
+    Timeout(u64),
+    /// An answer the operator cannot interpret (not Jolokia, or not the expected shape).
+    #[error("bad response: {0}")]
+    BadResponse(String),
+}
+
+/// A refusal by the broker, with its kind and what it said.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind:?}: {message}")]
+pub struct ManagementRefusal {
+    pub kind: RefusalKind,
+    /// The broker's AMQ code, when it gave one.
+    pub code: Option<String>,
+    /// What the broker said, without the Java class prefix.
+    pub message: String,
+}
+
+impl BrokerError {
+    pub fn refusal_kind(&self) -> RefusalKind {
+        match self {
+            BrokerError::Refused(r) => r.kind,
+            BrokerError::Unreachable(_) => RefusalKind::Unreachable,
+            BrokerError::Timeout(_) => RefusalKind::Timeout,
+            BrokerError::BadResponse(_) => RefusalKind::BadResponse,
+        }
+    }
+
+    /// An authorization refusal: the evidence for managementWrite = UNAVAILABLE (ADR-0049).
+    pub fn is_authorization(&self) -> bool {
+        matches!(self, BrokerError::Refused(r) if r.kind == RefusalKind::NotAuthorized)
+    }
+
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            BrokerError::Refused(r) => r.code.as_deref(),
+            _ => None,
+        }
+    }
+
+    pub fn refused(kind: RefusalKind, message: impl Into<String>) -> Self {
+        BrokerError::Refused(ManagementRefusal { kind, code: None, message: message.into() })
+    }
+}
+
+/// The AMQ codes this product acts on (ActiveMQMessageBundle).
+fn kind_of_code(code: &str) -> Option<RefusalKind> {
+    Some(match code {
+        "AMQ229012" | "AMQ229231" => RefusalKind::DivertDoesNotExist,
+        "AMQ229013" => RefusalKind::NotADivert,
+        "AMQ229017" => RefusalKind::QueueDoesNotExist,
+        "AMQ229019" => RefusalKind::QueueExists,
+        "AMQ229025" => RefusalKind::HasConsumers,
+        "AMQ229203" => RefusalKind::AddressDoesNotExist,
+        "AMQ229204" => RefusalKind::AddressExists,
+        "AMQ229205" => RefusalKind::AddressHasBindings,
+        "AMQ229207" => RefusalKind::RoutingTypeNotSupported,
+        "AMQ229210" => RefusalKind::MaxConsumersTooLow,
+        "AMQ229211" => RefusalKind::RoutingTypeImmutable,
+        "AMQ229229" => RefusalKind::InvalidConfiguration,
+        _ => return None,
+    })
+}
+
+/// Find the first `AMQ` + 6 digits in a message.
+fn amq_code(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while let Some(pos) = text[i..].find("AMQ") {
+        let start = i + pos;
+        let digits = &bytes[start + 3..];
+        if digits.len() >= 6 && digits[..6].iter().all(u8::is_ascii_digit) {
+            return Some(text[start..start + 9].to_string());
+        }
+        i = start + 3;
+    }
+    None
+}
+
+/// Strip Jolokia's `"<java class> : "` prefix.
+fn broker_message(error: &str) -> &str {
+    match error.split_once(" : ") {
+        Some((class, rest)) if !class.contains(' ') => rest,
+        _ => error,
+    }
+}
+
+/// Classify one Jolokia response element that did not have status 200.
+pub fn classify(status: u64, error_type: Option<&str>, error: Option<&str>) -> BrokerError {
+    let error = error.unwrap_or("");
+    let message = broker_message(error).to_string();
+    if let Some(code) = amq_code(error) {
+        if let Some(kind) = kind_of_code(&code) {
+            return BrokerError::Refused(ManagementRefusal { kind, code: Some(code), message });
+        }
+    }
+    if status == 403 {
+        // Jolokia's access policy (the Origin check) is a configuration problem of the
+        // operator's request, not a denial of the management user: say which.
+        return BrokerError::Refused(ManagementRefusal {
+            kind: RefusalKind::NotAuthorized,
+            code: None,
+            message,
+        });
+    }
+    let parse_error = error_type.is_some_and(|t| t.contains("JsonParsingException") || t.contains("JsonException"));
+    if parse_error {
+        return BrokerError::Refused(ManagementRefusal {
+            kind: RefusalKind::InvalidConfiguration,
+            code: None,
+            message,
+        });
+    }
+    BrokerError::BadResponse(format!("status {status}: {message}"))
+}
+
+/// Is this 403 Jolokia's Origin check rather than the management user's authorization?
+pub fn is_origin_refusal(message: &str) -> bool {
+    message.contains("Origin") && message.contains("not allowed")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> serde_json::Value {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jolokia").join(name);
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("fixture json")
+    }
+
+    fn classify_fixture(name: &str) -> BrokerError {
+        let v = fixture(name);
+        classify(v["status"].as_u64().unwrap_or(0), v["error_type"].as_str(), v["error"].as_str())
+    }
+
+    #[test]
+    fn classifies_captured_broker_refusals_by_code() {
+        for (file, kind, code) in [
+            ("create_queue_exists_AMQ229019.json", RefusalKind::QueueExists, "AMQ229019"),
+            ("create_queue_no_address_AMQ229203.json", RefusalKind::AddressDoesNotExist, "AMQ229203"),
+            ("update_queue_routing_type_AMQ229211.json", RefusalKind::RoutingTypeImmutable, "AMQ229211"),
+            ("update_queue_missing_AMQ229017.json", RefusalKind::QueueDoesNotExist, "AMQ229017"),
+            ("destroy_queue_missing_AMQ229017.json", RefusalKind::QueueDoesNotExist, "AMQ229017"),
+            ("destroy_divert_missing_AMQ229012.json", RefusalKind::DivertDoesNotExist, "AMQ229012"),
+            ("destroy_divert_not_a_divert_AMQ229013.json", RefusalKind::NotADivert, "AMQ229013"),
+            ("delete_address_has_bindings_AMQ229205.json", RefusalKind::AddressHasBindings, "AMQ229205"),
+            ("create_address_exists_AMQ229204.json", RefusalKind::AddressExists, "AMQ229204"),
+        ] {
+            let e = classify_fixture(file);
+            assert_eq!(e.refusal_kind(), kind, "{file}: {e}");
+            assert_eq!(e.code(), Some(code), "{file}");
+            assert!(!e.to_string().contains("java."), "{file}: message keeps the class name: {e}");
+        }
+    }
+
+    #[test]
+    fn classifies_authorization_and_malformed_requests() {
+        let e = classify_fixture("create_queue_viewer_not_authorized.json");
+        assert!(e.is_authorization(), "{e}");
+        assert!(e.to_string().contains("not authorized to access operation: createQueue"));
+
+        let e = classify_fixture("read_without_origin_403.json");
+        assert_eq!(e.refusal_kind(), RefusalKind::NotAuthorized);
+        assert!(is_origin_refusal(&e.to_string()));
+
+        let e = classify_fixture("create_queue_bad_json.json");
+        assert_eq!(e.refusal_kind(), RefusalKind::InvalidConfiguration, "{e}");
+        assert!(!e.is_authorization());
+
+        let e = classify_fixture("exec_unknown_operation.json");
+        assert_eq!(e.refusal_kind(), RefusalKind::BadResponse, "{e}");
+        let e = classify_fixture("read_unknown_mbean_404.json");
+        assert_eq!(e.refusal_kind(), RefusalKind::BadResponse, "{e}");
+    }
+
+    #[test]
+    fn finds_codes_anywhere_in_the_message() {
+        assert_eq!(amq_code("x AMQ229025: Cannot delete queue"), Some("AMQ229025".into()));
+        assert_eq!(amq_code("AMQ12 short, then AMQ229017: gone"), Some("AMQ229017".into()));
+        assert_eq!(amq_code("no code"), None);
+    }
+}

@@ -1,0 +1,240 @@
+//! The Jolokia transport: one POST per call, bulk requests as one POST with an array, every
+//! element's own `status` checked (the HTTP code says nothing about individual requests).
+
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::error::{BrokerError, ManagementRefusal, classify, is_origin_refusal};
+use crate::api::RefusalKind;
+
+/// A management user's credentials. Never logged, never stored.
+#[derive(Clone)]
+pub struct Credentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials").field("username", &self.username).field("password", &"<redacted>").finish()
+    }
+}
+
+/// One Jolokia operation.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum JolokiaRequest {
+    Read {
+        mbean: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        attribute: Option<Value>,
+    },
+    Exec {
+        mbean: String,
+        operation: String,
+        arguments: Vec<Value>,
+    },
+    Search {
+        mbean: String,
+    },
+}
+
+impl JolokiaRequest {
+    pub fn read(mbean: impl Into<String>, attribute: &str) -> Self {
+        JolokiaRequest::Read { mbean: mbean.into(), attribute: Some(Value::String(attribute.into())) }
+    }
+    pub fn read_many(mbean: impl Into<String>, attributes: &[&str]) -> Self {
+        JolokiaRequest::Read {
+            mbean: mbean.into(),
+            attribute: Some(Value::Array(attributes.iter().map(|a| Value::String((*a).into())).collect())),
+        }
+    }
+    pub fn exec(mbean: impl Into<String>, operation: &str, arguments: Vec<Value>) -> Self {
+        JolokiaRequest::Exec { mbean: mbean.into(), operation: operation.into(), arguments }
+    }
+    pub fn search(pattern: impl Into<String>) -> Self {
+        JolokiaRequest::Search { mbean: pattern.into() }
+    }
+}
+
+/// A client for one Jolokia endpoint.
+#[derive(Clone, Debug)]
+pub struct JolokiaClient {
+    http: reqwest::Client,
+    url: String,
+    origin: String,
+    credentials: Credentials,
+    timeout: Duration,
+}
+
+/// The Origin a broker's default strict checking accepts for this URL: `scheme://host`.
+pub fn default_origin(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(u) => format!("{}://{}", u.scheme(), u.host_str().unwrap_or("localhost")),
+        Err(_) => "http://localhost".into(),
+    }
+}
+
+/// The HTTP client shared by every endpoint of one cluster (TLS roots included).
+pub fn http_client(ca_pem: Option<&[u8]>) -> Result<reqwest::Client, BrokerError> {
+    let mut b = reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).pool_max_idle_per_host(4);
+    if let Some(pem) = ca_pem {
+        let cert = reqwest::Certificate::from_pem(pem)
+            .map_err(|e| BrokerError::BadResponse(format!("the CA certificate is not PEM: {e}")))?;
+        b = b.add_root_certificate(cert);
+    }
+    b.build().map_err(|e| BrokerError::BadResponse(format!("building the HTTP client: {e}")))
+}
+
+impl JolokiaClient {
+    pub fn new(
+        http: reqwest::Client,
+        url: impl Into<String>,
+        origin: Option<String>,
+        credentials: Credentials,
+        timeout: Duration,
+    ) -> Self {
+        let url = url.into();
+        let origin = origin.unwrap_or_else(|| default_origin(&url));
+        JolokiaClient { http, url, origin, credentials, timeout }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// One operation.
+    pub async fn call(&self, request: JolokiaRequest) -> Result<Value, BrokerError> {
+        let mut results = self.bulk(std::slice::from_ref(&request)).await?;
+        results.pop().unwrap_or_else(|| Err(BrokerError::BadResponse("empty bulk response".into())))
+    }
+
+    /// Many operations in one POST; one result per request, in order.
+    pub async fn bulk(&self, requests: &[JolokiaRequest]) -> Result<Vec<Result<Value, BrokerError>>, BrokerError> {
+        let send = self
+            .http
+            .post(&self.url)
+            .basic_auth(&self.credentials.username, Some(&self.credentials.password))
+            .header("Origin", &self.origin)
+            .json(requests)
+            .timeout(self.timeout)
+            .send();
+        let response = send.await.map_err(|e| self.transport_error(e))?;
+        let status = response.status();
+        let body = response.text().await.map_err(|e| self.transport_error(e))?;
+        if status == reqwest::StatusCode::UNAUTHORIZED || status == reqwest::StatusCode::FORBIDDEN {
+            return Err(BrokerError::Refused(ManagementRefusal {
+                kind: RefusalKind::NotAuthorized,
+                code: None,
+                message: format!(
+                    "{} refused the credentials (HTTP {}): check the username and password in the credentials Secret, and that the user's role is in the broker's HAWTIO_ROLES",
+                    self.url,
+                    status.as_u16()
+                ),
+            }));
+        }
+        let parsed: Value = serde_json::from_str(&body).map_err(|_| {
+            BrokerError::BadResponse(format!(
+                "{} answered HTTP {} with something that is not Jolokia JSON: is this the Jolokia URL (usually …/console/jolokia)?",
+                self.url,
+                status.as_u16()
+            ))
+        })?;
+        match parsed {
+            Value::Array(items) if items.len() == requests.len() => Ok(items.into_iter().map(element).collect()),
+            Value::Array(items) => Err(BrokerError::BadResponse(format!(
+                "{} answered {} results for {} requests",
+                self.url,
+                items.len(),
+                requests.len()
+            ))),
+            // The whole request was refused (e.g. the Origin check): every element failed alike.
+            Value::Object(_) => {
+                let e = element(parsed).err().unwrap_or_else(|| {
+                    BrokerError::BadResponse(format!("{} answered one object to a bulk request", self.url))
+                });
+                Err(self.explain(e))
+            }
+            _ => Err(BrokerError::BadResponse(format!("{} answered an unexpected JSON shape", self.url))),
+        }
+    }
+
+    fn transport_error(&self, e: reqwest::Error) -> BrokerError {
+        if e.is_timeout() {
+            BrokerError::Timeout(self.timeout.as_secs())
+        } else if e.is_connect() || e.is_request() {
+            BrokerError::Unreachable(format!("{}: {}", self.url, root_cause(&e)))
+        } else {
+            BrokerError::BadResponse(format!("{}: {}", self.url, root_cause(&e)))
+        }
+    }
+
+    /// Add what to do to refusals whose cause is the request, not the broker's state.
+    fn explain(&self, e: BrokerError) -> BrokerError {
+        match e {
+            BrokerError::Refused(mut r) if is_origin_refusal(&r.message) => {
+                r.message = format!(
+                    "{} (Jolokia strict origin checking refused Origin {}): set spec.origin to an origin the broker's jolokia-access.xml allows, e.g. http://<its --http-host>",
+                    r.message, self.origin
+                );
+                BrokerError::Refused(r)
+            }
+            other => other,
+        }
+    }
+}
+
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}
+
+/// One element of a (bulk) response.
+fn element(v: Value) -> Result<Value, BrokerError> {
+    let status = v.get("status").and_then(Value::as_u64).unwrap_or(0);
+    if status == 200 {
+        return Ok(v.get("value").cloned().unwrap_or(Value::Null));
+    }
+    Err(classify(
+        status,
+        v.get("error_type").and_then(Value::as_str),
+        v.get("error").and_then(Value::as_str),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_serialize_as_jolokia_expects() {
+        let r = JolokiaRequest::exec("m", "createQueue(java.lang.String,boolean)", vec![Value::from("{}"), Value::from(true)]);
+        assert_eq!(
+            serde_json::to_value(&r).unwrap_or_default(),
+            serde_json::json!({"type":"exec","mbean":"m","operation":"createQueue(java.lang.String,boolean)","arguments":["{}",true]})
+        );
+        let r = JolokiaRequest::read("m", "NodeID");
+        assert_eq!(serde_json::to_value(&r).unwrap_or_default(), serde_json::json!({"type":"read","mbean":"m","attribute":"NodeID"}));
+    }
+
+    #[test]
+    fn origin_defaults_to_scheme_and_host() {
+        assert_eq!(default_origin("http://localhost:8261/console/jolokia"), "http://localhost");
+        assert_eq!(default_origin("https://b-0.b.ns.svc:8161/console/jolokia"), "https://b-0.b.ns.svc");
+    }
+
+    #[test]
+    fn credentials_never_print_the_password() {
+        let c = Credentials { username: "u".into(), password: "s3cret".into() };
+        assert!(!format!("{c:?}").contains("s3cret"));
+    }
+}

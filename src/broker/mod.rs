@@ -1,0 +1,11 @@
+//! The broker: Jolokia transport, ObjectNames, the typed management surface, and the one error
+//! type every management call returns, classified here (ADR-0049, ADR-0084 §6).
+
+pub mod error;
+pub mod jolokia;
+pub mod management;
+pub mod mbean;
+
+pub use error::{BrokerError, ManagementRefusal};
+pub use jolokia::{Credentials, JolokiaClient, JolokiaRequest};
+pub use management::{BrokerManagement, NodeIdentity, TopologyMember};
