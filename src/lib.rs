@@ -3,4 +3,7 @@
 
 pub mod api;
 pub mod broker;
+pub mod controllers;
+pub mod fanout;
 pub mod store;
+pub mod topology;

@@ -1,4 +1,11 @@
+use std::sync::Arc;
+
 use clap::{Parser, Subcommand};
+use kube::Api;
+
+use artemis_studio_operator::api::ArtemisCluster;
+use artemis_studio_operator::controllers::{self, Context};
+use artemis_studio_operator::store::Store;
 
 /// Artemis Studio Operator: queues on every live node, safe connection closes, complete capture.
 #[derive(Parser)]
@@ -12,12 +19,52 @@ struct Cli {
 enum Command {
     /// Print the CustomResourceDefinitions (YAML) of every kind.
     Crd,
+    /// Run the controllers (kubeconfig from KUBECONFIG or in-cluster).
+    Run(RunArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Postgres URL for the audit log (and captured messages).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: String,
+    /// This installation's ID: the capture objects it owns carry it.
+    #[arg(long, env = "INSTANCE_ID", default_value = "studio")]
+    instance_id: String,
+    /// Watch only this namespace (default: all).
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    namespace: Option<String>,
+    /// Log as JSON lines.
+    #[arg(long, env = "LOG_JSON", default_value_t = false)]
+    log_json: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Crd => print!("{}", artemis_studio_operator::api::crds_yaml()?),
+        Command::Run(args) => run(args).await?,
     }
+    Ok(())
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    if args.log_json {
+        tracing_subscriber::fmt().json().with_env_filter(filter).init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
+    Store::migrate(&args.database_url).await?;
+    let store = Store::connect(&args.database_url).await?;
+    let client = kube::Client::try_default().await?;
+    let ctx = Arc::new(Context::new(client.clone(), store, args.instance_id.clone()));
+    tracing::info!(instance_id = %args.instance_id, namespace = ?args.namespace, "starting controllers");
+    let clusters: Api<ArtemisCluster> = match &args.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    controllers::cluster::run(ctx.clone(), clusters).await;
     Ok(())
 }

@@ -21,7 +21,11 @@ use super::common::{ClusterRef, Condition, RefusalKind};
     doc = "Complete message capture for the addresses of the matching queues: a non-exclusive divert into a ring queue per node, drained into Postgres.",
     printcolumn(name = "Cluster", type_ = "string", json_path = ".spec.clusterRef.name"),
     printcolumn(name = "Queues", type_ = "string", json_path = ".spec.queues"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
     printcolumn(name = "Captured", type_ = "integer", json_path = ".status.captured"),
     printcolumn(name = "Dropped", type_ = "integer", json_path = ".status.droppedEstimate"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
@@ -84,7 +88,10 @@ pub struct CaptureRetention {
 
 impl Default for CaptureRetention {
     fn default() -> Self {
-        CaptureRetention { max_age_hours: default_age(), max_bytes: None }
+        CaptureRetention {
+            max_age_hours: default_age(),
+            max_bytes: None,
+        }
     }
 }
 

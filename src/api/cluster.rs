@@ -20,10 +20,29 @@ use super::common::Condition;
     shortname = "acl",
     category = "artemis",
     doc = "An Artemis cluster the operator manages: its Jolokia endpoints, credentials and limits. Status shows the live logical nodes and whether management writes are permitted.",
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
-    printcolumn(name = "Live", type_ = "integer", json_path = ".status.liveNodes", description = "live logical nodes"),
-    printcolumn(name = "Nodes", type_ = "integer", json_path = ".status.totalNodes", description = "logical nodes seen"),
-    printcolumn(name = "Writes", type_ = "string", json_path = ".status.managementWrite.state", description = "management write evidence"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Live",
+        type_ = "integer",
+        json_path = ".status.liveNodes",
+        description = "live logical nodes"
+    ),
+    printcolumn(
+        name = "Nodes",
+        type_ = "integer",
+        json_path = ".status.totalNodes",
+        description = "logical nodes seen"
+    ),
+    printcolumn(
+        name = "Writes",
+        type_ = "string",
+        json_path = ".status.managementWrite.state",
+        description = "management write evidence"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]

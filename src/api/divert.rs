@@ -21,7 +21,11 @@ use super::common::{ClusterRef, Condition, DeletionPolicy, NodeOutcome};
     printcolumn(name = "Cluster", type_ = "string", json_path = ".spec.clusterRef.name"),
     printcolumn(name = "Address", type_ = "string", json_path = ".spec.address"),
     printcolumn(name = "Forward", type_ = "string", json_path = ".spec.forwardingAddress"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
     printcolumn(name = "Applied", type_ = "string", json_path = ".status.nodesSummary"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]

@@ -1,4 +1,6 @@
 //! CRD types of every kind, and the vocabulary they share. No I/O here.
+// kube-derive's printcolumn(..) repeats `type_ = ..` per column, which clippy reads as a duplicate.
+#![allow(clippy::duplicated_attributes)]
 
 pub mod capture;
 pub mod cluster;
@@ -14,8 +16,8 @@ pub use connection_close::ConnectionClose;
 pub use divert::ArtemisDivert;
 pub use queue::ArtemisQueue;
 
-use kube::CustomResourceExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
 
 /// Every CRD this operator serves, in a stable order.
 pub fn all_crds() -> Vec<CustomResourceDefinition> {
@@ -46,7 +48,10 @@ mod tests {
     #[test]
     fn checked_in_crds_match_the_types() {
         let generated = super::crds_yaml().expect("render CRDs");
-        for path in ["crds/artemis-studio.io.yaml", "charts/artemis-studio-operator/crds/artemis-studio.io.yaml"] {
+        for path in [
+            "crds/artemis-studio.io.yaml",
+            "charts/artemis-studio-operator/crds/artemis-studio.io.yaml",
+        ] {
             let full = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
             let checked_in = std::fs::read_to_string(&full).unwrap_or_default();
             assert!(

@@ -21,8 +21,17 @@ use super::common::{ClusterRef, Condition, DeletionPolicy, NodeOutcome, RefusalK
     printcolumn(name = "Cluster", type_ = "string", json_path = ".spec.clusterRef.name"),
     printcolumn(name = "Queue", type_ = "string", json_path = ".status.queueName"),
     printcolumn(name = "Routing", type_ = "string", json_path = ".spec.routingType"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
-    printcolumn(name = "Applied", type_ = "string", json_path = ".status.nodesSummary", description = "nodes in the requested state / live nodes"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Applied",
+        type_ = "string",
+        json_path = ".status.nodesSummary",
+        description = "nodes in the requested state / live nodes"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]

@@ -53,7 +53,11 @@ impl BrokerError {
     }
 
     pub fn refused(kind: RefusalKind, message: impl Into<String>) -> Self {
-        BrokerError::Refused(ManagementRefusal { kind, code: None, message: message.into() })
+        BrokerError::Refused(ManagementRefusal {
+            kind,
+            code: None,
+            message: message.into(),
+        })
     }
 }
 
@@ -103,10 +107,12 @@ fn broker_message(error: &str) -> &str {
 pub fn classify(status: u64, error_type: Option<&str>, error: Option<&str>) -> BrokerError {
     let error = error.unwrap_or("");
     let message = broker_message(error).to_string();
-    if let Some(code) = amq_code(error) {
-        if let Some(kind) = kind_of_code(&code) {
-            return BrokerError::Refused(ManagementRefusal { kind, code: Some(code), message });
-        }
+    if let Some((code, kind)) = amq_code(error).and_then(|c| kind_of_code(&c).map(|k| (c, k))) {
+        return BrokerError::Refused(ManagementRefusal {
+            kind,
+            code: Some(code),
+            message,
+        });
     }
     if status == 403 {
         // Jolokia's access policy (the Origin check) is a configuration problem of the
@@ -117,7 +123,8 @@ pub fn classify(status: u64, error_type: Option<&str>, error: Option<&str>) -> B
             message,
         });
     }
-    let parse_error = error_type.is_some_and(|t| t.contains("JsonParsingException") || t.contains("JsonException"));
+    let parse_error =
+        error_type.is_some_and(|t| t.contains("JsonParsingException") || t.contains("JsonException"));
     if parse_error {
         return BrokerError::Refused(ManagementRefusal {
             kind: RefusalKind::InvalidConfiguration,
@@ -138,32 +145,77 @@ mod tests {
     use super::*;
 
     fn fixture(name: &str) -> serde_json::Value {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jolokia").join(name);
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/jolokia")
+            .join(name);
         serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("fixture json")
     }
 
     fn classify_fixture(name: &str) -> BrokerError {
         let v = fixture(name);
-        classify(v["status"].as_u64().unwrap_or(0), v["error_type"].as_str(), v["error"].as_str())
+        classify(
+            v["status"].as_u64().unwrap_or(0),
+            v["error_type"].as_str(),
+            v["error"].as_str(),
+        )
     }
 
     #[test]
     fn classifies_captured_broker_refusals_by_code() {
         for (file, kind, code) in [
-            ("create_queue_exists_AMQ229019.json", RefusalKind::QueueExists, "AMQ229019"),
-            ("create_queue_no_address_AMQ229203.json", RefusalKind::AddressDoesNotExist, "AMQ229203"),
-            ("update_queue_routing_type_AMQ229211.json", RefusalKind::RoutingTypeImmutable, "AMQ229211"),
-            ("update_queue_missing_AMQ229017.json", RefusalKind::QueueDoesNotExist, "AMQ229017"),
-            ("destroy_queue_missing_AMQ229017.json", RefusalKind::QueueDoesNotExist, "AMQ229017"),
-            ("destroy_divert_missing_AMQ229012.json", RefusalKind::DivertDoesNotExist, "AMQ229012"),
-            ("destroy_divert_not_a_divert_AMQ229013.json", RefusalKind::NotADivert, "AMQ229013"),
-            ("delete_address_has_bindings_AMQ229205.json", RefusalKind::AddressHasBindings, "AMQ229205"),
-            ("create_address_exists_AMQ229204.json", RefusalKind::AddressExists, "AMQ229204"),
+            (
+                "create_queue_exists_AMQ229019.json",
+                RefusalKind::QueueExists,
+                "AMQ229019",
+            ),
+            (
+                "create_queue_no_address_AMQ229203.json",
+                RefusalKind::AddressDoesNotExist,
+                "AMQ229203",
+            ),
+            (
+                "update_queue_routing_type_AMQ229211.json",
+                RefusalKind::RoutingTypeImmutable,
+                "AMQ229211",
+            ),
+            (
+                "update_queue_missing_AMQ229017.json",
+                RefusalKind::QueueDoesNotExist,
+                "AMQ229017",
+            ),
+            (
+                "destroy_queue_missing_AMQ229017.json",
+                RefusalKind::QueueDoesNotExist,
+                "AMQ229017",
+            ),
+            (
+                "destroy_divert_missing_AMQ229012.json",
+                RefusalKind::DivertDoesNotExist,
+                "AMQ229012",
+            ),
+            (
+                "destroy_divert_not_a_divert_AMQ229013.json",
+                RefusalKind::NotADivert,
+                "AMQ229013",
+            ),
+            (
+                "delete_address_has_bindings_AMQ229205.json",
+                RefusalKind::AddressHasBindings,
+                "AMQ229205",
+            ),
+            (
+                "create_address_exists_AMQ229204.json",
+                RefusalKind::AddressExists,
+                "AMQ229204",
+            ),
         ] {
             let e = classify_fixture(file);
             assert_eq!(e.refusal_kind(), kind, "{file}: {e}");
             assert_eq!(e.code(), Some(code), "{file}");
-            assert!(!e.to_string().contains("java."), "{file}: message keeps the class name: {e}");
+            assert!(
+                !e.to_string().contains("java."),
+                "{file}: message keeps the class name: {e}"
+            );
         }
     }
 
@@ -171,7 +223,10 @@ mod tests {
     fn classifies_authorization_and_malformed_requests() {
         let e = classify_fixture("create_queue_viewer_not_authorized.json");
         assert!(e.is_authorization(), "{e}");
-        assert!(e.to_string().contains("not authorized to access operation: createQueue"));
+        assert!(
+            e.to_string()
+                .contains("not authorized to access operation: createQueue")
+        );
 
         let e = classify_fixture("read_without_origin_403.json");
         assert_eq!(e.refusal_kind(), RefusalKind::NotAuthorized);
@@ -189,8 +244,14 @@ mod tests {
 
     #[test]
     fn finds_codes_anywhere_in_the_message() {
-        assert_eq!(amq_code("x AMQ229025: Cannot delete queue"), Some("AMQ229025".into()));
-        assert_eq!(amq_code("AMQ12 short, then AMQ229017: gone"), Some("AMQ229017".into()));
+        assert_eq!(
+            amq_code("x AMQ229025: Cannot delete queue"),
+            Some("AMQ229025".into())
+        );
+        assert_eq!(
+            amq_code("AMQ12 short, then AMQ229017: gone"),
+            Some("AMQ229017".into())
+        );
         assert_eq!(amq_code("no code"), None);
     }
 }

@@ -18,7 +18,10 @@ pub struct Credentials {
 
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials").field("username", &self.username).field("password", &"<redacted>").finish()
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .finish()
     }
 }
 
@@ -43,19 +46,30 @@ pub enum JolokiaRequest {
 
 impl JolokiaRequest {
     pub fn read(mbean: impl Into<String>, attribute: &str) -> Self {
-        JolokiaRequest::Read { mbean: mbean.into(), attribute: Some(Value::String(attribute.into())) }
+        JolokiaRequest::Read {
+            mbean: mbean.into(),
+            attribute: Some(Value::String(attribute.into())),
+        }
     }
     pub fn read_many(mbean: impl Into<String>, attributes: &[&str]) -> Self {
         JolokiaRequest::Read {
             mbean: mbean.into(),
-            attribute: Some(Value::Array(attributes.iter().map(|a| Value::String((*a).into())).collect())),
+            attribute: Some(Value::Array(
+                attributes.iter().map(|a| Value::String((*a).into())).collect(),
+            )),
         }
     }
     pub fn exec(mbean: impl Into<String>, operation: &str, arguments: Vec<Value>) -> Self {
-        JolokiaRequest::Exec { mbean: mbean.into(), operation: operation.into(), arguments }
+        JolokiaRequest::Exec {
+            mbean: mbean.into(),
+            operation: operation.into(),
+            arguments,
+        }
     }
     pub fn search(pattern: impl Into<String>) -> Self {
-        JolokiaRequest::Search { mbean: pattern.into() }
+        JolokiaRequest::Search {
+            mbean: pattern.into(),
+        }
     }
 }
 
@@ -79,13 +93,16 @@ pub fn default_origin(url: &str) -> String {
 
 /// The HTTP client shared by every endpoint of one cluster (TLS roots included).
 pub fn http_client(ca_pem: Option<&[u8]>) -> Result<reqwest::Client, BrokerError> {
-    let mut b = reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).pool_max_idle_per_host(4);
+    let mut b = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .pool_max_idle_per_host(4);
     if let Some(pem) = ca_pem {
         let cert = reqwest::Certificate::from_pem(pem)
             .map_err(|e| BrokerError::BadResponse(format!("the CA certificate is not PEM: {e}")))?;
         b = b.add_root_certificate(cert);
     }
-    b.build().map_err(|e| BrokerError::BadResponse(format!("building the HTTP client: {e}")))
+    b.build()
+        .map_err(|e| BrokerError::BadResponse(format!("building the HTTP client: {e}")))
 }
 
 impl JolokiaClient {
@@ -98,7 +115,13 @@ impl JolokiaClient {
     ) -> Self {
         let url = url.into();
         let origin = origin.unwrap_or_else(|| default_origin(&url));
-        JolokiaClient { http, url, origin, credentials, timeout }
+        JolokiaClient {
+            http,
+            url,
+            origin,
+            credentials,
+            timeout,
+        }
     }
 
     pub fn url(&self) -> &str {
@@ -112,11 +135,16 @@ impl JolokiaClient {
     /// One operation.
     pub async fn call(&self, request: JolokiaRequest) -> Result<Value, BrokerError> {
         let mut results = self.bulk(std::slice::from_ref(&request)).await?;
-        results.pop().unwrap_or_else(|| Err(BrokerError::BadResponse("empty bulk response".into())))
+        results
+            .pop()
+            .unwrap_or_else(|| Err(BrokerError::BadResponse("empty bulk response".into())))
     }
 
     /// Many operations in one POST; one result per request, in order.
-    pub async fn bulk(&self, requests: &[JolokiaRequest]) -> Result<Vec<Result<Value, BrokerError>>, BrokerError> {
+    pub async fn bulk(
+        &self,
+        requests: &[JolokiaRequest],
+    ) -> Result<Vec<Result<Value, BrokerError>>, BrokerError> {
         let send = self
             .http
             .post(&self.url)
@@ -147,7 +175,9 @@ impl JolokiaClient {
             ))
         })?;
         match parsed {
-            Value::Array(items) if items.len() == requests.len() => Ok(items.into_iter().map(element).collect()),
+            Value::Array(items) if items.len() == requests.len() => {
+                Ok(items.into_iter().map(element).collect())
+            }
             Value::Array(items) => Err(BrokerError::BadResponse(format!(
                 "{} answered {} results for {} requests",
                 self.url,
@@ -161,7 +191,10 @@ impl JolokiaClient {
                 });
                 Err(self.explain(e))
             }
-            _ => Err(BrokerError::BadResponse(format!("{} answered an unexpected JSON shape", self.url))),
+            _ => Err(BrokerError::BadResponse(format!(
+                "{} answered an unexpected JSON shape",
+                self.url
+            ))),
         }
     }
 
@@ -217,24 +250,40 @@ mod tests {
 
     #[test]
     fn requests_serialize_as_jolokia_expects() {
-        let r = JolokiaRequest::exec("m", "createQueue(java.lang.String,boolean)", vec![Value::from("{}"), Value::from(true)]);
+        let r = JolokiaRequest::exec(
+            "m",
+            "createQueue(java.lang.String,boolean)",
+            vec![Value::from("{}"), Value::from(true)],
+        );
         assert_eq!(
             serde_json::to_value(&r).unwrap_or_default(),
             serde_json::json!({"type":"exec","mbean":"m","operation":"createQueue(java.lang.String,boolean)","arguments":["{}",true]})
         );
         let r = JolokiaRequest::read("m", "NodeID");
-        assert_eq!(serde_json::to_value(&r).unwrap_or_default(), serde_json::json!({"type":"read","mbean":"m","attribute":"NodeID"}));
+        assert_eq!(
+            serde_json::to_value(&r).unwrap_or_default(),
+            serde_json::json!({"type":"read","mbean":"m","attribute":"NodeID"})
+        );
     }
 
     #[test]
     fn origin_defaults_to_scheme_and_host() {
-        assert_eq!(default_origin("http://localhost:8261/console/jolokia"), "http://localhost");
-        assert_eq!(default_origin("https://b-0.b.ns.svc:8161/console/jolokia"), "https://b-0.b.ns.svc");
+        assert_eq!(
+            default_origin("http://localhost:8261/console/jolokia"),
+            "http://localhost"
+        );
+        assert_eq!(
+            default_origin("https://b-0.b.ns.svc:8161/console/jolokia"),
+            "https://b-0.b.ns.svc"
+        );
     }
 
     #[test]
     fn credentials_never_print_the_password() {
-        let c = Credentials { username: "u".into(), password: "s3cret".into() };
+        let c = Credentials {
+            username: "u".into(),
+            password: "s3cret".into(),
+        };
         assert!(!format!("{c:?}").contains("s3cret"));
     }
 }

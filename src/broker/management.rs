@@ -41,7 +41,8 @@ pub struct TopologyMember {
 }
 
 fn bool_value(v: &Value) -> Result<bool, BrokerError> {
-    v.as_bool().ok_or_else(|| BrokerError::BadResponse(format!("expected a boolean, got {v}")))
+    v.as_bool()
+        .ok_or_else(|| BrokerError::BadResponse(format!("expected a boolean, got {v}")))
 }
 
 fn string_value(v: &Value) -> Result<String, BrokerError> {
@@ -52,25 +53,39 @@ fn string_value(v: &Value) -> Result<String, BrokerError> {
 
 /// Parse `listNetworkTopology()`'s JSON string.
 pub fn parse_topology(v: &Value) -> Result<Vec<TopologyMember>, BrokerError> {
-    let s = v.as_str().ok_or_else(|| BrokerError::BadResponse("listNetworkTopology did not return a string".into()))?;
+    let s = v
+        .as_str()
+        .ok_or_else(|| BrokerError::BadResponse("listNetworkTopology did not return a string".into()))?;
     serde_json::from_str(s).map_err(|e| BrokerError::BadResponse(format!("listNetworkTopology: {e}")))
 }
 
 impl BrokerManagement {
     /// Resolve the broker name behind an endpoint (never assumed: read it).
     pub async fn connect(client: JolokiaClient) -> Result<Self, BrokerError> {
-        let found = client.call(JolokiaRequest::search(mbean::broker_search_pattern())).await?;
+        let found = client
+            .call(JolokiaRequest::search(mbean::broker_search_pattern()))
+            .await?;
         let names: Vec<String> = found
             .as_array()
-            .map(|a| a.iter().filter_map(|n| n.as_str().and_then(mbean::broker_name_of)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|n| n.as_str().and_then(mbean::broker_name_of))
+                    .collect()
+            })
             .unwrap_or_default();
         match names.as_slice() {
-            [one] => Ok(BrokerManagement { client, broker_name: one.clone() }),
+            [one] => Ok(BrokerManagement {
+                client,
+                broker_name: one.clone(),
+            }),
             [] => Err(BrokerError::BadResponse(format!(
                 "{} serves no Artemis broker MBean: is this an Artemis broker's Jolokia?",
                 client.url()
             ))),
-            many => Err(BrokerError::BadResponse(format!("{} serves several brokers: {many:?}", client.url()))),
+            many => Err(BrokerError::BadResponse(format!(
+                "{} serves several brokers: {many:?}",
+                client.url()
+            ))),
         }
     }
 
@@ -91,7 +106,9 @@ impl BrokerManagement {
     }
 
     async fn exec(&self, operation: &str, arguments: Vec<Value>) -> Result<Value, BrokerError> {
-        self.client.call(JolokiaRequest::exec(self.broker(), operation, arguments)).await
+        self.client
+            .call(JolokiaRequest::exec(self.broker(), operation, arguments))
+            .await
     }
 
     /// NodeID, Active, Backup and the topology this node sees: one bulk request.
@@ -107,100 +124,167 @@ impl BrokerManagement {
             ])
             .await?
             .into_iter();
-        let mut next = || r.next().unwrap_or_else(|| Err(BrokerError::BadResponse("short bulk response".into())));
+        let mut next = || {
+            r.next()
+                .unwrap_or_else(|| Err(BrokerError::BadResponse("short bulk response".into())))
+        };
         let node_id = string_value(&next()?)?;
         let active = bool_value(&next()?)?;
         let backup = bool_value(&next()?)?;
         // A backup that is not active may refuse or return an empty topology; that is not fatal.
-        let topology = next().ok().map(|v| parse_topology(&v)).transpose()?.unwrap_or_default();
-        Ok(NodeIdentity { broker_name: self.broker_name.clone(), node_id, active, backup, topology })
+        let topology = next()
+            .ok()
+            .map(|v| parse_topology(&v))
+            .transpose()?
+            .unwrap_or_default();
+        Ok(NodeIdentity {
+            broker_name: self.broker_name.clone(),
+            node_id,
+            active,
+            backup,
+            topology,
+        })
     }
 
     /// `createQueue(String json, boolean ignoreIfExists)`: returns the created configuration.
     pub async fn create_queue(&self, configuration: &Value) -> Result<Value, BrokerError> {
-        self.exec("createQueue(java.lang.String,boolean)", vec![json!(configuration.to_string()), json!(false)])
-            .await
+        self.exec(
+            "createQueue(java.lang.String,boolean)",
+            vec![json!(configuration.to_string()), json!(false)],
+        )
+        .await
     }
 
     /// `updateQueue(String json)`: replaces the configuration (send the whole document).
     pub async fn update_queue(&self, configuration: &Value) -> Result<Value, BrokerError> {
-        self.exec("updateQueue(java.lang.String)", vec![json!(configuration.to_string())]).await
+        self.exec(
+            "updateQueue(java.lang.String)",
+            vec![json!(configuration.to_string())],
+        )
+        .await
     }
 
     /// `destroyQueue(name, removeConsumers, forceAutoDeleteAddress=false)`.
     pub async fn destroy_queue(&self, name: &str, remove_consumers: bool) -> Result<(), BrokerError> {
-        self.exec("destroyQueue(java.lang.String,boolean,boolean)", vec![json!(name), json!(remove_consumers), json!(false)])
-            .await
-            .map(|_| ())
+        self.exec(
+            "destroyQueue(java.lang.String,boolean,boolean)",
+            vec![json!(name), json!(remove_consumers), json!(false)],
+        )
+        .await
+        .map(|_| ())
     }
 
     /// `createAddress(name, routingTypes)`.
     pub async fn create_address(&self, name: &str, routing_types: &str) -> Result<(), BrokerError> {
-        self.exec("createAddress(java.lang.String,java.lang.String)", vec![json!(name), json!(routing_types)])
-            .await
-            .map(|_| ())
+        self.exec(
+            "createAddress(java.lang.String,java.lang.String)",
+            vec![json!(name), json!(routing_types)],
+        )
+        .await
+        .map(|_| ())
     }
 
     /// `deleteAddress(name)`: the force-free variant only (ADR-0049).
     pub async fn delete_address(&self, name: &str) -> Result<(), BrokerError> {
-        self.exec("deleteAddress(java.lang.String)", vec![json!(name)]).await.map(|_| ())
+        self.exec("deleteAddress(java.lang.String)", vec![json!(name)])
+            .await
+            .map(|_| ())
     }
 
     /// `createDivert(String json)` (2.38+). The broker ignores a duplicate or a missing address
     /// silently: verify with `divert_names` afterwards.
     pub async fn create_divert(&self, configuration: &Value) -> Result<(), BrokerError> {
-        self.exec("createDivert(java.lang.String)", vec![json!(configuration.to_string())]).await.map(|_| ())
+        self.exec(
+            "createDivert(java.lang.String)",
+            vec![json!(configuration.to_string())],
+        )
+        .await
+        .map(|_| ())
     }
 
     /// `updateDivert(String json)`: whole configuration (an omitted routing type resets to STRIP).
     pub async fn update_divert(&self, configuration: &Value) -> Result<(), BrokerError> {
-        self.exec("updateDivert(java.lang.String)", vec![json!(configuration.to_string())]).await.map(|_| ())
+        self.exec(
+            "updateDivert(java.lang.String)",
+            vec![json!(configuration.to_string())],
+        )
+        .await
+        .map(|_| ())
     }
 
     pub async fn destroy_divert(&self, name: &str) -> Result<(), BrokerError> {
-        self.exec("destroyDivert(java.lang.String)", vec![json!(name)]).await.map(|_| ())
-    }
-
-    pub async fn divert_names(&self) -> Result<Vec<String>, BrokerError> {
-        let v = self.client.call(JolokiaRequest::read(self.broker(), "DivertNames")).await?;
-        Ok(v.as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect()).unwrap_or_default())
-    }
-
-    /// `listBindingsForAddress(address)`: binding names (queues and diverts).
-    pub async fn bindings_for_address(&self, address: &str) -> Result<Value, BrokerError> {
-        self.exec("listBindingsForAddress(java.lang.String)", vec![json!(address)]).await
-    }
-
-    /// `addAddressSettings(match, json)` (2.32+): replaces the whole entry.
-    pub async fn add_address_settings(&self, matcher: &str, settings: &Value) -> Result<(), BrokerError> {
-        self.exec("addAddressSettings(java.lang.String,java.lang.String)", vec![json!(matcher), json!(settings.to_string())])
+        self.exec("destroyDivert(java.lang.String)", vec![json!(name)])
             .await
             .map(|_| ())
     }
 
+    pub async fn divert_names(&self) -> Result<Vec<String>, BrokerError> {
+        let v = self
+            .client
+            .call(JolokiaRequest::read(self.broker(), "DivertNames"))
+            .await?;
+        Ok(v.as_array()
+            .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
+            .unwrap_or_default())
+    }
+
+    /// `listBindingsForAddress(address)`: binding names (queues and diverts).
+    pub async fn bindings_for_address(&self, address: &str) -> Result<Value, BrokerError> {
+        self.exec("listBindingsForAddress(java.lang.String)", vec![json!(address)])
+            .await
+    }
+
+    /// `addAddressSettings(match, json)` (2.32+): replaces the whole entry.
+    pub async fn add_address_settings(&self, matcher: &str, settings: &Value) -> Result<(), BrokerError> {
+        self.exec(
+            "addAddressSettings(java.lang.String,java.lang.String)",
+            vec![json!(matcher), json!(settings.to_string())],
+        )
+        .await
+        .map(|_| ())
+    }
+
     pub async fn remove_address_settings(&self, matcher: &str) -> Result<(), BrokerError> {
-        self.exec("removeAddressSettings(java.lang.String)", vec![json!(matcher)]).await.map(|_| ())
+        self.exec("removeAddressSettings(java.lang.String)", vec![json!(matcher)])
+            .await
+            .map(|_| ())
     }
 
     /// `listConnections/listSessions/listConsumers(options, page, pageSize)` with one filter.
     pub async fn list(&self, what: ListKind, field: &str, value: &str) -> Result<Vec<Value>, BrokerError> {
         let options = json!({"field": field, "operation": "EQUALS", "value": value}).to_string();
-        let v = self.exec(what.operation(), vec![json!(options), json!(1), json!(1000)]).await?;
+        let v = self
+            .exec(what.operation(), vec![json!(options), json!(1), json!(1000)])
+            .await?;
         let parsed: Value = v
             .as_str()
             .and_then(|s| serde_json::from_str(s).ok())
             .ok_or_else(|| BrokerError::BadResponse(format!("{} did not return JSON", what.operation())))?;
-        Ok(parsed.get("data").and_then(Value::as_array).cloned().unwrap_or_default())
+        Ok(parsed
+            .get("data")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default())
     }
 
     pub async fn close_connection(&self, connection_id: &str) -> Result<bool, BrokerError> {
-        bool_value(&self.exec("closeConnectionWithID(java.lang.String)", vec![json!(connection_id)]).await?)
+        bool_value(
+            &self
+                .exec(
+                    "closeConnectionWithID(java.lang.String)",
+                    vec![json!(connection_id)],
+                )
+                .await?,
+        )
     }
 
     pub async fn close_session(&self, connection_id: &str, session_id: &str) -> Result<bool, BrokerError> {
         bool_value(
             &self
-                .exec("closeSessionWithID(java.lang.String,java.lang.String)", vec![json!(connection_id), json!(session_id)])
+                .exec(
+                    "closeSessionWithID(java.lang.String,java.lang.String)",
+                    vec![json!(connection_id), json!(session_id)],
+                )
                 .await?,
         )
     }
@@ -208,13 +292,23 @@ impl BrokerManagement {
     pub async fn close_consumer(&self, session_id: &str, consumer_id: i64) -> Result<bool, BrokerError> {
         bool_value(
             &self
-                .exec("closeConsumerWithID(java.lang.String,java.lang.String)", vec![json!(session_id), json!(consumer_id.to_string())])
+                .exec(
+                    "closeConsumerWithID(java.lang.String,java.lang.String)",
+                    vec![json!(session_id), json!(consumer_id.to_string())],
+                )
                 .await?,
         )
     }
 
     pub async fn close_consumer_connections_for_address(&self, address: &str) -> Result<bool, BrokerError> {
-        bool_value(&self.exec("closeConsumerConnectionsForAddress(java.lang.String)", vec![json!(address)]).await?)
+        bool_value(
+            &self
+                .exec(
+                    "closeConsumerConnectionsForAddress(java.lang.String)",
+                    vec![json!(address)],
+                )
+                .await?,
+        )
     }
 }
 
@@ -241,7 +335,9 @@ mod tests {
 
     #[test]
     fn parses_a_topology_with_a_backup() {
-        let v = json!("[{\"nodeID\":\"n1\",\"live\":\"127.0.0.1:61726\",\"primary\":\"127.0.0.1:61726\",\"backup\":\"127.0.0.1:61727\"},{\"nodeID\":\"n2\",\"live\":\"127.0.0.1:61728\"}]");
+        let v = json!(
+            "[{\"nodeID\":\"n1\",\"live\":\"127.0.0.1:61726\",\"primary\":\"127.0.0.1:61726\",\"backup\":\"127.0.0.1:61727\"},{\"nodeID\":\"n2\",\"live\":\"127.0.0.1:61728\"}]"
+        );
         let t = parse_topology(&v).expect("parse");
         assert_eq!(t.len(), 2);
         assert_eq!(t[0].backup.as_deref(), Some("127.0.0.1:61727"));

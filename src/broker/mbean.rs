@@ -32,7 +32,11 @@ pub fn broker_search_pattern() -> String {
 }
 
 pub fn address(broker_name: &str, address: &str) -> String {
-    format!("{},component=addresses,address={}", broker(broker_name), quote(address))
+    format!(
+        "{},component=addresses,address={}",
+        broker(broker_name),
+        quote(address)
+    )
 }
 
 /// `routing_type` as the broker reports it (ANYCAST/MULTICAST); the ObjectName uses lower case.
@@ -46,18 +50,28 @@ pub fn queue(broker_name: &str, address_name: &str, routing_type: &str, queue: &
 }
 
 pub fn divert(broker_name: &str, address_name: &str, divert: &str) -> String {
-    format!("{},subcomponent=diverts,divert={}", address(broker_name, address_name), quote(divert))
+    format!(
+        "{},subcomponent=diverts,divert={}",
+        address(broker_name, address_name),
+        quote(divert)
+    )
 }
 
 /// Wildcard patterns for the inventory scrape: every queue, every address, every divert.
 pub fn all_queues(broker_name: &str) -> String {
-    format!("{},component=addresses,address=*,subcomponent=queues,routing-type=*,queue=*", broker(broker_name))
+    format!(
+        "{},component=addresses,address=*,subcomponent=queues,routing-type=*,queue=*",
+        broker(broker_name)
+    )
 }
 pub fn all_addresses(broker_name: &str) -> String {
     format!("{},component=addresses,address=*", broker(broker_name))
 }
 pub fn all_diverts(broker_name: &str) -> String {
-    format!("{},component=addresses,address=*,subcomponent=diverts,divert=*", broker(broker_name))
+    format!(
+        "{},component=addresses,address=*,subcomponent=diverts,divert=*",
+        broker(broker_name)
+    )
 }
 
 /// The broker name inside a broker control ObjectName (and nothing else), if it is one.

@@ -25,18 +25,22 @@ pub async fn install_crds(client: &kube::Client) {
     }
     for crd in api::all_crds() {
         let name = crd.name_any();
-        wait_until(&format!("CRD {name} Established"), Duration::from_secs(60), || {
-            let crds = crds.clone();
-            let name = name.clone();
-            async move {
-                let c = crds.get(&name).await.ok()?;
-                c.status?
-                    .conditions?
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-                    .then_some(())
-            }
-        })
+        wait_until(
+            &format!("CRD {name} Established"),
+            Duration::from_secs(60),
+            || {
+                let crds = crds.clone();
+                let name = name.clone();
+                async move {
+                    let c = crds.get(&name).await.ok()?;
+                    c.status?
+                        .conditions?
+                        .iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                        .then_some(())
+                }
+            },
+        )
         .await;
     }
 }
@@ -55,7 +59,10 @@ async fn crds_install_and_cel_refuses_a_routing_type_change() {
         "spec": {"clusterRef": {"name": "c"}, "routingType": "ANYCAST"}
     }))
     .expect("queue json");
-    let created = queues.create(&PostParams::default(), &q).await.expect("create queue");
+    let created = queues
+        .create(&PostParams::default(), &q)
+        .await
+        .expect("create queue");
     // Defaults are written by the schema: a reader sees them with kubectl get -o yaml.
     assert!(created.spec.durable);
     assert_eq!(created.spec.deletion.policy, api::DeletionPolicy::Delete);
@@ -68,13 +75,23 @@ async fn crds_install_and_cel_refuses_a_routing_type_change() {
         )
         .await
         .expect_err("a routingType change must be refused at admission");
-    let kube::Error::Api(status) = err else { panic!("expected an API error, got {err:?}") };
+    let kube::Error::Api(status) = err else {
+        panic!("expected an API error, got {err:?}")
+    };
     assert_eq!(status.code, 422, "{status:?}");
-    assert!(status.message.contains("routingType is immutable"), "{}", status.message);
+    assert!(
+        status.message.contains("routingType is immutable"),
+        "{}",
+        status.message
+    );
 
     // The filter stays editable.
     queues
-        .patch("orders", &PatchParams::default(), &Patch::Merge(json!({"spec": {"filter": "color='red'"}})))
+        .patch(
+            "orders",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"filter": "color='red'"}})),
+        )
         .await
         .expect("a filter change is allowed");
 
@@ -86,8 +103,13 @@ async fn crds_install_and_cel_refuses_a_routing_type_change() {
         "spec": {"clusterRef": {"name": "c"}, "target": {"connectionId": "a3f1c9de"}}
     }))
     .expect("close json");
-    let err = closes.create(&PostParams::default(), &cc).await.expect_err("no node must be refused");
-    let kube::Error::Api(status) = err else { panic!("expected an API error, got {err:?}") };
+    let err = closes
+        .create(&PostParams::default(), &cc)
+        .await
+        .expect_err("no node must be refused");
+    let kube::Error::Api(status) = err else {
+        panic!("expected an API error, got {err:?}")
+    };
     assert!(status.message.contains("node is required"), "{}", status.message);
 }
 
@@ -100,13 +122,21 @@ async fn jolokia_answers_on_every_broker_and_strict_origin_is_understood() {
         let (http, body) = jolokia_raw(&b, &user, Some("http://localhost"), read.clone()).await;
         assert_eq!(http, 200, "{}: {body}", b.name);
         assert_eq!(body["status"], 200, "{}: {body}", b.name);
-        assert!(body["value"].as_str().is_some_and(|v| !v.is_empty()), "{}: {body}", b.name);
+        assert!(
+            body["value"].as_str().is_some_and(|v| !v.is_empty()),
+            "{}: {body}",
+            b.name
+        );
 
         let (_, body) = jolokia_raw(&b, &user, None, read).await;
         if b.strict_origin {
             // The broker's default: no Origin, no answer. The operator always sends one.
             assert_eq!(body["status"], 403, "{}: {body}", b.name);
-            assert!(body["error"].as_str().is_some_and(|e| e.contains("Origin")), "{}: {body}", b.name);
+            assert!(
+                body["error"].as_str().is_some_and(|e| e.contains("Origin")),
+                "{}: {body}",
+                b.name
+            );
         } else {
             assert_eq!(body["status"], 200, "{}: {body}", b.name);
         }
@@ -128,7 +158,11 @@ async fn topology_shows_three_members_and_the_pair_shares_a_node_id() {
         }
     })
     .await;
-    assert!(members.iter().all(|m| m["nodeID"].is_string() && m["live"].is_string()));
+    assert!(
+        members
+            .iter()
+            .all(|m| m["nodeID"].is_string() && m["live"].is_string())
+    );
 
     let node_id = |name: &'static str| {
         let b = bed.broker(name);
@@ -149,10 +183,16 @@ async fn topology_shows_three_members_and_the_pair_shares_a_node_id() {
 async fn migrations_apply_to_postgres() {
     let bed = TestBed::get();
     let url = bed.fresh_database().await;
-    artemis_studio_operator::store::Store::migrate(&url).await.expect("migrations apply");
+    artemis_studio_operator::store::Store::migrate(&url)
+        .await
+        .expect("migrations apply");
     // Twice is a no-op.
-    artemis_studio_operator::store::Store::migrate(&url).await.expect("migrations are idempotent");
-    let store = artemis_studio_operator::store::Store::connect(&url).await.expect("connect");
+    artemis_studio_operator::store::Store::migrate(&url)
+        .await
+        .expect("migrations are idempotent");
+    let store = artemis_studio_operator::store::Store::connect(&url)
+        .await
+        .expect("connect");
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_event")
         .fetch_one(store.pool())
         .await

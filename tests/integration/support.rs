@@ -7,9 +7,9 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Namespace;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
-use k8s_openapi::api::core::v1::Namespace;
 
 pub struct TestBed {
     vars: HashMap<String, String>,
@@ -29,12 +29,14 @@ fn env_file() -> PathBuf {
     if let Ok(p) = std::env::var("ARTEMIS_STUDIO_TESTBED_ENV") {
         return PathBuf::from(p);
     }
-    let cache = std::env::var("ARTEMIS_STUDIO_CACHE").map(PathBuf::from).unwrap_or_else(|_| {
-        let base = std::env::var("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache"));
-        base.join("artemis-studio")
-    });
+    let cache = std::env::var("ARTEMIS_STUDIO_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            let base = std::env::var("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache"));
+            base.join("artemis-studio")
+        });
     cache.join("testbed").join("env")
 }
 
@@ -43,7 +45,10 @@ impl TestBed {
     pub fn get() -> TestBed {
         let path = env_file();
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-            panic!("the test bed is not up ({}: {e}); run `deploy/dev/testbed up`", path.display())
+            panic!(
+                "the test bed is not up ({}: {e}); run `deploy/dev/testbed up`",
+                path.display()
+            )
         });
         let vars = text
             .lines()
@@ -80,15 +85,24 @@ impl TestBed {
     }
 
     pub fn cluster_brokers(&self, cluster: &str) -> Vec<Broker> {
-        self.brokers().into_iter().filter(|b| b.cluster == cluster).collect()
+        self.brokers()
+            .into_iter()
+            .filter(|b| b.cluster == cluster)
+            .collect()
     }
 
     pub fn broker_user(&self) -> (String, String) {
-        (self.var("TESTBED_BROKER_USER"), self.var("TESTBED_BROKER_PASSWORD"))
+        (
+            self.var("TESTBED_BROKER_USER"),
+            self.var("TESTBED_BROKER_PASSWORD"),
+        )
     }
 
     pub fn viewer_user(&self) -> (String, String) {
-        (self.var("TESTBED_VIEWER_USER"), self.var("TESTBED_VIEWER_PASSWORD"))
+        (
+            self.var("TESTBED_VIEWER_USER"),
+            self.var("TESTBED_VIEWER_PASSWORD"),
+        )
     }
 
     pub fn database_url(&self) -> String {
@@ -125,7 +139,9 @@ impl TestBed {
         use sqlx::Connection;
         let admin = self.database_url();
         let db = format!("t_{}", short_id());
-        let mut conn = sqlx::PgConnection::connect(&admin).await.expect("connect to postgres");
+        let mut conn = sqlx::PgConnection::connect(&admin)
+            .await
+            .expect("connect to postgres");
         sqlx::query(&format!("CREATE DATABASE {db}"))
             .execute(&mut conn)
             .await
@@ -203,5 +219,8 @@ pub async fn jolokia_raw(
     let resp = req.send().await.expect("jolokia request");
     let status = resp.status().as_u16();
     let text = resp.text().await.unwrap_or_default();
-    (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    )
 }

@@ -1,0 +1,419 @@
+//! ArtemisCluster: resolve access (credentials, CA, endpoints), poll the topology, publish it
+//! to the other controllers, and keep status — logical nodes, conditions, managementWrite.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::{Controller, watcher};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use tokio::sync::Mutex;
+
+use super::{Context, MANAGER, ReconcileError, conditions, key};
+use crate::api::RefusalKind;
+use crate::api::cluster::{
+    ArtemisCluster, ArtemisClusterSpec, ArtemisClusterStatus, EndpointProblem, LogicalNodeStatus,
+    ManagementWrite, ManagementWriteState, WriteEvidence,
+};
+use crate::broker::{BrokerError, Credentials, jolokia};
+use crate::topology::{self, ClusterAccess, Topology, TopologyMemory};
+
+/// What the other controllers need of a cluster, kept between polls.
+pub struct ClusterRuntime {
+    pub access: ClusterAccess,
+    pub memory: Mutex<TopologyMemory>,
+    pub management_write: Mutex<ManagementWrite>,
+    pub bulk_cap: u64,
+    pub poll_interval: Duration,
+    pub request_timeout: Duration,
+}
+
+#[derive(Default, Clone)]
+pub struct ClusterRegistry {
+    inner: Arc<std::sync::RwLock<HashMap<String, Arc<ClusterRuntime>>>>,
+}
+
+impl ClusterRegistry {
+    pub fn get(&self, key: &str) -> Option<Arc<ClusterRuntime>> {
+        self.inner.read().ok()?.get(key).cloned()
+    }
+    fn put(&self, key: &str, rt: Arc<ClusterRuntime>) {
+        if let Ok(mut m) = self.inner.write() {
+            m.insert(key.to_string(), rt);
+        }
+    }
+    fn remove(&self, key: &str) {
+        if let Ok(mut m) = self.inner.write() {
+            m.remove(key);
+        }
+    }
+}
+
+/// Why a cluster cannot be reached at all: a condition reason and a message naming the fix.
+#[derive(Debug)]
+pub struct AccessProblem {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+async fn secret_value(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    key: &str,
+    field: &str,
+) -> Result<Vec<u8>, AccessProblem> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let secret = secrets.get_opt(name).await.map_err(|e| AccessProblem {
+        reason: "SecretUnreadable",
+        message: format!("{field}: cannot read Secret {ns}/{name}: {e}"),
+    })?;
+    let secret = secret.ok_or_else(|| AccessProblem {
+        reason: "SecretMissing",
+        message: format!("{field}: Secret {ns}/{name} does not exist: create it (e.g. kubectl -n {ns} create secret generic {name} --from-literal=username=… --from-literal=password=…)"),
+    })?;
+    let value = secret.data.as_ref().and_then(|d| d.get(key)).map(|b| b.0.clone());
+    value.ok_or_else(|| AccessProblem {
+        reason: "SecretKeyMissing",
+        message: format!(
+            "{field}: Secret {ns}/{name} has no key '{key}': add it, or set the key name in the spec"
+        ),
+    })
+}
+
+/// Dereference a cluster's spec into something that can be polled.
+pub async fn resolve_access(
+    client: &kube::Client,
+    ns: &str,
+    spec: &ArtemisClusterSpec,
+) -> Result<ClusterAccess, AccessProblem> {
+    let c = &spec.credentials;
+    let username = secret_value(client, ns, &c.secret_name, &c.username_key, "spec.credentials").await?;
+    let password = secret_value(client, ns, &c.secret_name, &c.password_key, "spec.credentials").await?;
+    let credentials = Credentials {
+        username: String::from_utf8_lossy(&username).trim().to_string(),
+        password: String::from_utf8_lossy(&password)
+            .trim_end_matches(['\n', '\r'])
+            .to_string(),
+    };
+    let ca = match &spec.tls {
+        Some(tls) => Some(secret_value(client, ns, &tls.ca_secret_name, &tls.ca_key, "spec.tls").await?),
+        None => None,
+    };
+    let http = jolokia::http_client(ca.as_deref()).map_err(|e| AccessProblem {
+        reason: "InvalidTls",
+        message: format!("spec.tls: {e}"),
+    })?;
+    let mut endpoints: Vec<String> = spec.brokers.iter().map(|b| b.url.clone()).collect();
+    if let Some(d) = &spec.discovery {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let selector = d
+            .match_labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let list = pods
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|e| AccessProblem {
+                reason: "DiscoveryFailed",
+                message: format!("spec.discovery: listing pods with labels {selector}: {e}"),
+            })?;
+        for pod in list {
+            if let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.as_ref()) {
+                endpoints.push(format!("{}://{}:{}{}", d.scheme, ip, d.port, d.path));
+            }
+        }
+    }
+    endpoints.sort();
+    endpoints.dedup();
+    if endpoints.is_empty() {
+        return Err(AccessProblem {
+            reason: "NoEndpoints",
+            message: "no endpoints: spec.brokers is empty and spec.discovery matched no running pod".into(),
+        });
+    }
+    Ok(ClusterAccess {
+        http,
+        endpoints,
+        origin: spec.origin.clone(),
+        credentials,
+        request_timeout: Duration::from_secs(spec.request_timeout_seconds.into()),
+    })
+}
+
+/// Why an endpoint failed, with the fix, for the Degraded/Ready messages.
+fn explain_endpoint(url: &str, e: &BrokerError) -> String {
+    match e {
+        BrokerError::Unreachable(m) => format!(
+            "{url} is unreachable ({m}): check the URL in spec.brokers and that the broker's web server listens there"
+        ),
+        BrokerError::Timeout(s) => format!(
+            "{url} did not answer within {s}s: the broker may be overloaded or frozen; raise spec.requestTimeoutSeconds if it is just slow"
+        ),
+        other => format!("{url}: {other}"),
+    }
+}
+
+fn node_statuses(t: &Topology) -> Vec<LogicalNodeStatus> {
+    t.nodes
+        .iter()
+        .map(|n| LogicalNodeStatus {
+            node_id: n.node_id.clone(),
+            active_endpoint: n.active_endpoint().map(str::to_string),
+            standby_endpoints: n.standby.clone(),
+            role: n.role().into(),
+            live: n.is_live(),
+        })
+        .collect()
+}
+
+async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+    let ns = obj.namespace().unwrap_or_default();
+    let name = obj.name_any();
+    let k = key(&ns, &name);
+    let generation = obj.metadata.generation;
+    let old = obj.status.clone().unwrap_or_default();
+    let mut status = ArtemisClusterStatus {
+        observed_generation: generation,
+        conditions: old.conditions.clone(),
+        last_poll_time: old.last_poll_time.clone(),
+        ..Default::default()
+    };
+    let poll_interval = Duration::from_secs(obj.spec.poll_interval_seconds.max(1).into());
+
+    match resolve_access(&ctx.client, &ns, &obj.spec).await {
+        Err(problem) => {
+            ctx.clusters.remove(&k);
+            ctx.topologies.remove(&k);
+            status.management_write = old.management_write.clone();
+            conditions::set(
+                &mut status.conditions,
+                conditions::READY,
+                false,
+                problem.reason,
+                &problem.message,
+                generation,
+            );
+            conditions::set(
+                &mut status.conditions,
+                conditions::DEGRADED,
+                true,
+                problem.reason,
+                problem.message,
+                generation,
+            );
+        }
+        Ok(access) => {
+            // Keep the topology memory and the write evidence across spec changes.
+            let previous = ctx.clusters.get(&k);
+            let management_write = match &previous {
+                Some(p) => p.management_write.lock().await.clone(),
+                None => old.management_write.clone(),
+            };
+            let memory = match previous {
+                Some(p) => std::mem::take(&mut *p.memory.lock().await),
+                None => TopologyMemory::default(),
+            };
+            let rt = Arc::new(ClusterRuntime {
+                access,
+                memory: Mutex::new(memory),
+                management_write: Mutex::new(management_write.clone()),
+                bulk_cap: obj.spec.bulk_cap,
+                poll_interval,
+                request_timeout: Duration::from_secs(obj.spec.request_timeout_seconds.into()),
+            });
+            ctx.clusters.put(&k, rt.clone());
+            let topology = topology::poll(&rt.access, &rt.memory).await;
+            status.nodes = node_statuses(&topology);
+            status.total_nodes = topology.nodes.len() as u32;
+            status.live_nodes = topology.live_nodes().count() as u32;
+            status.unreachable_endpoints = topology
+                .unreachable
+                .iter()
+                .map(|(url, e)| EndpointProblem {
+                    endpoint: url.clone(),
+                    message: explain_endpoint(url, e),
+                })
+                .collect();
+            status.management_write = management_write;
+            let auth_refused = topology.unreachable.iter().find(|(_, e)| e.is_authorization());
+            if status.live_nodes > 0 {
+                conditions::set(
+                    &mut status.conditions,
+                    conditions::READY,
+                    true,
+                    "NodesLive",
+                    format!(
+                        "{} of {} logical nodes live",
+                        status.live_nodes, status.total_nodes
+                    ),
+                    generation,
+                );
+            } else {
+                let (reason, message) = match (auth_refused, topology.unreachable.first()) {
+                    (Some((url, e)), _) => ("CredentialsRefused", explain_endpoint(url, e)),
+                    (None, Some((url, e))) if e.refusal_kind() == RefusalKind::BadResponse => {
+                        ("NotJolokia", explain_endpoint(url, e))
+                    }
+                    (None, Some((url, e))) => ("Unreachable", explain_endpoint(url, e)),
+                    (None, None) => (
+                        "NoLiveNode",
+                        "every endpoint answered but none is active".to_string(),
+                    ),
+                };
+                conditions::set(
+                    &mut status.conditions,
+                    conditions::READY,
+                    false,
+                    reason,
+                    message,
+                    generation,
+                );
+            }
+            if status.unreachable_endpoints.is_empty() {
+                conditions::set(
+                    &mut status.conditions,
+                    conditions::DEGRADED,
+                    false,
+                    "AllEndpointsAnswer",
+                    "every endpoint answered the last poll",
+                    generation,
+                );
+            } else {
+                let names: Vec<String> = status
+                    .unreachable_endpoints
+                    .iter()
+                    .map(|p| p.message.clone())
+                    .collect();
+                conditions::set(
+                    &mut status.conditions,
+                    conditions::DEGRADED,
+                    true,
+                    "EndpointsUnreachable",
+                    names.join("; "),
+                    generation,
+                );
+            }
+            status.last_poll_time = Some(
+                topology
+                    .polled_at_utc
+                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            );
+            ctx.topologies.put(&k, topology);
+        }
+    }
+
+    // Write status only when something other than the poll time changed, or once a minute.
+    let stale_poll = old
+        .last_poll_time
+        .as_deref()
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .is_none_or(|t| chrono::Utc::now().signed_duration_since(t) > chrono::Duration::seconds(60));
+    let changed = {
+        let mut a = old.clone();
+        let mut b = status.clone();
+        a.last_poll_time = None;
+        b.last_poll_time = None;
+        let (ca, cb) = (
+            conditions::comparable(&a.conditions),
+            conditions::comparable(&b.conditions),
+        );
+        a.conditions.clear();
+        b.conditions.clear();
+        a != b || ca != cb
+    };
+    if changed || stale_poll {
+        let api: Api<ArtemisCluster> = Api::namespaced(ctx.client.clone(), &ns);
+        let patch =
+            json!({"apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCluster", "status": status});
+        api.patch_status(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(patch))
+            .await?;
+    }
+    Ok(Action::requeue(poll_interval))
+}
+
+fn error_policy(_obj: Arc<ArtemisCluster>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(%error, "ArtemisCluster reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+pub async fn run(ctx: Arc<Context>, api: Api<ArtemisCluster>) {
+    Controller::new(api, watcher::Config::default())
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "cluster reconcile");
+            }
+        })
+        .await;
+}
+
+/// The `management.xml` entry that grants a role every management operation on the broker.
+pub fn grant_snippet(username: &str) -> String {
+    format!(
+        "<!-- management.xml, under <authorisation><role-access>: replace ROLE with a role of user '{username}' -->\n<match domain=\"org.apache.activemq.artemis\">\n  <access method=\"*\" roles=\"ROLE\"/>\n</match>"
+    )
+}
+
+/// Every controller reports its broker writes here (ADR-0049): a success is evidence for
+/// AVAILABLE, an authorization refusal for UNAVAILABLE; any other failure changes nothing.
+pub async fn report_write(
+    ctx: &Context,
+    cluster_ns: &str,
+    cluster_name: &str,
+    command: &str,
+    node: &str,
+    result: Result<(), &BrokerError>,
+) -> Result<(), ReconcileError> {
+    let Some(rt) = ctx.clusters.get(&key(cluster_ns, cluster_name)) else {
+        return Ok(());
+    };
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let next = match result {
+        Ok(()) => ManagementWrite {
+            state: ManagementWriteState::Available,
+            evidence: Some(WriteEvidence {
+                at: now,
+                command: command.into(),
+                node: node.into(),
+                message: "the broker accepted a management write".into(),
+            }),
+            grant: None,
+        },
+        Err(e) if e.is_authorization() => ManagementWrite {
+            state: ManagementWriteState::Unavailable,
+            evidence: Some(WriteEvidence {
+                at: now,
+                command: command.into(),
+                node: node.into(),
+                message: e.to_string(),
+            }),
+            grant: Some(grant_snippet(&rt.access.credentials.username)),
+        },
+        Err(_) => return Ok(()),
+    };
+    {
+        let mut current = rt.management_write.lock().await;
+        if current.state == next.state
+            && next.state == ManagementWriteState::Available
+            && current.evidence.is_some()
+        {
+            // Already AVAILABLE on evidence: no status write per command.
+            return Ok(());
+        }
+        *current = next.clone();
+    }
+    let api: Api<ArtemisCluster> = Api::namespaced(ctx.client.clone(), cluster_ns);
+    let patch = json!({"status": {"managementWrite": next}});
+    api.patch_status(cluster_name, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,96 @@
+//! Controllers: one module per kind, sharing one Context. Every mutating reconcile follows the
+//! same pipeline: dereference → plan → preflight → command → record (OPERATOR.md).
+
+pub mod cluster;
+pub mod conditions;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Client, Resource};
+
+use crate::store::Store;
+use crate::topology::TopologyCache;
+
+/// Field manager of every write the operator makes.
+pub const MANAGER: &str = "artemis-studio-operator";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("store: {0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("{0}")]
+    Serialization(#[from] serde_json::Error),
+}
+
+/// What every controller shares.
+#[derive(Clone)]
+pub struct Context {
+    pub client: Client,
+    pub store: Store,
+    pub instance_id: String,
+    pub topologies: TopologyCache,
+    pub clusters: cluster::ClusterRegistry,
+    pub recorder: Recorder,
+}
+
+impl Context {
+    pub fn new(client: Client, store: Store, instance_id: String) -> Self {
+        let reporter = Reporter {
+            controller: MANAGER.into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            store,
+            instance_id,
+            topologies: TopologyCache::default(),
+            clusters: cluster::ClusterRegistry::default(),
+        }
+    }
+
+    /// One Event on an object: what a human should see.
+    pub async fn event<K>(&self, obj: &K, warning: bool, reason: &str, action: &str, note: String)
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let ev = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(truncate(note, 1000)),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
+            tracing::warn!(error = %e, reason, "could not publish event");
+        }
+    }
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}
+
+/// Namespaced key of an object.
+pub fn key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+pub type Shared<T> = Arc<tokio::sync::Mutex<T>>;
+pub type SharedMap<T> = Arc<std::sync::RwLock<HashMap<String, T>>>;

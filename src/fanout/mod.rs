@@ -1,0 +1,154 @@
+//! Fan-out (ADR-0049): one operation on every live logical node, concurrently (bounded), each
+//! with its own timeout; one NodeOutcome per logical node. Not-live nodes are SKIPPED_NOT_LIVE
+//! and never called. A partial failure is reported, never rolled back.
+
+use std::future::Future;
+use std::time::Duration;
+
+use futures::StreamExt;
+
+use crate::api::{NodeOutcome, Outcome, RefusalKind};
+use crate::broker::{BrokerError, BrokerManagement};
+use crate::topology::{LogicalNode, Topology};
+
+/// What an operation reports for its node when it did not fail.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeReport {
+    pub outcome: Outcome,
+    pub message: String,
+    pub detail: Vec<String>,
+}
+
+impl NodeReport {
+    pub fn new(outcome: Outcome, message: impl Into<String>) -> Self {
+        NodeReport {
+            outcome,
+            message: message.into(),
+            detail: vec![],
+        }
+    }
+    pub fn with_detail(mut self, detail: Vec<String>) -> Self {
+        self.detail = detail;
+        self
+    }
+}
+
+/// A failed node: the error, and what was done on the node before it (e.g. removed diverts).
+#[derive(Debug, Clone)]
+pub struct NodeFailure {
+    pub error: BrokerError,
+    /// The cause and the next action, for a human; defaults to the error's text.
+    pub message: Option<String>,
+    pub detail: Vec<String>,
+}
+
+impl From<BrokerError> for NodeFailure {
+    fn from(error: BrokerError) -> Self {
+        NodeFailure {
+            error,
+            message: None,
+            detail: vec![],
+        }
+    }
+}
+
+/// The node an operation runs on: its ID and its active endpoint's management.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub node_id: String,
+    pub management: BrokerManagement,
+}
+
+/// Most nodes called at once.
+pub const DEFAULT_CONCURRENCY: usize = 16;
+
+/// Run `op` on every live node of `topology` concurrently; skip the others.
+pub async fn fan_out<F, Fut>(
+    topology: &Topology,
+    concurrency: usize,
+    timeout: Duration,
+    op: F,
+) -> Vec<NodeOutcome>
+where
+    F: Fn(Target) -> Fut,
+    Fut: Future<Output = Result<NodeReport, NodeFailure>>,
+{
+    let targets: Vec<&LogicalNode> = topology.nodes.iter().collect();
+    let op = &op;
+    let mut outcomes: Vec<(usize, NodeOutcome)> = futures::stream::iter(targets.into_iter().enumerate())
+        .map(|(i, node)| async move { (i, run_on(node, timeout, op).await) })
+        .buffer_unordered(concurrency.max(1))
+        .collect()
+        .await;
+    outcomes.sort_by_key(|(i, _)| *i);
+    outcomes.into_iter().map(|(_, o)| o).collect()
+}
+
+/// Run `op` on one node (ADR-0057's node-scoped operations use the same outcome shape).
+pub async fn run_on<F, Fut>(node: &LogicalNode, timeout: Duration, op: &F) -> NodeOutcome
+where
+    F: Fn(Target) -> Fut,
+    Fut: Future<Output = Result<NodeReport, NodeFailure>>,
+{
+    let Some(management) = node.active.clone() else {
+        return skipped(node);
+    };
+    let endpoint = Some(management.client().url().to_string());
+    let target = Target {
+        node_id: node.node_id.clone(),
+        management,
+    };
+    let result = tokio::time::timeout(timeout, op(target)).await;
+    let result = result.unwrap_or_else(|_| Err(BrokerError::Timeout(timeout.as_secs()).into()));
+    match result {
+        Ok(r) => NodeOutcome {
+            node: node.node_id.clone(),
+            endpoint,
+            outcome: r.outcome,
+            refusal: None,
+            message: r.message,
+            detail: r.detail,
+        },
+        Err(f) => NodeOutcome {
+            node: node.node_id.clone(),
+            endpoint,
+            outcome: Outcome::Failed,
+            refusal: Some(f.error.refusal_kind()),
+            message: f.message.unwrap_or_else(|| f.error.to_string()),
+            detail: f.detail,
+        },
+    }
+}
+
+pub fn skipped(node: &LogicalNode) -> NodeOutcome {
+    NodeOutcome {
+        node: node.node_id.clone(),
+        endpoint: None,
+        outcome: Outcome::SkippedNotLive,
+        refusal: None,
+        message: format!(
+            "not live, did not receive the command: {}",
+            node.not_live_reason.as_deref().unwrap_or("no active endpoint")
+        ),
+        detail: vec![],
+    }
+}
+
+/// A refusal decided by the operator (not the broker), as a node failure.
+pub fn refuse(kind: RefusalKind, message: impl Into<String>) -> NodeFailure {
+    let message = message.into();
+    NodeFailure {
+        error: BrokerError::refused(kind, message.clone()),
+        message: Some(message),
+        detail: vec![],
+    }
+}
+
+/// `applied/total`: nodes in the requested state over all logical nodes.
+pub fn summary(outcomes: &[NodeOutcome]) -> String {
+    let ok = outcomes
+        .iter()
+        .filter(|o| matches!(o.outcome, Outcome::Applied | Outcome::Already))
+        .count();
+    format!("{ok}/{}", outcomes.len())
+}

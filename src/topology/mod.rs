@@ -1,0 +1,225 @@
+//! Live topology (ADR-0049): every endpoint is polled; endpoints are grouped by broker node ID
+//! into logical nodes; a logical node's target is whichever endpoint is active *now*. Liveness
+//! comes from the poll (the endpoint answers and is active) and `listNetworkTopology`, never
+//! from configuration alone.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use tokio::sync::Mutex;
+
+use crate::broker::{BrokerError, BrokerManagement, Credentials, JolokiaClient, NodeIdentity};
+
+/// How to reach one cluster's endpoints.
+#[derive(Clone, Debug)]
+pub struct ClusterAccess {
+    pub http: reqwest::Client,
+    pub endpoints: Vec<String>,
+    pub origin: Option<String>,
+    pub credentials: Credentials,
+    pub request_timeout: Duration,
+}
+
+/// One logical node: a broker node ID, with its endpoints.
+#[derive(Clone, Debug)]
+pub struct LogicalNode {
+    pub node_id: String,
+    /// The endpoint commands go to now; None when no endpoint of this node is active.
+    pub active: Option<BrokerManagement>,
+    /// Endpoints of this node that answered but are not active (a replicating backup).
+    pub standby: Vec<String>,
+    /// The active endpoint is configured as a backup (the pair failed over).
+    pub failed_over: bool,
+    /// Why the node is not live, when it is not.
+    pub not_live_reason: Option<String>,
+}
+
+impl LogicalNode {
+    pub fn is_live(&self) -> bool {
+        self.active.is_some()
+    }
+    pub fn active_endpoint(&self) -> Option<&str> {
+        self.active.as_ref().map(|m| m.client().url())
+    }
+    pub fn role(&self) -> &'static str {
+        match (&self.active, self.failed_over) {
+            (None, _) => "unknown",
+            (Some(_), false) => "primary",
+            (Some(_), true) => "backup",
+        }
+    }
+}
+
+/// The polled state of one cluster.
+#[derive(Clone, Debug)]
+pub struct Topology {
+    pub polled_at: Instant,
+    pub polled_at_utc: chrono::DateTime<chrono::Utc>,
+    /// Sorted by node ID.
+    pub nodes: Vec<LogicalNode>,
+    /// Endpoints that did not answer, with the error.
+    pub unreachable: Vec<(String, BrokerError)>,
+}
+
+impl Topology {
+    pub fn live_nodes(&self) -> impl Iterator<Item = &LogicalNode> {
+        self.nodes.iter().filter(|n| n.is_live())
+    }
+    pub fn age(&self) -> Duration {
+        self.polled_at.elapsed()
+    }
+    /// A node by node ID, or by one of its endpoint URLs.
+    pub fn find(&self, node: &str) -> Option<&LogicalNode> {
+        self.nodes.iter().find(|n| {
+            n.node_id == node || n.active_endpoint() == Some(node) || n.standby.iter().any(|s| s == node)
+        })
+    }
+}
+
+/// Per-cluster memory across polls: broker names (resolved once per endpoint) and the node ID
+/// each endpoint last reported, so a node that stops answering is still named as not live.
+#[derive(Default, Debug)]
+pub struct TopologyMemory {
+    broker_names: HashMap<String, String>,
+    last_node_of: HashMap<String, String>,
+}
+
+/// Poll every endpoint concurrently and group the answers into logical nodes.
+pub async fn poll(access: &ClusterAccess, memory: &Mutex<TopologyMemory>) -> Topology {
+    let known: HashMap<String, String> = memory.lock().await.broker_names.clone();
+    let observations = join_all(access.endpoints.iter().map(|url| {
+        let client = JolokiaClient::new(
+            access.http.clone(),
+            url.clone(),
+            access.origin.clone(),
+            access.credentials.clone(),
+            access.request_timeout,
+        );
+        let known_name = known.get(url).cloned();
+        async move {
+            let management = match known_name {
+                Some(name) => BrokerManagement::with_name(client, name),
+                None => BrokerManagement::connect(client).await?,
+            };
+            let identity = management.identity().await?;
+            Ok::<_, BrokerError>((management, identity))
+        }
+    }))
+    .await;
+
+    let mut mem = memory.lock().await;
+    let mut answered = Vec::new();
+    let mut unreachable = Vec::new();
+    for (url, obs) in access.endpoints.iter().zip(observations) {
+        match obs {
+            Ok((m, identity)) => {
+                mem.broker_names.insert(url.clone(), identity.broker_name.clone());
+                mem.last_node_of.insert(url.clone(), identity.node_id.clone());
+                answered.push((m, identity));
+            }
+            Err(e) => {
+                // A wrong broker name (the endpoint now serves another broker) is re-resolved.
+                mem.broker_names.remove(url);
+                unreachable.push((url.clone(), e));
+            }
+        }
+    }
+    let nodes = group(&answered, &unreachable, &mem.last_node_of);
+    let now = chrono::Utc::now();
+    Topology {
+        polled_at: Instant::now(),
+        polled_at_utc: now,
+        nodes,
+        unreachable,
+    }
+}
+
+/// Pure grouping: endpoints → logical nodes.
+fn group(
+    answered: &[(BrokerManagement, NodeIdentity)],
+    unreachable: &[(String, BrokerError)],
+    last_node_of: &HashMap<String, String>,
+) -> Vec<LogicalNode> {
+    let mut nodes: BTreeMap<String, LogicalNode> = BTreeMap::new();
+    let entry = |nodes: &mut BTreeMap<String, LogicalNode>, id: &str| {
+        nodes
+            .entry(id.to_string())
+            .or_insert_with(|| LogicalNode {
+                node_id: id.to_string(),
+                active: None,
+                standby: vec![],
+                failed_over: false,
+                not_live_reason: None,
+            })
+            .node_id
+            .clone()
+    };
+    for (m, identity) in answered {
+        entry(&mut nodes, &identity.node_id);
+        let node = nodes.get_mut(&identity.node_id).expect("entry just created");
+        if identity.active && node.active.is_none() {
+            node.active = Some(m.clone());
+            node.failed_over = identity.backup;
+        } else {
+            node.standby.push(m.client().url().to_string());
+        }
+    }
+    // Members other nodes see that no endpoint of ours answers for.
+    for (_, identity) in answered {
+        for member in &identity.topology {
+            if !nodes.contains_key(&member.node_id) {
+                entry(&mut nodes, &member.node_id);
+                if let Some(n) = nodes.get_mut(&member.node_id) {
+                    n.not_live_reason = Some(format!(
+                        "in the cluster topology (at {}) but no configured endpoint answers for it",
+                        member.live.as_deref().unwrap_or("?")
+                    ));
+                }
+            }
+        }
+    }
+    // Endpoints that stopped answering: their last node ID, if no other endpoint serves it.
+    for (url, e) in unreachable {
+        if let Some(id) = last_node_of.get(url) {
+            entry(&mut nodes, id);
+            if let Some(n) = nodes.get_mut(id).filter(|n| n.active.is_none()) {
+                n.not_live_reason = Some(format!("{url} does not answer: {e}"));
+            }
+        }
+    }
+    for n in nodes.values_mut() {
+        if n.active.is_none() && n.not_live_reason.is_none() {
+            n.not_live_reason = Some(format!(
+                "no endpoint is active (standby: {})",
+                n.standby.join(", ")
+            ));
+        }
+    }
+    nodes.into_values().collect()
+}
+
+/// The latest topology of each cluster with its age; commands read it instead of polling.
+#[derive(Default, Clone)]
+pub struct TopologyCache {
+    inner: Arc<std::sync::RwLock<HashMap<String, Arc<Topology>>>>,
+}
+
+impl TopologyCache {
+    pub fn get(&self, cluster: &str) -> Option<Arc<Topology>> {
+        self.inner.read().ok()?.get(cluster).cloned()
+    }
+    pub fn put(&self, cluster: &str, topology: Topology) -> Arc<Topology> {
+        let t = Arc::new(topology);
+        if let Ok(mut m) = self.inner.write() {
+            m.insert(cluster.to_string(), t.clone());
+        }
+        t
+    }
+    pub fn remove(&self, cluster: &str) {
+        if let Ok(mut m) = self.inner.write() {
+            m.remove(cluster);
+        }
+    }
+}
