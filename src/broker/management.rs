@@ -21,8 +21,9 @@ pub struct NodeIdentity {
     pub node_id: String,
     /// Serving clients now (a primary, or a backup after failover).
     pub active: bool,
-    /// Configured as a backup.
-    pub backup: bool,
+    /// Configured as a backup (HA policy), whether or not it has failed over. The broker's
+    /// `Backup` attribute turns false once a backup is promoted; its HA policy does not.
+    pub configured_backup: bool,
     /// The cluster members this node sees (`listNetworkTopology`).
     pub topology: Vec<TopologyMember>,
 }
@@ -111,7 +112,7 @@ impl BrokerManagement {
             .await
     }
 
-    /// NodeID, Active, Backup and the topology this node sees: one bulk request.
+    /// NodeID, Active, Backup, HAPolicy and the topology this node sees: one bulk request.
     pub async fn identity(&self) -> Result<NodeIdentity, BrokerError> {
         let b = self.broker();
         let mut r = self
@@ -120,6 +121,7 @@ impl BrokerManagement {
                 JolokiaRequest::read(b.clone(), "NodeID"),
                 JolokiaRequest::read(b.clone(), "Active"),
                 JolokiaRequest::read(b.clone(), "Backup"),
+                JolokiaRequest::read(b.clone(), "HAPolicy"),
                 JolokiaRequest::exec(b, "listNetworkTopology()", vec![]),
             ])
             .await?
@@ -131,6 +133,10 @@ impl BrokerManagement {
         let node_id = string_value(&next()?)?;
         let active = bool_value(&next()?)?;
         let backup = bool_value(&next()?)?;
+        let ha_policy = next()
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
         // A backup that is not active may refuse or return an empty topology; that is not fatal.
         let topology = next()
             .ok()
@@ -141,7 +147,7 @@ impl BrokerManagement {
             broker_name: self.broker_name.clone(),
             node_id,
             active,
-            backup,
+            configured_backup: backup || ha_policy.contains("Backup"),
             topology,
         })
     }

@@ -412,7 +412,10 @@ pub async fn report_write(
         *current = next.clone();
     }
     let api: Api<ArtemisCluster> = Api::namespaced(ctx.client.clone(), cluster_ns);
-    let patch = json!({"status": {"managementWrite": next}});
+    // A merge patch: explicit nulls clear what the new evidence no longer carries (the grant).
+    let patch = json!({"status": {"managementWrite": {
+        "state": next.state, "evidence": next.evidence, "grant": next.grant
+    }}});
     api.patch_status(cluster_name, &PatchParams::default(), &Patch::Merge(patch))
         .await?;
     Ok(())

@@ -2,6 +2,7 @@
 //! same pipeline: dereference → plan → preflight → command → record (OPERATOR.md).
 
 pub mod cluster;
+pub mod command;
 pub mod conditions;
 
 use std::collections::HashMap;

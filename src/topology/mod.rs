@@ -161,7 +161,7 @@ fn group(
         let node = nodes.get_mut(&identity.node_id).expect("entry just created");
         if identity.active && node.active.is_none() {
             node.active = Some(m.clone());
-            node.failed_over = identity.backup;
+            node.failed_over = identity.configured_backup;
         } else {
             node.standby.push(m.client().url().to_string());
         }

@@ -1,5 +1,6 @@
 //! Integration tests against the real test bed: Artemis brokers, kube-apiserver + etcd, Postgres.
 //! Bring it up with `deploy/dev/testbed up` (the README's test command does).
 
+mod cluster_core;
 mod smoke;
 mod support;

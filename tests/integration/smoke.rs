@@ -9,7 +9,7 @@ use serde_json::json;
 
 use artemis_studio_operator::api::{self, ArtemisQueue, ConnectionClose};
 
-use crate::support::{TestBed, jolokia_raw, wait_until};
+use crate::support::{TestBed, brokers_shared, jolokia_raw, wait_until};
 
 /// Install the CRDs the way the operator and the chart do, and wait until they are served.
 pub async fn install_crds(client: &kube::Client) {
@@ -115,6 +115,7 @@ async fn crds_install_and_cel_refuses_a_routing_type_change() {
 
 #[tokio::test]
 async fn jolokia_answers_on_every_broker_and_strict_origin_is_understood() {
+    let _brokers = brokers_shared().await;
     let bed = TestBed::get();
     let user = bed.broker_user();
     for b in bed.brokers() {
@@ -145,6 +146,7 @@ async fn jolokia_answers_on_every_broker_and_strict_origin_is_understood() {
 
 #[tokio::test]
 async fn topology_shows_three_members_and_the_pair_shares_a_node_id() {
+    let _brokers = brokers_shared().await;
     let bed = TestBed::get();
     let user = bed.broker_user();
     let c1 = bed.broker("c1");

@@ -224,3 +224,189 @@ pub async fn jolokia_raw(
         serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
     )
 }
+
+/// Tests that stop, kill or freeze brokers hold this exclusively; tests that need every broker
+/// up hold it shared.
+static BROKER_STATE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+pub async fn brokers_shared() -> tokio::sync::RwLockReadGuard<'static, ()> {
+    BROKER_STATE.read().await
+}
+
+pub async fn brokers_exclusive() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    BROKER_STATE.write().await
+}
+
+impl TestBed {
+    /// ClusterAccess for one test bed cluster, with the given broker user.
+    pub fn access(
+        &self,
+        cluster: &str,
+        user: (String, String),
+    ) -> artemis_studio_operator::topology::ClusterAccess {
+        artemis_studio_operator::topology::ClusterAccess {
+            http: reqwest::Client::new(),
+            endpoints: self
+                .cluster_brokers(cluster)
+                .into_iter()
+                .map(|b| b.jolokia)
+                .collect(),
+            origin: None,
+            credentials: artemis_studio_operator::broker::Credentials {
+                username: user.0,
+                password: user.1,
+            },
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Install the CRDs and the chart's RBAC (rendered for release `artemis-studio-operator` in
+    /// namespace `artemis-studio`, the identity of TESTBED_OPERATOR_KUBECONFIG).
+    pub async fn install_operator_rbac(&self) {
+        use kube::api::{DynamicObject, Patch, PatchParams};
+        use kube::discovery::{ApiResource, Scope};
+        let client = self.kube_admin().await;
+        crate::smoke::install_crds(&client).await;
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("charts/artemis-studio-operator/templates/rbac.yaml");
+        let text = std::fs::read_to_string(path)
+            .expect("chart rbac.yaml")
+            .replace("{{ .Release.Name }}", "artemis-studio-operator")
+            .replace("{{ .Release.Namespace }}", "artemis-studio");
+        for doc in text.split("\n---\n") {
+            let obj: DynamicObject = match serde_yaml::from_str(doc) {
+                Ok(o) => o,
+                Err(_) => continue,
+            };
+            let Some(types) = obj.types.clone() else { continue };
+            let (group, version) = types
+                .api_version
+                .split_once('/')
+                .unwrap_or(("", &types.api_version));
+            let plural = match types.kind.as_str() {
+                "ClusterRole" => "clusterroles",
+                "ClusterRoleBinding" => "clusterrolebindings",
+                other => panic!("unexpected kind {other} in rbac.yaml"),
+            };
+            let ar = ApiResource {
+                group: group.into(),
+                version: version.into(),
+                api_version: types.api_version.clone(),
+                kind: types.kind.clone(),
+                plural: plural.into(),
+            };
+            let _ = Scope::Cluster;
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+            let name = obj.metadata.name.clone().expect("name");
+            api.patch(
+                &name,
+                &PatchParams::apply("artemis-studio-tests").force(),
+                &Patch::Apply(&obj),
+            )
+            .await
+            .expect("apply RBAC from the chart");
+        }
+    }
+
+    /// Start the operator's controllers in this process, as the operator's own identity (only
+    /// the chart's RBAC), watching one namespace. Dropping the handle stops them.
+    pub async fn start_operator(&self, namespace: &str) -> OperatorHandle {
+        self.install_operator_rbac().await;
+        let client = self.kube_operator().await;
+        let db = self.fresh_database().await;
+        artemis_studio_operator::store::Store::migrate(&db)
+            .await
+            .expect("migrate");
+        let store = artemis_studio_operator::store::Store::connect(&db)
+            .await
+            .expect("store");
+        let ctx = std::sync::Arc::new(artemis_studio_operator::controllers::Context::new(
+            client.clone(),
+            store.clone(),
+            format!("test-{}", short_id()),
+        ));
+        let clusters: Api<artemis_studio_operator::api::ArtemisCluster> = Api::namespaced(client, namespace);
+        let task = tokio::spawn(artemis_studio_operator::controllers::cluster::run(
+            ctx.clone(),
+            clusters,
+        ));
+        OperatorHandle { ctx, store, task }
+    }
+}
+
+pub struct OperatorHandle {
+    pub ctx: std::sync::Arc<artemis_studio_operator::controllers::Context>,
+    pub store: artemis_studio_operator::store::Store,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for OperatorHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Create a Secret with broker credentials and an ArtemisCluster pointing at `urls`.
+pub async fn create_cluster(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    urls: &[String],
+    user: Option<(String, String)>,
+) -> artemis_studio_operator::api::ArtemisCluster {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::PostParams;
+    if let Some((u, p)) = user {
+        let secret: Secret = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": format!("{name}-credentials")},
+            "stringData": {"username": u, "password": p}
+        }))
+        .expect("secret json");
+        Api::<Secret>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("create secret");
+    }
+    let brokers: Vec<serde_json::Value> = urls.iter().map(|u| serde_json::json!({"url": u})).collect();
+    let cluster = serde_json::from_value(serde_json::json!({
+        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCluster",
+        "metadata": {"name": name},
+        "spec": {"brokers": brokers, "credentials": {"secretName": format!("{name}-credentials")},
+                 "pollIntervalSeconds": 2, "requestTimeoutSeconds": 3}
+    }))
+    .expect("cluster json");
+    Api::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("create ArtemisCluster")
+}
+
+/// Wait until an ArtemisCluster's condition `type_` has `status`; returns the object.
+pub async fn wait_cluster_condition(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    type_: &str,
+    status: &str,
+) -> artemis_studio_operator::api::ArtemisCluster {
+    let api: Api<artemis_studio_operator::api::ArtemisCluster> = Api::namespaced(client.clone(), ns);
+    wait_until(
+        &format!("ArtemisCluster {ns}/{name} {type_}={status}"),
+        Duration::from_secs(60),
+        || {
+            let api = api.clone();
+            async move {
+                let c = api.get(name).await.ok()?;
+                let ok = c
+                    .status
+                    .as_ref()?
+                    .conditions
+                    .iter()
+                    .any(|x| x.type_ == type_ && x.status == status);
+                ok.then_some(c)
+            }
+        },
+    )
+    .await
+}

@@ -1,0 +1,103 @@
+//! The command step of every mutating reconcile (ADR-0049): audit intent → fan-out → audit
+//! outcome → managementWrite evidence → one Event.
+
+use std::future::Future;
+use std::time::Duration;
+
+use kube::Resource;
+
+use super::{Context, ReconcileError, cluster};
+use crate::api::{NodeOutcome, Outcome};
+use crate::broker::BrokerError;
+use crate::fanout::{self, NodeFailure, NodeReport, Target};
+use crate::store::{AuditIntent, CommandVerdict, outcome_detail};
+use crate::topology::Topology;
+
+/// What a command did.
+#[derive(Debug, Clone)]
+pub struct CommandResult {
+    pub audit_id: i64,
+    pub nodes: Vec<NodeOutcome>,
+    pub verdict: CommandVerdict,
+}
+
+/// Where a command goes: the cluster and its topology at the time, and the per-node timeout.
+#[derive(Clone, Copy)]
+pub struct Scope<'a> {
+    pub cluster_ns: &'a str,
+    pub cluster_name: &'a str,
+    pub topology: &'a Topology,
+    pub timeout: Duration,
+}
+
+/// Run one audited command on every live node of the scope's topology. The intent row is written before
+/// the first broker write; a failure to write it stops the command (nothing unaudited is sent).
+pub async fn run<K, F, Fut>(
+    ctx: &Context,
+    obj: &K,
+    scope: Scope<'_>,
+    intent: AuditIntent,
+    op: F,
+) -> Result<CommandResult, ReconcileError>
+where
+    K: Resource<DynamicType = ()>,
+    F: Fn(Target) -> Fut,
+    Fut: Future<Output = Result<NodeReport, NodeFailure>>,
+{
+    let audit_id = ctx.store.audit_intent(&intent).await?;
+    let nodes = fanout::fan_out(scope.topology, fanout::DEFAULT_CONCURRENCY, scope.timeout, op).await;
+    let verdict = CommandVerdict::of(&nodes);
+    ctx.store
+        .audit_outcome(
+            audit_id,
+            verdict,
+            &outcome_detail(&nodes, serde_json::Value::Null),
+        )
+        .await?;
+    report_evidence(ctx, scope.cluster_ns, scope.cluster_name, &intent.command, &nodes).await?;
+    let summary = describe(&intent.command, &nodes);
+    let (warning, reason) = match verdict {
+        CommandVerdict::Succeeded => (false, "Applied"),
+        _ => (true, "Failed"),
+    };
+    ctx.event(obj, warning, reason, &intent.command, summary).await;
+    Ok(CommandResult {
+        audit_id,
+        nodes,
+        verdict,
+    })
+}
+
+/// ADR-0049: only real writes are evidence. An APPLIED node proves writes work; an
+/// authorization refusal proves they do not; anything else says nothing.
+async fn report_evidence(
+    ctx: &Context,
+    cluster_ns: &str,
+    cluster_name: &str,
+    command: &str,
+    nodes: &[NodeOutcome],
+) -> Result<(), ReconcileError> {
+    let refused = nodes
+        .iter()
+        .find(|n| n.outcome == Outcome::Failed && n.refusal == Some(crate::api::RefusalKind::NotAuthorized));
+    if let Some(n) = refused {
+        let e = BrokerError::refused(crate::api::RefusalKind::NotAuthorized, n.message.clone());
+        return cluster::report_write(ctx, cluster_ns, cluster_name, command, &n.node, Err(&e)).await;
+    }
+    if let Some(n) = nodes.iter().find(|n| n.outcome == Outcome::Applied) {
+        return cluster::report_write(ctx, cluster_ns, cluster_name, command, &n.node, Ok(())).await;
+    }
+    Ok(())
+}
+
+/// One line per node for the Event.
+pub fn describe(command: &str, nodes: &[NodeOutcome]) -> String {
+    let parts: Vec<String> = nodes
+        .iter()
+        .map(|n| {
+            let short = n.node.get(..8).unwrap_or(&n.node);
+            format!("{short}: {:?} {}", n.outcome, n.message)
+        })
+        .collect();
+    format!("{command} ({}): {}", fanout::summary(nodes), parts.join("; "))
+}
