@@ -3,7 +3,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use kube::Api;
 
-use artemis_studio_operator::api::ArtemisCluster;
+use artemis_studio_operator::api::{ArtemisCluster, ArtemisQueue};
 use artemis_studio_operator::controllers::{self, Context};
 use artemis_studio_operator::store::Store;
 
@@ -61,10 +61,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default().await?;
     let ctx = Arc::new(Context::new(client.clone(), store, args.instance_id.clone()));
     tracing::info!(instance_id = %args.instance_id, namespace = ?args.namespace, "starting controllers");
-    let clusters: Api<ArtemisCluster> = match &args.namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
+    let (clusters, queues): (Api<ArtemisCluster>, Api<ArtemisQueue>) = match &args.namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
     };
-    controllers::cluster::run(ctx.clone(), clusters).await;
+    tokio::join!(
+        controllers::cluster::run(ctx.clone(), clusters),
+        controllers::queue::run(ctx.clone(), queues),
+    );
     Ok(())
 }

@@ -52,10 +52,12 @@ pub struct ArtemisQueueSpec {
     #[serde(default)]
     #[x_kube(validation = Rule::new("self == oldSelf").message("routingType is immutable (the broker refuses the change with AMQ229211): create a new queue with the other routing type and move the messages"))]
     pub routing_type: QueueRoutingType,
-    /// Message selector (filter string). Editable.
+    /// Message selector (filter string). Editable. Unset leaves the broker's filter as it is
+    /// (an adopted queue keeps its own); `""` removes the filter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filter: Option<String>,
-    /// Durable queues survive a broker restart.
+    /// Durable queues survive a broker restart. Used when the queue is created; the broker
+    /// cannot change it afterwards.
     #[serde(default = "super::common::default_true")]
     pub durable: bool,
     /// Most consumers at once; -1 for unlimited.

@@ -33,6 +33,8 @@ pub enum JolokiaRequest {
         mbean: String,
         #[serde(skip_serializing_if = "Option::is_none")]
         attribute: Option<Value>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        config: Option<Value>,
     },
     Exec {
         mbean: String,
@@ -49,6 +51,7 @@ impl JolokiaRequest {
         JolokiaRequest::Read {
             mbean: mbean.into(),
             attribute: Some(Value::String(attribute.into())),
+            config: None,
         }
     }
     pub fn read_many(mbean: impl Into<String>, attributes: &[&str]) -> Self {
@@ -57,6 +60,8 @@ impl JolokiaRequest {
             attribute: Some(Value::Array(
                 attributes.iter().map(|a| Value::String((*a).into())).collect(),
             )),
+            // One attribute an MBean cannot answer must not fail a whole wildcard read.
+            config: Some(serde_json::json!({"ignoreErrors": true})),
         }
     }
     pub fn exec(mbean: impl Into<String>, operation: &str, arguments: Vec<Value>) -> Self {

@@ -256,6 +256,43 @@ impl BrokerManagement {
             .map(|_| ())
     }
 
+    /// `addSecuritySettings(match, send, consume, createDurableQueue, deleteDurableQueue,
+    /// createNonDurableQueue, deleteNonDurableQueue, manage, browse, createAddress,
+    /// deleteAddress, view, edit)`: comma-separated role lists; replaces the entry; persisted.
+    pub async fn add_security_settings(
+        &self,
+        matcher: &str,
+        roles: &SecurityRoles,
+    ) -> Result<(), BrokerError> {
+        let r = roles;
+        self.exec(
+            "addSecuritySettings(java.lang.String,java.lang.String,java.lang.String,java.lang.String,java.lang.String,java.lang.String,java.lang.String,java.lang.String,java.lang.String,java.lang.String,java.lang.String,java.lang.String,java.lang.String)",
+            vec![
+                json!(matcher),
+                json!(r.send),
+                json!(r.consume),
+                json!(r.create_durable_queue),
+                json!(r.delete_durable_queue),
+                json!(r.create_non_durable_queue),
+                json!(r.delete_non_durable_queue),
+                json!(r.manage),
+                json!(r.browse),
+                json!(r.create_address),
+                json!(r.delete_address),
+                json!(r.view),
+                json!(r.edit),
+            ],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    pub async fn remove_security_settings(&self, matcher: &str) -> Result<(), BrokerError> {
+        self.exec("removeSecuritySettings(java.lang.String)", vec![json!(matcher)])
+            .await
+            .map(|_| ())
+    }
+
     /// `listConnections/listSessions/listConsumers(options, page, pageSize)` with one filter.
     pub async fn list(&self, what: ListKind, field: &str, value: &str) -> Result<Vec<Value>, BrokerError> {
         let options = json!({"field": field, "operation": "EQUALS", "value": value}).to_string();
@@ -316,6 +353,23 @@ impl BrokerManagement {
                 .await?,
         )
     }
+}
+
+/// Role lists (comma-separated) per permission of one security-setting match.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SecurityRoles {
+    pub send: String,
+    pub consume: String,
+    pub create_durable_queue: String,
+    pub delete_durable_queue: String,
+    pub create_non_durable_queue: String,
+    pub delete_non_durable_queue: String,
+    pub manage: String,
+    pub browse: String,
+    pub create_address: String,
+    pub delete_address: String,
+    pub view: String,
+    pub edit: String,
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -420,3 +420,33 @@ pub async fn report_write(
         .await?;
     Ok(())
 }
+
+/// Why a command cannot go to a cluster now.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "ArtemisCluster {0} is not usable yet: it does not exist in this namespace, or the operator could not reach it (see its Ready condition)"
+)]
+pub struct ClusterUnavailable(pub String);
+
+/// The cluster's latest topology. Commands read the cached one; it is polled inline only when
+/// older than the cluster's poll interval (or `max_age`, for a fresher read).
+pub async fn current_topology(
+    ctx: &Context,
+    cluster_ns: &str,
+    cluster_name: &str,
+    max_age: Option<Duration>,
+) -> Result<(Arc<ClusterRuntime>, Arc<Topology>), ClusterUnavailable> {
+    let k = key(cluster_ns, cluster_name);
+    let rt = ctx
+        .clusters
+        .get(&k)
+        .ok_or_else(|| ClusterUnavailable(k.clone()))?;
+    let max_age = max_age.unwrap_or(rt.poll_interval);
+    if let Some(t) = ctx.topologies.get(&k).filter(|t| t.age() <= max_age) {
+        return Ok((rt, t));
+    }
+    let t = ctx
+        .topologies
+        .put(&k, topology::poll(&rt.access, &rt.memory).await);
+    Ok((rt, t))
+}

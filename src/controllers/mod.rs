@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod command;
 pub mod conditions;
+pub mod queue;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,6 +26,11 @@ pub enum ReconcileError {
     Store(#[from] crate::store::StoreError),
     #[error("{0}")]
     Serialization(#[from] serde_json::Error),
+    /// A delete that cannot proceed now; the object stays Terminating and is retried.
+    #[error("delete refused: {0}")]
+    DeleteRefused(String),
+    #[error("finalizer: {0}")]
+    Finalizer(String),
 }
 
 /// What every controller shares.
@@ -95,3 +101,23 @@ pub fn key(namespace: &str, name: &str) -> String {
 
 pub type Shared<T> = Arc<tokio::sync::Mutex<T>>;
 pub type SharedMap<T> = Arc<std::sync::RwLock<HashMap<String, T>>>;
+
+/// The actor of a command: the field manager that last changed the object's spec (from
+/// `managedFields`), or "unknown".
+pub fn actor_of(meta: &kube::api::ObjectMeta) -> String {
+    meta.managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| m.fields_v1.as_ref().is_some_and(|f| f.0.get("f:spec").is_some()))
+        .max_by_key(|m| m.time.as_ref().map(|t| t.0))
+        .and_then(|m| m.manager.clone())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The object is paused: no broker writes (annotation `artemis-studio.io/paused: "true"`).
+pub fn is_paused(meta: &kube::api::ObjectMeta) -> bool {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::api::PAUSED_ANNOTATION))
+        .is_some_and(|v| v == "true")
+}

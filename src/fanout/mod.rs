@@ -73,10 +73,12 @@ where
     F: Fn(Target) -> Fut,
     Fut: Future<Output = Result<NodeReport, NodeFailure>>,
 {
-    let targets: Vec<&LogicalNode> = topology.nodes.iter().collect();
+    // Owned nodes (cheap clones): a stream over borrowed ones is not Send-general enough for
+    // controllers' futures.
+    let targets: Vec<LogicalNode> = topology.nodes.clone();
     let op = &op;
     let mut outcomes: Vec<(usize, NodeOutcome)> = futures::stream::iter(targets.into_iter().enumerate())
-        .map(|(i, node)| async move { (i, run_on(node, timeout, op).await) })
+        .map(|(i, node)| async move { (i, run_on(&node, timeout, op).await) })
         .buffer_unordered(concurrency.max(1))
         .collect()
         .await;

@@ -3,6 +3,8 @@
 //! comes from the poll (the endpoint answers and is active) and `listNetworkTopology`, never
 //! from configuration alone.
 
+pub mod inventory;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,6 +36,10 @@ pub struct LogicalNode {
     pub failed_over: bool,
     /// Why the node is not live, when it is not.
     pub not_live_reason: Option<String>,
+    /// What the active endpoint held at the poll (None when not live or the scrape failed).
+    pub inventory: Option<Arc<inventory::NodeInventory>>,
+    /// Why the scrape failed, when it did.
+    pub inventory_error: Option<String>,
 }
 
 impl LogicalNode {
@@ -104,7 +110,13 @@ pub async fn poll(access: &ClusterAccess, memory: &Mutex<TopologyMemory>) -> Top
                 None => BrokerManagement::connect(client).await?,
             };
             let identity = management.identity().await?;
-            Ok::<_, BrokerError>((management, identity))
+            // The inventory comes from the endpoint serving clients; a standby has none.
+            let inv = if identity.active {
+                Some(inventory::scrape(&management).await)
+            } else {
+                None
+            };
+            Ok::<_, BrokerError>((management, identity, inv))
         }
     }))
     .await;
@@ -114,10 +126,10 @@ pub async fn poll(access: &ClusterAccess, memory: &Mutex<TopologyMemory>) -> Top
     let mut unreachable = Vec::new();
     for (url, obs) in access.endpoints.iter().zip(observations) {
         match obs {
-            Ok((m, identity)) => {
+            Ok((m, identity, inv)) => {
                 mem.broker_names.insert(url.clone(), identity.broker_name.clone());
                 mem.last_node_of.insert(url.clone(), identity.node_id.clone());
-                answered.push((m, identity));
+                answered.push((m, identity, inv));
             }
             Err(e) => {
                 // A wrong broker name (the endpoint now serves another broker) is re-resolved.
@@ -137,8 +149,14 @@ pub async fn poll(access: &ClusterAccess, memory: &Mutex<TopologyMemory>) -> Top
 }
 
 /// Pure grouping: endpoints → logical nodes.
+type Answer = (
+    BrokerManagement,
+    NodeIdentity,
+    Option<Result<inventory::NodeInventory, BrokerError>>,
+);
+
 fn group(
-    answered: &[(BrokerManagement, NodeIdentity)],
+    answered: &[Answer],
     unreachable: &[(String, BrokerError)],
     last_node_of: &HashMap<String, String>,
 ) -> Vec<LogicalNode> {
@@ -152,22 +170,31 @@ fn group(
                 standby: vec![],
                 failed_over: false,
                 not_live_reason: None,
+                inventory: None,
+                inventory_error: None,
             })
             .node_id
             .clone()
     };
-    for (m, identity) in answered {
+    for (m, identity, inv) in answered {
         entry(&mut nodes, &identity.node_id);
-        let node = nodes.get_mut(&identity.node_id).expect("entry just created");
+        let Some(node) = nodes.get_mut(&identity.node_id) else {
+            continue;
+        };
         if identity.active && node.active.is_none() {
             node.active = Some(m.clone());
             node.failed_over = identity.configured_backup;
+            match inv {
+                Some(Ok(i)) => node.inventory = Some(Arc::new(i.clone())),
+                Some(Err(e)) => node.inventory_error = Some(e.to_string()),
+                None => {}
+            }
         } else {
             node.standby.push(m.client().url().to_string());
         }
     }
     // Members other nodes see that no endpoint of ours answers for.
-    for (_, identity) in answered {
+    for (_, identity, _) in answered {
         for member in &identity.topology {
             if !nodes.contains_key(&member.node_id) {
                 entry(&mut nodes, &member.node_id);

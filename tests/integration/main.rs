@@ -2,5 +2,6 @@
 //! Bring it up with `deploy/dev/testbed up` (the README's test command does).
 
 mod cluster_core;
+mod queue;
 mod smoke;
 mod support;

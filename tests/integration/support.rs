@@ -410,3 +410,50 @@ pub async fn wait_cluster_condition(
     )
     .await
 }
+
+/// Send `count` text messages to an address on one broker (AddressControl.sendMessage).
+pub async fn send_messages(bed: &TestBed, broker: &str, address: &str, count: usize) {
+    let b = bed.broker(broker);
+    let user = bed.broker_user();
+    let mbean =
+        format!("org.apache.activemq.artemis:broker=\"{broker}\",component=addresses,address=\"{address}\"");
+    for i in 0..count {
+        let (_, body) = jolokia_raw(
+            &b,
+            &user,
+            Some("http://localhost"),
+            serde_json::json!({"type": "exec", "mbean": mbean,
+                "operation": "sendMessage(java.util.Map,int,java.lang.String,boolean,java.lang.String,java.lang.String)",
+                "arguments": [{}, 3, format!("message {i}"), true, user.0, user.1]}),
+        )
+        .await;
+        assert_eq!(body["status"], 200, "send to {address} on {broker}: {body}");
+    }
+}
+
+/// A real AMQP 1.0 consumer attached to an address on one broker; dropped = detached.
+pub struct AmqpConsumer {
+    pub connection: fe2o3_amqp::connection::ConnectionHandle<()>,
+    pub session: fe2o3_amqp::session::SessionHandle<()>,
+    pub receiver: fe2o3_amqp::Receiver,
+}
+
+pub async fn amqp_consumer(bed: &TestBed, broker: &str, address: &str, container_id: &str) -> AmqpConsumer {
+    let b = bed.broker(broker);
+    let (u, p) = bed.broker_user();
+    let url = b.amqp.replace("amqp://", &format!("amqp://{u}:{p}@"));
+    let mut connection = fe2o3_amqp::Connection::open(container_id.to_string(), url.as_str())
+        .await
+        .expect("AMQP connection");
+    let mut session = fe2o3_amqp::Session::begin(&mut connection)
+        .await
+        .expect("AMQP session");
+    let receiver = fe2o3_amqp::Receiver::attach(&mut session, format!("{container_id}-rx"), address)
+        .await
+        .expect("AMQP receiver");
+    AmqpConsumer {
+        connection,
+        session,
+        receiver,
+    }
+}

@@ -1,0 +1,598 @@
+//! ArtemisQueue (issue 4) on the real test bed: create on every live node, converge, repair,
+//! dry run, the delete preview and the delete with ADR-0084's checks.
+
+use std::time::Duration;
+
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+use artemis_studio_operator::api::queue::ArtemisQueue;
+use artemis_studio_operator::api::{Outcome, RefusalKind};
+use artemis_studio_operator::topology::{self, Topology};
+
+use crate::support::{
+    OperatorHandle, TestBed, amqp_consumer, brokers_exclusive, brokers_shared, create_cluster, send_messages,
+    short_id, wait_cluster_condition, wait_until,
+};
+
+struct Fixture {
+    bed: TestBed,
+    ns: String,
+    admin: Client,
+    op: OperatorHandle,
+}
+
+async fn fixture(prefix: &str, bulk_cap: Option<u64>) -> Fixture {
+    let bed = TestBed::get();
+    let ns = bed.fresh_namespace(prefix).await;
+    let op = bed.start_operator(&ns).await;
+    let admin = bed.kube_admin().await;
+    let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
+    create_cluster(&admin, &ns, "c", &urls, Some(bed.broker_user())).await;
+    if let Some(cap) = bulk_cap {
+        let api: Api<artemis_studio_operator::api::ArtemisCluster> = Api::namespaced(admin.clone(), &ns);
+        api.patch(
+            "c",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"bulkCap": cap}})),
+        )
+        .await
+        .expect("set bulk cap");
+    }
+    wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
+    Fixture { bed, ns, admin, op }
+}
+
+impl Fixture {
+    fn queues(&self) -> Api<ArtemisQueue> {
+        Api::namespaced(self.admin.clone(), &self.ns)
+    }
+
+    async fn create(&self, name: &str, spec: serde_json::Value) {
+        let mut spec = spec;
+        spec["clusterRef"] = json!({"name": "c"});
+        let q: ArtemisQueue = serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+            "metadata": {"name": name}, "spec": spec
+        }))
+        .expect("queue json");
+        self.queues()
+            .create(&PostParams::default(), &q)
+            .await
+            .expect("create ArtemisQueue");
+    }
+
+    async fn wait_for(&self, name: &str, what: &str, check: impl Fn(&ArtemisQueue) -> bool) -> ArtemisQueue {
+        let api = self.queues();
+        let check = &check;
+        wait_until(
+            &format!("ArtemisQueue {name}: {what}"),
+            Duration::from_secs(90),
+            || {
+                let api = api.clone();
+                async move { api.get(name).await.ok().filter(|q| check(q)) }
+            },
+        )
+        .await
+    }
+
+    async fn wait_gone(&self, name: &str) {
+        let api = self.queues();
+        wait_until(
+            &format!("ArtemisQueue {name} deleted"),
+            Duration::from_secs(90),
+            || {
+                let api = api.clone();
+                async move {
+                    api.get_opt(name)
+                        .await
+                        .ok()
+                        .and_then(|o| o.is_none().then_some(()))
+                }
+            },
+        )
+        .await;
+    }
+
+    async fn topology(&self) -> Topology {
+        topology::poll(&self.bed.access("c", self.bed.broker_user()), &Default::default()).await
+    }
+
+    async fn audit_rows(&self, command_prefix: &str) -> Vec<(String, String, serde_json::Value)> {
+        sqlx::query_as(
+            "SELECT command, outcome, outcome_detail FROM audit_event WHERE command LIKE $1 ORDER BY id",
+        )
+        .bind(format!("{command_prefix}%"))
+        .fetch_all(self.op.store.pool())
+        .await
+        .expect("audit rows")
+    }
+}
+
+fn condition(q: &ArtemisQueue, type_: &str) -> Option<(String, String, String)> {
+    q.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+fn outcomes(q: &ArtemisQueue) -> Vec<Outcome> {
+    q.status
+        .as_ref()
+        .map(|s| s.nodes.iter().map(|n| n.outcome).collect())
+        .unwrap_or_default()
+}
+
+fn all(q: &ArtemisQueue, o: Outcome) -> bool {
+    let os = outcomes(q);
+    os.len() == 3 && os.iter().all(|x| *x == o)
+}
+
+#[tokio::test]
+async fn a_queue_is_created_on_every_node_and_reapplying_is_already_without_audit() {
+    let _b = brokers_shared().await;
+    let f = fixture("q-create", None).await;
+    let name = format!("orders.{}", short_id());
+    f.create(&name, json!({"routingType": "ANYCAST"})).await;
+    let q = f
+        .wait_for(&name, "APPLIED x3 and Ready", |q| {
+            all(q, Outcome::Applied) && condition(q, "Ready").is_some_and(|c| c.0 == "True")
+        })
+        .await;
+    assert_eq!(
+        q.status.as_ref().and_then(|s| s.nodes_summary.clone()).as_deref(),
+        Some("3/3")
+    );
+    assert!(
+        q.metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == "artemis-studio.io/queue")
+    );
+    for n in f.topology().await.nodes {
+        let inv = n.inventory.expect("inventory");
+        assert_eq!(
+            inv.queues.get(&name).map(|q| q.routing_type.as_str()),
+            Some("ANYCAST"),
+            "{}",
+            n.node_id
+        );
+    }
+    // The next passes find it converged: ALREADY everywhere, and no new audit row.
+    f.wait_for(&name, "ALREADY x3", |q| all(q, Outcome::Already))
+        .await;
+    tokio::time::sleep(Duration::from_secs(5)).await; // let a few resyncs pass; the count must not move
+    let rows = f.audit_rows("queue.").await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].1, "succeeded");
+    let preview = f
+        .queues()
+        .get(&name)
+        .await
+        .expect("get")
+        .status
+        .and_then(|s| s.delete_preview)
+        .expect("deletePreview");
+    assert_eq!(preview.nodes.len(), 3);
+    assert!(!preview.exceeds_bulk_cap);
+}
+
+#[tokio::test]
+async fn a_filter_change_touches_only_the_filter_and_keeps_unmentioned_fields() {
+    let _b = brokers_shared().await;
+    let f = fixture("q-filter", None).await;
+    let name = format!("adopted.{}", short_id());
+    // The queue exists before the object (adopted), with a field the spec never mentions.
+    for n in f.topology().await.live_nodes() {
+        n.active
+            .as_ref()
+            .expect("live")
+            .create_queue(&json!({"name": name, "address": name, "routing-type": "ANYCAST", "max-consumers": 5, "auto-create-address": true}))
+            .await
+            .expect("pre-create");
+    }
+    f.create(&name, json!({"filter": "color='red'"})).await;
+    let q = f
+        .wait_for(&name, "APPLIED x3", |q| all(q, Outcome::Applied))
+        .await;
+    assert!(
+        q.status
+            .expect("status")
+            .nodes
+            .iter()
+            .all(|n| n.message.contains("filter-string"))
+    );
+    for n in f.topology().await.nodes {
+        let inv = n.inventory.expect("inventory");
+        let got = inv.queues.get(&name).expect("queue");
+        assert_eq!(got.filter.as_deref(), Some("color='red'"), "{}", n.node_id);
+        assert_eq!(
+            got.max_consumers, 5,
+            "a field the spec never mentioned survives on {}",
+            n.node_id
+        );
+    }
+    // Edit the filter: it changes on every node, nothing else does.
+    f.queues()
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"filter": "color='blue'"}})),
+        )
+        .await
+        .expect("patch filter");
+    wait_until(
+        "the new filter on every node",
+        Duration::from_secs(60),
+        || async {
+            let t = f.topology().await;
+            t.nodes
+                .iter()
+                .all(|n| {
+                    n.inventory
+                        .as_ref()
+                        .and_then(|i| i.queues.get(&name))
+                        .is_some_and(|q| q.filter.as_deref() == Some("color='blue'") && q.max_consumers == 5)
+                })
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_queue_with_the_other_routing_type_is_refused_not_recreated() {
+    let _b = brokers_shared().await;
+    let f = fixture("q-rt", None).await;
+    let name = format!("rt.{}", short_id());
+    let t = f.topology().await;
+    let first = t.live_nodes().next().expect("a live node");
+    first
+        .active
+        .as_ref()
+        .expect("live")
+        .create_queue(
+            &json!({"name": name, "address": name, "routing-type": "MULTICAST", "auto-create-address": true}),
+        )
+        .await
+        .expect("pre-create as MULTICAST");
+    f.create(&name, json!({"routingType": "ANYCAST"})).await;
+    let q = f
+        .wait_for(&name, "one node FAILED", |q| {
+            outcomes(q).contains(&Outcome::Failed)
+                && outcomes(q)
+                    .iter()
+                    .filter(|o| **o == Outcome::Applied || **o == Outcome::Already)
+                    .count()
+                    == 2
+        })
+        .await;
+    let status = q.status.expect("status");
+    let failed = status
+        .nodes
+        .iter()
+        .find(|n| n.outcome == Outcome::Failed)
+        .expect("failed node");
+    assert_eq!(failed.node, first.node_id);
+    assert_eq!(failed.refusal, Some(RefusalKind::RoutingTypeImmutable));
+    assert!(failed.message.contains("spec.routingType"), "{}", failed.message);
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready");
+    assert_eq!(ready.status, "False");
+    let diverged = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Diverged")
+        .expect("Diverged");
+    assert!(diverged.message.contains(&first.node_id));
+    // Still MULTICAST on that node: never deleted and re-created.
+    let again = f.topology().await;
+    let q = again
+        .find(&first.node_id)
+        .and_then(|n| n.inventory.clone())
+        .and_then(|i| i.queues.get(&name).cloned());
+    assert_eq!(q.map(|q| q.routing_type), Some("MULTICAST".to_string()));
+}
+
+#[tokio::test]
+async fn a_queue_destroyed_behind_our_back_is_recreated_and_audited() {
+    let _b = brokers_shared().await;
+    let f = fixture("q-repair", None).await;
+    let name = format!("repair.{}", short_id());
+    f.create(&name, json!({})).await;
+    f.wait_for(&name, "ALREADY x3", |q| all(q, Outcome::Already))
+        .await;
+    let t = f.topology().await;
+    let victim = t.live_nodes().next().expect("live");
+    victim
+        .active
+        .as_ref()
+        .expect("live")
+        .destroy_queue(&name, false)
+        .await
+        .expect("destroy out of band");
+    wait_until(
+        "the queue is back on the node",
+        Duration::from_secs(60),
+        || async {
+            let t = f.topology().await;
+            t.find(&victim.node_id)?
+                .inventory
+                .as_ref()?
+                .queues
+                .get(&name)
+                .map(|_| ())
+        },
+    )
+    .await;
+    let rows = f.audit_rows("queue.").await;
+    assert_eq!(rows.len(), 2, "the create and the repair: {rows:?}");
+    assert_eq!(rows[1].0, "queue.repair");
+    let applied = rows[1].2["appliedNodes"].as_array().cloned().unwrap_or_default();
+    assert_eq!(applied, vec![json!(victim.node_id)]);
+}
+
+#[tokio::test]
+async fn a_dry_run_never_changes_the_broker() {
+    let _b = brokers_shared().await;
+    let f = fixture("q-dry", None).await;
+    let name = format!("dry.{}", short_id());
+    let before = f.topology().await;
+    f.create(&name, json!({"dryRun": true, "filter": "x=1"})).await;
+    let q = f
+        .wait_for(&name, "WOULD_APPLY x3", |q| all(q, Outcome::WouldApply))
+        .await;
+    assert!(
+        q.status
+            .expect("status")
+            .nodes
+            .iter()
+            .all(|n| n.message.contains("create"))
+    );
+    let after = f.topology().await;
+    for (a, b) in before.nodes.iter().zip(after.nodes.iter()) {
+        let (a, b) = (
+            a.inventory.as_ref().expect("inv"),
+            b.inventory.as_ref().expect("inv"),
+        );
+        assert!(!b.queues.contains_key(&name));
+        assert!(!b.addresses.contains_key(&name));
+        assert_eq!(a.diverts, b.diverts);
+    }
+    assert!(f.audit_rows("queue.").await.is_empty());
+    // Deleting a dry-run object touches nothing either (the queue does not exist: ALREADY).
+    f.queues()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete");
+    f.wait_gone(&name).await;
+}
+
+#[tokio::test]
+async fn delete_removes_dependent_diverts_first_and_keeps_source_diverts() {
+    let _b = brokers_shared().await;
+    let f = fixture("q-divert", None).await;
+    let id = short_id();
+    let (name, source, other) = (
+        format!("target.{id}"),
+        format!("source.{id}"),
+        format!("other.{id}"),
+    );
+    f.create(&name, json!({})).await;
+    f.wait_for(&name, "APPLIED x3", |q| all(q, Outcome::Applied))
+        .await;
+    let t = f.topology().await;
+    for n in t.live_nodes() {
+        let m = n.active.as_ref().expect("live");
+        m.create_address(&source, "MULTICAST")
+            .await
+            .expect("source address");
+        m.create_queue(
+            &json!({"name": other, "address": other, "routing-type": "ANYCAST", "auto-create-address": true}),
+        )
+        .await
+        .expect("other queue");
+        m.create_divert(&json!({"name": format!("into.{id}"), "routing-name": format!("into.{id}"), "address": source, "forwarding-address": name, "exclusive": false})).await.expect("divert into");
+        m.create_divert(&json!({"name": format!("out.{id}"), "routing-name": format!("out.{id}"), "address": name, "forwarding-address": other, "exclusive": false})).await.expect("divert out");
+    }
+    // The preview names both, per node.
+    let q = f
+        .wait_for(&name, "preview with diverts", |q| {
+            q.status
+                .as_ref()
+                .and_then(|s| s.delete_preview.as_ref())
+                .is_some_and(|p| {
+                    p.nodes.len() == 3
+                        && p.nodes
+                            .iter()
+                            .all(|n| n.dependent_diverts.len() == 1 && n.kept_diverts.len() == 1)
+                })
+        })
+        .await;
+    let p = q.status.and_then(|s| s.delete_preview).expect("preview");
+    assert!(p.nodes[0].dependent_diverts[0].note.contains("broker.xml"));
+    assert!(p.nodes[0].kept_diverts[0].note.contains("still routes"));
+
+    f.queues()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete");
+    f.wait_gone(&name).await;
+    for n in f.topology().await.nodes {
+        let inv = n.inventory.expect("inventory");
+        assert!(!inv.queues.contains_key(&name), "queue gone on {}", n.node_id);
+        assert!(
+            !inv.diverts.contains_key(&format!("into.{id}")),
+            "dependent divert removed on {}",
+            n.node_id
+        );
+        assert!(
+            inv.diverts.contains_key(&format!("out.{id}")),
+            "source divert kept on {}",
+            n.node_id
+        );
+    }
+    let rows = f.audit_rows("queue.delete").await;
+    assert_eq!(rows.len(), 1);
+    let detail = rows[0].2.to_string();
+    assert!(
+        detail.contains(&format!("into.{id}")) && detail.contains("forwarding-address"),
+        "the removed divert's full configuration is audited: {detail}"
+    );
+}
+
+#[tokio::test]
+async fn delete_over_the_bulk_cap_is_refused_until_message_loss_is_allowed() {
+    let _b = brokers_shared().await;
+    let f = fixture("q-cap", Some(2)).await;
+    let name = format!("cap.{}", short_id());
+    f.create(&name, json!({})).await;
+    f.wait_for(&name, "APPLIED x3", |q| all(q, Outcome::Applied))
+        .await;
+    send_messages(&f.bed, "c1", &name, 3).await;
+    f.wait_for(&name, "preview counts 3 messages", |q| {
+        q.status
+            .as_ref()
+            .and_then(|s| s.delete_preview.as_ref())
+            .is_some_and(|p| p.total_messages == 3 && p.exceeds_bulk_cap)
+    })
+    .await;
+    f.queues()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete");
+    let q = f
+        .wait_for(&name, "DeleteBlocked BulkCapExceeded", |q| {
+            condition(q, "DeleteBlocked").is_some_and(|c| c.1 == "BulkCapExceeded")
+        })
+        .await;
+    let (_, _, message) = condition(&q, "DeleteBlocked").expect("condition");
+    assert!(message.contains("allowMessageLoss: 3"), "{message}");
+    assert!(
+        f.audit_rows("queue.delete").await.is_empty(),
+        "a refused delete sends nothing"
+    );
+    // The user unblocks it by editing deletion on the terminating object.
+    f.queues()
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"deletion": {"allowMessageLoss": 3}}})),
+        )
+        .await
+        .expect("allow the loss");
+    f.wait_gone(&name).await;
+    let rows = f.audit_rows("queue.delete").await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].1, "succeeded");
+}
+
+#[tokio::test]
+async fn delete_with_a_consumer_is_refused_until_consumers_may_be_disconnected() {
+    let _b = brokers_shared().await;
+    let f = fixture("q-cons", None).await;
+    let name = format!("consumed.{}", short_id());
+    f.create(&name, json!({})).await;
+    f.wait_for(&name, "APPLIED x3", |q| all(q, Outcome::Applied))
+        .await;
+    let consumer = amqp_consumer(&f.bed, "c1", &name, &format!("app-{}", short_id())).await;
+    f.wait_for(&name, "preview sees the consumer", |q| {
+        q.status
+            .as_ref()
+            .and_then(|s| s.delete_preview.as_ref())
+            .is_some_and(|p| p.nodes.iter().any(|n| n.consumer_count == 1))
+    })
+    .await;
+    f.queues()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete");
+    let q = f
+        .wait_for(&name, "HAS_CONSUMERS", |q| {
+            q.status.as_ref().is_some_and(|s| {
+                s.nodes
+                    .iter()
+                    .any(|n| n.refusal == Some(RefusalKind::HasConsumers))
+            })
+        })
+        .await;
+    let refused = q
+        .status
+        .expect("status")
+        .nodes
+        .into_iter()
+        .find(|n| n.refusal == Some(RefusalKind::HasConsumers))
+        .expect("refused");
+    assert!(
+        refused.message.contains("1 consumer") && refused.message.contains("disconnectConsumers"),
+        "{}",
+        refused.message
+    );
+    f.queues()
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"deletion": {"disconnectConsumers": true}}})),
+        )
+        .await
+        .expect("allow disconnect");
+    f.wait_gone(&name).await;
+    let mut receiver = consumer.receiver;
+    let detached = tokio::time::timeout(
+        Duration::from_secs(30),
+        receiver.recv::<fe2o3_amqp::types::primitives::Value>(),
+    )
+    .await;
+    assert!(
+        matches!(detached, Ok(Err(_))),
+        "the consumer sees the disconnect: {detached:?}"
+    );
+    drop(consumer.session);
+    drop(consumer.connection);
+}
+
+#[tokio::test]
+async fn a_node_that_was_down_gets_the_queue_when_it_comes_back() {
+    let _b = brokers_exclusive().await;
+    let f = fixture("q-late", None).await;
+    f.bed.broker_action("stop", "c3");
+    struct Start<'a>(&'a TestBed);
+    impl Drop for Start<'_> {
+        fn drop(&mut self) {
+            self.0.broker_action("start", "c3");
+        }
+    }
+    let _start = Start(&f.bed);
+    let name = format!("late.{}", short_id());
+    f.create(&name, json!({})).await;
+    let q = f
+        .wait_for(&name, "2 APPLIED + 1 SKIPPED_NOT_LIVE", |q| {
+            let os = outcomes(q);
+            os.iter().filter(|o| **o == Outcome::Applied).count() == 2
+                && os.contains(&Outcome::SkippedNotLive)
+        })
+        .await;
+    let diverged = condition(&q, "Diverged").expect("Diverged");
+    assert_eq!(diverged.0, "True");
+    assert!(diverged.2.contains("not live"), "{}", diverged.2);
+    f.bed.broker_action("start", "c3");
+    f.wait_for(&name, "Ready on all three", |q| {
+        condition(q, "Ready").is_some_and(|c| c.0 == "True")
+            && outcomes(q).len() == 3
+            && !outcomes(q).contains(&Outcome::SkippedNotLive)
+    })
+    .await;
+    let rows = f.audit_rows("queue.").await;
+    assert_eq!(
+        rows.len(),
+        2,
+        "the create, then the repair on the returning node: {rows:?}"
+    );
+}
