@@ -229,7 +229,8 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
                 poll_interval,
                 request_timeout: Duration::from_secs(obj.spec.request_timeout_seconds.into()),
             });
-            ctx.clusters.put(&k, rt.clone());
+            // Poll with the new access first, then publish both: a command never sees the new
+            // access with a topology polled under the old one (e.g. other credentials).
             let topology = topology::poll(&rt.access, &rt.memory).await;
             status.nodes = node_statuses(&topology);
             status.total_nodes = topology.nodes.len() as u32;
@@ -307,6 +308,7 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
                     .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             );
             ctx.topologies.put(&k, topology);
+            ctx.clusters.put(&k, rt);
         }
     }
 

@@ -46,6 +46,11 @@ where
 {
     let audit_id = ctx.store.audit_intent(&intent).await?;
     let nodes = fanout::fan_out(scope.topology, fanout::DEFAULT_CONCURRENCY, scope.timeout, op).await;
+    if nodes.iter().any(|n| n.outcome == Outcome::Applied) {
+        // The snapshot no longer describes the brokers: the next reader polls again.
+        ctx.topologies
+            .remove(&super::key(scope.cluster_ns, scope.cluster_name));
+    }
     let verdict = CommandVerdict::of(&nodes);
     ctx.store
         .audit_outcome(

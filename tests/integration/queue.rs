@@ -126,6 +126,11 @@ fn outcomes(q: &ArtemisQueue) -> Vec<Outcome> {
         .unwrap_or_default()
 }
 
+/// Ready=True: every live node APPLIED or ALREADY.
+fn ready(q: &ArtemisQueue) -> bool {
+    condition(q, "Ready").is_some_and(|c| c.0 == "True")
+}
+
 fn all(q: &ArtemisQueue, o: Outcome) -> bool {
     let os = outcomes(q);
     os.len() == 3 && os.iter().all(|x| *x == o)
@@ -137,11 +142,13 @@ async fn a_queue_is_created_on_every_node_and_reapplying_is_already_without_audi
     let f = fixture("q-create", None).await;
     let name = format!("orders.{}", short_id());
     f.create(&name, json!({"routingType": "ANYCAST"})).await;
-    let q = f
-        .wait_for(&name, "APPLIED x3 and Ready", |q| {
-            all(q, Outcome::Applied) && condition(q, "Ready").is_some_and(|c| c.0 == "True")
-        })
-        .await;
+    let q = f.wait_for(&name, "Ready", ready).await;
+    // The command applied on all three nodes: its audit row says so, per node.
+    let rows = f.audit_rows("queue.").await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let applied = rows[0].2["nodes"].as_array().cloned().unwrap_or_default();
+    assert_eq!(applied.len(), 3);
+    assert!(applied.iter().all(|n| n["outcome"] == "APPLIED"), "{applied:?}");
     assert_eq!(
         q.status.as_ref().and_then(|s| s.nodes_summary.clone()).as_deref(),
         Some("3/3")
@@ -196,15 +203,20 @@ async fn a_filter_change_touches_only_the_filter_and_keeps_unmentioned_fields() 
             .expect("pre-create");
     }
     f.create(&name, json!({"filter": "color='red'"})).await;
-    let q = f
-        .wait_for(&name, "APPLIED x3", |q| all(q, Outcome::Applied))
-        .await;
+    f.wait_for(&name, "Ready", ready).await;
+    let rows = f.audit_rows("queue.").await;
+    let updated_everywhere = |r: &(String, String, serde_json::Value)| {
+        r.2["nodes"].as_array().is_some_and(|ns| {
+            ns.len() == 3
+                && ns.iter().all(|n| {
+                    n["outcome"] == "APPLIED"
+                        && n["message"].as_str().is_some_and(|m| m.contains("filter-string"))
+                })
+        })
+    };
     assert!(
-        q.status
-            .expect("status")
-            .nodes
-            .iter()
-            .all(|n| n.message.contains("filter-string"))
+        rows.iter().any(updated_everywhere),
+        "one command updated the filter on all three nodes: {rows:?}"
     );
     for n in f.topology().await.nodes {
         let inv = n.inventory.expect("inventory");
@@ -386,8 +398,7 @@ async fn delete_removes_dependent_diverts_first_and_keeps_source_diverts() {
         format!("other.{id}"),
     );
     f.create(&name, json!({})).await;
-    f.wait_for(&name, "APPLIED x3", |q| all(q, Outcome::Applied))
-        .await;
+    f.wait_for(&name, "Ready", ready).await;
     let t = f.topology().await;
     for n in t.live_nodes() {
         let m = n.active.as_ref().expect("live");
@@ -454,8 +465,7 @@ async fn delete_over_the_bulk_cap_is_refused_until_message_loss_is_allowed() {
     let f = fixture("q-cap", Some(2)).await;
     let name = format!("cap.{}", short_id());
     f.create(&name, json!({})).await;
-    f.wait_for(&name, "APPLIED x3", |q| all(q, Outcome::Applied))
-        .await;
+    f.wait_for(&name, "Ready", ready).await;
     send_messages(&f.bed, "c1", &name, 3).await;
     f.wait_for(&name, "preview counts 3 messages", |q| {
         q.status
@@ -500,8 +510,7 @@ async fn delete_with_a_consumer_is_refused_until_consumers_may_be_disconnected()
     let f = fixture("q-cons", None).await;
     let name = format!("consumed.{}", short_id());
     f.create(&name, json!({})).await;
-    f.wait_for(&name, "APPLIED x3", |q| all(q, Outcome::Applied))
-        .await;
+    f.wait_for(&name, "Ready", ready).await;
     let consumer = amqp_consumer(&f.bed, "c1", &name, &format!("app-{}", short_id())).await;
     f.wait_for(&name, "preview sees the consumer", |q| {
         q.status
@@ -573,9 +582,12 @@ async fn a_node_that_was_down_gets_the_queue_when_it_comes_back() {
     let name = format!("late.{}", short_id());
     f.create(&name, json!({})).await;
     let q = f
-        .wait_for(&name, "2 APPLIED + 1 SKIPPED_NOT_LIVE", |q| {
+        .wait_for(&name, "2 in the requested state + 1 SKIPPED_NOT_LIVE", |q| {
             let os = outcomes(q);
-            os.iter().filter(|o| **o == Outcome::Applied).count() == 2
+            os.iter()
+                .filter(|o| matches!(o, Outcome::Applied | Outcome::Already))
+                .count()
+                == 2
                 && os.contains(&Outcome::SkippedNotLive)
         })
         .await;

@@ -311,6 +311,13 @@ impl TestBed {
     /// Start the operator's controllers in this process, as the operator's own identity (only
     /// the chart's RBAC), watching one namespace. Dropping the handle stops them.
     pub async fn start_operator(&self, namespace: &str) -> OperatorHandle {
+        // The operator's logs go to the test's output (shown when it fails); RUST_LOG filters.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            )
+            .with_test_writer()
+            .try_init();
         self.install_operator_rbac().await;
         let client = self.kube_operator().await;
         let db = self.fresh_database().await;
@@ -325,11 +332,16 @@ impl TestBed {
             store.clone(),
             format!("test-{}", short_id()),
         ));
-        let clusters: Api<artemis_studio_operator::api::ArtemisCluster> = Api::namespaced(client, namespace);
-        let task = tokio::spawn(artemis_studio_operator::controllers::cluster::run(
-            ctx.clone(),
-            clusters,
-        ));
+        let clusters: Api<artemis_studio_operator::api::ArtemisCluster> =
+            Api::namespaced(client.clone(), namespace);
+        let queues: Api<artemis_studio_operator::api::ArtemisQueue> = Api::namespaced(client, namespace);
+        let c = ctx.clone();
+        let task = tokio::spawn(async move {
+            tokio::join!(
+                artemis_studio_operator::controllers::cluster::run(c.clone(), clusters),
+                artemis_studio_operator::controllers::queue::run(c, queues),
+            );
+        });
         OperatorHandle { ctx, store, task }
     }
 }
