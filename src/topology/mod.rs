@@ -193,10 +193,27 @@ fn group(
             node.standby.push(m.client().url().to_string());
         }
     }
+    // The connector address each answering node claims for itself. A topology entry for another
+    // node ID at one of these addresses is stale (e.g. a promoted backup's pre-sync ID).
+    let claimed: HashMap<&str, &str> = answered
+        .iter()
+        .flat_map(|(_, identity, _)| {
+            identity
+                .topology
+                .iter()
+                .filter(|m| m.node_id == identity.node_id)
+                .filter_map(|m| m.live.as_deref().map(|addr| (addr, identity.node_id.as_str())))
+        })
+        .collect();
     // Members other nodes see that no endpoint of ours answers for.
     for (_, identity, _) in answered {
         for member in &identity.topology {
-            if !nodes.contains_key(&member.node_id) {
+            let stale = member
+                .live
+                .as_deref()
+                .and_then(|addr| claimed.get(addr))
+                .is_some_and(|owner| *owner != member.node_id);
+            if !stale && !nodes.contains_key(&member.node_id) {
                 entry(&mut nodes, &member.node_id);
                 if let Some(n) = nodes.get_mut(&member.node_id) {
                     n.not_live_reason = Some(format!(

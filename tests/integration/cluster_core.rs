@@ -17,7 +17,8 @@ use artemis_studio_operator::store::AuditIntent;
 use artemis_studio_operator::topology::{self, Topology, TopologyMemory};
 
 use crate::support::{
-    TestBed, brokers_exclusive, brokers_shared, create_cluster, short_id, wait_cluster_condition, wait_until,
+    RestoreHa, TestBed, brokers_exclusive, brokers_shared, create_cluster, short_id, wait_cluster_condition,
+    wait_until,
 };
 
 async fn poll(bed: &TestBed, cluster: &str, memory: &tokio::sync::Mutex<TopologyMemory>) -> Topology {
@@ -63,15 +64,6 @@ async fn the_static_cluster_is_three_live_logical_nodes() {
     endpoints.dedup();
     assert_eq!(endpoints.len(), 3);
     assert!(t.unreachable.is_empty());
-}
-
-/// Puts the HA cluster back however the test ends.
-struct RestoreHa<'a>(&'a TestBed);
-impl Drop for RestoreHa<'_> {
-    fn drop(&mut self) {
-        self.0.broker_action("start", "ha2");
-        self.0.ha_restore();
-    }
 }
 
 #[tokio::test]

@@ -12,8 +12,8 @@ use artemis_studio_operator::api::{Outcome, RefusalKind};
 use artemis_studio_operator::topology::{self, Topology};
 
 use crate::support::{
-    OperatorHandle, TestBed, amqp_consumer, brokers_exclusive, brokers_shared, create_cluster, send_messages,
-    short_id, wait_cluster_condition, wait_until,
+    OperatorHandle, RestoreHa, TestBed, amqp_consumer, brokers_exclusive, brokers_shared, create_cluster,
+    send_messages, short_id, wait_cluster_condition, wait_until,
 };
 
 struct Fixture {
@@ -572,6 +572,17 @@ async fn a_node_that_was_down_gets_the_queue_when_it_comes_back() {
     let _b = brokers_exclusive().await;
     let f = fixture("q-late", None).await;
     f.bed.broker_action("stop", "c3");
+    // What a user sees first: the cluster reports the node as not live.
+    wait_until(
+        "the cluster reports 2 live nodes",
+        Duration::from_secs(60),
+        || async {
+            let c: artemis_studio_operator::api::ArtemisCluster =
+                Api::namespaced(f.admin.clone(), &f.ns).get("c").await.ok()?;
+            (c.status?.live_nodes == 2).then_some(())
+        },
+    )
+    .await;
     struct Start<'a>(&'a TestBed);
     impl Drop for Start<'_> {
         fn drop(&mut self) {
@@ -606,5 +617,143 @@ async fn a_node_that_was_down_gets_the_queue_when_it_comes_back() {
         rows.len(),
         2,
         "the create, then the repair on the returning node: {rows:?}"
+    );
+    assert!(rows.iter().all(|r| r.1 == "succeeded"), "{rows:?}");
+    assert_eq!(
+        rows[1].2["appliedNodes"].as_array().map(Vec::len),
+        Some(1),
+        "the repair touched only the returning node"
+    );
+}
+
+#[tokio::test]
+async fn after_failover_the_queue_is_on_the_promoted_backup_under_the_same_logical_node() {
+    let _b = brokers_exclusive().await;
+    let restore_bed = TestBed::get();
+    let _restore = RestoreHa(&restore_bed);
+    let bed = TestBed::get();
+    let ns = bed.fresh_namespace("q-ha").await;
+    let op = bed.start_operator(&ns).await;
+    let admin = bed.kube_admin().await;
+    let urls: Vec<String> = bed.cluster_brokers("ha").into_iter().map(|b| b.jolokia).collect();
+    create_cluster(&admin, &ns, "c", &urls, Some(bed.broker_user())).await;
+    wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
+    let f = Fixture { bed, ns, admin, op };
+    let name = format!("ha.{}", short_id());
+    f.create(&name, json!({})).await;
+    let q = f
+        .wait_for(&name, "Ready on both logical nodes", |q| {
+            ready(q) && outcomes(q).len() == 2
+        })
+        .await;
+    let ha1b = f.bed.broker("ha1b").jolokia;
+    let pair_node = q
+        .status
+        .expect("status")
+        .nodes
+        .into_iter()
+        .find(|n| n.endpoint.as_deref() == Some(f.bed.broker("ha1").jolokia.as_str()))
+        .expect("the pair's logical node, targeted at the primary")
+        .node;
+
+    f.bed.broker_action("kill", "ha1");
+    let q = f
+        .wait_for(&name, "the pair's node served by the promoted backup", |q| {
+            ready(q)
+                && outcomes(q).len() == 2
+                && q.status.as_ref().is_some_and(|s| {
+                    s.nodes
+                        .iter()
+                        .any(|n| n.node == pair_node && n.endpoint.as_deref() == Some(ha1b.as_str()))
+                })
+        })
+        .await;
+    assert_eq!(outcomes(&q).len(), 2, "no duplicate logical node");
+    let t = topology::poll(&f.bed.access("ha", f.bed.broker_user()), &Default::default()).await;
+    let inv = t
+        .find(&pair_node)
+        .and_then(|n| n.inventory.clone())
+        .expect("the promoted backup's inventory");
+    assert!(
+        inv.queues.contains_key(&name),
+        "the queue is on the promoted backup"
+    );
+}
+
+#[tokio::test]
+async fn two_objects_for_one_queue_the_oldest_wins() {
+    let _b = brokers_shared().await;
+    let f = fixture("q-conflict", None).await;
+    let name = format!("dup.{}", short_id());
+    f.create("first", json!({"name": name})).await;
+    f.wait_for("first", "Ready", ready).await;
+    f.create("second", json!({"name": name, "filter": "x=1"})).await;
+    let second = f
+        .wait_for("second", "ResourceConflict", |q| {
+            condition(q, "Ready").is_some_and(|c| c.1 == "ResourceConflict")
+        })
+        .await;
+    let (_, _, message) = condition(&second, "Ready").expect("Ready");
+    assert!(message.contains(&format!("{}/first", f.ns)), "{message}");
+    // The loser wrote nothing: the queue keeps no filter.
+    let t = f.topology().await;
+    assert!(t.nodes.iter().all(|n| {
+        n.inventory
+            .as_ref()
+            .and_then(|i| i.queues.get(&name))
+            .is_some_and(|q| q.filter.is_none())
+    }));
+    // Deleting the loser leaves the broker alone (its delete would target the winner's queue).
+    f.queues()
+        .delete("second", &DeleteParams::default())
+        .await
+        .expect("delete loser");
+    f.wait_gone("second").await;
+    let t = f.topology().await;
+    assert!(
+        t.nodes
+            .iter()
+            .all(|n| n.inventory.as_ref().is_some_and(|i| i.queues.contains_key(&name)))
+    );
+}
+
+#[tokio::test]
+async fn a_paused_object_makes_no_broker_writes() {
+    let _b = brokers_shared().await;
+    let f = fixture("q-paused", None).await;
+    let name = format!("paused.{}", short_id());
+    let q: ArtemisQueue = serde_json::from_value(json!({
+        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+        "metadata": {"name": name, "annotations": {"artemis-studio.io/paused": "true"}},
+        "spec": {"clusterRef": {"name": "c"}}
+    }))
+    .expect("queue json");
+    f.queues()
+        .create(&PostParams::default(), &q)
+        .await
+        .expect("create");
+    let q = f
+        .wait_for(&name, "Paused", |q| {
+            condition(q, "Paused").is_some_and(|c| c.0 == "True")
+        })
+        .await;
+    assert!(all(&q, Outcome::WouldApply), "{:?}", outcomes(&q));
+    assert!(f.audit_rows("queue.").await.is_empty());
+    f.queues()
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"artemis-studio.io/paused": null}}})),
+        )
+        .await
+        .expect("unpause");
+    f.wait_for(&name, "Ready once unpaused", ready).await;
+    // One Event per command, on the object.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(f.admin.clone(), &f.ns);
+    let list = events.list(&Default::default()).await.expect("events");
+    assert!(
+        list.items.iter().any(|e| e.reason.as_deref() == Some("Applied")
+            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str())),
+        "an Applied event on the object"
     );
 }

@@ -469,3 +469,12 @@ pub async fn amqp_consumer(bed: &TestBed, broker: &str, address: &str, container
         receiver,
     }
 }
+
+/// Puts the HA cluster back (plain node started, pair failed back) however a test ends.
+pub struct RestoreHa<'a>(pub &'a TestBed);
+impl Drop for RestoreHa<'_> {
+    fn drop(&mut self) {
+        self.0.broker_action("start", "ha2");
+        self.0.ha_restore();
+    }
+}

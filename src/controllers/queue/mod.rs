@@ -571,6 +571,21 @@ async fn cleanup(q: Arc<ArtemisQueue>, ctx: Arc<Context>) -> Result<Action, Reco
         .await;
         return Ok(Action::await_change());
     }
+    if let Some(winner) = conflict_winner(&ctx, &q, &d).await? {
+        // The queue is the older object's: this one never wrote to it and must not delete it.
+        ctx.event(
+            q.as_ref(),
+            false,
+            "Released",
+            "queue.delete",
+            format!(
+                "queue {} belongs to the older ArtemisQueue {winner}: left on the broker",
+                d.name
+            ),
+        )
+        .await;
+        return Ok(Action::await_change());
+    }
     let mut status = base_status(&q, &d);
     let blocked = |status: &mut ArtemisQueueStatus, reason: &str, message: String| {
         conditions::set(
