@@ -3,7 +3,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use kube::Api;
 
-use artemis_studio_operator::api::{ArtemisCluster, ArtemisQueue};
+use artemis_studio_operator::api::{ArtemisCluster, ArtemisDivert, ArtemisQueue};
 use artemis_studio_operator::controllers::{self, Context};
 use artemis_studio_operator::store::Store;
 
@@ -68,9 +68,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         ),
         None => (Api::all(client.clone()), Api::all(client.clone())),
     };
+    let diverts: Api<ArtemisDivert> = match &args.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
     tokio::join!(
         controllers::cluster::run(ctx.clone(), clusters),
         controllers::queue::run(ctx.clone(), queues),
+        controllers::divert::run(ctx.clone(), diverts),
     );
     Ok(())
 }

@@ -3,7 +3,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::api::Condition;
+use crate::api::{Condition, NodeOutcome, Outcome};
 
 pub const READY: &str = "Ready";
 pub const DEGRADED: &str = "Degraded";
@@ -56,4 +56,72 @@ pub fn comparable(conditions: &[Condition]) -> Vec<(String, String, String, Stri
             )
         })
         .collect()
+}
+
+/// Ready and Diverged from a command's per-node outcomes (ADR-0049): Ready only when every live
+/// node is APPLIED or ALREADY; Diverged names the nodes that are not, not-live ones included.
+pub fn from_outcomes(
+    conditions: &mut Vec<Condition>,
+    nodes: &[NodeOutcome],
+    generation: Option<i64>,
+    dry_run: bool,
+    what: &str,
+) {
+    let in_state = |n: &&NodeOutcome| matches!(n.outcome, Outcome::Applied | Outcome::Already);
+    let live: Vec<&NodeOutcome> = nodes
+        .iter()
+        .filter(|n| n.outcome != Outcome::SkippedNotLive)
+        .collect();
+    let ready = !live.is_empty() && live.iter().all(in_state);
+    let (reason, message) = if ready {
+        (
+            "OnEveryLiveNode",
+            format!(
+                "the {what} is in the requested state on {} live node(s)",
+                live.len()
+            ),
+        )
+    } else if live.is_empty() {
+        ("NoLiveNode", format!("no live node: nothing received the {what}"))
+    } else if dry_run {
+        (
+            "DryRun",
+            "dry run or paused: nothing is written; see status.nodes for what would change".to_string(),
+        )
+    } else {
+        let bad: Vec<String> = live
+            .iter()
+            .filter(|n| !in_state(n))
+            .map(|n| format!("{}: {}", n.node, n.message))
+            .collect();
+        ("NotOnEveryLiveNode", bad.join("; "))
+    };
+    set(conditions, READY, ready, reason, message, generation);
+    let diverged: Vec<String> = nodes
+        .iter()
+        .filter(|n| !in_state(n))
+        .map(|n| match n.outcome {
+            Outcome::SkippedNotLive => format!("{} (not live; never received it)", n.node),
+            other => format!("{} ({other:?})", n.node),
+        })
+        .collect();
+    if diverged.is_empty() {
+        set(
+            conditions,
+            DIVERGED,
+            false,
+            "Converged",
+            "every node matches the spec",
+            generation,
+        );
+    } else {
+        set(
+            conditions,
+            DIVERGED,
+            true,
+            "NodesDiffer",
+            diverged.join(", "),
+            generation,
+        );
+    }
 }

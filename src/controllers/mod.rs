@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod command;
 pub mod conditions;
+pub mod divert;
 pub mod queue;
 
 use std::collections::HashMap;
@@ -120,4 +121,59 @@ pub fn is_paused(meta: &kube::api::ObjectMeta) -> bool {
         .as_ref()
         .and_then(|a| a.get(crate::api::PAUSED_ANNOTATION))
         .is_some_and(|v| v == "true")
+}
+
+/// A status with conditions (to compare without transition times).
+pub trait StatusConditions: Clone + PartialEq + serde::Serialize + Default {
+    fn conditions_mut(&mut self) -> &mut Vec<crate::api::Condition>;
+}
+
+impl StatusConditions for crate::api::queue::ArtemisQueueStatus {
+    fn conditions_mut(&mut self) -> &mut Vec<crate::api::Condition> {
+        &mut self.conditions
+    }
+}
+impl StatusConditions for crate::api::divert::ArtemisDivertStatus {
+    fn conditions_mut(&mut self) -> &mut Vec<crate::api::Condition> {
+        &mut self.conditions
+    }
+}
+
+/// Server-side apply the status, only when it changed (condition transition times aside).
+pub async fn write_status<K, S>(
+    ctx: &Context,
+    obj: &K,
+    old: Option<&S>,
+    status: &S,
+) -> Result<(), ReconcileError>
+where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    S: StatusConditions,
+{
+    let (mut a, mut b) = (old.cloned().unwrap_or_default(), status.clone());
+    let same_conditions =
+        conditions::comparable(a.conditions_mut()) == conditions::comparable(b.conditions_mut());
+    a.conditions_mut().clear();
+    b.conditions_mut().clear();
+    if a == b && same_conditions {
+        return Ok(());
+    }
+    let api: kube::Api<K> = kube::Api::namespaced(
+        ctx.client.clone(),
+        &obj.meta().namespace.clone().unwrap_or_default(),
+    );
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&()), "kind": K::kind(&()), "status": status
+    });
+    let name = obj.meta().name.clone().unwrap_or_default();
+    api.patch_status(
+        &name,
+        &kube::api::PatchParams::apply(MANAGER).force(),
+        &kube::api::Patch::Apply(patch),
+    )
+    .await?;
+    Ok(())
 }

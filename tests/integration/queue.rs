@@ -16,14 +16,14 @@ use crate::support::{
     send_messages, short_id, wait_cluster_condition, wait_until,
 };
 
-struct Fixture {
-    bed: TestBed,
-    ns: String,
-    admin: Client,
-    op: OperatorHandle,
+pub struct Fixture {
+    pub bed: TestBed,
+    pub ns: String,
+    pub admin: Client,
+    pub op: OperatorHandle,
 }
 
-async fn fixture(prefix: &str, bulk_cap: Option<u64>) -> Fixture {
+pub async fn fixture(prefix: &str, bulk_cap: Option<u64>) -> Fixture {
     let bed = TestBed::get();
     let ns = bed.fresh_namespace(prefix).await;
     let op = bed.start_operator(&ns).await;
@@ -45,11 +45,11 @@ async fn fixture(prefix: &str, bulk_cap: Option<u64>) -> Fixture {
 }
 
 impl Fixture {
-    fn queues(&self) -> Api<ArtemisQueue> {
+    pub fn queues(&self) -> Api<ArtemisQueue> {
         Api::namespaced(self.admin.clone(), &self.ns)
     }
 
-    async fn create(&self, name: &str, spec: serde_json::Value) {
+    pub async fn create(&self, name: &str, spec: serde_json::Value) {
         let mut spec = spec;
         spec["clusterRef"] = json!({"name": "c"});
         let q: ArtemisQueue = serde_json::from_value(json!({
@@ -63,7 +63,12 @@ impl Fixture {
             .expect("create ArtemisQueue");
     }
 
-    async fn wait_for(&self, name: &str, what: &str, check: impl Fn(&ArtemisQueue) -> bool) -> ArtemisQueue {
+    pub async fn wait_for(
+        &self,
+        name: &str,
+        what: &str,
+        check: impl Fn(&ArtemisQueue) -> bool,
+    ) -> ArtemisQueue {
         let api = self.queues();
         let check = &check;
         wait_until(
@@ -77,7 +82,7 @@ impl Fixture {
         .await
     }
 
-    async fn wait_gone(&self, name: &str) {
+    pub async fn wait_gone(&self, name: &str) {
         let api = self.queues();
         wait_until(
             &format!("ArtemisQueue {name} deleted"),
@@ -95,11 +100,11 @@ impl Fixture {
         .await;
     }
 
-    async fn topology(&self) -> Topology {
+    pub async fn topology(&self) -> Topology {
         topology::poll(&self.bed.access("c", self.bed.broker_user()), &Default::default()).await
     }
 
-    async fn audit_rows(&self, command_prefix: &str) -> Vec<(String, String, serde_json::Value)> {
+    pub async fn audit_rows(&self, command_prefix: &str) -> Vec<(String, String, serde_json::Value)> {
         sqlx::query_as(
             "SELECT command, outcome, outcome_detail FROM audit_event WHERE command LIKE $1 ORDER BY id",
         )
@@ -110,7 +115,7 @@ impl Fixture {
     }
 }
 
-fn condition(q: &ArtemisQueue, type_: &str) -> Option<(String, String, String)> {
+pub fn condition(q: &ArtemisQueue, type_: &str) -> Option<(String, String, String)> {
     q.status
         .as_ref()?
         .conditions
@@ -119,7 +124,7 @@ fn condition(q: &ArtemisQueue, type_: &str) -> Option<(String, String, String)> 
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-fn outcomes(q: &ArtemisQueue) -> Vec<Outcome> {
+pub fn outcomes(q: &ArtemisQueue) -> Vec<Outcome> {
     q.status
         .as_ref()
         .map(|s| s.nodes.iter().map(|n| n.outcome).collect())
@@ -127,7 +132,7 @@ fn outcomes(q: &ArtemisQueue) -> Vec<Outcome> {
 }
 
 /// Ready=True: every live node APPLIED or ALREADY.
-fn ready(q: &ArtemisQueue) -> bool {
+pub fn ready(q: &ArtemisQueue) -> bool {
     condition(q, "Ready").is_some_and(|c| c.0 == "True")
 }
 

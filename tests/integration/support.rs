@@ -334,12 +334,15 @@ impl TestBed {
         ));
         let clusters: Api<artemis_studio_operator::api::ArtemisCluster> =
             Api::namespaced(client.clone(), namespace);
-        let queues: Api<artemis_studio_operator::api::ArtemisQueue> = Api::namespaced(client, namespace);
+        let queues: Api<artemis_studio_operator::api::ArtemisQueue> =
+            Api::namespaced(client.clone(), namespace);
+        let diverts: Api<artemis_studio_operator::api::ArtemisDivert> = Api::namespaced(client, namespace);
         let c = ctx.clone();
         let task = tokio::spawn(async move {
             tokio::join!(
                 artemis_studio_operator::controllers::cluster::run(c.clone(), clusters),
-                artemis_studio_operator::controllers::queue::run(c, queues),
+                artemis_studio_operator::controllers::queue::run(c.clone(), queues),
+                artemis_studio_operator::controllers::divert::run(c, diverts),
             );
         });
         OperatorHandle { ctx, store, task }
@@ -425,6 +428,17 @@ pub async fn wait_cluster_condition(
 
 /// Send `count` text messages to an address on one broker (AddressControl.sendMessage).
 pub async fn send_messages(bed: &TestBed, broker: &str, address: &str, count: usize) {
+    send_messages_with(bed, broker, address, count, serde_json::json!({})).await
+}
+
+/// Send `count` text messages with these (string) properties.
+pub async fn send_messages_with(
+    bed: &TestBed,
+    broker: &str,
+    address: &str,
+    count: usize,
+    properties: serde_json::Value,
+) {
     let b = bed.broker(broker);
     let user = bed.broker_user();
     let mbean =
@@ -436,7 +450,7 @@ pub async fn send_messages(bed: &TestBed, broker: &str, address: &str, count: us
             Some("http://localhost"),
             serde_json::json!({"type": "exec", "mbean": mbean,
                 "operation": "sendMessage(java.util.Map,int,java.lang.String,boolean,java.lang.String,java.lang.String)",
-                "arguments": [{}, 3, format!("message {i}"), true, user.0, user.1]}),
+                "arguments": [properties.clone(), 3, format!("message {i}"), true, user.0, user.1]}),
         )
         .await;
         assert_eq!(body["status"], 200, "send to {address} on {broker}: {body}");

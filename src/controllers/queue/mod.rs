@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::{Controller, watcher};
@@ -17,7 +17,7 @@ use serde_json::json;
 use self::plan::{DesiredQueue, NodeAction};
 use super::cluster::{ClusterRuntime, current_topology};
 use super::command::{self, Scope};
-use super::{Context, MANAGER, ReconcileError, actor_of, conditions, is_paused};
+use super::{Context, ReconcileError, actor_of, conditions, is_paused};
 use crate::api::divert::ArtemisDivert;
 use crate::api::queue::{ArtemisQueue, ArtemisQueueStatus, DeletePreview};
 use crate::api::{NodeOutcome, Outcome, RefusalKind};
@@ -165,26 +165,8 @@ fn preview(
     (p, removed)
 }
 
-/// Write status when it changed (ignoring condition transition times).
 async fn record(ctx: &Context, q: &ArtemisQueue, status: ArtemisQueueStatus) -> Result<(), ReconcileError> {
-    let old = q.status.clone().unwrap_or_default();
-    let mut a = old.clone();
-    let mut b = status.clone();
-    let same_conditions = conditions::comparable(&a.conditions) == conditions::comparable(&b.conditions);
-    a.conditions.clear();
-    b.conditions.clear();
-    if a == b && same_conditions {
-        return Ok(());
-    }
-    let api: Api<ArtemisQueue> = Api::namespaced(ctx.client.clone(), &q.namespace().unwrap_or_default());
-    let patch = json!({"apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue", "status": status});
-    api.patch_status(
-        &q.name_any(),
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(patch),
-    )
-    .await?;
-    Ok(())
+    super::write_status(ctx, q, q.status.as_ref(), &status).await
 }
 
 fn base_status(q: &ArtemisQueue, d: &DesiredQueue) -> ArtemisQueueStatus {
@@ -200,79 +182,15 @@ fn base_status(q: &ArtemisQueue, d: &DesiredQueue) -> ArtemisQueueStatus {
     }
 }
 
-/// Ready and Diverged from the per-node outcomes.
 fn set_state_conditions(status: &mut ArtemisQueueStatus, generation: Option<i64>, dry_run: bool) {
-    let nodes = &status.nodes;
-    let live: Vec<&NodeOutcome> = nodes
-        .iter()
-        .filter(|n| n.outcome != Outcome::SkippedNotLive)
-        .collect();
-    let ready = !live.is_empty()
-        && live
-            .iter()
-            .all(|n| matches!(n.outcome, Outcome::Applied | Outcome::Already));
-    let (reason, message) = if ready {
-        (
-            "QueueOnEveryLiveNode",
-            format!(
-                "the queue is in the requested state on {} live node(s)",
-                live.len()
-            ),
-        )
-    } else if live.is_empty() {
-        (
-            "NoLiveNode",
-            "no live node: nothing received the queue".to_string(),
-        )
-    } else if dry_run {
-        (
-            "DryRun",
-            "dry run: nothing is written; see status.nodes for what would change".to_string(),
-        )
-    } else {
-        let bad: Vec<String> = live
-            .iter()
-            .filter(|n| !matches!(n.outcome, Outcome::Applied | Outcome::Already))
-            .map(|n| format!("{}: {}", n.node, n.message))
-            .collect();
-        ("NotOnEveryLiveNode", bad.join("; "))
-    };
-    conditions::set(
+    conditions::from_outcomes(
         &mut status.conditions,
-        conditions::READY,
-        ready,
-        reason,
-        message,
+        &status.nodes,
         generation,
+        dry_run,
+        "queue",
     );
-    let diverged: Vec<String> = nodes
-        .iter()
-        .filter(|n| !matches!(n.outcome, Outcome::Applied | Outcome::Already))
-        .map(|n| match n.outcome {
-            Outcome::SkippedNotLive => format!("{} (not live; never received it)", n.node),
-            _ => format!("{} ({:?})", n.node, n.outcome),
-        })
-        .collect();
-    if diverged.is_empty() {
-        conditions::set(
-            &mut status.conditions,
-            conditions::DIVERGED,
-            false,
-            "Converged",
-            "every node matches the spec",
-            generation,
-        );
-    } else {
-        conditions::set(
-            &mut status.conditions,
-            conditions::DIVERGED,
-            true,
-            "NodesDiffer",
-            diverged.join(", "),
-            generation,
-        );
-    }
-    status.nodes_summary = Some(fanout::summary(nodes));
+    status.nodes_summary = Some(fanout::summary(&status.nodes));
 }
 
 /// Create, or converge, on one node. Reads the node fresh before it writes (ADR-0049: the
