@@ -3,7 +3,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use kube::Api;
 
-use artemis_studio_operator::api::{ArtemisCluster, ArtemisDivert, ArtemisQueue};
+use artemis_studio_operator::api::{ArtemisCluster, ArtemisDivert, ArtemisQueue, ConnectionClose};
 use artemis_studio_operator::controllers::{self, Context};
 use artemis_studio_operator::store::Store;
 
@@ -72,7 +72,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
+    let closes: Api<ConnectionClose> = match &args.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
     tokio::join!(
+        controllers::connection_close::run(ctx.clone(), closes),
         controllers::cluster::run(ctx.clone(), clusters),
         controllers::queue::run(ctx.clone(), queues),
         controllers::divert::run(ctx.clone(), diverts),

@@ -293,20 +293,50 @@ impl BrokerManagement {
             .map(|_| ())
     }
 
+    /// Several filtered listings in one bulk request (ADR-0057: each a broker-side filtered
+    /// lookup, never a full listing).
+    pub async fn list_many(
+        &self,
+        queries: &[(ListKind, &str, &str)],
+    ) -> Result<Vec<Vec<Value>>, BrokerError> {
+        let requests: Vec<JolokiaRequest> = queries
+            .iter()
+            .map(|(what, field, value)| {
+                let options = json!({"field": field, "operation": "EQUALS", "value": value}).to_string();
+                JolokiaRequest::exec(
+                    self.broker(),
+                    what.operation(),
+                    vec![json!(options), json!(1), json!(1000)],
+                )
+            })
+            .collect();
+        let results = self.client.bulk(&requests).await?;
+        results
+            .into_iter()
+            .zip(queries)
+            .map(|(r, (what, _, _))| {
+                let v = r?;
+                let parsed: Value =
+                    v.as_str()
+                        .and_then(|s| serde_json::from_str(s).ok())
+                        .ok_or_else(|| {
+                            BrokerError::BadResponse(format!("{} did not return JSON", what.operation()))
+                        })?;
+                Ok(parsed
+                    .get("data")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default())
+            })
+            .collect()
+    }
+
     /// `listConnections/listSessions/listConsumers(options, page, pageSize)` with one filter.
     pub async fn list(&self, what: ListKind, field: &str, value: &str) -> Result<Vec<Value>, BrokerError> {
-        let options = json!({"field": field, "operation": "EQUALS", "value": value}).to_string();
-        let v = self
-            .exec(what.operation(), vec![json!(options), json!(1), json!(1000)])
-            .await?;
-        let parsed: Value = v
-            .as_str()
-            .and_then(|s| serde_json::from_str(s).ok())
-            .ok_or_else(|| BrokerError::BadResponse(format!("{} did not return JSON", what.operation())))?;
-        Ok(parsed
-            .get("data")
-            .and_then(Value::as_array)
-            .cloned()
+        Ok(self
+            .list_many(&[(what, field, value)])
+            .await?
+            .pop()
             .unwrap_or_default())
     }
 

@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod command;
 pub mod conditions;
+pub mod connection_close;
 pub mod divert;
 pub mod queue;
 

@@ -336,10 +336,13 @@ impl TestBed {
             Api::namespaced(client.clone(), namespace);
         let queues: Api<artemis_studio_operator::api::ArtemisQueue> =
             Api::namespaced(client.clone(), namespace);
-        let diverts: Api<artemis_studio_operator::api::ArtemisDivert> = Api::namespaced(client, namespace);
+        let diverts: Api<artemis_studio_operator::api::ArtemisDivert> =
+            Api::namespaced(client.clone(), namespace);
+        let closes: Api<artemis_studio_operator::api::ConnectionClose> = Api::namespaced(client, namespace);
         let c = ctx.clone();
         let task = tokio::spawn(async move {
             tokio::join!(
+                artemis_studio_operator::controllers::connection_close::run(c.clone(), closes),
                 artemis_studio_operator::controllers::cluster::run(c.clone(), clusters),
                 artemis_studio_operator::controllers::queue::run(c.clone(), queues),
                 artemis_studio_operator::controllers::divert::run(c, diverts),
