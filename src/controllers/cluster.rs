@@ -27,7 +27,9 @@ use crate::topology::{self, ClusterAccess, Topology, TopologyMemory};
 pub struct ClusterRuntime {
     pub access: ClusterAccess,
     pub memory: Mutex<TopologyMemory>,
-    pub management_write: Mutex<ManagementWrite>,
+    /// Shared by every runtime of this cluster across spec changes, so a write reported while
+    /// the cluster is re-polled is never lost.
+    pub management_write: Arc<Mutex<ManagementWrite>>,
     pub bulk_cap: u64,
     pub poll_interval: Duration,
     pub request_timeout: Duration,
@@ -214,8 +216,8 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
             // Keep the topology memory and the write evidence across spec changes.
             let previous = ctx.clusters.get(&k);
             let management_write = match &previous {
-                Some(p) => p.management_write.lock().await.clone(),
-                None => old.management_write.clone(),
+                Some(p) => p.management_write.clone(),
+                None => Arc::new(Mutex::new(old.management_write.clone())),
             };
             let memory = match previous {
                 Some(p) => std::mem::take(&mut *p.memory.lock().await),
@@ -224,7 +226,7 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
             let rt = Arc::new(ClusterRuntime {
                 access,
                 memory: Mutex::new(memory),
-                management_write: Mutex::new(management_write.clone()),
+                management_write: management_write.clone(),
                 bulk_cap: obj.spec.bulk_cap,
                 poll_interval,
                 request_timeout: Duration::from_secs(obj.spec.request_timeout_seconds.into()),
@@ -243,7 +245,8 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
                     message: explain_endpoint(url, e),
                 })
                 .collect();
-            status.management_write = management_write;
+            // Read after the poll: a write reported meanwhile is included.
+            status.management_write = management_write.lock().await.clone();
             let auth_refused = topology.unreachable.iter().find(|(_, e)| e.is_authorization());
             if status.live_nodes > 0 {
                 conditions::set(
