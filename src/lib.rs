@@ -6,4 +6,5 @@ pub mod broker;
 pub mod controllers;
 pub mod fanout;
 pub mod store;
+pub mod telemetry;
 pub mod topology;

@@ -34,6 +34,9 @@ struct RunArgs {
     /// Watch only this namespace (default: all).
     #[arg(long, env = "WATCH_NAMESPACE")]
     namespace: Option<String>,
+    /// Where /healthz, /readyz and /metrics are served.
+    #[arg(long, env = "LISTEN", default_value = "0.0.0.0:8080")]
+    listen: std::net::SocketAddr,
     /// Log as JSON lines.
     #[arg(long, env = "LOG_JSON", default_value_t = false)]
     log_json: bool,
@@ -60,7 +63,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let store = Store::connect(&args.database_url).await?;
     let client = kube::Client::try_default().await?;
     let ctx = Arc::new(Context::new(client.clone(), store, args.instance_id.clone()));
-    tracing::info!(instance_id = %args.instance_id, namespace = ?args.namespace, "starting controllers");
+    tracing::info!(instance_id = %args.instance_id, namespace = ?args.namespace, listen = %args.listen, "starting controllers");
+    let metrics = ctx.metrics.clone();
+    let listen = args.listen;
+    tokio::spawn(async move {
+        if let Err(e) = artemis_studio_operator::telemetry::serve(listen, metrics).await {
+            tracing::error!(error = %e, %listen, "the health and metrics endpoint stopped");
+        }
+    });
+    ctx.metrics.set_ready();
     let (clusters, queues): (Api<ArtemisCluster>, Api<ArtemisQueue>) = match &args.namespace {
         Some(ns) => (
             Api::namespaced(client.clone(), ns),

@@ -52,6 +52,21 @@ where
             .remove(&super::key(scope.cluster_ns, scope.cluster_name));
     }
     let verdict = CommandVerdict::of(&nodes);
+    ctx.metrics
+        .commands
+        .get_or_create(&crate::telemetry::CommandLabels {
+            command: intent.command.clone(),
+            verdict: format!("{verdict:?}").to_lowercase(),
+        })
+        .inc();
+    for n in &nodes {
+        ctx.metrics
+            .node_outcomes
+            .get_or_create(&crate::telemetry::OutcomeLabels {
+                outcome: format!("{:?}", n.outcome),
+            })
+            .inc();
+    }
     ctx.store
         .audit_outcome(
             audit_id,
@@ -105,4 +120,19 @@ pub fn describe(command: &str, nodes: &[NodeOutcome]) -> String {
         })
         .collect();
     format!("{command} ({}): {}", fanout::summary(nodes), parts.join("; "))
+}
+
+/// `<kind>.apply` for the first command of a spec generation; `<kind>.repair` when a command
+/// already ran for this generation and the brokers drifted since (ADR-0049's desired state).
+pub fn apply_or_repair(
+    kind: &str,
+    observed: Option<i64>,
+    generation: Option<i64>,
+    last_audit: Option<i64>,
+) -> String {
+    if last_audit.is_some() && observed == generation {
+        format!("{kind}.repair")
+    } else {
+        format!("{kind}.apply")
+    }
 }

@@ -270,11 +270,8 @@ async fn apply(o: Arc<ArtemisDivert>, ctx: Arc<Context>) -> Result<Action, Recon
     if !needs_write || paused || o.spec.dry_run {
         status.nodes = plan.into_iter().map(|(n, _)| n).collect();
     } else {
-        let command_name = if old.observed_generation == generation {
-            "divert.repair"
-        } else {
-            "divert.apply"
-        };
+        let command_name =
+            command::apply_or_repair("divert", old.observed_generation, generation, old.last_audit_id);
         let d2 = d.clone();
         let result = command::run(
             &ctx,
@@ -285,7 +282,7 @@ async fn apply(o: Arc<ArtemisDivert>, ctx: Arc<Context>) -> Result<Action, Recon
                 topology: &topology,
                 timeout: rt.request_timeout * 3,
             },
-            intent(&ctx, &o, &d, command_name),
+            intent(&ctx, &o, &d, &command_name),
             move |t| {
                 let d = d2.clone();
                 async move { apply_on(t, &d).await }

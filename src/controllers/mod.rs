@@ -44,6 +44,7 @@ pub struct Context {
     pub topologies: TopologyCache,
     pub clusters: cluster::ClusterRegistry,
     pub recorder: Recorder,
+    pub metrics: Arc<crate::telemetry::Metrics>,
 }
 
 impl Context {
@@ -59,6 +60,7 @@ impl Context {
             instance_id,
             topologies: TopologyCache::default(),
             clusters: cluster::ClusterRegistry::default(),
+            metrics: Arc::new(crate::telemetry::Metrics::default()),
         }
     }
 

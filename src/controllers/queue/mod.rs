@@ -370,11 +370,9 @@ async fn apply(q: Arc<ArtemisQueue>, ctx: Arc<Context>) -> Result<Action, Reconc
     if !needs_write || paused || q.spec.dry_run {
         status.nodes = planned;
     } else {
-        let command_name = if q.status.as_ref().and_then(|s| s.observed_generation) == generation {
-            "queue.repair"
-        } else {
-            "queue.apply"
-        };
+        let old = q.status.clone().unwrap_or_default();
+        let command_name =
+            command::apply_or_repair("queue", old.observed_generation, generation, old.last_audit_id);
         let params = json!({"spec": q.spec, "plan": planned});
         let d2 = d.clone();
         let result = command::run(
@@ -386,7 +384,7 @@ async fn apply(q: Arc<ArtemisQueue>, ctx: Arc<Context>) -> Result<Action, Reconc
                 topology: &topology,
                 timeout: rt.request_timeout * 3,
             },
-            intent(&ctx, &q, &d, command_name, params),
+            intent(&ctx, &q, &d, &command_name, params),
             move |t| {
                 let d = d2.clone();
                 async move { apply_on(t, &d).await }

@@ -1,0 +1,102 @@
+//! The operator's own HTTP surface: `/healthz`, `/readyz` and `/metrics` (Prometheus text).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CommandLabels {
+    pub command: String,
+    pub verdict: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: String,
+}
+
+/// Counters every command updates.
+pub struct Metrics {
+    registry: Registry,
+    pub commands: Family<CommandLabels, Counter>,
+    pub node_outcomes: Family<OutcomeLabels, Counter>,
+    ready: AtomicBool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("artemis_studio");
+        let commands = Family::<CommandLabels, Counter>::default();
+        let node_outcomes = Family::<OutcomeLabels, Counter>::default();
+        registry.register("commands", "Audited broker commands by verdict", commands.clone());
+        registry.register(
+            "node_outcomes",
+            "Per-node outcomes of commands",
+            node_outcomes.clone(),
+        );
+        Metrics {
+            registry,
+            commands,
+            node_outcomes,
+            ready: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Relaxed);
+    }
+
+    fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+/// Serve the probes and metrics until the process ends.
+pub async fn serve(addr: std::net::SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    let ready = metrics.clone();
+    let scrape = metrics.clone();
+    let app = axum::Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = ready.ready.load(Ordering::Relaxed);
+                async move {
+                    if ready {
+                        (StatusCode::OK, "ready")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "starting")
+                    }
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || {
+                let body = scrape.encode();
+                async move {
+                    (
+                        [(
+                            "content-type",
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        body,
+                    )
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    axum::serve(listener, app).await
+}
