@@ -5,11 +5,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::{Controller, watcher};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use tokio::sync::Mutex;
@@ -350,15 +348,7 @@ fn error_policy(_obj: Arc<ArtemisCluster>, error: &ReconcileError, _ctx: Arc<Con
 }
 
 pub async fn run(ctx: Arc<Context>, api: Api<ArtemisCluster>) {
-    Controller::new(api, watcher::Config::default())
-        .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                tracing::debug!(error = %e, "cluster reconcile");
-            }
-        })
-        .await;
+    super::run_controller(api, ctx, reconcile, error_policy).await;
 }
 
 /// The `management.xml` entry that grants a role every management operation on the broker.

@@ -6,10 +6,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::{Controller, watcher};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
@@ -600,15 +598,7 @@ fn error_policy(_o: Arc<ConnectionClose>, error: &ReconcileError, _ctx: Arc<Cont
 }
 
 pub async fn run(ctx: Arc<Context>, api: Api<ConnectionClose>) {
-    Controller::new(api, watcher::Config::default())
-        .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                tracing::debug!(error = %e, "connection close reconcile");
-            }
-        })
-        .await;
+    super::run_controller(api, ctx, reconcile, error_policy).await;
 }
 
 #[cfg(test)]

@@ -5,10 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::runtime::{Controller, watcher};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
@@ -386,11 +384,7 @@ async fn reconcile(o: Arc<ArtemisDivert>, ctx: Arc<Context>) -> Result<Action, R
         }
     })
     .await
-    .map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e)
-        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        other => ReconcileError::Finalizer(other.to_string()),
-    })
+    .map_err(ReconcileError::from)
 }
 
 fn error_policy(_o: Arc<ArtemisDivert>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {
@@ -399,15 +393,7 @@ fn error_policy(_o: Arc<ArtemisDivert>, error: &ReconcileError, _ctx: Arc<Contex
 }
 
 pub async fn run(ctx: Arc<Context>, api: Api<ArtemisDivert>) {
-    Controller::new(api, watcher::Config::default())
-        .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                tracing::debug!(error = %e, "divert reconcile");
-            }
-        })
-        .await;
+    super::run_controller(api, ctx, reconcile, error_policy).await;
 }
 
 #[cfg(test)]

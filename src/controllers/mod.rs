@@ -180,3 +180,43 @@ where
     .await?;
     Ok(())
 }
+
+impl From<kube::runtime::finalizer::Error<ReconcileError>> for ReconcileError {
+    fn from(e: kube::runtime::finalizer::Error<ReconcileError>) -> Self {
+        match e {
+            kube::runtime::finalizer::Error::ApplyFailed(e)
+            | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+            other => ReconcileError::Finalizer(other.to_string()),
+        }
+    }
+}
+
+/// Run one kind's controller until shutdown (every kind is wired the same way).
+pub async fn run_controller<K, Fut>(
+    api: kube::Api<K>,
+    ctx: Arc<Context>,
+    reconcile: impl FnMut(Arc<K>, Arc<Context>) -> Fut,
+    error_policy: impl Fn(Arc<K>, &ReconcileError, Arc<Context>) -> kube::runtime::controller::Action,
+) where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    Fut: std::future::Future<Output = Result<kube::runtime::controller::Action, ReconcileError>>
+        + Send
+        + 'static,
+{
+    use futures::StreamExt;
+    kube::runtime::Controller::new(api, kube::runtime::watcher::Config::default())
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, kind = K::kind(&()).as_ref(), "reconcile");
+            }
+        })
+        .await;
+}

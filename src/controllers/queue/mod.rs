@@ -6,11 +6,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::runtime::{Controller, watcher};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -610,11 +608,7 @@ async fn reconcile(q: Arc<ArtemisQueue>, ctx: Arc<Context>) -> Result<Action, Re
         }
     })
     .await
-    .map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e)
-        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        other => ReconcileError::Finalizer(other.to_string()),
-    })
+    .map_err(ReconcileError::from)
 }
 
 fn error_policy(_q: Arc<ArtemisQueue>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {
@@ -628,13 +622,5 @@ fn error_policy(_q: Arc<ArtemisQueue>, error: &ReconcileError, _ctx: Arc<Context
 }
 
 pub async fn run(ctx: Arc<Context>, api: Api<ArtemisQueue>) {
-    Controller::new(api, watcher::Config::default())
-        .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                tracing::debug!(error = %e, "queue reconcile");
-            }
-        })
-        .await;
+    super::run_controller(api, ctx, reconcile, error_policy).await;
 }
