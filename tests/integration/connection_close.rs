@@ -261,7 +261,7 @@ async fn session_and_consumer_targets_and_a_wrong_node_never_close_elsewhere() {
     // The right id on the wrong node: nothing there, nothing closed anywhere.
     f.create_close(
         "wrong-node",
-        json!({"target": {"node": c2, "connectionId": connection}, "confirm": client}),
+        json!({"target": {"node": c2, "connectionId": connection}, "confirm": client, "ttlSecondsAfterFinished": 2}),
     )
     .await;
     let c = f.wait_phase("wrong-node", ClosePhase::Completed).await;
@@ -270,6 +270,19 @@ async fn session_and_consumer_targets_and_a_wrong_node_never_close_elsewhere() {
         connection_of(&m, &client).await.is_some(),
         "the connection on c1 is untouched"
     );
+    // ttlSecondsAfterFinished: the finished object goes away.
+    wait_until(
+        "the finished ConnectionClose is deleted after its TTL",
+        Duration::from_secs(60),
+        || async {
+            f.closes()
+                .get_opt("wrong-node")
+                .await
+                .ok()
+                .and_then(|o| o.is_none().then_some(()))
+        },
+    )
+    .await;
 
     // A consumer target: the consumer goes, the connection stays.
     let sessions = m
@@ -373,6 +386,7 @@ async fn a_close_found_armed_after_a_restart_fails_and_is_never_retried() {
     let bed = TestBed::get();
     let ns = bed.fresh_namespace("cc-crash").await;
     let admin = bed.kube_admin().await;
+    crate::smoke::install_crds(&admin).await;
     crate::support::create_cluster(
         &admin,
         &ns,
