@@ -260,6 +260,9 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
                 );
             } else {
                 let (reason, message) = match (auth_refused, topology.unreachable.first()) {
+                    (Some((url, e)), _) if crate::broker::error::is_origin_refusal(&e.to_string()) => {
+                        ("OriginRefused", explain_endpoint(url, e))
+                    }
                     (Some((url, e)), _) => ("CredentialsRefused", explain_endpoint(url, e)),
                     (None, Some((url, e))) if e.refusal_kind() == RefusalKind::BadResponse => {
                         ("NotJolokia", explain_endpoint(url, e))

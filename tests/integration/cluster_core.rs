@@ -523,3 +523,92 @@ async fn bad_cluster_input_names_the_cause_and_the_fix() {
         assert!(ready.message.contains(needle), "{name}: {}", ready.message);
     }
 }
+
+#[tokio::test]
+async fn pod_discovery_finds_broker_pods_by_label_and_uses_the_configured_origin() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::PostParams;
+    let _brokers = brokers_shared().await;
+    let bed = TestBed::get();
+    let ns = bed.fresh_namespace("disc").await;
+    let _op = bed.start_operator(&ns).await;
+    let admin = bed.kube_admin().await;
+    // No kubelet here: a Pod gets its IP from a status patch, as a kubelet would report it.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "broker-0", "labels": {"app": "artemis", "cluster": "c"}},
+        "spec": {"containers": [{"name": "broker", "image": "apache/activemq-artemis:2.40.0"}]}
+    }))
+    .expect("pod json");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    pods.patch_status(
+        "broker-0",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"podIP": "127.0.0.1"}})),
+    )
+    .await
+    .expect("pod IP");
+    let port = reqwest::Url::parse(&bed.broker("c1").jolokia)
+        .ok()
+        .and_then(|u| u.port())
+        .expect("c1 port");
+    let (u, p) = bed.broker_user();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(admin.clone(), &ns);
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds"},
+                "stringData": {"username": u, "password": p}}),
+            )
+            .expect("secret json"),
+        )
+        .await
+        .expect("secret");
+    let clusters: Api<ArtemisCluster> = Api::namespaced(admin.clone(), &ns);
+    let cluster = |name: &str, origin: Option<&str>| -> ArtemisCluster {
+        let mut spec = json!({"discovery": {"matchLabels": {"app": "artemis"}, "port": port},
+            "credentials": {"secretName": "creds"}, "pollIntervalSeconds": 2});
+        if let Some(o) = origin {
+            spec["origin"] = json!(o);
+        }
+        serde_json::from_value(
+            json!({"apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCluster",
+            "metadata": {"name": name}, "spec": spec}),
+        )
+        .expect("cluster json")
+    };
+    // The pod IP is not an origin c1's strict Jolokia accepts: the condition says what to set.
+    clusters
+        .create(&PostParams::default(), &cluster("by-ip", None))
+        .await
+        .expect("create");
+    let c = wait_cluster_condition(&admin, &ns, "by-ip", "Ready", "False").await;
+    let ready = c
+        .status
+        .expect("status")
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready");
+    assert!(ready.message.contains("spec.origin"), "{}", ready.message);
+    assert_eq!(ready.reason, "OriginRefused");
+    // With the broker's allowed origin, the discovered pod is a live logical node.
+    clusters
+        .create(
+            &PostParams::default(),
+            &cluster("by-origin", Some("http://localhost")),
+        )
+        .await
+        .expect("create");
+    let c = wait_cluster_condition(&admin, &ns, "by-origin", "Ready", "True").await;
+    let status = c.status.expect("status");
+    assert_eq!(status.live_nodes, 1);
+    assert!(
+        status.nodes.iter().any(|n| n.active_endpoint.as_deref()
+            == Some(format!("http://127.0.0.1:{port}/console/jolokia").as_str()))
+    );
+}
