@@ -185,6 +185,28 @@ fn finish(status: &mut ConnectionCloseStatus, phase: ClosePhase, message: String
     status.message = Some(message);
 }
 
+/// Not armed: show who would be disconnected and what `spec.confirm` must say; check again
+/// later (the target may go away meanwhile).
+async fn await_confirmation(
+    ctx: &Context,
+    o: &ConnectionClose,
+    mut status: ConnectionCloseStatus,
+    message: String,
+) -> Result<Action, ReconcileError> {
+    status.phase = ClosePhase::AwaitingConfirmation;
+    status.message = Some(message.clone());
+    conditions::set(
+        &mut status.conditions,
+        COMPLETE,
+        false,
+        "AwaitingConfirmation",
+        message,
+        o.metadata.generation,
+    );
+    write(ctx, o, &status).await?;
+    Ok(Action::requeue(Duration::from_secs(30)))
+}
+
 fn intent(ctx: &Context, o: &ConnectionClose, snapshot: &TargetSnapshot, node: &str) -> AuditIntent {
     let ns = o.namespace().unwrap_or_default();
     AuditIntent {
@@ -297,7 +319,6 @@ async fn close_by_id(
     status.consequence = Some(consequence(snapshot.in_flight_messages));
     status.snapshot = Some(snapshot.clone());
     if o.spec.confirm.is_none() || o.spec.confirm != expected {
-        status.phase = ClosePhase::AwaitingConfirmation;
         let reports = expected.clone().unwrap_or_else(|| "<nothing>".into());
         let message = match &o.spec.confirm {
             None => format!(
@@ -310,17 +331,7 @@ async fn close_by_id(
                 describe(t)
             ),
         };
-        status.message = Some(message.clone());
-        conditions::set(
-            &mut status.conditions,
-            COMPLETE,
-            false,
-            "AwaitingConfirmation",
-            message,
-            generation,
-        );
-        write(ctx, o, &status).await?;
-        return Ok(Action::requeue(Duration::from_secs(30)));
+        return await_confirmation(ctx, o, status, message).await;
     }
     // Armed: Closing is persisted before the call (an operator that dies now never retries).
     status.phase = ClosePhase::Closing;
@@ -460,21 +471,10 @@ async fn close_address(
         return Ok(Action::await_change());
     }
     if o.spec.confirm.as_deref() != Some(address) {
-        status.phase = ClosePhase::AwaitingConfirmation;
         let message = format!(
             "set spec.confirm to {address:?} to close about {total} consumer connection(s) of {address} on every live node"
         );
-        status.message = Some(message.clone());
-        conditions::set(
-            &mut status.conditions,
-            COMPLETE,
-            false,
-            "AwaitingConfirmation",
-            message,
-            generation,
-        );
-        write(ctx, o, &status).await?;
-        return Ok(Action::requeue(Duration::from_secs(30)));
+        return await_confirmation(ctx, o, status, message).await;
     }
     status.phase = ClosePhase::Closing;
     write(ctx, o, &status).await?;
