@@ -1,7 +1,6 @@
 //! ArtemisCluster: resolve access (credentials, CA, endpoints), poll the topology, publish it
 //! to the other controllers, and keep status — logical nodes, conditions, managementWrite.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,26 +32,8 @@ pub struct ClusterRuntime {
     pub request_timeout: Duration,
 }
 
-#[derive(Default, Clone)]
-pub struct ClusterRegistry {
-    inner: Arc<std::sync::RwLock<HashMap<String, Arc<ClusterRuntime>>>>,
-}
-
-impl ClusterRegistry {
-    pub fn get(&self, key: &str) -> Option<Arc<ClusterRuntime>> {
-        self.inner.read().ok()?.get(key).cloned()
-    }
-    fn put(&self, key: &str, rt: Arc<ClusterRuntime>) {
-        if let Ok(mut m) = self.inner.write() {
-            m.insert(key.to_string(), rt);
-        }
-    }
-    fn remove(&self, key: &str) {
-        if let Ok(mut m) = self.inner.write() {
-            m.remove(key);
-        }
-    }
-}
+/// Every cluster's runtime, for the other controllers.
+pub type ClusterRegistry = crate::topology::ByCluster<ClusterRuntime>;
 
 /// Why a cluster cannot be reached at all: a condition reason and a message naming the fix.
 #[derive(Debug)]
@@ -221,14 +202,14 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
                 Some(p) => std::mem::take(&mut *p.memory.lock().await),
                 None => TopologyMemory::default(),
             };
-            let rt = Arc::new(ClusterRuntime {
+            let rt = ClusterRuntime {
                 access,
                 memory: Mutex::new(memory),
                 management_write: management_write.clone(),
                 bulk_cap: obj.spec.bulk_cap,
                 poll_interval,
                 request_timeout: Duration::from_secs(obj.spec.request_timeout_seconds.into()),
-            });
+            };
             // Poll with the new access first, then publish both: a command never sees the new
             // access with a topology polled under the old one (e.g. other credentials).
             let topology = topology::poll(&rt.access, &rt.memory).await;

@@ -68,11 +68,7 @@ where
             .inc();
     }
     ctx.store
-        .audit_outcome(
-            audit_id,
-            verdict,
-            &outcome_detail(&nodes, serde_json::Value::Null),
-        )
+        .audit_outcome(audit_id, verdict, &outcome_detail(&nodes))
         .await?;
     report_evidence(ctx, scope.cluster_ns, scope.cluster_name, &intent.command, &nodes).await?;
     let summary = describe(&intent.command, &nodes);

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
@@ -376,15 +375,14 @@ async fn cleanup(o: Arc<ArtemisDivert>, ctx: Arc<Context>) -> Result<Action, Rec
 }
 
 async fn reconcile(o: Arc<ArtemisDivert>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
-    let api: Api<ArtemisDivert> = Api::namespaced(ctx.client.clone(), &o.namespace().unwrap_or_default());
-    finalizer(&api, FINALIZER, o, |event| async {
-        match event {
-            Finalizer::Apply(o) => apply(o, ctx.clone()).await,
-            Finalizer::Cleanup(o) => cleanup(o, ctx.clone()).await,
-        }
-    })
+    super::with_finalizer(
+        &ctx,
+        o,
+        FINALIZER,
+        |o| apply(o, ctx.clone()),
+        |o| cleanup(o, ctx.clone()),
+    )
     .await
-    .map_err(ReconcileError::from)
 }
 
 fn error_policy(_o: Arc<ArtemisDivert>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {

@@ -8,7 +8,6 @@ pub mod connection_close;
 pub mod divert;
 pub mod queue;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -102,9 +101,6 @@ fn truncate(mut s: String, max: usize) -> String {
 pub fn key(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}")
 }
-
-pub type Shared<T> = Arc<tokio::sync::Mutex<T>>;
-pub type SharedMap<T> = Arc<std::sync::RwLock<HashMap<String, T>>>;
 
 /// The actor of a command: the field manager that last changed the object's spec (from
 /// `managedFields`), or "unknown".
@@ -219,4 +215,39 @@ pub async fn run_controller<K, Fut>(
             }
         })
         .await;
+}
+
+/// Reconcile through the object's finalizer: `apply` while it lives, `cleanup` once deleted
+/// (the finalizer is released only when `cleanup` succeeds).
+pub async fn with_finalizer<K, A, AFut, C, CFut>(
+    ctx: &Context,
+    obj: Arc<K>,
+    finalizer_name: &str,
+    apply: A,
+    cleanup: C,
+) -> Result<kube::runtime::controller::Action, ReconcileError>
+where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    A: FnOnce(Arc<K>) -> AFut,
+    AFut: std::future::Future<Output = Result<kube::runtime::controller::Action, ReconcileError>>,
+    C: FnOnce(Arc<K>) -> CFut,
+    CFut: std::future::Future<Output = Result<kube::runtime::controller::Action, ReconcileError>>,
+{
+    use kube::runtime::finalizer::{Event, finalizer};
+    let api: kube::Api<K> = kube::Api::namespaced(
+        ctx.client.clone(),
+        &obj.meta().namespace.clone().unwrap_or_default(),
+    );
+    finalizer(&api, finalizer_name, obj, |event| async move {
+        match event {
+            Event::Apply(o) => apply(o).await,
+            Event::Cleanup(o) => cleanup(o).await,
+        }
+    })
+    .await
+    .map_err(ReconcileError::from)
 }

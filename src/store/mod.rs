@@ -72,13 +72,13 @@ impl CommandVerdict {
 
 /// The JSON stored in `outcome_detail`: every node's outcome, and on failure the nodes that
 /// applied, named (ADR-0049).
-pub fn outcome_detail(nodes: &[NodeOutcome], extra: serde_json::Value) -> serde_json::Value {
+pub fn outcome_detail(nodes: &[NodeOutcome]) -> serde_json::Value {
     let applied: Vec<&str> = nodes
         .iter()
         .filter(|n| n.outcome == Outcome::Applied)
         .map(|n| n.node.as_str())
         .collect();
-    serde_json::json!({ "nodes": nodes, "appliedNodes": applied, "extra": extra })
+    serde_json::json!({ "nodes": nodes, "appliedNodes": applied })
 }
 
 impl Store {

@@ -244,22 +244,37 @@ fn group(
     nodes.into_values().collect()
 }
 
-/// The latest topology of each cluster with its age; commands read it instead of polling.
-#[derive(Default, Clone)]
-pub struct TopologyCache {
-    inner: Arc<std::sync::RwLock<HashMap<String, Arc<Topology>>>>,
+/// Shared state kept per cluster (`namespace/name`): the latest topology, the cluster's runtime.
+pub struct ByCluster<T> {
+    inner: Arc<std::sync::RwLock<HashMap<String, Arc<T>>>>,
 }
 
-impl TopologyCache {
-    pub fn get(&self, cluster: &str) -> Option<Arc<Topology>> {
+impl<T> Default for ByCluster<T> {
+    fn default() -> Self {
+        ByCluster {
+            inner: Default::default(),
+        }
+    }
+}
+
+impl<T> Clone for ByCluster<T> {
+    fn clone(&self) -> Self {
+        ByCluster {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<T> ByCluster<T> {
+    pub fn get(&self, cluster: &str) -> Option<Arc<T>> {
         self.inner.read().ok()?.get(cluster).cloned()
     }
-    pub fn put(&self, cluster: &str, topology: Topology) -> Arc<Topology> {
-        let t = Arc::new(topology);
+    pub fn put(&self, cluster: &str, value: T) -> Arc<T> {
+        let v = Arc::new(value);
         if let Ok(mut m) = self.inner.write() {
-            m.insert(cluster.to_string(), t.clone());
+            m.insert(cluster.to_string(), v.clone());
         }
-        t
+        v
     }
     pub fn remove(&self, cluster: &str) {
         if let Ok(mut m) = self.inner.write() {
@@ -267,3 +282,6 @@ impl TopologyCache {
         }
     }
 }
+
+/// The latest topology of each cluster with its age; commands read it instead of polling.
+pub type TopologyCache = ByCluster<Topology>;

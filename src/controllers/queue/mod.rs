@@ -2,13 +2,12 @@
 
 pub mod plan;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kube::api::ListParams;
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -120,9 +119,8 @@ fn preview(
     topology: &Topology,
     rt: &ClusterRuntime,
     declared: &BTreeMap<String, String>,
-) -> (DeletePreview, HashMap<String, Vec<inventory::DivertInfo>>) {
+) -> DeletePreview {
     let mut p = DeletePreview::default();
-    let mut removed = HashMap::new();
     for n in &topology.nodes {
         let Some(inv) = &n.inventory else {
             if n.is_live() {
@@ -138,7 +136,7 @@ fn preview(
             }
             continue;
         };
-        let (np, divs) = plan::delete_preview(d, &n.node_id, inv, declared);
+        let (np, _) = plan::delete_preview(d, &n.node_id, inv, declared);
         p.total_messages += np.message_count;
         if !np.dependent_diverts.is_empty() {
             p.warnings.push(format!(
@@ -147,7 +145,6 @@ fn preview(
                 np.dependent_diverts.len()
             ));
         }
-        removed.insert(n.node_id.clone(), divs);
         p.nodes.push(np);
     }
     let (cap, exceeds) =
@@ -160,7 +157,7 @@ fn preview(
             p.total_messages, p.total_messages
         ));
     }
-    (p, removed)
+    p
 }
 
 async fn record(ctx: &Context, q: &ArtemisQueue, status: ArtemisQueueStatus) -> Result<(), ReconcileError> {
@@ -287,7 +284,7 @@ async fn apply(q: Arc<ArtemisQueue>, ctx: Arc<Context>) -> Result<Action, Reconc
         }
     };
     let declared = declared_diverts(&ctx, &ns, &cluster).await?;
-    let (delete_preview, _) = preview(&d, &topology, &rt, &declared);
+    let delete_preview = preview(&d, &topology, &rt, &declared);
     status.delete_preview = Some(delete_preview);
 
     // Plan from the snapshot: which nodes need a write.
@@ -524,7 +521,7 @@ async fn cleanup(q: Arc<ArtemisQueue>, ctx: Arc<Context>) -> Result<Action, Reco
         }
     };
     let declared = declared_diverts(&ctx, &ns, &cluster).await?;
-    let (p, _) = preview(&d, &topology, &rt, &declared);
+    let p = preview(&d, &topology, &rt, &declared);
     let exceeds = p.exceeds_bulk_cap;
     let total = p.total_messages;
     let cap = p.bulk_cap;
@@ -600,15 +597,14 @@ async fn cleanup(q: Arc<ArtemisQueue>, ctx: Arc<Context>) -> Result<Action, Reco
 }
 
 async fn reconcile(q: Arc<ArtemisQueue>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
-    let api: Api<ArtemisQueue> = Api::namespaced(ctx.client.clone(), &q.namespace().unwrap_or_default());
-    finalizer(&api, FINALIZER, q, |event| async {
-        match event {
-            Finalizer::Apply(q) => apply(q, ctx.clone()).await,
-            Finalizer::Cleanup(q) => cleanup(q, ctx.clone()).await,
-        }
-    })
+    super::with_finalizer(
+        &ctx,
+        q,
+        FINALIZER,
+        |o| apply(o, ctx.clone()),
+        |o| cleanup(o, ctx.clone()),
+    )
     .await
-    .map_err(ReconcileError::from)
 }
 
 fn error_policy(_q: Arc<ArtemisQueue>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {
