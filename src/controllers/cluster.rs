@@ -23,7 +23,9 @@ use crate::topology::{self, ClusterAccess, Topology, TopologyMemory};
 /// What the other controllers need of a cluster, kept between polls.
 pub struct ClusterRuntime {
     pub access: ClusterAccess,
-    pub memory: Mutex<TopologyMemory>,
+    /// Shared across runtimes of this cluster (like the write evidence): a poll racing a spec
+    /// change still knows which node an endpoint that stopped answering was.
+    pub memory: Arc<Mutex<TopologyMemory>>,
     /// Shared by every runtime of this cluster across spec changes, so a write reported while
     /// the cluster is re-polled is never lost.
     pub management_write: Arc<Mutex<ManagementWrite>>,
@@ -199,12 +201,12 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
                 None => Arc::new(Mutex::new(old.management_write.clone())),
             };
             let memory = match previous {
-                Some(p) => std::mem::take(&mut *p.memory.lock().await),
-                None => TopologyMemory::default(),
+                Some(p) => p.memory.clone(),
+                None => Arc::new(Mutex::new(TopologyMemory::default())),
             };
             let rt = ClusterRuntime {
                 access,
-                memory: Mutex::new(memory),
+                memory,
                 management_write: management_write.clone(),
                 bulk_cap: obj.spec.bulk_cap,
                 poll_interval,

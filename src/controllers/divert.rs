@@ -205,13 +205,7 @@ fn planned(n: &crate::topology::LogicalNode, d: &DesiredDivert) -> (NodeOutcome,
         return (fanout::skipped(n), false);
     }
     let Some(inv) = &n.inventory else {
-        return (
-            base(
-                Outcome::WouldApply,
-                "inventory unavailable: will read the node".into(),
-            ),
-            true,
-        );
+        return (fanout::inventory_unavailable(n), false);
     };
     match plan_divert(d, inv) {
         DivertAction::Converged => (

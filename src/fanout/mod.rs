@@ -136,6 +136,27 @@ pub fn skipped(node: &LogicalNode) -> NodeOutcome {
     }
 }
 
+/// A live node whose inventory could not be scraped: nothing is known, so nothing is planned or
+/// written there (no audited command on a guess); the next poll reads it again.
+pub fn inventory_unavailable(node: &LogicalNode) -> NodeOutcome {
+    let error = node.inventory_error.clone();
+    NodeOutcome {
+        node: node.node_id.clone(),
+        endpoint: node.active_endpoint().map(str::to_string),
+        outcome: Outcome::Failed,
+        refusal: Some(
+            error
+                .as_ref()
+                .map_or(RefusalKind::BadResponse, BrokerError::refusal_kind),
+        ),
+        message: format!(
+            "the node's inventory could not be read ({}); nothing planned there, read again at the next poll",
+            error.map_or_else(|| "no answer".to_string(), |e| e.to_string())
+        ),
+        detail: vec![],
+    }
+}
+
 /// A refusal decided by the operator (not the broker), as a node failure.
 pub fn refuse(kind: RefusalKind, message: impl Into<String>) -> NodeFailure {
     let message = message.into();

@@ -39,7 +39,7 @@ pub struct LogicalNode {
     /// What the active endpoint held at the poll (None when not live or the scrape failed).
     pub inventory: Option<Arc<inventory::NodeInventory>>,
     /// Why the scrape failed, when it did.
-    pub inventory_error: Option<String>,
+    pub inventory_error: Option<BrokerError>,
 }
 
 impl LogicalNode {
@@ -186,7 +186,7 @@ fn group(
             node.failed_over = identity.configured_backup;
             match inv {
                 Some(Ok(i)) => node.inventory = Some(Arc::new(i.clone())),
-                Some(Err(e)) => node.inventory_error = Some(e.to_string()),
+                Some(Err(e)) => node.inventory_error = Some(e.clone()),
                 None => {}
             }
         } else {

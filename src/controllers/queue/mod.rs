@@ -294,13 +294,7 @@ async fn apply(q: Arc<ArtemisQueue>, ctx: Arc<Context>) -> Result<Action, Reconc
         let endpoint = n.active_endpoint();
         let Some(inv) = n.inventory.as_ref().filter(|_| n.is_live()) else {
             if n.is_live() {
-                needs_write = true; // inventory unknown: check it fresh in the command
-                planned.push(outcome(
-                    &n.node_id,
-                    endpoint,
-                    Outcome::WouldApply,
-                    "inventory unavailable: will read the node",
-                ));
+                planned.push(fanout::inventory_unavailable(n));
             } else {
                 planned.push(fanout::skipped(n));
             }
