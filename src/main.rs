@@ -1,10 +1,8 @@
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use kube::Api;
 
-use artemis_studio_operator::api::{ArtemisCluster, ArtemisDivert, ArtemisQueue, ConnectionClose};
-use artemis_studio_operator::controllers::{self, Context};
+use artemis_studio_operator::controllers::{self, Context, Namespaces};
 use artemis_studio_operator::store::Store;
 
 /// Artemis Studio Operator: queues on every live node, safe connection closes, complete capture.
@@ -31,9 +29,14 @@ struct RunArgs {
     /// This installation's ID: the capture objects it owns carry it.
     #[arg(long, env = "INSTANCE_ID", default_value = "studio")]
     instance_id: String,
-    /// Watch only this namespace (default: all).
-    #[arg(long, env = "WATCH_NAMESPACE")]
-    namespace: Option<String>,
+    /// Namespaces to watch, comma-separated (default: all).
+    #[arg(
+        long,
+        visible_alias = "namespace",
+        env = "WATCH_NAMESPACES",
+        default_value = ""
+    )]
+    namespaces: String,
     /// Where /healthz, /readyz and /metrics are served.
     #[arg(long, env = "LISTEN", default_value = "0.0.0.0:8080")]
     listen: std::net::SocketAddr,
@@ -62,8 +65,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     Store::migrate(&args.database_url).await?;
     let store = Store::connect(&args.database_url).await?;
     let client = kube::Client::try_default().await?;
-    let ctx = Arc::new(Context::new(client.clone(), store, args.instance_id.clone()));
-    tracing::info!(instance_id = %args.instance_id, namespace = ?args.namespace, listen = %args.listen, "starting controllers");
+    let namespaces = Namespaces::parse(&args.namespaces);
+    let (ctx, reflectors) = Context::new(client, store, args.instance_id.clone(), namespaces.clone());
+    let ctx = Arc::new(ctx);
+    tracing::info!(instance_id = %args.instance_id, namespaces = ?namespaces, listen = %args.listen, "starting controllers");
     let metrics = ctx.metrics.clone();
     let listen = args.listen;
     tokio::spawn(async move {
@@ -71,27 +76,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             tracing::error!(error = %e, %listen, "the health and metrics endpoint stopped");
         }
     });
-    ctx.metrics.set_ready();
-    let (clusters, queues): (Api<ArtemisCluster>, Api<ArtemisQueue>) = match &args.namespace {
-        Some(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
-    };
-    let diverts: Api<ArtemisDivert> = match &args.namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let closes: Api<ConnectionClose> = match &args.namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    tokio::join!(
-        controllers::connection_close::run(ctx.clone(), closes),
-        controllers::cluster::run(ctx.clone(), clusters),
-        controllers::queue::run(ctx.clone(), queues),
-        controllers::divert::run(ctx.clone(), diverts),
-    );
+    // /readyz turns true once the caches have synced and the controllers start.
+    controllers::run_all(ctx, reflectors).await;
     Ok(())
 }

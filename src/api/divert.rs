@@ -27,11 +27,12 @@ use super::common::{ClusterRef, Condition, DeletionPolicy, NodeOutcome};
         json_path = ".status.conditions[?(@.type==\"Ready\")].status"
     ),
     printcolumn(name = "Applied", type_ = "string", json_path = ".status.nodesSummary"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("!(has(self.spec.name) ? self.spec.name : self.metadata.name).startsWith('artemis-studio.capture.')").message("the divert name (spec.name, or metadata.name when unset): the prefix artemis-studio.capture. is reserved for capture subscriptions (ADR-0079 D3); choose another name"),
+    validation = Rule::new("!(has(self.spec.name) ? self.spec.name : self.metadata.name).matches('[*#]') && !self.spec.address.matches('[*#]') && !self.spec.forwardingAddress.matches('[*#]')").message("a divert name or address contains '*' or '#', Artemis wildcard characters: choose names without them")
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.name) == has(oldSelf.name) && (!has(self.name) || self.name == oldSelf.name)").message("spec.name is immutable: create a new ArtemisDivert"))]
-#[x_kube(validation = Rule::new("!has(self.name) || !self.name.startsWith('artemis-studio.capture.')").message("spec.name: the prefix artemis-studio.capture. is reserved for capture subscriptions (ADR-0079 D3); choose another name"))]
 pub struct ArtemisDivertSpec {
     /// The ArtemisCluster to act on. Immutable.
     #[x_kube(validation = Rule::new("self == oldSelf").message("clusterRef is immutable: create a new object for another cluster"))]

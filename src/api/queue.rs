@@ -32,7 +32,10 @@ use super::common::{ClusterRef, Condition, DeletionPolicy, NodeOutcome, RefusalK
         json_path = ".status.nodesSummary",
         description = "nodes in the requested state / live nodes"
     ),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("!(has(self.spec.name) ? self.spec.name : self.metadata.name).matches('[*#]')").message("the queue name (spec.name, or metadata.name when unset) contains '*' or '#', Artemis wildcard characters that management calls would treat as a pattern: choose a name without them"),
+    validation = Rule::new("!(has(self.spec.name) ? self.spec.name : self.metadata.name).startsWith('artemis-studio.capture.')").message("the queue name (spec.name, or metadata.name when unset): the prefix artemis-studio.capture. is reserved for capture subscriptions (ADR-0079 D3); choose another name"),
+    validation = Rule::new("!has(self.spec.address) || (!self.spec.address.matches('[*#]') && !self.spec.address.startsWith('artemis-studio.capture.'))").message("spec.address contains '*' or '#' (Artemis wildcard characters) or starts with the reserved prefix artemis-studio.capture.: choose another address")
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.name) == has(oldSelf.name) && (!has(self.name) || self.name == oldSelf.name)").message("spec.name is immutable: create a new ArtemisQueue for another queue"))]
@@ -148,8 +151,9 @@ pub struct QueueDeletion {
     /// (HAS_CONSUMERS).
     #[serde(default)]
     pub disconnect_consumers: bool,
-    /// Accept destroying up to this many messages (summed over nodes), above the cluster's
-    /// bulk cap.
+    /// The most messages this delete may destroy, summed over nodes. It replaces the cluster's
+    /// bulk cap for this object when larger (it never lowers it): set it to the preview's
+    /// `totalMessages` to accept that loss.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub allow_message_loss: Option<u64>,

@@ -47,6 +47,16 @@ pub enum JolokiaRequest {
 }
 
 impl JolokiaRequest {
+    /// What the request does, for logs and metrics (never its arguments).
+    pub fn kind(&self) -> String {
+        match self {
+            JolokiaRequest::Read { .. } => "read".into(),
+            JolokiaRequest::Search { .. } => "search".into(),
+            JolokiaRequest::Exec { operation, .. } => {
+                operation.split('(').next().unwrap_or_default().to_string()
+            }
+        }
+    }
     pub fn read(mbean: impl Into<String>, attribute: &str) -> Self {
         JolokiaRequest::Read {
             mbean: mbean.into(),
@@ -62,6 +72,17 @@ impl JolokiaRequest {
             )),
             // One attribute an MBean cannot answer must not fail a whole wildcard read.
             config: Some(serde_json::json!({"ignoreErrors": true})),
+        }
+    }
+    /// Several attributes of one MBean (or pattern) with no `ignoreErrors`: an attribute that
+    /// cannot be read fails the read instead of standing in as a value.
+    pub fn read_strict(mbean: impl Into<String>, attributes: &[&str]) -> Self {
+        JolokiaRequest::Read {
+            mbean: mbean.into(),
+            attribute: Some(Value::Array(
+                attributes.iter().map(|a| Value::String((*a).into())).collect(),
+            )),
+            config: None,
         }
     }
     pub fn exec(mbean: impl Into<String>, operation: &str, arguments: Vec<Value>) -> Self {
@@ -150,6 +171,7 @@ impl JolokiaClient {
         &self,
         requests: &[JolokiaRequest],
     ) -> Result<Vec<Result<Value, BrokerError>>, BrokerError> {
+        tracing::debug!(url = %self.url, requests = requests.len(), first = ?requests.first().map(JolokiaRequest::kind), "jolokia");
         let send = self
             .http
             .post(&self.url)

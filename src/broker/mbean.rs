@@ -57,6 +57,16 @@ pub fn divert(broker_name: &str, address_name: &str, divert: &str) -> String {
     )
 }
 
+/// Pattern for one queue by name, on whatever address and routing type it has (a queue name is
+/// unique per broker). Names with wildcard characters are refused before they get here.
+pub fn queue_anywhere(broker_name: &str, queue: &str) -> String {
+    format!(
+        "{},component=addresses,address=*,subcomponent=queues,routing-type=*,queue={}",
+        broker(broker_name),
+        quote(queue)
+    )
+}
+
 /// Wildcard patterns for the inventory scrape: every queue, every address, every divert.
 pub fn all_queues(broker_name: &str) -> String {
     format!(

@@ -30,6 +30,8 @@ pub struct ClusterRuntime {
     /// the cluster is re-polled is never lost.
     pub management_write: Arc<Mutex<ManagementWrite>>,
     pub bulk_cap: u64,
+    /// ADR-0084 §2: what brings a removed declared divert back.
+    pub declaration_mode: crate::api::cluster::DeclarationMode,
     pub poll_interval: Duration,
     pub request_timeout: Duration,
 }
@@ -209,11 +211,13 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
                 memory,
                 management_write: management_write.clone(),
                 bulk_cap: obj.spec.bulk_cap,
+                declaration_mode: obj.spec.declaration_mode,
                 poll_interval,
                 request_timeout: Duration::from_secs(obj.spec.request_timeout_seconds.into()),
             };
             // Poll with the new access first, then publish both: a command never sees the new
             // access with a topology polled under the old one (e.g. other credentials).
+            tracing::debug!(cluster = %k, "poll by the cluster controller");
             let topology = topology::poll(&rt.access, &rt.memory).await;
             status.nodes = node_statuses(&topology);
             status.total_nodes = topology.nodes.len() as u32;
@@ -426,8 +430,9 @@ pub async fn current_topology(
     if let Some(t) = ctx.topologies.get(&k).filter(|t| t.age() <= max_age) {
         return Ok((rt, t));
     }
-    let t = ctx
-        .topologies
-        .put(&k, topology::poll(&rt.access, &rt.memory).await);
+    let t = ctx.topologies.put(&k, {
+        tracing::debug!(cluster = %k, "poll inline");
+        topology::poll(&rt.access, &rt.memory).await
+    });
     Ok((rt, t))
 }

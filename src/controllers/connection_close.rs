@@ -227,15 +227,7 @@ fn intent(ctx: &Context, o: &ConnectionClose, snapshot: &TargetSnapshot, node: &
 
 /// A topology of one node, for a node-scoped command (same outcome shape, one entry).
 fn only(topology: &Topology, node_id: &str) -> Topology {
-    Topology {
-        nodes: topology
-            .nodes
-            .iter()
-            .filter(|n| n.node_id == node_id)
-            .cloned()
-            .collect(),
-        ..topology.clone()
-    }
+    topology.restricted_to(&BTreeSet::from([node_id.to_string()]))
 }
 
 async fn close_by_id(

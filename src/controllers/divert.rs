@@ -2,21 +2,21 @@
 //! at the forwarding address (ADR-0084 §2); `createDivert` is verified afterwards because the
 //! broker ignores a duplicate or a missing address silently.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
-use kube::runtime::controller::Action;
+use kube::runtime::reflector::Store;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
-use super::cluster::current_topology;
-use super::command::{self, Scope};
-use super::{Context, ReconcileError, actor_of, conditions, is_paused, write_status};
+use super::Context;
+use super::pipeline::{self, Pass, PlanFacts, Step, TopologyObject, WholeRefusal};
+use super::queue::plan::check_broker_name;
 use crate::api::divert::{ArtemisDivert, ArtemisDivertSpec, ArtemisDivertStatus, DivertRoutingType};
-use crate::api::{DeletionPolicy, NodeOutcome, Outcome, RefusalKind};
+use crate::api::{ClusterRef, DeletionPolicy, Outcome, RefusalKind};
+use crate::broker::BrokerError;
 use crate::fanout::{self, NodeFailure, NodeReport, Target};
-use crate::store::AuditIntent;
-use crate::topology::inventory::{self, DivertInfo, NodeInventory};
+use crate::topology::inventory::{self, DivertInfo, NodeInventory, ScopedRead};
 
 pub const FINALIZER: &str = "artemis-studio.io/divert";
 
@@ -92,6 +92,16 @@ pub fn plan_divert(d: &DesiredDivert, inv: &NodeInventory) -> DivertAction {
                 ),
             }
         }
+        // ADR-0084 §2 holds for an update as for a create: never retarget into nothing.
+        Some(existing) if existing.forwarding_address != *fwd && inv.queue_names_on(fwd).is_empty() => {
+            DivertAction::Refuse {
+                kind: RefusalKind::NothingConsumes,
+                message: format!(
+                    "Nothing consumes at {fwd} on this node: no queue is bound there, so retargeting the divert would make producers' sends fail or re-create a deleted queue. Declare a queue at {fwd} (an ArtemisQueue) first, or keep spec.forwardingAddress at {}",
+                    existing.forwarding_address
+                ),
+            }
+        }
         Some(existing) => {
             let mut changed = vec![];
             if existing.forwarding_address != *fwd {
@@ -109,7 +119,7 @@ pub fn plan_divert(d: &DesiredDivert, inv: &NodeInventory) -> DivertAction {
                 DivertAction::Update { changed }
             }
         }
-        None if inv.queues_on(fwd).next().is_none() => DivertAction::Refuse {
+        None if inv.queue_names_on(fwd).is_empty() => DivertAction::Refuse {
             kind: RefusalKind::NothingConsumes,
             message: format!(
                 "Nothing consumes at {fwd} on this node: no queue is bound there, so the divert would make producers' sends fail or re-create a deleted queue. Declare a queue at {fwd} (an ArtemisQueue), or remove this ArtemisDivert"
@@ -132,9 +142,23 @@ fn matches_desired(found: &DivertInfo, d: &DesiredDivert) -> bool {
         && found.routing_name.as_deref() == Some(d.routing_name.as_str())
 }
 
-async fn apply_on(t: Target, d: &DesiredDivert) -> Result<NodeReport, NodeFailure> {
-    let inv = inventory::scrape(&t.management).await?;
-    match plan_divert(d, &inv) {
+/// The fresh read a divert write needs: every divert (cheap: few per node) and the two
+/// addresses it joins — never every queue of the node.
+async fn read_divert(t: &Target, d: &DesiredDivert) -> Result<NodeInventory, BrokerError> {
+    inventory::read_scoped(
+        &t.management,
+        &ScopedRead {
+            queues: &[],
+            addresses: &[d.spec.address.as_str(), d.spec.forwarding_address.as_str()],
+            diverts: true,
+        },
+    )
+    .await
+}
+
+async fn apply_on(t: Target, d: DesiredDivert) -> Result<NodeReport, NodeFailure> {
+    let inv = read_divert(&t, &d).await?;
+    match plan_divert(&d, &inv) {
         DivertAction::Converged => Ok(NodeReport::new(Outcome::Already, "exists; configuration matches")),
         DivertAction::Refuse { kind, message } => Err(fanout::refuse(kind, message)),
         DivertAction::Update { changed } => {
@@ -147,9 +171,9 @@ async fn apply_on(t: Target, d: &DesiredDivert) -> Result<NodeReport, NodeFailur
         DivertAction::Create => {
             t.management.create_divert(&d.document()).await?;
             // The broker ignores a duplicate or a missing address silently: look.
-            let after = inventory::scrape(&t.management).await?;
+            let after = read_divert(&t, &d).await?;
             match after.diverts.get(&d.name) {
-                Some(found) if matches_desired(found, d) => {
+                Some(found) if matches_desired(found, &d) => {
                     Ok(NodeReport::new(Outcome::Applied, "created and verified"))
                 }
                 Some(found) => Err(fanout::refuse(
@@ -171,221 +195,157 @@ async fn apply_on(t: Target, d: &DesiredDivert) -> Result<NodeReport, NodeFailur
     }
 }
 
-fn intent(ctx: &Context, o: &ArtemisDivert, d: &DesiredDivert, command: &str) -> AuditIntent {
-    let ns = o.namespace().unwrap_or_default();
-    AuditIntent {
-        instance_id: ctx.instance_id.clone(),
-        actor: actor_of(&o.metadata),
-        command: command.into(),
-        cluster: format!("{ns}/{}", o.spec.cluster_ref.name),
-        target: format!(
+/// What deleting needs on one node: only a divert carrying this object's routing name is ours.
+pub fn plan_divert_delete(d: &DesiredDivert, inv: &NodeInventory) -> Step {
+    match inv.diverts.get(&d.name) {
+        None => Step::Nothing {
+            message: "the divert is not on this node".into(),
+        },
+        Some(found) if found.routing_name.as_deref() != Some(d.routing_name.as_str()) => Step::Nothing {
+            message: "a divert of that name exists but is not this object's: left in place".into(),
+        },
+        Some(_) => Step::Write {
+            what: format!("remove divert {}", d.name),
+            detail: vec![],
+        },
+    }
+}
+
+async fn delete_on(t: Target, d: DesiredDivert) -> Result<NodeReport, NodeFailure> {
+    let inv = read_divert(&t, &d).await?;
+    match plan_divert_delete(&d, &inv) {
+        Step::Nothing { message } => Ok(NodeReport::new(Outcome::Already, message)),
+        Step::Refuse { kind, message } => Err(fanout::refuse(kind, message)),
+        Step::Write { .. } => {
+            let found = inv.diverts.get(&d.name).cloned().unwrap_or_default();
+            match t.management.destroy_divert(&d.name).await {
+                Ok(()) => Ok(
+                    NodeReport::new(Outcome::Applied, "removed").with_detail(vec![format!(
+                        "removed divert {}",
+                        crate::controllers::queue::plan::divert_document(&found)
+                    )]),
+                ),
+                Err(e) if e.refusal_kind() == RefusalKind::DivertDoesNotExist => {
+                    Ok(NodeReport::new(Outcome::Already, "the divert was already gone"))
+                }
+                Err(e) => Err(e.into()),
+            }
+        }
+    }
+}
+
+impl TopologyObject for ArtemisDivert {
+    type Desired = DesiredDivert;
+    type Status = ArtemisDivertStatus;
+    const NOUN: &'static str = "divert";
+    const FINALIZER: &'static str = FINALIZER;
+
+    fn cluster_ref(&self) -> &ClusterRef {
+        &self.spec.cluster_ref
+    }
+    fn dry_run(&self) -> bool {
+        self.spec.dry_run
+    }
+    fn deletion_policy(&self) -> DeletionPolicy {
+        self.spec.deletion.policy
+    }
+    fn current_status(&self) -> Option<&ArtemisDivertStatus> {
+        self.status.as_ref()
+    }
+    fn cache(ctx: &Context) -> &Store<Self> {
+        &ctx.caches.diverts
+    }
+    fn desired(&self) -> Result<DesiredDivert, String> {
+        let d = DesiredDivert::new(&self.name_any(), &self.uid().unwrap_or_default(), &self.spec);
+        let name_field = if self.spec.name.is_some() {
+            "spec.name"
+        } else {
+            "metadata.name"
+        };
+        check_broker_name(name_field, &d.name)?;
+        check_broker_name("spec.address", &d.spec.address)?;
+        check_broker_name("spec.forwardingAddress", &d.spec.forwarding_address)?;
+        Ok(d)
+    }
+    fn claim(d: &DesiredDivert) -> String {
+        format!("divert {}", d.name)
+    }
+    fn audit_target(d: &DesiredDivert) -> String {
+        format!(
             "divert {} ({} -> {})",
             d.name, d.spec.address, d.spec.forwarding_address
-        ),
-        object_kind: "ArtemisDivert".into(),
-        object_namespace: ns,
-        object_name: o.name_any(),
-        object_uid: o.uid().unwrap_or_default(),
-        object_generation: o.metadata.generation,
-        params: json!({"configuration": d.document()}),
-    }
-}
-
-fn planned(n: &crate::topology::LogicalNode, d: &DesiredDivert) -> (NodeOutcome, bool) {
-    let endpoint = n.active_endpoint().map(str::to_string);
-    let base = |outcome, message: String| NodeOutcome {
-        node: n.node_id.clone(),
-        endpoint: endpoint.clone(),
-        outcome,
-        refusal: None,
-        message,
-        detail: vec![],
-    };
-    if !n.is_live() {
-        return (fanout::skipped(n), false);
-    }
-    let Some(inv) = &n.inventory else {
-        return (fanout::inventory_unavailable(n), false);
-    };
-    match plan_divert(d, inv) {
-        DivertAction::Converged => (
-            base(Outcome::Already, "exists; configuration matches".into()),
-            false,
-        ),
-        DivertAction::Create => (
-            base(Outcome::WouldApply, format!("create divert {}", d.name)),
-            true,
-        ),
-        DivertAction::Update { changed } => (
-            base(Outcome::WouldApply, format!("update: {}", changed.join(", "))),
-            true,
-        ),
-        DivertAction::Refuse { kind, message } => (
-            NodeOutcome {
-                refusal: Some(kind),
-                ..base(Outcome::Failed, message)
-            },
-            false,
-        ),
-    }
-}
-
-async fn apply(o: Arc<ArtemisDivert>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
-    let ns = o.namespace().unwrap_or_default();
-    let d = DesiredDivert::new(&o.name_any(), &o.uid().unwrap_or_default(), &o.spec);
-    let generation = o.metadata.generation;
-    let old = o.status.clone().unwrap_or_default();
-    let mut status = ArtemisDivertStatus {
-        observed_generation: generation,
-        ..old.clone()
-    };
-    let cluster = o.spec.cluster_ref.name.clone();
-    let (rt, topology) = match current_topology(&ctx, &ns, &cluster, None).await {
-        Ok(x) => x,
-        Err(e) => {
-            conditions::set(
-                &mut status.conditions,
-                conditions::READY,
-                false,
-                "ClusterNotReady",
-                e.to_string(),
-                generation,
-            );
-            write_status(&ctx, o.as_ref(), o.status.as_ref(), &status).await?;
-            return Ok(Action::requeue(Duration::from_secs(5)));
-        }
-    };
-    let plan: Vec<(NodeOutcome, bool)> = topology.nodes.iter().map(|n| planned(n, &d)).collect();
-    let needs_write = plan.iter().any(|(_, w)| *w);
-    let paused = is_paused(&o.metadata);
-    if !needs_write || paused || o.spec.dry_run {
-        status.nodes = plan.into_iter().map(|(n, _)| n).collect();
-    } else {
-        let command_name =
-            command::apply_or_repair("divert", old.observed_generation, generation, old.last_audit_id);
-        let d2 = d.clone();
-        let result = command::run(
-            &ctx,
-            o.as_ref(),
-            Scope {
-                cluster_ns: &ns,
-                cluster_name: &cluster,
-                topology: &topology,
-                timeout: rt.request_timeout * 3,
-            },
-            intent(&ctx, &o, &d, &command_name),
-            move |t| {
-                let d = d2.clone();
-                async move { apply_on(t, &d).await }
-            },
         )
-        .await?;
-        status.nodes = result.nodes;
-        status.last_audit_id = Some(result.audit_id);
     }
-    conditions::from_outcomes(
-        &mut status.conditions,
-        &status.nodes,
-        generation,
-        o.spec.dry_run || paused,
-        "divert",
-    );
-    status.nodes_summary = Some(fanout::summary(&status.nodes));
-    write_status(&ctx, o.as_ref(), o.status.as_ref(), &status).await?;
-    Ok(Action::requeue(rt.poll_interval))
-}
-
-async fn delete_on(t: Target, d: &DesiredDivert) -> Result<NodeReport, NodeFailure> {
-    let inv = inventory::scrape(&t.management).await?;
-    match inv.diverts.get(&d.name) {
-        None => Ok(NodeReport::new(
-            Outcome::Already,
-            "the divert is not on this node",
-        )),
-        Some(found) if found.routing_name.as_deref() != Some(d.routing_name.as_str()) => Ok(NodeReport::new(
-            Outcome::Already,
-            "a divert of that name exists but is not this object's: left in place",
-        )),
-        Some(found) => match t.management.destroy_divert(&d.name).await {
-            Ok(()) => Ok(
-                NodeReport::new(Outcome::Applied, "removed").with_detail(vec![format!(
-                    "removed divert {}",
-                    crate::controllers::queue::plan::divert_document(found)
-                )]),
-            ),
-            Err(e) if e.refusal_kind() == RefusalKind::DivertDoesNotExist => {
-                Ok(NodeReport::new(Outcome::Already, "the divert was already gone"))
-            }
-            Err(e) => Err(e.into()),
-        },
+    fn apply_params(&self, d: &DesiredDivert) -> Value {
+        json!({"configuration": d.document()})
     }
-}
-
-async fn cleanup(o: Arc<ArtemisDivert>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
-    if o.spec.deletion.policy == DeletionPolicy::Retain || o.spec.dry_run {
-        return Ok(Action::await_change());
+    fn delete_params(&self, d: &DesiredDivert) -> Value {
+        json!({"configuration": d.document()})
     }
-    let ns = o.namespace().unwrap_or_default();
-    let d = DesiredDivert::new(&o.name_any(), &o.uid().unwrap_or_default(), &o.spec);
-    let cluster = o.spec.cluster_ref.name.clone();
-    let (rt, topology) = current_topology(&ctx, &ns, &cluster, Some(Duration::ZERO))
-        .await
-        .map_err(|e| {
-            ReconcileError::DeleteRefused(format!(
-                "{e}; set spec.deletion.policy: Retain to release this object"
-            ))
-        })?;
-    let d2 = d.clone();
-    let result = command::run(
-        &ctx,
-        o.as_ref(),
-        Scope {
-            cluster_ns: &ns,
-            cluster_name: &cluster,
-            topology: &topology,
-            timeout: rt.request_timeout * 3,
-        },
-        intent(&ctx, &o, &d, "divert.delete"),
-        move |t| {
-            let d = d2.clone();
-            async move { delete_on(t, &d).await }
-        },
-    )
-    .await?;
-    let failed: Vec<String> = result
-        .nodes
-        .iter()
-        .filter(|n| n.outcome == Outcome::Failed)
-        .map(|n| format!("{}: {}", n.node, n.message))
-        .collect();
-    if failed.is_empty() {
-        Ok(Action::await_change())
-    } else {
-        let mut status = o.status.clone().unwrap_or_default();
-        status.nodes = result.nodes;
-        write_status(&ctx, o.as_ref(), o.status.as_ref(), &status).await?;
-        Err(ReconcileError::DeleteRefused(failed.join("; ")))
+    fn plan_apply(d: &DesiredDivert, inv: &NodeInventory) -> Step {
+        match plan_divert(d, inv) {
+            DivertAction::Converged => Step::Nothing {
+                message: "exists; configuration matches".into(),
+            },
+            DivertAction::Create => Step::Write {
+                what: format!("create divert {}", d.name),
+                detail: vec![],
+            },
+            DivertAction::Update { changed } => Step::Write {
+                what: format!("update: {}", changed.join(", ")),
+                detail: changed,
+            },
+            DivertAction::Refuse { kind, message } => Step::Refuse { kind, message },
+        }
     }
-}
-
-async fn reconcile(o: Arc<ArtemisDivert>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
-    super::with_finalizer(
-        &ctx,
-        o,
-        FINALIZER,
-        |o| apply(o, ctx.clone()),
-        |o| cleanup(o, ctx.clone()),
-    )
-    .await
-}
-
-fn error_policy(_o: Arc<ArtemisDivert>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(%error, "ArtemisDivert reconcile failed");
-    Action::requeue(Duration::from_secs(10))
+    fn plan_delete(d: &DesiredDivert, inv: &NodeInventory, _facts: &PlanFacts) -> Step {
+        plan_divert_delete(d, inv)
+    }
+    async fn read_fresh(
+        t: &Target,
+        d: &DesiredDivert,
+        _for_delete: bool,
+    ) -> Result<NodeInventory, BrokerError> {
+        read_divert(t, d).await
+    }
+    fn refuse_delete(
+        &self,
+        _d: &DesiredDivert,
+        _fresh: &BTreeMap<String, Arc<NodeInventory>>,
+        _facts: &PlanFacts,
+    ) -> Option<WholeRefusal> {
+        // Removing a divert destroys no message (ADR-0084 §7).
+        None
+    }
+    async fn apply_on(t: Target, d: DesiredDivert) -> Result<NodeReport, NodeFailure> {
+        apply_on(t, d).await
+    }
+    async fn delete_on(
+        t: Target,
+        d: DesiredDivert,
+        _facts: Arc<PlanFacts>,
+    ) -> Result<NodeReport, NodeFailure> {
+        delete_on(t, d).await
+    }
+    fn status(&self, pass: &Pass<'_, Self>) -> ArtemisDivertStatus {
+        ArtemisDivertStatus {
+            observed_generation: pass.generation,
+            conditions: pass.conditions.clone(),
+            nodes_summary: Some(fanout::summary(&pass.nodes)),
+            nodes: pass.nodes.clone(),
+            last_audit_id: pass.last_audit_id,
+        }
+    }
 }
 
 pub async fn run(ctx: Arc<Context>, api: Api<ArtemisDivert>) {
-    super::run_controller(api, ctx, reconcile, error_policy).await;
+    super::run_controller(
+        api,
+        ctx,
+        pipeline::reconcile::<ArtemisDivert>,
+        pipeline::error_policy::<ArtemisDivert>,
+    )
+    .await;
 }
 
 #[cfg(test)]
@@ -450,8 +410,23 @@ mod tests {
                 ..
             }
         ));
-        // Ours, drifted: updated with the whole configuration.
+        // Ours, drifted: updated with the whole configuration (a queue consumes at "elsewhere").
         i.diverts.get_mut("d").expect("divert").routing_name = Some(d.routing_name.clone());
+        let d_back =
+            desired(json!({"clusterRef": {"name": "c"}, "address": "src", "forwardingAddress": "elsewhere"}));
+        let mut i2 = i.clone();
+        i2.diverts.get_mut("d").expect("divert").forwarding_address = "dst".into();
+        i2.diverts.get_mut("d").expect("divert").routing_name = Some(d_back.routing_name.clone());
+        assert!(
+            matches!(
+                plan_divert(&d_back, &i2),
+                DivertAction::Refuse {
+                    kind: RefusalKind::NothingConsumes,
+                    ..
+                }
+            ),
+            "retargeting into an address nothing consumes at is refused"
+        );
         assert_eq!(
             plan_divert(&d, &i),
             DivertAction::Update {

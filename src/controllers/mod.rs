@@ -6,12 +6,16 @@ pub mod command;
 pub mod conditions;
 pub mod connection_close;
 pub mod divert;
+pub mod pipeline;
 pub mod queue;
 
 use std::sync::Arc;
 
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::{Client, Resource};
+use kube::runtime::reflector;
+use kube::{Api, Client, Resource};
+
+use crate::api::{ArtemisCluster, ArtemisDivert, ArtemisQueue, ConnectionClose};
 
 use crate::store::Store;
 use crate::topology::TopologyCache;
@@ -34,12 +38,89 @@ pub enum ReconcileError {
     Finalizer(String),
 }
 
+/// Which namespaces the operator acts in.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Namespaces {
+    #[default]
+    All,
+    /// Only these (never empty).
+    Only(Vec<String>),
+}
+
+impl Namespaces {
+    /// From a comma-separated list; empty means all.
+    pub fn parse(list: &str) -> Self {
+        let names: Vec<String> = list
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect();
+        if names.is_empty() {
+            Namespaces::All
+        } else {
+            Namespaces::Only(names)
+        }
+    }
+
+    pub fn contains(&self, ns: &str) -> bool {
+        match self {
+            Namespaces::All => true,
+            Namespaces::Only(list) => list.iter().any(|n| n == ns),
+        }
+    }
+
+    /// The Api to watch a kind with: one namespace is watched alone; several (or all) through
+    /// the cluster-wide endpoint, filtered by [`Namespaces::contains`].
+    pub fn api<K>(&self, client: &Client) -> Api<K>
+    where
+        K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>,
+    {
+        match self {
+            Namespaces::Only(list) if list.len() == 1 => Api::namespaced(client.clone(), &list[0]),
+            _ => Api::all(client.clone()),
+        }
+    }
+}
+
+/// In-memory copies of the kinds a reconcile reads besides its own object (kube-runtime
+/// reflectors): conflicts, declared diverts and the cluster's existence come from here, never
+/// from a LIST per reconcile.
+#[derive(Clone)]
+pub struct Caches {
+    pub clusters: reflector::Store<ArtemisCluster>,
+    pub queues: reflector::Store<ArtemisQueue>,
+    pub diverts: reflector::Store<ArtemisDivert>,
+}
+
+/// The writers behind [`Caches`], driven by [`run_all`].
+pub struct Reflectors {
+    clusters: reflector::store::Writer<ArtemisCluster>,
+    queues: reflector::store::Writer<ArtemisQueue>,
+    diverts: reflector::store::Writer<ArtemisDivert>,
+}
+
+impl ReconcileError {
+    /// The condition reason an error shows as on the object.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ReconcileError::Kube(_) => "KubernetesApiError",
+            ReconcileError::Store(_) => "AuditStoreUnavailable",
+            ReconcileError::Serialization(_) => "InternalError",
+            ReconcileError::DeleteRefused(_) => "DeleteRefused",
+            ReconcileError::Finalizer(_) => "FinalizerError",
+        }
+    }
+}
+
 /// What every controller shares.
 #[derive(Clone)]
 pub struct Context {
     pub client: Client,
     pub store: Store,
     pub instance_id: String,
+    pub namespaces: Namespaces,
+    pub caches: Caches,
     pub topologies: TopologyCache,
     pub clusters: cluster::ClusterRegistry,
     pub recorder: Recorder,
@@ -47,20 +128,47 @@ pub struct Context {
 }
 
 impl Context {
-    pub fn new(client: Client, store: Store, instance_id: String) -> Self {
+    pub fn new(
+        client: Client,
+        store: Store,
+        instance_id: String,
+        namespaces: Namespaces,
+    ) -> (Self, Reflectors) {
         let reporter = Reporter {
             controller: MANAGER.into(),
             instance: std::env::var("POD_NAME").ok(),
         };
-        Context {
+        let (clusters, cw) = reflector::store();
+        let (queues, qw) = reflector::store();
+        let (diverts, dw) = reflector::store();
+        let ctx = Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             store,
             instance_id,
+            namespaces,
+            caches: Caches {
+                clusters,
+                queues,
+                diverts,
+            },
             topologies: TopologyCache::default(),
             clusters: cluster::ClusterRegistry::default(),
             metrics: Arc::new(crate::telemetry::Metrics::default()),
-        }
+        };
+        (
+            ctx,
+            Reflectors {
+                clusters: cw,
+                queues: qw,
+                diverts: dw,
+            },
+        )
+    }
+
+    /// The operator acts on objects in this namespace.
+    pub fn watches(&self, ns: &str) -> bool {
+        self.namespaces.contains(ns)
     }
 
     /// One Event on an object: what a human should see.
@@ -122,21 +230,34 @@ pub fn is_paused(meta: &kube::api::ObjectMeta) -> bool {
         .is_some_and(|v| v == "true")
 }
 
-/// A status with conditions (to compare without transition times).
+/// A status with conditions, per-node outcomes and the last command's audit row.
 pub trait StatusConditions: Clone + PartialEq + serde::Serialize + Default {
     fn conditions_mut(&mut self) -> &mut Vec<crate::api::Condition>;
+    fn observed_generation(&self) -> Option<i64>;
+    fn last_audit_id(&self) -> Option<i64>;
+    fn nodes(&self) -> &[crate::api::NodeOutcome];
 }
 
-impl StatusConditions for crate::api::queue::ArtemisQueueStatus {
-    fn conditions_mut(&mut self) -> &mut Vec<crate::api::Condition> {
-        &mut self.conditions
-    }
+macro_rules! status_conditions {
+    ($t:ty) => {
+        impl StatusConditions for $t {
+            fn conditions_mut(&mut self) -> &mut Vec<crate::api::Condition> {
+                &mut self.conditions
+            }
+            fn observed_generation(&self) -> Option<i64> {
+                self.observed_generation
+            }
+            fn last_audit_id(&self) -> Option<i64> {
+                self.last_audit_id
+            }
+            fn nodes(&self) -> &[crate::api::NodeOutcome] {
+                &self.nodes
+            }
+        }
+    };
 }
-impl StatusConditions for crate::api::divert::ArtemisDivertStatus {
-    fn conditions_mut(&mut self) -> &mut Vec<crate::api::Condition> {
-        &mut self.conditions
-    }
-}
+status_conditions!(crate::api::queue::ArtemisQueueStatus);
+status_conditions!(crate::api::divert::ArtemisDivertStatus);
 
 /// Server-side apply the status, only when it changed (condition transition times aside).
 pub async fn write_status<K, S>(
@@ -206,9 +327,31 @@ pub async fn run_controller<K, Fut>(
         + 'static,
 {
     use futures::StreamExt;
+    // Several namespaces are watched through the cluster-wide endpoint: an object outside them
+    // is never reconciled (no poll, no write) and not counted.
+    let mut reconcile = reconcile;
+    let scoped = move |obj: Arc<K>, ctx: Arc<Context>| {
+        let watched = ctx.watches(&obj.meta().namespace.clone().unwrap_or_default());
+        let metrics = ctx.metrics.clone();
+        let fut = watched.then(|| reconcile(obj, ctx));
+        async move {
+            let Some(f) = fut else {
+                return Ok(kube::runtime::controller::Action::await_change());
+            };
+            let r = f.await;
+            metrics
+                .reconciles
+                .get_or_create(&crate::telemetry::ReconcileLabels {
+                    kind: K::kind(&()).to_string(),
+                    result: if r.is_ok() { "ok" } else { "error" }.into(),
+                })
+                .inc();
+            r
+        }
+    };
     kube::runtime::Controller::new(api, kube::runtime::watcher::Config::default())
         .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
+        .run(scoped, error_policy, ctx)
         .for_each(|r| async move {
             if let Err(e) = r {
                 tracing::debug!(error = %e, kind = K::kind(&()).as_ref(), "reconcile");
@@ -250,4 +393,63 @@ where
     })
     .await
     .map_err(ReconcileError::from)
+}
+
+/// Keep one reflector cache in sync until shutdown.
+async fn reflect<K>(api: Api<K>, writer: reflector::store::Writer<K>)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    use futures::StreamExt;
+    use kube::runtime::WatchStreamExt;
+    let stream = kube::runtime::watcher(api, kube::runtime::watcher::Config::default())
+        .default_backoff()
+        .modify(|o: &mut K| {
+            // Caches hold what decisions need; managedFields only cost memory.
+            o.meta_mut().managed_fields = None;
+        });
+    reflector::reflector(writer, stream)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::warn!(error = %e, kind = K::kind(&()).as_ref(), "cache watch");
+            }
+        })
+        .await;
+}
+
+/// Run every controller (and the caches they read) until shutdown. Controllers start once the
+/// caches have synced, so no decision is taken on a partial view.
+pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
+    let client = ctx.client.clone();
+    let ns = ctx.namespaces.clone();
+    let caches = ctx.caches.clone();
+    let controllers = {
+        let ctx = ctx.clone();
+        let ns = ns.clone();
+        let client = client.clone();
+        async move {
+            let _ = caches.clusters.wait_until_ready().await;
+            let _ = caches.queues.wait_until_ready().await;
+            let _ = caches.diverts.wait_until_ready().await;
+            ctx.metrics.set_ready();
+            tokio::join!(
+                connection_close::run(ctx.clone(), ns.api::<ConnectionClose>(&client)),
+                cluster::run(ctx.clone(), ns.api::<ArtemisCluster>(&client)),
+                queue::run(ctx.clone(), ns.api::<ArtemisQueue>(&client)),
+                divert::run(ctx.clone(), ns.api::<ArtemisDivert>(&client)),
+            );
+        }
+    };
+    tokio::select! {
+        _ = controllers => {}
+        _ = reflect(ns.api::<ArtemisCluster>(&client), reflectors.clusters) => {}
+        _ = reflect(ns.api::<ArtemisQueue>(&client), reflectors.queues) => {}
+        _ = reflect(ns.api::<ArtemisDivert>(&client), reflectors.diverts) => {}
+    }
 }

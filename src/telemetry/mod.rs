@@ -19,11 +19,19 @@ pub struct OutcomeLabels {
     pub outcome: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReconcileLabels {
+    pub kind: String,
+    /// `ok`, or the error's condition reason.
+    pub result: String,
+}
+
 /// Counters every command updates.
 pub struct Metrics {
     registry: Registry,
     pub commands: Family<CommandLabels, Counter>,
     pub node_outcomes: Family<OutcomeLabels, Counter>,
+    pub reconciles: Family<ReconcileLabels, Counter>,
     ready: AtomicBool,
 }
 
@@ -32,6 +40,12 @@ impl Default for Metrics {
         let mut registry = Registry::with_prefix("artemis_studio");
         let commands = Family::<CommandLabels, Counter>::default();
         let node_outcomes = Family::<OutcomeLabels, Counter>::default();
+        let reconciles = Family::<ReconcileLabels, Counter>::default();
+        registry.register(
+            "reconciles",
+            "Finished reconciles by kind and result",
+            reconciles.clone(),
+        );
         registry.register("commands", "Audited broker commands by verdict", commands.clone());
         registry.register(
             "node_outcomes",
@@ -42,12 +56,28 @@ impl Default for Metrics {
             registry,
             commands,
             node_outcomes,
+            reconciles,
             ready: AtomicBool::new(false),
         }
     }
 }
 
 impl Metrics {
+    /// Finished reconciles of one kind, whatever their result: evidence that a pass ran.
+    pub fn reconciles_of(&self, kind: &str) -> u64 {
+        ["ok", "error"]
+            .iter()
+            .map(|r| {
+                self.reconciles
+                    .get_or_create(&ReconcileLabels {
+                        kind: kind.into(),
+                        result: (*r).into(),
+                    })
+                    .get()
+            })
+            .sum()
+    }
+
     pub fn set_ready(&self) {
         self.ready.store(true, Ordering::Relaxed);
     }

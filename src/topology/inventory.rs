@@ -21,19 +21,22 @@ pub struct QueueInfo {
     pub exclusive: bool,
     pub last_value: bool,
     pub last_value_key: Option<String>,
-    pub non_destructive: bool,
+    /// Not an attribute of Artemis 2.40's QueueControl: None (unknown) unless a broker reports it.
+    pub non_destructive: Option<bool>,
     pub purge_on_no_consumers: bool,
     pub enabled: bool,
     pub consumers_before_dispatch: i64,
     pub delay_before_dispatch: i64,
-    pub consumer_priority: i64,
+    /// Not an attribute of Artemis 2.40's QueueControl: None (unknown) unless a broker reports it.
+    pub consumer_priority: Option<i64>,
     pub ring_size: i64,
     pub group_rebalance: bool,
     pub group_buckets: i64,
     pub group_first_key: Option<String>,
     pub auto_delete: bool,
-    pub auto_delete_delay: i64,
-    pub auto_delete_message_count: i64,
+    /// Not attributes of Artemis 2.40's QueueControl: None (unknown) unless a broker reports them.
+    pub auto_delete_delay: Option<i64>,
+    pub auto_delete_message_count: Option<i64>,
     pub temporary: bool,
     pub message_count: u64,
     pub consumer_count: u64,
@@ -64,15 +67,44 @@ pub struct NodeInventory {
     pub queues: BTreeMap<String, QueueInfo>,
     pub addresses: BTreeMap<String, AddressInfo>,
     pub diverts: BTreeMap<String, DivertInfo>,
+    /// Queues the broker listed whose attributes could not be read as their types: nothing is
+    /// planned or written for them on a guess (a failed attribute is never read as false or 0).
+    pub unreadable_queues: BTreeMap<String, String>,
 }
 
 impl NodeInventory {
-    /// Queues bound to an address on this node.
-    pub fn queues_on(&self, address: &str) -> impl Iterator<Item = &QueueInfo> {
-        self.queues.values().filter(move |q| q.address == address)
+    /// Names of the queues bound to an address on this node (from the address's own
+    /// `QueueNames`, so a scoped read answers it as well as a full scrape).
+    pub fn queue_names_on(&self, address: &str) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .addresses
+            .get(address)
+            .map(|a| a.queue_names.clone())
+            .unwrap_or_default();
+        for q in self.queues.values().filter(|q| q.address == address) {
+            if !names.contains(&q.name) {
+                names.push(q.name.clone());
+            }
+        }
+        names.sort();
+        names
     }
 }
 
+/// What a scoped read covers: the objects one command is about to write, never the whole node.
+#[derive(Clone, Debug, Default)]
+pub struct ScopedRead<'a> {
+    /// Queues by name (found on whatever address and routing type they have).
+    pub queues: &'a [&'a str],
+    /// Addresses by name (their routing types and bound queues).
+    pub addresses: &'a [&'a str],
+    /// Every divert on the node (diverts forwarding into an address live on other addresses).
+    pub diverts: bool,
+}
+
+/// The QueueControl attributes read. Artemis 2.40 has no NonDestructive, ConsumerPriority,
+/// AutoDeleteDelay or AutoDeleteMessageCount attributes (a wildcard read with `ignoreErrors` silently omits them,
+/// and the old parse read them as 0): they are not requested, and count as unknown.
 const QUEUE_ATTRIBUTES: &[&str] = &[
     "Name",
     "Address",
@@ -83,19 +115,15 @@ const QUEUE_ATTRIBUTES: &[&str] = &[
     "Exclusive",
     "LastValue",
     "LastValueKey",
-    "NonDestructive",
     "PurgeOnNoConsumers",
     "Enabled",
     "ConsumersBeforeDispatch",
     "DelayBeforeDispatch",
-    "ConsumerPriority",
     "RingSize",
     "GroupRebalance",
     "GroupBuckets",
     "GroupFirstKey",
     "AutoDelete",
-    "AutoDeleteDelay",
-    "AutoDeleteMessageCount",
     "Temporary",
     "MessageCount",
     "ConsumerCount",
@@ -112,82 +140,154 @@ const DIVERT_ATTRIBUTES: &[&str] = &[
 ];
 const ADDRESS_ATTRIBUTES: &[&str] = &["Address", "RoutingTypes", "QueueNames"];
 
-fn s(v: &Value, k: &str) -> String {
-    v.get(k).and_then(Value::as_str).unwrap_or_default().to_string()
+/// A typed attribute, or why it is not one (a wildcard read with `ignoreErrors` puts an
+/// attribute's error where its value would be: it must never read as false, 0 or a filter).
+fn attr<'v>(v: &'v Value, k: &str) -> Result<&'v Value, String> {
+    v.get(k).ok_or_else(|| format!("attribute {k} missing"))
 }
-fn opt_s(v: &Value, k: &str) -> Option<String> {
-    v.get(k)
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
+fn s(v: &Value, k: &str) -> Result<String, String> {
+    attr(v, k)?
+        .as_str()
         .map(str::to_string)
+        .ok_or_else(|| format!("attribute {k} is not a string"))
 }
-fn b(v: &Value, k: &str) -> bool {
-    v.get(k).and_then(Value::as_bool).unwrap_or(false)
+fn opt_s(v: &Value, k: &str) -> Result<Option<String>, String> {
+    match attr(v, k)? {
+        Value::Null => Ok(None),
+        Value::String(x) if x.is_empty() => Ok(None),
+        // Jolokia's ignoreErrors value for a failed attribute: "ERROR: <message> (<class>)".
+        Value::String(x) if x.starts_with("ERROR:") || x.contains("Exception") => {
+            Err(format!("attribute {k} could not be read: {x}"))
+        }
+        Value::String(x) => Ok(Some(x.clone())),
+        _ => Err(format!("attribute {k} is not a string")),
+    }
 }
-fn i(v: &Value, k: &str) -> i64 {
-    v.get(k).and_then(Value::as_i64).unwrap_or(0)
+fn b(v: &Value, k: &str) -> Result<bool, String> {
+    attr(v, k)?
+        .as_bool()
+        .ok_or_else(|| format!("attribute {k} is not a boolean"))
 }
-fn u(v: &Value, k: &str) -> u64 {
-    v.get(k).and_then(Value::as_u64).unwrap_or(0)
+fn i(v: &Value, k: &str) -> Result<i64, String> {
+    attr(v, k)?
+        .as_i64()
+        .ok_or_else(|| format!("attribute {k} is not an integer"))
 }
-fn strings(v: &Value, k: &str) -> Vec<String> {
-    v.get(k)
-        .and_then(Value::as_array)
+/// An attribute only some brokers report: absent is unknown, present must be an integer.
+fn optional_i(v: &Value, k: &str) -> Result<Option<i64>, String> {
+    match v.get(k) {
+        None => Ok(None),
+        Some(x) => x
+            .as_i64()
+            .map(Some)
+            .ok_or_else(|| format!("attribute {k} is not an integer")),
+    }
+}
+fn u(v: &Value, k: &str) -> Result<u64, String> {
+    attr(v, k)?
+        .as_u64()
+        .ok_or_else(|| format!("attribute {k} is not a count"))
+}
+fn strings(v: &Value, k: &str) -> Result<Vec<String>, String> {
+    attr(v, k)?
+        .as_array()
         .map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
-        .unwrap_or_default()
+        .ok_or_else(|| format!("attribute {k} is not a list"))
 }
 
-/// A wildcard read answers `{objectName: {attribute: value}}`; no match answers an error 404.
+/// A pattern read answers `{objectName: {attribute: value}}`; no match answers an error 404.
 fn matches(result: Result<Value, BrokerError>) -> Result<Vec<Value>, BrokerError> {
     match result {
         Ok(Value::Object(m)) => Ok(m.into_iter().map(|(_, v)| v).collect()),
         Ok(_) => Ok(vec![]),
-        Err(BrokerError::BadResponse(m)) if m.starts_with("status 404") => Ok(vec![]),
+        Err(e) if is_not_found(&e) => Ok(vec![]),
         Err(e) => Err(e),
     }
 }
 
-pub fn parse_queue(v: &Value) -> QueueInfo {
-    QueueInfo {
-        name: s(v, "Name"),
-        address: s(v, "Address"),
-        routing_type: s(v, "RoutingType"),
-        filter: opt_s(v, "Filter"),
-        durable: b(v, "Durable"),
-        max_consumers: i(v, "MaxConsumers"),
-        exclusive: b(v, "Exclusive"),
-        last_value: b(v, "LastValue"),
-        last_value_key: opt_s(v, "LastValueKey"),
-        non_destructive: b(v, "NonDestructive"),
-        purge_on_no_consumers: b(v, "PurgeOnNoConsumers"),
-        enabled: b(v, "Enabled"),
-        consumers_before_dispatch: i(v, "ConsumersBeforeDispatch"),
-        delay_before_dispatch: i(v, "DelayBeforeDispatch"),
-        consumer_priority: i(v, "ConsumerPriority"),
-        ring_size: i(v, "RingSize"),
-        group_rebalance: b(v, "GroupRebalance"),
-        group_buckets: i(v, "GroupBuckets"),
-        group_first_key: opt_s(v, "GroupFirstKey"),
-        auto_delete: b(v, "AutoDelete"),
-        auto_delete_delay: i(v, "AutoDeleteDelay"),
-        auto_delete_message_count: i(v, "AutoDeleteMessageCount"),
-        temporary: b(v, "Temporary"),
-        message_count: u(v, "MessageCount"),
-        consumer_count: u(v, "ConsumerCount"),
-        delivering_count: u(v, "DeliveringCount"),
+/// Jolokia's answer for an MBean that does not exist (InstanceNotFoundException).
+fn is_not_found(e: &BrokerError) -> bool {
+    matches!(e, BrokerError::BadResponse(m) if m.starts_with("status 404"))
+}
+
+/// The queue's name from a queue MBean's attributes, even when the rest is unreadable.
+fn queue_name(v: &Value) -> Option<String> {
+    v.get("Name").and_then(Value::as_str).map(str::to_string)
+}
+
+pub fn parse_queue(v: &Value) -> Result<QueueInfo, String> {
+    Ok(QueueInfo {
+        name: s(v, "Name")?,
+        address: s(v, "Address")?,
+        routing_type: s(v, "RoutingType")?,
+        filter: opt_s(v, "Filter")?,
+        durable: b(v, "Durable")?,
+        max_consumers: i(v, "MaxConsumers")?,
+        exclusive: b(v, "Exclusive")?,
+        last_value: b(v, "LastValue")?,
+        last_value_key: opt_s(v, "LastValueKey")?,
+        non_destructive: match v.get("NonDestructive") {
+            None => None,
+            Some(_) => Some(b(v, "NonDestructive")?),
+        },
+        purge_on_no_consumers: b(v, "PurgeOnNoConsumers")?,
+        enabled: b(v, "Enabled")?,
+        consumers_before_dispatch: i(v, "ConsumersBeforeDispatch")?,
+        delay_before_dispatch: i(v, "DelayBeforeDispatch")?,
+        consumer_priority: optional_i(v, "ConsumerPriority")?,
+        ring_size: i(v, "RingSize")?,
+        group_rebalance: b(v, "GroupRebalance")?,
+        group_buckets: i(v, "GroupBuckets")?,
+        group_first_key: opt_s(v, "GroupFirstKey")?,
+        auto_delete: b(v, "AutoDelete")?,
+        auto_delete_delay: optional_i(v, "AutoDeleteDelay")?,
+        auto_delete_message_count: optional_i(v, "AutoDeleteMessageCount")?,
+        temporary: b(v, "Temporary")?,
+        message_count: u(v, "MessageCount")?,
+        consumer_count: u(v, "ConsumerCount")?,
+        delivering_count: u(v, "DeliveringCount")?,
+    })
+}
+
+pub fn parse_divert(v: &Value) -> Result<DivertInfo, String> {
+    Ok(DivertInfo {
+        name: s(v, "UniqueName")?,
+        address: s(v, "Address")?,
+        forwarding_address: s(v, "ForwardingAddress")?,
+        exclusive: b(v, "Exclusive")?,
+        filter: opt_s(v, "Filter")?,
+        routing_type: s(v, "RoutingType")?,
+        routing_name: opt_s(v, "RoutingName")?,
+    })
+}
+
+fn parse_address(v: &Value) -> Result<AddressInfo, String> {
+    Ok(AddressInfo {
+        name: s(v, "Address")?,
+        routing_types: strings(v, "RoutingTypes")?,
+        queue_names: strings(v, "QueueNames")?,
+    })
+}
+
+impl NodeInventory {
+    fn add_queue(&mut self, v: &Value) -> Result<(), BrokerError> {
+        match parse_queue(v) {
+            Ok(q) => {
+                self.queues.insert(q.name.clone(), q);
+            }
+            Err(why) => match queue_name(v) {
+                Some(name) => {
+                    self.unreadable_queues.insert(name, why);
+                }
+                None => return Err(BrokerError::BadResponse(format!("a queue MBean: {why}"))),
+            },
+        }
+        Ok(())
     }
 }
 
-pub fn parse_divert(v: &Value) -> DivertInfo {
-    DivertInfo {
-        name: s(v, "UniqueName"),
-        address: s(v, "Address"),
-        forwarding_address: s(v, "ForwardingAddress"),
-        exclusive: b(v, "Exclusive"),
-        filter: opt_s(v, "Filter"),
-        routing_type: s(v, "RoutingType"),
-        routing_name: opt_s(v, "RoutingName"),
-    }
+fn bad(what: &str) -> impl Fn(String) -> BrokerError + '_ {
+    move |why| BrokerError::BadResponse(format!("{what}: {why}"))
 }
 
 /// Scrape one node: one bulk request with three wildcard reads.
@@ -208,20 +308,125 @@ pub async fn scrape(m: &BrokerManagement) -> Result<NodeInventory, BrokerError> 
     };
     let mut inv = NodeInventory::default();
     for q in matches(next())? {
-        let q = parse_queue(&q);
-        inv.queues.insert(q.name.clone(), q);
+        inv.add_queue(&q)?;
     }
     for a in matches(next())? {
-        let a = AddressInfo {
-            name: s(&a, "Address"),
-            routing_types: strings(&a, "RoutingTypes"),
-            queue_names: strings(&a, "QueueNames"),
-        };
+        let a = parse_address(&a).map_err(bad("an address MBean"))?;
         inv.addresses.insert(a.name.clone(), a);
     }
     for d in matches(next())? {
-        let d = parse_divert(&d);
+        let d = parse_divert(&d).map_err(bad("a divert MBean"))?;
         inv.diverts.insert(d.name.clone(), d);
     }
     Ok(inv)
+}
+
+/// A fresh, strict read of only the objects a command is about to write (ADR-0049's
+/// read-before-update, ADR-0084's preflight "again for real"): one bulk request, no
+/// `ignoreErrors` — an attribute that cannot be read fails the read, and the node is FAILED
+/// rather than written on a guess. Cost does not grow with the number of queues on the node.
+pub async fn read_scoped(m: &BrokerManagement, scope: &ScopedRead<'_>) -> Result<NodeInventory, BrokerError> {
+    let name = m.broker_name();
+    let mut requests = vec![];
+    for q in scope.queues {
+        requests.push(JolokiaRequest::read_strict(
+            mbean::queue_anywhere(name, q),
+            QUEUE_ATTRIBUTES,
+        ));
+    }
+    for a in scope.addresses {
+        requests.push(JolokiaRequest::read_strict(
+            mbean::address(name, a),
+            ADDRESS_ATTRIBUTES,
+        ));
+    }
+    if scope.diverts {
+        requests.push(JolokiaRequest::read_strict(
+            mbean::all_diverts(name),
+            DIVERT_ATTRIBUTES,
+        ));
+    }
+    let mut results = m.client().bulk(&requests).await?.into_iter();
+    let mut next = || {
+        results
+            .next()
+            .unwrap_or_else(|| Err(BrokerError::BadResponse("short bulk response".into())))
+    };
+    let mut inv = NodeInventory::default();
+    for _ in scope.queues {
+        for q in matches(next())? {
+            let q = parse_queue(&q).map_err(bad("the queue"))?;
+            inv.queues.insert(q.name.clone(), q);
+        }
+    }
+    for _ in scope.addresses {
+        match next() {
+            Ok(v) => {
+                let a = parse_address(&v).map_err(bad("the address"))?;
+                inv.addresses.insert(a.name.clone(), a);
+            }
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if scope.diverts {
+        for d in matches(next())? {
+            let d = parse_divert(&d).map_err(bad("a divert"))?;
+            inv.diverts.insert(d.name.clone(), d);
+        }
+    }
+    Ok(inv)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn queue_attrs() -> Value {
+        json!({
+            "Name": "q", "Address": "q", "RoutingType": "ANYCAST", "Filter": null, "Durable": true,
+            "MaxConsumers": -1, "Exclusive": false, "LastValue": false, "LastValueKey": null,
+            "PurgeOnNoConsumers": false, "Enabled": true,
+            "ConsumersBeforeDispatch": 0, "DelayBeforeDispatch": -1,
+            "RingSize": -1, "GroupRebalance": false, "GroupBuckets": -1, "GroupFirstKey": null,
+            "AutoDelete": false,
+            "Temporary": false, "MessageCount": 3, "ConsumerCount": 0, "DeliveringCount": 0
+        })
+    }
+
+    #[test]
+    fn a_queue_with_every_attribute_parses() {
+        let q = parse_queue(&queue_attrs()).expect("parse");
+        assert_eq!(q.message_count, 3);
+        assert_eq!(q.filter, None);
+    }
+
+    #[test]
+    fn an_attribute_that_failed_to_read_is_never_false_or_zero() {
+        // ignoreErrors puts the error text where the value would be.
+        for (k, v) in [
+            ("Durable", json!("java.lang.IllegalStateException: boom")),
+            (
+                "MessageCount",
+                json!("javax.management.RuntimeMBeanException: boom"),
+            ),
+            ("Filter", json!("java.lang.IllegalStateException: boom")),
+            ("ConsumerCount", Value::Null),
+        ] {
+            let mut attrs = queue_attrs();
+            attrs[k] = v;
+            assert!(parse_queue(&attrs).is_err(), "{k} must not parse");
+        }
+        let mut attrs = queue_attrs();
+        attrs.as_object_mut().map(|o| o.remove("Enabled"));
+        assert!(parse_queue(&attrs).is_err(), "a missing attribute must not parse");
+        // In a scrape, such a queue is listed as unreadable, never planned on.
+        let mut inv = NodeInventory::default();
+        let mut attrs = queue_attrs();
+        attrs["MessageCount"] = json!("boom");
+        inv.add_queue(&attrs).expect("named");
+        assert!(inv.queues.is_empty());
+        assert!(inv.unreadable_queues.contains_key("q"));
+    }
 }

@@ -76,6 +76,19 @@ impl Topology {
     pub fn age(&self) -> Duration {
         self.polled_at.elapsed()
     }
+    /// The same snapshot with only these logical nodes (the ones a command writes to).
+    pub fn restricted_to(&self, node_ids: &std::collections::BTreeSet<String>) -> Topology {
+        Topology {
+            nodes: self
+                .nodes
+                .iter()
+                .filter(|n| node_ids.contains(&n.node_id))
+                .cloned()
+                .collect(),
+            ..self.clone()
+        }
+    }
+
     /// A node by node ID, or by one of its endpoint URLs.
     pub fn find(&self, node: &str) -> Option<&LogicalNode> {
         self.nodes.iter().find(|n| {

@@ -32,7 +32,7 @@ async fn the_binary_runs_under_the_chart_rbac_and_serves_probes_and_metrics() {
             "run",
             "--database-url",
             &db,
-            "--namespace",
+            "--namespaces",
             &ns,
             "--listen",
             &format!("127.0.0.1:{port}"),

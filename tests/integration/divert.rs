@@ -225,8 +225,13 @@ async fn a_declared_divert_removed_with_its_queue_is_refused_or_comes_back() {
     f.create("owner", json!({"name": target})).await;
     f.wait_for(&format!("src-{id}"), "Ready", ready).await;
     f.wait_for("owner", "Ready", ready).await;
-    f.create_divert("feed", json!({"address": source, "forwardingAddress": target}))
-        .await;
+    // A unique broker name: brokers outlive test runs.
+    let feed = format!("feed.{id}");
+    f.create_divert(
+        "feed",
+        json!({"name": feed, "address": source, "forwardingAddress": target}),
+    )
+    .await;
     f.wait_divert("feed", "Ready", divert_ready).await;
 
     // The preview names the divert as declared, and says it comes back.
@@ -248,7 +253,7 @@ async fn a_declared_divert_removed_with_its_queue_is_refused_or_comes_back() {
         impact.declared_by.as_deref(),
         Some(format!("{}/feed", f.ns).as_str())
     );
-    assert!(impact.note.contains("will act again"), "{}", impact.note);
+    assert!(impact.note.contains("does not stick"), "{}", impact.note);
 
     // Path 2 first: a second (younger) ArtemisQueue declares the same queue; deleting the owner
     // removes queue and divert, then the survivor re-creates the queue and the divert returns.
@@ -262,13 +267,25 @@ async fn a_declared_divert_removed_with_its_queue_is_refused_or_comes_back() {
         .await
         .expect("delete owner");
     f.wait_gone("owner").await;
+    // The removal happened (not only the end state): the owner's delete row records the divert's
+    // full configuration on every node.
+    let deletes = f.audit_rows("queue.delete").await;
+    assert_eq!(deletes.len(), 1, "{deletes:?}");
+    let nodes = deletes[0].2["nodes"].as_array().cloned().unwrap_or_default();
+    assert_eq!(nodes.len(), 3, "{nodes:?}");
+    assert!(
+        nodes.iter().all(|n| n["outcome"] == "APPLIED"
+            && n["detail"].to_string().contains("removed divert")
+            && n["detail"].to_string().contains(&source)),
+        "{nodes:?}"
+    );
     f.wait_for("survivor", "Ready", ready).await;
     f.wait_divert("feed", "Ready again", divert_ready).await;
     let t = f.topology().await;
     assert!(t.nodes.iter().all(|n| {
         n.inventory
             .as_ref()
-            .is_some_and(|i| i.diverts.contains_key("feed") && i.queues.contains_key(&target))
+            .is_some_and(|i| i.diverts.contains_key(&feed) && i.queues.contains_key(&target))
     }));
 
     // Path 1: now nothing else declares the queue: the divert is removed and refused.

@@ -6,5 +6,6 @@ mod cluster_core;
 mod connection_close;
 mod divert;
 mod queue;
+mod safety;
 mod smoke;
 mod support;

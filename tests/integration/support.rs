@@ -311,6 +311,11 @@ impl TestBed {
     /// Start the operator's controllers in this process, as the operator's own identity (only
     /// the chart's RBAC), watching one namespace. Dropping the handle stops them.
     pub async fn start_operator(&self, namespace: &str) -> OperatorHandle {
+        self.start_operator_for(&[namespace]).await
+    }
+
+    /// The operator watching several namespaces.
+    pub async fn start_operator_for(&self, namespaces: &[&str]) -> OperatorHandle {
         // The operator's logs go to the test's output (shown when it fails); RUST_LOG filters.
         let _ = tracing_subscriber::fmt()
             .with_env_filter(
@@ -327,27 +332,19 @@ impl TestBed {
         let store = artemis_studio_operator::store::Store::connect(&db)
             .await
             .expect("store");
-        let ctx = std::sync::Arc::new(artemis_studio_operator::controllers::Context::new(
-            client.clone(),
+        let (ctx, reflectors) = artemis_studio_operator::controllers::Context::new(
+            client,
             store.clone(),
             format!("test-{}", short_id()),
+            artemis_studio_operator::controllers::Namespaces::Only(
+                namespaces.iter().map(|n| n.to_string()).collect(),
+            ),
+        );
+        let ctx = std::sync::Arc::new(ctx);
+        let task = tokio::spawn(artemis_studio_operator::controllers::run_all(
+            ctx.clone(),
+            reflectors,
         ));
-        let clusters: Api<artemis_studio_operator::api::ArtemisCluster> =
-            Api::namespaced(client.clone(), namespace);
-        let queues: Api<artemis_studio_operator::api::ArtemisQueue> =
-            Api::namespaced(client.clone(), namespace);
-        let diverts: Api<artemis_studio_operator::api::ArtemisDivert> =
-            Api::namespaced(client.clone(), namespace);
-        let closes: Api<artemis_studio_operator::api::ConnectionClose> = Api::namespaced(client, namespace);
-        let c = ctx.clone();
-        let task = tokio::spawn(async move {
-            tokio::join!(
-                artemis_studio_operator::controllers::connection_close::run(c.clone(), closes),
-                artemis_studio_operator::controllers::cluster::run(c.clone(), clusters),
-                artemis_studio_operator::controllers::queue::run(c.clone(), queues),
-                artemis_studio_operator::controllers::divert::run(c, diverts),
-            );
-        });
         OperatorHandle { ctx, store, task }
     }
 }

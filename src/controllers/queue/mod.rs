@@ -1,198 +1,47 @@
-//! ArtemisQueue: a queue on every live node (ADR-0049), deleted with ADR-0084's checks.
+//! ArtemisQueue: a queue on every live node (ADR-0049), deleted with ADR-0084's checks. The
+//! pipeline (`controllers::pipeline`) runs it; this module is the queue's plan, execute and
+//! status.
 
 pub mod plan;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
-use kube::api::ListParams;
-use kube::runtime::controller::Action;
-use kube::{Api, ResourceExt};
-use serde_json::json;
+use kube::api::Api;
+use kube::runtime::reflector::Store;
+use serde_json::{Value, json};
 
 use self::plan::{DesiredQueue, NodeAction};
-use super::cluster::{ClusterRuntime, current_topology};
-use super::command::{self, Scope};
-use super::{Context, ReconcileError, actor_of, conditions, is_paused};
-use crate::api::divert::ArtemisDivert;
+use super::Context;
+use super::pipeline::{self, Pass, PlanFacts, Step, TopologyObject, WholeRefusal};
 use crate::api::queue::{ArtemisQueue, ArtemisQueueStatus, DeletePreview};
-use crate::api::{NodeOutcome, Outcome, RefusalKind};
+use crate::api::{ClusterRef, DeletionPolicy, Outcome, RefusalKind};
 use crate::broker::BrokerError;
 use crate::fanout::{self, NodeFailure, NodeReport, Target};
-use crate::store::AuditIntent;
-use crate::topology::{Topology, inventory};
+use crate::topology::Topology;
+use crate::topology::inventory::{self, NodeInventory, ScopedRead};
 
 pub const FINALIZER: &str = "artemis-studio.io/queue";
-const PAUSED: &str = "Paused";
-const DELETE_BLOCKED: &str = "DeleteBlocked";
 
-fn outcome(node: &str, endpoint: Option<&str>, outcome: Outcome, message: impl Into<String>) -> NodeOutcome {
-    NodeOutcome {
-        node: node.into(),
-        endpoint: endpoint.map(str::to_string),
-        outcome,
-        refusal: None,
-        message: message.into(),
-        detail: vec![],
-    }
+/// The fresh read an apply or a delete makes on one node: the queue, its address and (for a
+/// delete) every divert — never every queue of the node.
+async fn read_queue(t: &Target, d: &DesiredQueue, diverts: bool) -> Result<NodeInventory, BrokerError> {
+    inventory::read_scoped(
+        &t.management,
+        &ScopedRead {
+            queues: &[d.name.as_str()],
+            addresses: &[d.address.as_str()],
+            diverts,
+        },
+    )
+    .await
 }
 
-fn refused(node: &str, endpoint: Option<&str>, kind: RefusalKind, message: String) -> NodeOutcome {
-    NodeOutcome {
-        refusal: Some(kind),
-        ..outcome(node, endpoint, Outcome::Failed, message)
-    }
-}
-
-fn intent(
-    ctx: &Context,
-    q: &ArtemisQueue,
-    d: &DesiredQueue,
-    command: &str,
-    params: serde_json::Value,
-) -> AuditIntent {
-    let ns = q.namespace().unwrap_or_default();
-    AuditIntent {
-        instance_id: ctx.instance_id.clone(),
-        actor: actor_of(&q.metadata),
-        command: command.into(),
-        cluster: format!("{ns}/{}", q.spec.cluster_ref.name),
-        target: format!("queue {} (address {}, {})", d.name, d.address, d.routing_type),
-        object_kind: "ArtemisQueue".into(),
-        object_namespace: ns,
-        object_name: q.name_any(),
-        object_uid: q.uid().unwrap_or_default(),
-        object_generation: q.metadata.generation,
-        params,
-    }
-}
-
-/// ArtemisDivert objects on the same cluster, by broker divert name: the declaration ADR-0084 §2
-/// checks a dependent divert against.
-async fn declared_diverts(
-    ctx: &Context,
-    ns: &str,
-    cluster: &str,
-) -> Result<BTreeMap<String, String>, ReconcileError> {
-    let api: Api<ArtemisDivert> = Api::namespaced(ctx.client.clone(), ns);
-    Ok(api
-        .list(&ListParams::default())
-        .await?
-        .into_iter()
-        .filter(|d| d.spec.cluster_ref.name == cluster)
-        .map(|d| {
-            (
-                d.spec.name.clone().unwrap_or_else(|| d.name_any()),
-                format!("{ns}/{}", d.name_any()),
-            )
-        })
-        .collect())
-}
-
-/// Two objects naming one queue on one cluster: the oldest wins.
-async fn conflict_winner(
-    ctx: &Context,
-    q: &ArtemisQueue,
-    d: &DesiredQueue,
-) -> Result<Option<String>, ReconcileError> {
-    let ns = q.namespace().unwrap_or_default();
-    let api: Api<ArtemisQueue> = Api::namespaced(ctx.client.clone(), &ns);
-    let key = |o: &ArtemisQueue| (o.metadata.creation_timestamp.clone().map(|t| t.0), o.name_any());
-    let winner = api
-        .list(&ListParams::default())
-        .await?
-        .into_iter()
-        .filter(|o| {
-            o.spec.cluster_ref == q.spec.cluster_ref
-                && DesiredQueue::new(&o.name_any(), &o.spec).name == d.name
-        })
-        .min_by_key(key);
-    Ok(winner
-        .filter(|w| w.uid() != q.uid())
-        .map(|w| format!("{ns}/{}", w.name_any())))
-}
-
-/// The delete preview from the snapshot (kept current for every object, ADR-0084).
-fn preview(
-    d: &DesiredQueue,
-    topology: &Topology,
-    rt: &ClusterRuntime,
-    declared: &BTreeMap<String, String>,
-) -> DeletePreview {
-    let mut p = DeletePreview::default();
-    for n in &topology.nodes {
-        let Some(inv) = &n.inventory else {
-            if n.is_live() {
-                p.warnings.push(format!(
-                    "{}: inventory unavailable; the delete preflight reads it again",
-                    n.node_id
-                ));
-            } else {
-                p.warnings.push(format!(
-                    "{}: not live; a delete now would skip it and the queue would stay there",
-                    n.node_id
-                ));
-            }
-            continue;
-        };
-        let (np, _) = plan::delete_preview(d, &n.node_id, inv, declared);
-        p.total_messages += np.message_count;
-        if !np.dependent_diverts.is_empty() {
-            p.warnings.push(format!(
-                "{}: {} divert(s) are removed with the queue; a divert in the node's broker.xml comes back at the next restart",
-                n.node_id,
-                np.dependent_diverts.len()
-            ));
-        }
-        p.nodes.push(np);
-    }
-    let (cap, exceeds) =
-        plan::bulk_cap_verdict(p.total_messages, rt.bulk_cap, d.spec.deletion.allow_message_loss);
-    p.bulk_cap = cap;
-    p.exceeds_bulk_cap = exceeds;
-    if exceeds {
-        p.warnings.push(format!(
-            "deleting destroys {} messages, above the bulk cap of {cap}: the delete is refused unless spec.deletion.allowMessageLoss is at least {}",
-            p.total_messages, p.total_messages
-        ));
-    }
-    p
-}
-
-async fn record(ctx: &Context, q: &ArtemisQueue, status: ArtemisQueueStatus) -> Result<(), ReconcileError> {
-    super::write_status(ctx, q, q.status.as_ref(), &status).await
-}
-
-fn base_status(q: &ArtemisQueue, d: &DesiredQueue) -> ArtemisQueueStatus {
-    let old = q.status.clone().unwrap_or_default();
-    ArtemisQueueStatus {
-        observed_generation: q.metadata.generation,
-        conditions: old.conditions,
-        queue_name: Some(d.name.clone()),
-        last_audit_id: old.last_audit_id,
-        delete_preview: old.delete_preview,
-        nodes: old.nodes,
-        nodes_summary: old.nodes_summary,
-    }
-}
-
-fn set_state_conditions(status: &mut ArtemisQueueStatus, generation: Option<i64>, dry_run: bool) {
-    conditions::from_outcomes(
-        &mut status.conditions,
-        &status.nodes,
-        generation,
-        dry_run,
-        "queue",
-    );
-    status.nodes_summary = Some(fanout::summary(&status.nodes));
-}
-
-/// Create, or converge, on one node. Reads the node fresh before it writes (ADR-0049: the
-/// update path reads before it writes).
-async fn apply_on(t: Target, d: &DesiredQueue) -> Result<NodeReport, NodeFailure> {
-    let inv = inventory::scrape(&t.management).await?;
-    match plan::plan_node(d, &inv) {
+/// Create, or converge, on one node, from a fresh read of the queue (ADR-0049: the update path
+/// reads before it writes).
+async fn apply_on(t: Target, d: DesiredQueue) -> Result<NodeReport, NodeFailure> {
+    let inv = read_queue(&t, &d, false).await?;
+    match plan::plan_node(&d, &inv) {
         NodeAction::Converged => Ok(NodeReport::new(Outcome::Already, "exists; configuration matches")),
         NodeAction::Refuse { kind, message } => Err(fanout::refuse(kind, message)),
         NodeAction::Create {
@@ -201,11 +50,8 @@ async fn apply_on(t: Target, d: &DesiredQueue) -> Result<NodeReport, NodeFailure
         } => {
             if create_address {
                 match t.management.create_address(&d.address, d.routing_type).await {
-                    Ok(())
-                    | Err(BrokerError::Refused(crate::broker::ManagementRefusal {
-                        kind: RefusalKind::AddressExists,
-                        ..
-                    })) => {}
+                    Ok(()) => {}
+                    Err(e) if e.refusal_kind() == RefusalKind::AddressExists => {}
                     Err(e) => return Err(e.into()),
                 }
             }
@@ -244,164 +90,16 @@ async fn apply_on(t: Target, d: &DesiredQueue) -> Result<NodeReport, NodeFailure
     }
 }
 
-async fn apply(q: Arc<ArtemisQueue>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
-    let ns = q.namespace().unwrap_or_default();
-    let d = DesiredQueue::new(&q.name_any(), &q.spec);
-    let generation = q.metadata.generation;
-    let mut status = base_status(&q, &d);
-    let cluster = q.spec.cluster_ref.name.clone();
-
-    if let Some(winner) = conflict_winner(&ctx, &q, &d).await? {
-        status.nodes.clear();
-        conditions::set(
-            &mut status.conditions,
-            conditions::READY,
-            false,
-            "ResourceConflict",
-            format!(
-                "queue {} on cluster {cluster} is declared by the older ArtemisQueue {winner}; this object makes no broker writes: delete it or give it another spec.name",
-                d.name
-            ),
-            generation,
-        );
-        record(&ctx, &q, status).await?;
-        return Ok(Action::requeue(Duration::from_secs(30)));
-    }
-
-    let (rt, topology) = match current_topology(&ctx, &ns, &cluster, None).await {
-        Ok(x) => x,
-        Err(e) => {
-            conditions::set(
-                &mut status.conditions,
-                conditions::READY,
-                false,
-                "ClusterNotReady",
-                e.to_string(),
-                generation,
-            );
-            record(&ctx, &q, status).await?;
-            return Ok(Action::requeue(Duration::from_secs(5)));
-        }
-    };
-    let declared = declared_diverts(&ctx, &ns, &cluster).await?;
-    let delete_preview = preview(&d, &topology, &rt, &declared);
-    status.delete_preview = Some(delete_preview);
-
-    // Plan from the snapshot: which nodes need a write.
-    let mut planned: Vec<NodeOutcome> = vec![];
-    let mut needs_write = false;
-    for n in &topology.nodes {
-        let endpoint = n.active_endpoint();
-        let Some(inv) = n.inventory.as_ref().filter(|_| n.is_live()) else {
-            if n.is_live() {
-                planned.push(fanout::inventory_unavailable(n));
-            } else {
-                planned.push(fanout::skipped(n));
-            }
-            continue;
-        };
-        planned.push(match plan::plan_node(&d, inv) {
-            NodeAction::Converged => outcome(
-                &n.node_id,
-                endpoint,
-                Outcome::Already,
-                "exists; configuration matches",
-            ),
-            NodeAction::Refuse { kind, message } => refused(&n.node_id, endpoint, kind, message),
-            NodeAction::Create { create_address, .. } => {
-                needs_write = true;
-                let what = if create_address {
-                    format!("create address {} and queue {}", d.address, d.name)
-                } else {
-                    format!("create queue {}", d.name)
-                };
-                outcome(&n.node_id, endpoint, Outcome::WouldApply, what)
-            }
-            NodeAction::Update { changed } => {
-                needs_write = true;
-                NodeOutcome {
-                    detail: changed.clone(),
-                    ..outcome(
-                        &n.node_id,
-                        endpoint,
-                        Outcome::WouldApply,
-                        format!("update: {}", changed.join(", ")),
-                    )
-                }
-            }
-        });
-    }
-
-    let paused = is_paused(&q.metadata);
-    if paused {
-        conditions::set(
-            &mut status.conditions,
-            PAUSED,
-            true,
-            "Annotated",
-            format!(
-                "{} is \"true\": no broker writes; status.nodes shows what would change",
-                crate::api::PAUSED_ANNOTATION
-            ),
-            generation,
-        );
-    } else {
-        conditions::set(
-            &mut status.conditions,
-            PAUSED,
-            false,
-            "NotPaused",
-            "broker writes allowed",
-            generation,
-        );
-    }
-
-    if !needs_write || paused || q.spec.dry_run {
-        status.nodes = planned;
-    } else {
-        let old = q.status.clone().unwrap_or_default();
-        let command_name =
-            command::apply_or_repair("queue", old.observed_generation, generation, old.last_audit_id);
-        let params = json!({"spec": q.spec, "plan": planned});
-        let d2 = d.clone();
-        let result = command::run(
-            &ctx,
-            q.as_ref(),
-            Scope {
-                cluster_ns: &ns,
-                cluster_name: &cluster,
-                topology: &topology,
-                timeout: rt.request_timeout * 3,
-            },
-            intent(&ctx, &q, &d, &command_name, params),
-            move |t| {
-                let d = d2.clone();
-                async move { apply_on(t, &d).await }
-            },
-        )
-        .await?;
-        status.nodes = result.nodes;
-        status.last_audit_id = Some(result.audit_id);
-    }
-    set_state_conditions(&mut status, generation, q.spec.dry_run || paused);
-    record(&ctx, &q, status).await?;
-    Ok(Action::requeue(rt.poll_interval))
-}
-
-/// Delete on one node (ADR-0084 §3): diverts first, then the queue; never rolled back.
-async fn delete_on(
-    t: Target,
-    d: &DesiredQueue,
-    declared: &BTreeMap<String, String>,
-) -> Result<NodeReport, NodeFailure> {
-    // The preflight, again, for real on this node.
-    let inv = inventory::scrape(&t.management).await?;
-    let (p, dependent) = plan::delete_preview(d, &t.node_id, &inv, declared);
-    if !inv.queues.contains_key(&d.name) {
-        return Ok(NodeReport::new(Outcome::Already, "the queue is not on this node"));
-    }
-    if let (Some(kind), Some(message)) = (p.refusal, p.message.clone()) {
-        return Err(fanout::refuse(kind, message));
+/// Delete on one node (ADR-0084 §3): read fresh again, then the diverts first, then the queue;
+/// never rolled back. Only positive evidence makes a node ALREADY: the fresh read succeeded and
+/// the queue is absent (or not this object's), or the broker answered AMQ229017.
+async fn delete_on(t: Target, d: DesiredQueue, facts: Arc<PlanFacts>) -> Result<NodeReport, NodeFailure> {
+    let inv = read_queue(&t, &d, true).await?;
+    let (p, dependent) = plan::delete_preview(&d, &t.node_id, &inv, &facts);
+    match plan::plan_delete(&d, &inv, &facts) {
+        Step::Nothing { message } => return Ok(NodeReport::new(Outcome::Already, message)),
+        Step::Refuse { kind, message } => return Err(fanout::refuse(kind, message)),
+        Step::Write { .. } => {}
     }
     let mut removed: Vec<String> = vec![];
     for div in &dependent {
@@ -460,157 +158,175 @@ async fn delete_on(
     Ok(NodeReport::new(Outcome::Applied, message).with_detail(removed))
 }
 
-async fn cleanup(q: Arc<ArtemisQueue>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
-    let ns = q.namespace().unwrap_or_default();
-    let d = DesiredQueue::new(&q.name_any(), &q.spec);
-    let generation = q.metadata.generation;
-    let cluster = q.spec.cluster_ref.name.clone();
-    if q.spec.deletion.policy == crate::api::DeletionPolicy::Retain {
-        ctx.event(
-            q.as_ref(),
-            false,
-            "Retained",
-            "queue.delete",
-            format!("deletion policy Retain: queue {} left on the broker", d.name),
-        )
-        .await;
-        return Ok(Action::await_change());
-    }
-    if let Some(winner) = conflict_winner(&ctx, &q, &d).await? {
-        // The queue is the older object's: this one never wrote to it and must not delete it.
-        ctx.event(
-            q.as_ref(),
-            false,
-            "Released",
-            "queue.delete",
-            format!(
-                "queue {} belongs to the older ArtemisQueue {winner}: left on the broker",
-                d.name
-            ),
-        )
-        .await;
-        return Ok(Action::await_change());
-    }
-    let mut status = base_status(&q, &d);
-    let blocked = |status: &mut ArtemisQueueStatus, reason: &str, message: String| {
-        conditions::set(
-            &mut status.conditions,
-            DELETE_BLOCKED,
-            true,
-            reason,
-            message,
-            generation,
-        );
-    };
-    // A fresh poll: the preflight reads every node again, for real.
-    let (rt, topology) = match current_topology(&ctx, &ns, &cluster, Some(Duration::ZERO)).await {
-        Ok(x) => x,
-        Err(e) => {
-            let m = format!(
-                "{e}. To release this object without touching the broker, set spec.deletion.policy: Retain"
-            );
-            blocked(&mut status, "ClusterNotReady", m.clone());
-            record(&ctx, &q, status).await?;
-            return Err(ReconcileError::DeleteRefused(m));
+/// The delete preview from the snapshot (kept current for every object, ADR-0084).
+fn preview(d: &DesiredQueue, topology: &Topology, facts: &PlanFacts) -> DeletePreview {
+    let mut p = DeletePreview::default();
+    for n in &topology.nodes {
+        let Some(inv) = &n.inventory else {
+            if n.is_live() {
+                p.warnings.push(format!(
+                    "{}: inventory unavailable; the delete preflight reads it again",
+                    n.node_id
+                ));
+            } else {
+                p.warnings.push(format!(
+                    "{}: not live; a delete waits for it (the object keeps its finalizer) unless spec.deletion.policy is Retain",
+                    n.node_id
+                ));
+            }
+            continue;
+        };
+        let (np, _) = plan::delete_preview(d, &n.node_id, inv, facts);
+        p.total_messages += plan::owned_message_count(d, inv);
+        if !np.dependent_diverts.is_empty() {
+            p.warnings.push(format!(
+                "{}: {} divert(s) are removed with the queue; a divert in the node's broker.xml comes back at the next restart",
+                n.node_id,
+                np.dependent_diverts.len()
+            ));
         }
-    };
-    let declared = declared_diverts(&ctx, &ns, &cluster).await?;
-    let p = preview(&d, &topology, &rt, &declared);
-    let exceeds = p.exceeds_bulk_cap;
-    let total = p.total_messages;
-    let cap = p.bulk_cap;
-    status.delete_preview = Some(p);
+        p.nodes.push(np);
+    }
+    let (cap, exceeds) = plan::bulk_cap_verdict(
+        p.total_messages,
+        facts.bulk_cap,
+        d.spec.deletion.allow_message_loss,
+    );
+    p.bulk_cap = cap;
+    p.exceeds_bulk_cap = exceeds;
     if exceeds {
-        let m = format!(
-            "BULK_CAP_EXCEEDED: deleting destroys {total} messages, above the bulk cap of {cap}: set spec.deletion.allowMessageLoss: {total} (or more) on this object to accept the loss, or drain the queue first"
-        );
-        blocked(&mut status, "BulkCapExceeded", m.clone());
-        record(&ctx, &q, status).await?;
-        ctx.event(q.as_ref(), true, "DeleteRefused", "queue.delete", m.clone())
-            .await;
-        return Err(ReconcileError::DeleteRefused(m));
+        p.warnings.push(format!(
+            "deleting destroys {} messages, above the bulk cap of {cap}: the delete is refused unless spec.deletion.allowMessageLoss is at least {}",
+            p.total_messages, p.total_messages
+        ));
     }
-    let params = json!({
-        "disconnectConsumers": q.spec.deletion.disconnect_consumers,
-        "allowMessageLoss": q.spec.deletion.allow_message_loss,
-        "removeEmptyAddress": q.spec.deletion.remove_empty_address,
-        "messages": total,
-    });
-    let (d2, decl2) = (d.clone(), declared.clone());
-    let result = command::run(
-        &ctx,
-        q.as_ref(),
-        Scope {
-            cluster_ns: &ns,
-            cluster_name: &cluster,
-            topology: &topology,
-            timeout: rt.request_timeout * 4,
-        },
-        intent(&ctx, &q, &d, "queue.delete", params),
-        move |t| {
-            let (d, decl) = (d2.clone(), decl2.clone());
-            async move { delete_on(t, &d, &decl).await }
-        },
-    )
-    .await?;
-    status.nodes = result.nodes.clone();
-    status.last_audit_id = Some(result.audit_id);
-    status.nodes_summary = Some(fanout::summary(&status.nodes));
-    let failed: Vec<String> = result
-        .nodes
-        .iter()
-        .filter(|n| n.outcome == Outcome::Failed)
-        .map(|n| format!("{}: {}", n.node, n.message))
-        .collect();
-    if !failed.is_empty() {
-        let m = format!(
-            "not deleted everywhere; retried on the resync period: {}",
-            failed.join("; ")
-        );
-        blocked(&mut status, "NodesRefused", m.clone());
-        record(&ctx, &q, status).await?;
-        return Err(ReconcileError::DeleteRefused(m));
-    }
-    let skipped: Vec<String> = result
-        .nodes
-        .iter()
-        .filter(|n| n.outcome == Outcome::SkippedNotLive)
-        .map(|n| n.node.clone())
-        .collect();
-    if !skipped.is_empty() {
-        let m = format!(
-            "deleted on every live node; not live at delete time, so the queue may remain on: {}",
-            skipped.join(", ")
-        );
-        blocked(&mut status, "SkippedNotLive", m.clone());
-        record(&ctx, &q, status).await?;
-        ctx.event(q.as_ref(), true, "SkippedNotLive", "queue.delete", m)
-            .await;
-    }
-    Ok(Action::await_change())
+    p
 }
 
-async fn reconcile(q: Arc<ArtemisQueue>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
-    super::with_finalizer(
-        &ctx,
-        q,
-        FINALIZER,
-        |o| apply(o, ctx.clone()),
-        |o| cleanup(o, ctx.clone()),
-    )
-    .await
-}
+impl TopologyObject for ArtemisQueue {
+    type Desired = DesiredQueue;
+    type Status = ArtemisQueueStatus;
+    const NOUN: &'static str = "queue";
+    const FINALIZER: &'static str = FINALIZER;
 
-fn error_policy(_q: Arc<ArtemisQueue>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {
-    match error {
-        ReconcileError::DeleteRefused(_) => Action::requeue(Duration::from_secs(15)),
-        e => {
-            tracing::warn!(error = %e, "ArtemisQueue reconcile failed");
-            Action::requeue(Duration::from_secs(5))
+    fn cluster_ref(&self) -> &ClusterRef {
+        &self.spec.cluster_ref
+    }
+    fn dry_run(&self) -> bool {
+        self.spec.dry_run
+    }
+    fn deletion_policy(&self) -> DeletionPolicy {
+        self.spec.deletion.policy
+    }
+    fn current_status(&self) -> Option<&ArtemisQueueStatus> {
+        self.status.as_ref()
+    }
+    fn cache(ctx: &Context) -> &Store<Self> {
+        &ctx.caches.queues
+    }
+    fn desired(&self) -> Result<DesiredQueue, String> {
+        DesiredQueue::checked(&kube::ResourceExt::name_any(self), &self.spec)
+    }
+    fn claim(d: &DesiredQueue) -> String {
+        format!("queue {}", d.name)
+    }
+    fn audit_target(d: &DesiredQueue) -> String {
+        format!("queue {} (address {}, {})", d.name, d.address, d.routing_type)
+    }
+    fn apply_params(&self, _d: &DesiredQueue) -> Value {
+        json!({"spec": self.spec})
+    }
+    fn delete_params(&self, _d: &DesiredQueue) -> Value {
+        json!({
+            "disconnectConsumers": self.spec.deletion.disconnect_consumers,
+            "allowMessageLoss": self.spec.deletion.allow_message_loss,
+            "removeEmptyAddress": self.spec.deletion.remove_empty_address,
+        })
+    }
+
+    fn plan_apply(d: &DesiredQueue, inv: &NodeInventory) -> Step {
+        match plan::plan_node(d, inv) {
+            NodeAction::Converged => Step::Nothing {
+                message: "exists; configuration matches".into(),
+            },
+            NodeAction::Refuse { kind, message } => Step::Refuse { kind, message },
+            NodeAction::Create { create_address, .. } => Step::Write {
+                what: if create_address {
+                    format!("create address {} and queue {}", d.address, d.name)
+                } else {
+                    format!("create queue {}", d.name)
+                },
+                detail: vec![],
+            },
+            NodeAction::Update { changed } => Step::Write {
+                what: format!("update: {}", changed.join(", ")),
+                detail: changed,
+            },
+        }
+    }
+
+    fn plan_delete(d: &DesiredQueue, inv: &NodeInventory, facts: &PlanFacts) -> Step {
+        plan::plan_delete(d, inv, facts)
+    }
+
+    async fn read_fresh(
+        t: &Target,
+        d: &DesiredQueue,
+        for_delete: bool,
+    ) -> Result<NodeInventory, BrokerError> {
+        read_queue(t, d, for_delete).await
+    }
+
+    /// The bulk cap (ADR-0049, ADR-0084 §7) on the fresh counts of every node read.
+    fn refuse_delete(
+        &self,
+        d: &DesiredQueue,
+        fresh: &BTreeMap<String, Arc<NodeInventory>>,
+        facts: &PlanFacts,
+    ) -> Option<WholeRefusal> {
+        let total: u64 = fresh.values().map(|inv| plan::owned_message_count(d, inv)).sum();
+        let (cap, exceeds) =
+            plan::bulk_cap_verdict(total, facts.bulk_cap, d.spec.deletion.allow_message_loss);
+        exceeds.then(|| WholeRefusal {
+            reason: "BulkCapExceeded",
+            message: format!(
+                "BULK_CAP_EXCEEDED: deleting destroys {total} messages, above the bulk cap of {cap}: set spec.deletion.allowMessageLoss: {total} (or more) on this object to accept the loss, or drain the queue first"
+            ),
+        })
+    }
+
+    async fn apply_on(t: Target, d: DesiredQueue) -> Result<NodeReport, NodeFailure> {
+        apply_on(t, d).await
+    }
+
+    async fn delete_on(t: Target, d: DesiredQueue, facts: Arc<PlanFacts>) -> Result<NodeReport, NodeFailure> {
+        delete_on(t, d, facts).await
+    }
+
+    fn status(&self, pass: &Pass<'_, Self>) -> ArtemisQueueStatus {
+        let old = self.status.clone().unwrap_or_default();
+        let delete_preview = match (pass.desired, pass.topology, pass.facts) {
+            (Some(d), Some(t), Some(f)) => Some(preview(d, t, f)),
+            _ => old.delete_preview,
+        };
+        ArtemisQueueStatus {
+            observed_generation: pass.generation,
+            conditions: pass.conditions.clone(),
+            queue_name: pass.desired.map(|d| d.name.clone()).or(old.queue_name),
+            nodes_summary: Some(fanout::summary(&pass.nodes)),
+            nodes: pass.nodes.clone(),
+            delete_preview,
+            last_audit_id: pass.last_audit_id,
         }
     }
 }
 
 pub async fn run(ctx: Arc<Context>, api: Api<ArtemisQueue>) {
-    super::run_controller(api, ctx, reconcile, error_policy).await;
+    super::run_controller(
+        api,
+        ctx,
+        pipeline::reconcile::<ArtemisQueue>,
+        pipeline::error_policy::<ArtemisQueue>,
+    )
+    .await;
 }

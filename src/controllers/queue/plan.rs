@@ -2,13 +2,36 @@
 //! judgement lives here — the read-overlay-send merge (ADR-0049), the routing-type refusal, the
 //! dependent-divert analysis, the consumer check and the bulk cap (ADR-0084).
 
-use std::collections::BTreeMap;
-
 use serde_json::{Value, json};
 
+use crate::api::cluster::DeclarationMode;
 use crate::api::queue::{ArtemisQueueSpec, DivertImpact, NodeDeletePreview};
 use crate::api::{CAPTURE_PREFIX, RefusalKind};
+use crate::controllers::pipeline::{PlanFacts, Step};
 use crate::topology::inventory::{DivertInfo, NodeInventory, QueueInfo};
+
+/// Artemis's wildcard characters (`#` any words, `*` one word): a queue or address named with
+/// one would be a pattern to every management call that matches by name.
+pub const WILDCARD_CHARACTERS: [char; 2] = ['#', '*'];
+
+/// The naming rules every broker name of ours obeys (admission checks the same with CEL; this
+/// catches objects admitted before a rule existed). `field` names the field to fix.
+pub fn check_broker_name(field: &str, value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Err(format!("{field} is empty: name the broker object"));
+    }
+    if let Some(c) = value.chars().find(|c| WILDCARD_CHARACTERS.contains(c)) {
+        return Err(format!(
+            "{field} '{value}' contains '{c}', an Artemis wildcard character: management calls would treat it as a pattern. Choose a name without '#' or '*'"
+        ));
+    }
+    if value.starts_with(CAPTURE_PREFIX) {
+        return Err(format!(
+            "{field} '{value}': the prefix {CAPTURE_PREFIX} is reserved for capture subscriptions (ADR-0079 D3); choose another name"
+        ));
+    }
+    Ok(())
+}
 
 /// The queue a spec asks for, with its broker names resolved.
 #[derive(Clone, Debug, PartialEq)]
@@ -20,6 +43,7 @@ pub struct DesiredQueue {
 }
 
 impl DesiredQueue {
+    /// The broker names of a spec (no checks: for comparing claims and in tests).
     pub fn new(object_name: &str, spec: &ArtemisQueueSpec) -> Self {
         let name = spec.name.clone().unwrap_or_else(|| object_name.to_string());
         let address = spec.address.clone().unwrap_or_else(|| name.clone());
@@ -29,6 +53,30 @@ impl DesiredQueue {
             routing_type: spec.routing_type.as_broker(),
             spec: spec.clone(),
         }
+    }
+
+    /// The broker names of a spec, checked against the naming rules.
+    pub fn checked(object_name: &str, spec: &ArtemisQueueSpec) -> Result<Self, String> {
+        let d = DesiredQueue::new(object_name, spec);
+        let name_field = if spec.name.is_some() {
+            "spec.name"
+        } else {
+            "metadata.name"
+        };
+        check_broker_name(name_field, &d.name)?;
+        let address_field = if spec.address.is_some() {
+            "spec.address"
+        } else {
+            name_field
+        };
+        check_broker_name(address_field, &d.address)?;
+        Ok(d)
+    }
+
+    /// The queue on a node is this object's only when its address and routing type are the
+    /// spec's too: a name alone may be another application's queue.
+    pub fn owns(&self, q: &QueueInfo) -> bool {
+        q.address == self.address && q.routing_type == self.routing_type
     }
 }
 
@@ -57,9 +105,11 @@ pub fn create_document(d: &DesiredQueue) -> Value {
     doc
 }
 
-/// The broker's current configuration of a queue as a QueueConfiguration document.
+/// The broker's current configuration of a queue as a QueueConfiguration document. Fields the
+/// broker does not report are left out: they are unknown, never compared (no write loop on a
+/// value that cannot be read back), and sent only when the spec sets them.
 pub fn current_document(q: &QueueInfo) -> Value {
-    json!({
+    let mut doc = json!({
         "name": q.name,
         "address": q.address,
         "routing-type": q.routing_type,
@@ -69,20 +119,31 @@ pub fn current_document(q: &QueueInfo) -> Value {
         "exclusive": q.exclusive,
         "last-value": q.last_value,
         "last-value-key": q.last_value_key,
-        "non-destructive": q.non_destructive,
         "purge-on-no-consumers": q.purge_on_no_consumers,
         "enabled": q.enabled,
         "consumers-before-dispatch": q.consumers_before_dispatch,
         "delay-before-dispatch": q.delay_before_dispatch,
-        "consumer-priority": q.consumer_priority,
         "ring-size": q.ring_size,
         "group-rebalance": q.group_rebalance,
         "group-buckets": q.group_buckets,
         "group-first-key": q.group_first_key,
         "auto-delete": q.auto_delete,
-        "auto-delete-delay": q.auto_delete_delay,
-        "auto-delete-message-count": q.auto_delete_message_count,
-    })
+    });
+    if let Some(obj) = doc.as_object_mut() {
+        if let Some(v) = q.non_destructive {
+            obj.insert("non-destructive".into(), Value::from(v));
+        }
+        for (k, v) in [
+            ("consumer-priority", q.consumer_priority),
+            ("auto-delete-delay", q.auto_delete_delay),
+            ("auto-delete-message-count", q.auto_delete_message_count),
+        ] {
+            if let Some(v) = v {
+                obj.insert(k.into(), Value::from(v));
+            }
+        }
+    }
+    doc
 }
 
 /// Overlay the fields the spec sets onto a document (ADR-0049: the merge lives in one place).
@@ -120,7 +181,8 @@ pub fn overlay(doc: &mut Value, s: &ArtemisQueueSpec) {
     );
 }
 
-/// Fields whose value differs between two documents (null and "" are the same absence).
+/// Fields whose value differs between two documents (null and "" are the same absence). A field
+/// the current document does not have is unknown (the broker does not report it): not compared.
 pub fn differing_fields(current: &Value, desired: &Value) -> Vec<String> {
     let absent = |v: Option<&Value>| matches!(v, None | Some(Value::Null)) || v == Some(&Value::from(""));
     let (Some(c), Some(d)) = (current.as_object(), desired.as_object()) else {
@@ -129,8 +191,8 @@ pub fn differing_fields(current: &Value, desired: &Value) -> Vec<String> {
     let mut out: Vec<String> = d
         .iter()
         .filter(|(k, dv)| {
-            let cv = c.get(*k);
-            !(cv == Some(dv) || (absent(cv) && absent(Some(dv))))
+            let Some(cv) = c.get(*k) else { return false };
+            !(cv == *dv || (absent(Some(cv)) && absent(Some(dv))))
         })
         .map(|(k, _)| k.clone())
         .collect();
@@ -147,6 +209,15 @@ pub fn update_document(current: &QueueInfo, spec: &ArtemisQueueSpec) -> Value {
 
 /// Decide what one node needs, from its inventory.
 pub fn plan_node(d: &DesiredQueue, inv: &NodeInventory) -> NodeAction {
+    if let Some(why) = inv.unreadable_queues.get(&d.name) {
+        return NodeAction::Refuse {
+            kind: RefusalKind::BadResponse,
+            message: format!(
+                "queue {} could not be read on this node ({why}): nothing is written on a guess; read again at the next poll",
+                d.name
+            ),
+        };
+    }
     match inv.queues.get(&d.name) {
         None => NodeAction::Create {
             create_address: !inv.addresses.contains_key(&d.address),
@@ -182,9 +253,10 @@ pub fn divert_impact(
     queue: &str,
     address: &str,
     inv: &NodeInventory,
-    declared: &BTreeMap<String, String>,
+    facts: &PlanFacts,
 ) -> (Vec<(DivertInfo, DivertImpact)>, Vec<DivertImpact>) {
-    let last_queue_on_address = inv.queues_on(address).all(|q| q.name == queue);
+    let declared = &facts.declared_diverts;
+    let last_queue_on_address = inv.queue_names_on(address).iter().all(|q| q == queue);
     let mut removed = vec![];
     let mut kept = vec![];
     for d in inv.diverts.values() {
@@ -209,9 +281,14 @@ pub fn divert_impact(
                 "removed with the queue: it forwards into {address} and this is the last queue bound there. If this divert is in the node's broker.xml, the broker creates it again at the next restart and the queue can come back with it"
             );
             if let Some(by) = declared.get(&d.name) {
-                note.push_str(&format!(
-                    ". Declared by ArtemisDivert {by}: the ArtemisDivert will act again; remove it from the declaration"
-                ));
+                note.push_str(&match facts.declaration_mode {
+                    DeclarationMode::StudioManaged => format!(
+                        ". Declared by ArtemisDivert {by}: the removal does not stick — its next pass acts on the declaration again (it re-creates the divert if a queue is declared at {address}, otherwise it is refused with \"Nothing consumes at {address}\"); remove the ArtemisDivert"
+                    ),
+                    DeclarationMode::ConfigManaged => format!(
+                        ". Declared by ArtemisDivert {by} and the cluster is ConfigManaged: the broker.xml rendered from the declaration still carries the divert, so the next deployment and restart bring it back; remove it from the declaration"
+                    ),
+                });
             }
             removed.push((d.clone(), impact(note)));
         } else if d.address == address {
@@ -223,24 +300,43 @@ pub fn divert_impact(
     (removed, kept)
 }
 
-/// The delete preflight of one node (ADR-0084 §1, §6), from an inventory.
+/// The delete preflight of one node (ADR-0084 §1, §6), from an inventory. The dependent
+/// diverts come back too; a queue that is not this object's (another address or routing type)
+/// is named and left alone.
 pub fn delete_preview(
     d: &DesiredQueue,
     node: &str,
     inv: &NodeInventory,
-    declared: &BTreeMap<String, String>,
+    facts: &PlanFacts,
 ) -> (NodeDeletePreview, Vec<DivertInfo>) {
-    let Some(q) = inv.queues.get(&d.name) else {
-        return (
+    let nothing = |message: String| {
+        (
             NodeDeletePreview {
                 node: node.into(),
-                message: Some("the queue is not on this node: nothing to delete (ALREADY)".into()),
+                message: Some(message),
                 ..Default::default()
             },
             vec![],
-        );
+        )
     };
-    let (removed, kept) = divert_impact(&d.name, &d.address, inv, declared);
+    if let Some(why) = inv.unreadable_queues.get(&d.name) {
+        let (mut p, v) = nothing(format!(
+            "queue {} could not be read on this node ({why}): nothing is destroyed on a guess",
+            d.name
+        ));
+        p.refusal = Some(RefusalKind::BadResponse);
+        return (p, v);
+    }
+    let Some(q) = inv.queues.get(&d.name) else {
+        return nothing("the queue is not on this node: nothing to delete (ALREADY)".into());
+    };
+    if !d.owns(q) {
+        return nothing(format!(
+            "queue {} on this node is on address {} as {}, not this object's ({} on {}): a delete leaves it in place",
+            d.name, q.address, q.routing_type, d.routing_type, d.address
+        ));
+    }
+    let (removed, kept) = divert_impact(&d.name, &d.address, inv, facts);
     let (refusal, message) = if q.consumer_count > 0 && !d.spec.deletion.disconnect_consumers {
         (
             Some(RefusalKind::HasConsumers),
@@ -272,7 +368,44 @@ pub fn delete_preview(
     (preview, removed.into_iter().map(|(d, _)| d).collect())
 }
 
-/// The bulk cap (ADR-0049, ADR-0022): the summed MessageCount against the cap or the override.
+/// What deleting needs on one node, from its (fresh) inventory.
+pub fn plan_delete(d: &DesiredQueue, inv: &NodeInventory, facts: &PlanFacts) -> Step {
+    let (p, dependent) = delete_preview(d, "", inv, facts);
+    let owned = inv.queues.get(&d.name).is_some_and(|q| d.owns(q));
+    match (p.refusal, owned) {
+        (Some(kind), _) => Step::Refuse {
+            kind,
+            message: p.message.unwrap_or_default(),
+        },
+        (None, false) => Step::Nothing {
+            message: p.message.unwrap_or_default(),
+        },
+        (None, true) => Step::Write {
+            what: format!(
+                "delete queue {} ({} message(s), {} consumer(s), {} dependent divert(s))",
+                d.name,
+                p.message_count,
+                p.consumer_count,
+                dependent.len()
+            ),
+            detail: dependent
+                .iter()
+                .map(|x| format!("removes divert {}", x.name))
+                .collect(),
+        },
+    }
+}
+
+/// Messages a delete would destroy on one node: only a queue this object owns counts.
+pub fn owned_message_count(d: &DesiredQueue, inv: &NodeInventory) -> u64 {
+    inv.queues
+        .get(&d.name)
+        .filter(|q| d.owns(q))
+        .map_or(0, |q| q.message_count)
+}
+
+/// The bulk cap (ADR-0049, ADR-0022): the summed MessageCount against the cap. `allowMessageLoss`
+/// is the most messages this one delete may destroy in total: it raises the cap, never lowers it.
 pub fn bulk_cap_verdict(
     total_messages: u64,
     cluster_cap: u64,
@@ -298,6 +431,8 @@ pub fn divert_document(d: &DivertInfo) -> Value {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
     use crate::api::queue::QueueRoutingType;
 
@@ -366,7 +501,7 @@ mod tests {
     fn an_update_sends_the_whole_document_with_unmentioned_fields_kept() {
         let mut q = queue("orders", "orders", "ANYCAST");
         q.filter = Some("old=1".into());
-        q.consumer_priority = 7;
+        q.consumer_priority = Some(7);
         let s = spec(json!({"clusterRef": {"name": "c"}, "filter": "new=1"}));
         let d = DesiredQueue::new("orders", &s);
         assert_eq!(
@@ -426,12 +561,31 @@ mod tests {
             divert("out", "target", "elsewhere"),
             divert(&format!("{CAPTURE_PREFIX}studio.target.sub"), "target", "cap"),
         ];
-        let declared = BTreeMap::from([("into".to_string(), "ns/into".to_string())]);
-        let (removed, kept) = divert_impact("target", "target", &inv(queues, diverts.clone()), &declared);
+        let facts = PlanFacts {
+            declared_diverts: BTreeMap::from([("into".to_string(), "ns/into".to_string())]),
+            ..Default::default()
+        };
+        let (removed, kept) = divert_impact("target", "target", &inv(queues, diverts.clone()), &facts);
         assert_eq!(removed.len(), 1);
         assert_eq!(removed[0].0.name, "into");
         assert!(removed[0].1.note.contains("broker.xml"));
-        assert!(removed[0].1.note.contains("will act again"));
+        assert!(removed[0].1.note.contains("does not stick"));
+        let config_managed = PlanFacts {
+            declaration_mode: DeclarationMode::ConfigManaged,
+            ..facts.clone()
+        };
+        let (removed_cm, _) = divert_impact(
+            "target",
+            "target",
+            &inv(vec![queue("target", "target", "ANYCAST")], diverts.clone()),
+            &config_managed,
+        );
+        assert!(
+            removed_cm[0]
+                .1
+                .note
+                .contains("broker.xml rendered from the declaration")
+        );
         assert_eq!(removed[0].1.declared_by.as_deref(), Some("ns/into"));
         let kept_names: Vec<&str> = kept.iter().map(|k| k.name.as_str()).collect();
         assert!(kept_names.contains(&"out"));
@@ -442,7 +596,7 @@ mod tests {
             queue("target", "target", "ANYCAST"),
             queue("other", "target", "ANYCAST"),
         ];
-        let (removed, _) = divert_impact("target", "target", &inv(queues, diverts), &BTreeMap::new());
+        let (removed, _) = divert_impact("target", "target", &inv(queues, diverts), &PlanFacts::default());
         assert!(removed.is_empty());
     }
 
@@ -452,7 +606,7 @@ mod tests {
         q.consumer_count = 2;
         q.message_count = 5;
         let d = DesiredQueue::new("orders", &spec(json!({"clusterRef": {"name": "c"}})));
-        let (p, _) = delete_preview(&d, "n1", &inv(vec![q.clone()], vec![]), &BTreeMap::new());
+        let (p, _) = delete_preview(&d, "n1", &inv(vec![q.clone()], vec![]), &PlanFacts::default());
         assert_eq!(p.refusal, Some(RefusalKind::HasConsumers));
         assert!(
             p.message
@@ -463,9 +617,71 @@ mod tests {
             "orders",
             &spec(json!({"clusterRef": {"name": "c"}, "deletion": {"disconnectConsumers": true}})),
         );
-        let (p, _) = delete_preview(&d, "n1", &inv(vec![q], vec![]), &BTreeMap::new());
+        let (p, _) = delete_preview(&d, "n1", &inv(vec![q], vec![]), &PlanFacts::default());
         assert_eq!(p.refusal, None);
         assert_eq!(p.message_count, 5);
+    }
+
+    #[test]
+    fn a_queue_of_the_same_name_on_another_address_or_routing_type_is_never_deleted() {
+        let d = DesiredQueue::new(
+            "orders",
+            &spec(json!({"clusterRef": {"name": "c"}, "routingType": "ANYCAST"})),
+        );
+        let mut q = queue("orders", "orders", "MULTICAST");
+        q.message_count = 9;
+        let i = inv(vec![q], vec![]);
+        assert!(matches!(
+            plan_delete(&d, &i, &PlanFacts::default()),
+            Step::Nothing { .. }
+        ));
+        assert_eq!(owned_message_count(&d, &i), 0);
+        let i = inv(vec![queue("orders", "elsewhere", "ANYCAST")], vec![]);
+        assert!(matches!(
+            plan_delete(&d, &i, &PlanFacts::default()),
+            Step::Nothing { .. }
+        ));
+        let i = inv(vec![queue("orders", "orders", "ANYCAST")], vec![]);
+        assert!(matches!(
+            plan_delete(&d, &i, &PlanFacts::default()),
+            Step::Write { .. }
+        ));
+    }
+
+    #[test]
+    fn an_unreadable_queue_is_neither_written_nor_destroyed() {
+        let d = DesiredQueue::new("orders", &spec(json!({"clusterRef": {"name": "c"}})));
+        let mut i = NodeInventory::default();
+        i.unreadable_queues
+            .insert("orders".into(), "attribute MessageCount is not a count".into());
+        assert!(matches!(
+            plan_delete(&d, &i, &PlanFacts::default()),
+            Step::Refuse {
+                kind: RefusalKind::BadResponse,
+                ..
+            }
+        ));
+        assert!(matches!(
+            plan_node(&d, &i),
+            NodeAction::Refuse {
+                kind: RefusalKind::BadResponse,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn names_with_wildcards_or_the_capture_prefix_are_refused() {
+        let ok = DesiredQueue::checked("orders", &spec(json!({"clusterRef": {"name": "c"}})));
+        assert!(ok.is_ok());
+        for (object, s) in [
+            ("x", json!({"clusterRef": {"name": "c"}, "name": "orders.*"})),
+            ("x", json!({"clusterRef": {"name": "c"}, "address": "orders.#"})),
+            ("artemis-studio.capture.x", json!({"clusterRef": {"name": "c"}})),
+        ] {
+            let e = DesiredQueue::checked(object, &spec(s)).expect_err("refused");
+            assert!(e.contains("name") || e.contains("address"), "{e}");
+        }
     }
 
     #[test]

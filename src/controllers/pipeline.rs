@@ -1,0 +1,1014 @@
+//! The reconcile pipeline of every kind that keeps one broker object on every live node
+//! (ArtemisQueue, ArtemisDivert), for apply **and** delete:
+//!
+//! ```text
+//! dereference → plan (pure) → preflight + execute (per node) → status (pure) → report
+//! ```
+//!
+//! A kind implements [`TopologyObject`]: its names, its pure per-node plan, its per-node
+//! execute (a fresh read of only the objects it writes, a re-plan on that read, then the write)
+//! and its status. Every rule that must hold whatever the kind lives here, once:
+//!
+//! - no broker write without the ArtemisCluster object and its credentials Secret;
+//! - `dryRun` and the paused annotation never write — on delete either (the broker is left as
+//!   it is, and an Event says so);
+//! - of two objects claiming one broker object on one *broker* cluster (judged by node IDs, not
+//!   by namespace), the oldest wins; the other never writes and its delete touches nothing;
+//! - a delete releases its finalizer only when no node may still hold what the object owned: a
+//!   node not live, timed out or failed keeps it, with a condition naming the node and how to
+//!   release the object anyway (`spec.deletion.policy: Retain`);
+//! - a delete whose cluster does not exist says how to proceed, and an object that never reached
+//!   any cluster is released at once (it never wrote anything).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
+use serde_json::Value;
+
+use super::cluster::{ClusterRuntime, current_topology};
+use super::command::{self, Scope};
+use super::{Context, ReconcileError, StatusConditions, actor_of, conditions, is_paused, key};
+use crate::api::cluster::{ArtemisCluster, DeclarationMode};
+use crate::api::{ClusterRef, Condition, DeletionPolicy, NodeOutcome, Outcome, RefusalKind};
+use crate::fanout::{self, NodeFailure, NodeReport, Target};
+use crate::store::AuditIntent;
+use crate::topology::inventory::NodeInventory;
+use crate::topology::{LogicalNode, Topology};
+
+pub const PAUSED: &str = "Paused";
+pub const DELETE_BLOCKED: &str = "DeleteBlocked";
+
+/// What one node needs, decided by a pure plan.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// Already in the requested state: nothing to send.
+    Nothing { message: String },
+    /// A write is needed; `what` says which, `detail` the fields or objects concerned.
+    Write { what: String, detail: Vec<String> },
+    /// The node refuses (the operator decided, on the broker's behalf): nothing is sent.
+    Refuse { kind: RefusalKind, message: String },
+}
+
+/// What the plans of a kind may need besides the node's inventory: the declaration ADR-0084 §2
+/// checks dependent diverts against, and the cluster's declaration mode.
+#[derive(Clone, Debug, Default)]
+pub struct PlanFacts {
+    /// Broker divert name → the ArtemisDivert (`namespace/name`) that declares it on this
+    /// broker cluster.
+    pub declared_diverts: BTreeMap<String, String>,
+    pub declaration_mode: DeclarationMode,
+    pub bulk_cap: u64,
+}
+
+/// A delete refused as a whole before anything is sent (e.g. the bulk cap).
+#[derive(Clone, Debug)]
+pub struct WholeRefusal {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// A kind that keeps one broker object on every live node.
+pub trait TopologyObject:
+    Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+    + Clone
+    + std::fmt::Debug
+    + serde::Serialize
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+    /// The broker object the spec asks for, with its names resolved.
+    type Desired: Clone + Send + Sync + 'static;
+    type Status: StatusConditions + Send + Sync;
+
+    /// `queue`, `divert`: the prefix of command names and of messages.
+    const NOUN: &'static str;
+    const FINALIZER: &'static str;
+
+    fn cluster_ref(&self) -> &ClusterRef;
+    fn dry_run(&self) -> bool;
+    fn deletion_policy(&self) -> DeletionPolicy;
+    fn current_status(&self) -> Option<&Self::Status>;
+    /// The reflector store of this kind (conflicts are judged from memory, never a LIST).
+    fn cache(ctx: &Context) -> &Store<Self>;
+
+    /// The broker object, or why the spec cannot name one (the same rules as admission, for
+    /// objects admitted before a rule existed).
+    fn desired(&self) -> Result<Self::Desired, String>;
+    /// What two objects must not both claim on one broker cluster.
+    fn claim(d: &Self::Desired) -> String;
+    /// The broker object as the audit row names it.
+    fn audit_target(d: &Self::Desired) -> String;
+    fn apply_params(&self, d: &Self::Desired) -> Value;
+    fn delete_params(&self, d: &Self::Desired) -> Value;
+
+    /// plan (pure): what one node needs for the spec, from the node's inventory.
+    fn plan_apply(d: &Self::Desired, inv: &NodeInventory) -> Step;
+    /// plan (pure): what deleting needs on one node. Ownership lives here: a broker object that
+    /// is not this object's (another address, routing type or routing name) is `Nothing`.
+    fn plan_delete(d: &Self::Desired, inv: &NodeInventory, facts: &PlanFacts) -> Step;
+    /// The fresh read a preflight makes on a node: only what the command touches (for a
+    /// delete, also what goes with it: dependent diverts).
+    fn read_fresh(
+        t: &Target,
+        d: &Self::Desired,
+        for_delete: bool,
+    ) -> impl Future<Output = Result<NodeInventory, crate::broker::BrokerError>> + Send;
+    /// A refusal of the delete as a whole, from every node's fresh read (the bulk cap).
+    fn refuse_delete(
+        &self,
+        d: &Self::Desired,
+        fresh: &BTreeMap<String, Arc<NodeInventory>>,
+        facts: &PlanFacts,
+    ) -> Option<WholeRefusal>;
+
+    /// execute on one node: read fresh, re-plan, write, verify.
+    fn apply_on(t: Target, d: Self::Desired) -> impl Future<Output = Result<NodeReport, NodeFailure>> + Send;
+    fn delete_on(
+        t: Target,
+        d: Self::Desired,
+        facts: Arc<PlanFacts>,
+    ) -> impl Future<Output = Result<NodeReport, NodeFailure>> + Send;
+
+    /// status (pure): the kind's status document from the pass.
+    fn status(&self, pass: &Pass<'_, Self>) -> Self::Status;
+}
+
+/// Everything a status is computed from.
+pub struct Pass<'a, K: TopologyObject> {
+    pub generation: Option<i64>,
+    pub conditions: Vec<Condition>,
+    pub desired: Option<&'a K::Desired>,
+    pub nodes: Vec<NodeOutcome>,
+    pub last_audit_id: Option<i64>,
+    /// The cluster's snapshot, when it was reached (for previews).
+    pub topology: Option<&'a Topology>,
+    pub facts: Option<&'a PlanFacts>,
+}
+
+/// Why an object cannot reach its cluster now.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum DereferenceError {
+    #[error(
+        "ArtemisCluster {0} does not exist: create it (and its credentials Secret), or point spec.clusterRef at an existing one"
+    )]
+    ClusterNotFound(String),
+    #[error("ArtemisCluster {0} is not reachable yet: {1}")]
+    ClusterNotReady(String, String),
+    #[error("ArtemisCluster {0}: {1}")]
+    CredentialsMissing(String, String),
+}
+
+impl DereferenceError {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            DereferenceError::ClusterNotFound(_) => "ClusterNotFound",
+            DereferenceError::ClusterNotReady(..) => "ClusterNotReady",
+            DereferenceError::CredentialsMissing(..) => "CredentialsMissing",
+        }
+    }
+}
+
+/// What a reconcile needs, read from caches and the cluster's snapshot.
+pub struct Dereferenced {
+    pub cluster_key: String,
+    pub rt: Arc<ClusterRuntime>,
+    pub topology: Arc<Topology>,
+    pub facts: PlanFacts,
+}
+
+/// How a pass may act on the broker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
+    Write,
+    DryRun,
+    Paused,
+}
+
+impl Gate {
+    fn of<K: TopologyObject>(obj: &K) -> Gate {
+        if obj.dry_run() {
+            Gate::DryRun
+        } else if is_paused(obj.meta()) {
+            Gate::Paused
+        } else {
+            Gate::Write
+        }
+    }
+}
+
+/// The ArtemisCluster the object names must exist in the cache; its runtime must be resolved.
+/// A cluster object that is gone also drops its runtime: nothing keeps writing with cached
+/// credentials.
+pub fn dereference_cluster(
+    ctx: &Context,
+    ns: &str,
+    cluster: &ClusterRef,
+) -> Result<Arc<ClusterRuntime>, DereferenceError> {
+    let k = key(ns, &cluster.name);
+    let exists = ctx
+        .caches
+        .clusters
+        .get(&ObjectRef::<ArtemisCluster>::new(&cluster.name).within(ns))
+        .is_some_and(|c| c.meta().deletion_timestamp.is_none());
+    if !exists {
+        ctx.clusters.remove(&k);
+        ctx.topologies.remove(&k);
+        return Err(DereferenceError::ClusterNotFound(k));
+    }
+    ctx.clusters.get(&k).ok_or_else(|| {
+        let why = ctx
+            .caches
+            .clusters
+            .get(&ObjectRef::<ArtemisCluster>::new(&cluster.name).within(ns))
+            .and_then(|c| {
+                c.status.as_ref().and_then(|s| {
+                    s.conditions
+                        .iter()
+                        .find(|c| c.type_ == conditions::READY)
+                        .map(|c| format!("{} ({})", c.message, c.reason))
+                })
+            })
+            .unwrap_or_else(|| "it has not been polled yet".into());
+        DereferenceError::ClusterNotReady(k.clone(), why)
+    })
+}
+
+/// Read the credentials Secret right before a command: a Secret deleted since the cluster was
+/// polled stops every write (its cached copy is never used on its own).
+pub async fn ensure_credentials(ctx: &Context, ns: &str, cluster: &str) -> Result<(), DereferenceError> {
+    let k = key(ns, cluster);
+    let c = ctx
+        .caches
+        .clusters
+        .get(&ObjectRef::<ArtemisCluster>::new(cluster).within(ns))
+        .ok_or_else(|| DereferenceError::ClusterNotFound(k.clone()))?;
+    let creds = &c.spec.credentials;
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(ctx.client.clone(), ns);
+    let secret = secrets.get_opt(&creds.secret_name).await.map_err(|e| {
+        DereferenceError::CredentialsMissing(
+            k.clone(),
+            format!("cannot read Secret {ns}/{}: {e}", creds.secret_name),
+        )
+    })?;
+    let has = |key: &str| {
+        secret
+            .as_ref()
+            .and_then(|s| s.data.as_ref())
+            .is_some_and(|d| d.contains_key(key))
+    };
+    if secret.is_none() {
+        ctx.clusters.remove(&k);
+        return Err(DereferenceError::CredentialsMissing(
+            k,
+            format!(
+                "its credentials Secret {ns}/{} does not exist: nothing is written to the brokers without it; recreate the Secret",
+                creds.secret_name
+            ),
+        ));
+    }
+    if !has(&creds.username_key) || !has(&creds.password_key) {
+        return Err(DereferenceError::CredentialsMissing(
+            k,
+            format!(
+                "Secret {ns}/{} lacks key '{}' or '{}'",
+                creds.secret_name, creds.username_key, creds.password_key
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The ArtemisDivert objects declaring diverts on the same broker cluster (from the cache).
+fn declared_diverts(ctx: &Context, cluster_key: &str) -> BTreeMap<String, String> {
+    ctx.caches
+        .diverts
+        .state()
+        .iter()
+        .filter(|d| ctx.watches(&d.namespace().unwrap_or_default()))
+        .filter(|d| {
+            let other = key(&d.namespace().unwrap_or_default(), &d.spec.cluster_ref.name);
+            same_brokers(ctx, cluster_key, &other) == Some(true)
+        })
+        .map(|d| {
+            (
+                d.spec.name.clone().unwrap_or_else(|| d.name_any()),
+                key(&d.namespace().unwrap_or_default(), &d.name_any()),
+            )
+        })
+        .collect()
+}
+
+/// Whether two ArtemisClusters reach the same brokers: the same object, or topologies that share
+/// a broker node ID. None when one of them has no topology yet.
+pub fn same_brokers(ctx: &Context, a: &str, b: &str) -> Option<bool> {
+    if a == b {
+        return Some(true);
+    }
+    let (ta, tb) = (ctx.topologies.get(a)?, ctx.topologies.get(b)?);
+    let ids: BTreeSet<&str> = ta.nodes.iter().map(|n| n.node_id.as_str()).collect();
+    Some(tb.nodes.iter().any(|n| ids.contains(n.node_id.as_str())))
+}
+
+/// Two objects claiming one broker object on one broker cluster: the oldest wins (creation
+/// time, then namespace/name). `Some(winner)` when this object is not the winner. An older
+/// claimant whose cluster has no topology yet counts as a winner until it is known.
+pub fn conflict_winner<K: TopologyObject>(
+    ctx: &Context,
+    obj: &K,
+    d: &K::Desired,
+    cluster_key: &str,
+) -> Option<String> {
+    let claim = K::claim(d);
+    let order = |o: &K| {
+        (
+            o.meta().creation_timestamp.clone().map(|t| t.0),
+            o.namespace().unwrap_or_default(),
+            o.name_any(),
+        )
+    };
+    let mine = order(obj);
+    K::cache(ctx)
+        .state()
+        .iter()
+        .filter(|o| o.uid() != obj.uid())
+        .filter(|o| ctx.watches(&o.namespace().unwrap_or_default()))
+        .filter(|o| o.desired().is_ok_and(|od| K::claim(&od) == claim))
+        .filter(|o| {
+            let other = key(&o.namespace().unwrap_or_default(), &o.cluster_ref().name);
+            same_brokers(ctx, cluster_key, &other) != Some(false)
+        })
+        .filter(|o| order(o) < mine)
+        .min_by_key(|o| order(o))
+        .map(|w| key(&w.namespace().unwrap_or_default(), &w.name_any()))
+}
+
+fn dereference<K: TopologyObject>(
+    ctx: &Context,
+    obj: &K,
+) -> Result<(Arc<ClusterRuntime>, String), DereferenceError> {
+    let ns = obj.namespace().unwrap_or_default();
+    let rt = dereference_cluster(ctx, &ns, obj.cluster_ref())?;
+    Ok((rt, key(&ns, &obj.cluster_ref().name)))
+}
+
+fn facts(ctx: &Context, cluster_key: &str, rt: &ClusterRuntime) -> PlanFacts {
+    PlanFacts {
+        declared_diverts: declared_diverts(ctx, cluster_key),
+        declaration_mode: rt.declaration_mode,
+        bulk_cap: rt.bulk_cap,
+    }
+}
+
+/// The cluster's latest topology snapshot (polled inline only when older than its interval).
+async fn with_topology(
+    ctx: &Context,
+    ns: &str,
+    cluster: &str,
+    cluster_key: String,
+) -> Result<Dereferenced, DereferenceError> {
+    let (rt, topology) = current_topology(ctx, ns, cluster, None)
+        .await
+        .map_err(|e| DereferenceError::ClusterNotReady(e.0.clone(), "no topology".into()))?;
+    let facts = facts(ctx, &cluster_key, &rt);
+    Ok(Dereferenced {
+        cluster_key,
+        rt,
+        topology,
+        facts,
+    })
+}
+
+/// One planned node outcome.
+fn planned(n: &LogicalNode, step: &Step) -> NodeOutcome {
+    let base = |outcome, message: String, detail: Vec<String>| NodeOutcome {
+        node: n.node_id.clone(),
+        endpoint: n.active_endpoint().map(str::to_string),
+        outcome,
+        refusal: None,
+        message,
+        detail,
+    };
+    match step {
+        Step::Nothing { message } => base(Outcome::Already, message.clone(), vec![]),
+        Step::Write { what, detail } => base(Outcome::WouldApply, what.clone(), detail.clone()),
+        Step::Refuse { kind, message } => NodeOutcome {
+            refusal: Some(*kind),
+            ..base(Outcome::Failed, message.clone(), vec![])
+        },
+    }
+}
+
+/// Plan every node of a topology with `plan` on its inventory. A node not live is
+/// SKIPPED_NOT_LIVE; a live node whose inventory (or the object's entry in it) could not be read
+/// is FAILED and nothing is planned there.
+fn plan_nodes(
+    topology: &Topology,
+    inventories: &BTreeMap<String, Result<Arc<NodeInventory>, NodeOutcome>>,
+    plan: impl Fn(&NodeInventory) -> Step,
+) -> Vec<(NodeOutcome, bool)> {
+    topology
+        .nodes
+        .iter()
+        .map(|n| {
+            if !n.is_live() {
+                return (fanout::skipped(n), false);
+            }
+            match inventories.get(&n.node_id) {
+                Some(Ok(inv)) => {
+                    let step = plan(inv);
+                    let write = matches!(step, Step::Write { .. });
+                    (planned(n, &step), write)
+                }
+                Some(Err(failed)) => (failed.clone(), false),
+                None => (fanout::inventory_unavailable(n), false),
+            }
+        })
+        .collect()
+}
+
+fn snapshot_inventories(topology: &Topology) -> BTreeMap<String, Result<Arc<NodeInventory>, NodeOutcome>> {
+    topology
+        .nodes
+        .iter()
+        .filter(|n| n.is_live())
+        .map(|n| {
+            let inv = n
+                .inventory
+                .clone()
+                .ok_or_else(|| fanout::inventory_unavailable(n));
+            (n.node_id.clone(), inv)
+        })
+        .collect()
+}
+
+fn intent<K: TopologyObject>(
+    ctx: &Context,
+    obj: &K,
+    d: &K::Desired,
+    command: &str,
+    params: Value,
+) -> AuditIntent {
+    let ns = obj.namespace().unwrap_or_default();
+    AuditIntent {
+        instance_id: ctx.instance_id.clone(),
+        actor: actor_of(obj.meta()),
+        command: command.into(),
+        cluster: key(&ns, &obj.cluster_ref().name),
+        target: K::audit_target(d),
+        object_kind: K::kind(&()).to_string(),
+        object_namespace: ns,
+        object_name: obj.name_any(),
+        object_uid: obj.uid().unwrap_or_default(),
+        object_generation: obj.meta().generation,
+        params,
+    }
+}
+
+/// Merge executed outcomes over planned ones (nodes that were not written keep their plan).
+fn merge(planned: Vec<(NodeOutcome, bool)>, executed: Vec<NodeOutcome>) -> Vec<NodeOutcome> {
+    let mut by_node: BTreeMap<String, NodeOutcome> =
+        executed.into_iter().map(|n| (n.node.clone(), n)).collect();
+    planned
+        .into_iter()
+        .map(|(p, _)| by_node.remove(&p.node).unwrap_or(p))
+        .collect()
+}
+
+fn set_paused_condition(conditions_: &mut Vec<Condition>, gate: Gate, generation: Option<i64>) {
+    if gate == Gate::Paused {
+        conditions::set(
+            conditions_,
+            PAUSED,
+            true,
+            "Annotated",
+            format!(
+                "{} is \"true\": no broker writes, on apply or delete; status.nodes shows what would change",
+                crate::api::PAUSED_ANNOTATION
+            ),
+            generation,
+        );
+    } else {
+        conditions::set(
+            conditions_,
+            PAUSED,
+            false,
+            "NotPaused",
+            "broker writes allowed",
+            generation,
+        );
+    }
+}
+
+/// report: the one place that writes status.
+async fn report<K: TopologyObject>(ctx: &Context, obj: &K, pass: Pass<'_, K>) -> Result<(), ReconcileError> {
+    let status = obj.status(&pass);
+    super::write_status(ctx, obj, obj.current_status(), &status).await
+}
+
+fn old_conditions<K: TopologyObject>(obj: &K) -> Vec<Condition> {
+    obj.current_status()
+        .cloned()
+        .map(|mut s| std::mem::take(s.conditions_mut()))
+        .unwrap_or_default()
+}
+
+fn old_audit<K: TopologyObject>(obj: &K) -> Option<i64> {
+    obj.current_status().and_then(|s| s.last_audit_id())
+}
+
+/// A pass that stops before the plan: Ready=False with the reason, nothing written. The Event
+/// is published only when the reason or message changed (no Event per requeue).
+async fn stop<K: TopologyObject>(
+    ctx: &Context,
+    obj: &K,
+    d: Option<&K::Desired>,
+    reason: &str,
+    message: String,
+) -> Result<(), ReconcileError> {
+    let generation = obj.meta().generation;
+    let mut conds = old_conditions(obj);
+    let changed = !conds
+        .iter()
+        .any(|c| c.type_ == conditions::READY && c.reason == reason && c.message == message);
+    conditions::set(
+        &mut conds,
+        conditions::READY,
+        false,
+        reason,
+        message.clone(),
+        generation,
+    );
+    report(
+        ctx,
+        obj,
+        Pass {
+            generation,
+            conditions: conds,
+            desired: d,
+            nodes: vec![],
+            last_audit_id: old_audit(obj),
+            topology: None,
+            facts: None,
+        },
+    )
+    .await?;
+    if changed {
+        ctx.event(obj, true, reason, &format!("{}.apply", K::NOUN), message)
+            .await;
+    }
+    Ok(())
+}
+
+/// apply: bring every live node to the spec.
+pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+    let generation = obj.meta().generation;
+    let d = match obj.desired() {
+        Ok(d) => d,
+        Err(why) => {
+            stop(&ctx, obj.as_ref(), None, "InvalidSpec", why).await?;
+            return Ok(Action::await_change());
+        }
+    };
+    let (rt, cluster_key) = match dereference(&ctx, obj.as_ref()) {
+        Ok(x) => x,
+        Err(e) => {
+            stop(&ctx, obj.as_ref(), Some(&d), e.reason(), e.to_string()).await?;
+            return Ok(Action::requeue(Duration::from_secs(10)));
+        }
+    };
+    if let Some(winner) = conflict_winner(&ctx, obj.as_ref(), &d, &cluster_key) {
+        let m = format!(
+            "{} is declared on the same brokers by the older {} {winner}; this object makes no broker writes, and deleting it leaves the broker untouched: delete it or give it another spec.name",
+            K::audit_target(&d),
+            K::kind(&())
+        );
+        stop(&ctx, obj.as_ref(), Some(&d), "ResourceConflict", m).await?;
+        return Ok(Action::requeue(rt.poll_interval.max(Duration::from_secs(10))));
+    }
+    let ns = obj.namespace().unwrap_or_default();
+    let deref = match with_topology(&ctx, &ns, &obj.cluster_ref().name, cluster_key).await {
+        Ok(x) => x,
+        Err(e) => {
+            stop(&ctx, obj.as_ref(), Some(&d), e.reason(), e.to_string()).await?;
+            return Ok(Action::requeue(Duration::from_secs(10)));
+        }
+    };
+    // plan, from the snapshot
+    let plan = plan_nodes(&deref.topology, &snapshot_inventories(&deref.topology), |inv| {
+        K::plan_apply(&d, inv)
+    });
+    let gate = Gate::of(obj.as_ref());
+    let mut conds = old_conditions(obj.as_ref());
+    set_paused_condition(&mut conds, gate, generation);
+    let needs_write = plan.iter().any(|(_, w)| *w);
+    let mut last_audit_id = old_audit(obj.as_ref());
+    let nodes = if !needs_write || gate != Gate::Write {
+        plan.into_iter().map(|(n, _)| n).collect()
+    } else if let Err(e) = ensure_credentials(&ctx, &ns, &obj.cluster_ref().name).await {
+        stop(&ctx, obj.as_ref(), Some(&d), e.reason(), e.to_string()).await?;
+        return Ok(Action::requeue(Duration::from_secs(10)));
+    } else {
+        // preflight: a command only for a difference a fresh read of the object confirms (the
+        // snapshot may predate a write, ours or someone else's): no audited no-op commands.
+        let wanted: BTreeSet<String> = plan
+            .iter()
+            .filter(|(_, w)| *w)
+            .map(|(n, _)| n.node.clone())
+            .collect();
+        let fresh = fresh_reads::<K>(&deref, &d, &wanted, false).await;
+        let plan: Vec<(NodeOutcome, bool)> = plan
+            .into_iter()
+            .map(|(n, w)| {
+                if !w {
+                    return (n, w);
+                }
+                let node = deref.topology.nodes.iter().find(|x| x.node_id == n.node);
+                match (fresh.get(&n.node), node) {
+                    (Some(Ok(inv)), Some(node)) => {
+                        let step = K::plan_apply(&d, inv);
+                        let write = matches!(step, Step::Write { .. });
+                        (planned(node, &step), write)
+                    }
+                    (Some(Err(failed)), _) => (failed.clone(), false),
+                    _ => (n, false),
+                }
+            })
+            .collect();
+        let targets: BTreeSet<String> = plan
+            .iter()
+            .filter(|(_, w)| *w)
+            .map(|(n, _)| n.node.clone())
+            .collect();
+        if targets.is_empty() {
+            let nodes: Vec<NodeOutcome> = plan.into_iter().map(|(n, _)| n).collect();
+            conditions::from_outcomes(&mut conds, &nodes, generation, false, K::NOUN);
+            report(
+                &ctx,
+                obj.as_ref(),
+                Pass {
+                    generation,
+                    conditions: conds,
+                    desired: Some(&d),
+                    nodes,
+                    last_audit_id,
+                    topology: Some(&deref.topology),
+                    facts: Some(&deref.facts),
+                },
+            )
+            .await?;
+            return Ok(Action::requeue(deref.rt.poll_interval));
+        }
+        let old_generation = obj.current_status().and_then(|s| s.observed_generation());
+        let command_name = command::apply_or_repair(K::NOUN, old_generation, generation, last_audit_id);
+        let planned_nodes: Vec<&NodeOutcome> = plan.iter().map(|(n, _)| n).collect();
+        let mut params = obj.apply_params(&d);
+        params["plan"] = serde_json::to_value(&planned_nodes)?;
+        let d2 = d.clone();
+        let result = command::run(
+            &ctx,
+            obj.as_ref(),
+            Scope {
+                cluster_ns: &ns,
+                cluster_name: &obj.cluster_ref().name,
+                topology: &deref.topology.restricted_to(&targets),
+                timeout: deref.rt.request_timeout * 3,
+            },
+            intent(&ctx, obj.as_ref(), &d, &command_name, params),
+            move |t| K::apply_on(t, d2.clone()),
+        )
+        .await?;
+        last_audit_id = Some(result.audit_id);
+        merge(plan, result.nodes)
+    };
+    conditions::from_outcomes(&mut conds, &nodes, generation, gate != Gate::Write, K::NOUN);
+    report(
+        &ctx,
+        obj.as_ref(),
+        Pass {
+            generation,
+            conditions: conds,
+            desired: Some(&d),
+            nodes,
+            last_audit_id,
+            topology: Some(&deref.topology),
+            facts: Some(&deref.facts),
+        },
+    )
+    .await?;
+    Ok(Action::requeue(deref.rt.poll_interval))
+}
+
+/// A delete that leaves the broker untouched: the finalizer goes, an Event says why.
+async fn release<K: TopologyObject>(
+    ctx: &Context,
+    obj: &K,
+    reason: &str,
+    message: String,
+) -> Result<Action, ReconcileError> {
+    ctx.event(obj, false, reason, &format!("{}.delete", K::NOUN), message)
+        .await;
+    Ok(Action::await_change())
+}
+
+/// A delete that cannot finish now: DeleteBlocked names why and how to proceed; the finalizer
+/// stays. The Event is published only when the condition changed.
+async fn block<K: TopologyObject>(
+    ctx: &Context,
+    obj: &K,
+    d: Option<&K::Desired>,
+    reason: &str,
+    message: String,
+    nodes: Option<Vec<NodeOutcome>>,
+    last_audit_id: Option<i64>,
+) -> Result<Action, ReconcileError> {
+    let generation = obj.meta().generation;
+    let mut conds = old_conditions(obj);
+    let changed = !conds.iter().any(|c| {
+        c.type_ == DELETE_BLOCKED && c.reason == reason && c.message == message && c.status == "True"
+    });
+    conditions::set(
+        &mut conds,
+        DELETE_BLOCKED,
+        true,
+        reason,
+        message.clone(),
+        generation,
+    );
+    let nodes = nodes.unwrap_or_else(|| {
+        obj.current_status()
+            .map(|s| s.nodes().to_vec())
+            .unwrap_or_default()
+    });
+    report(
+        ctx,
+        obj,
+        Pass {
+            generation,
+            conditions: conds,
+            desired: d,
+            nodes,
+            last_audit_id: last_audit_id.or(old_audit(obj)),
+            topology: None,
+            facts: None,
+        },
+    )
+    .await?;
+    if changed {
+        ctx.event(obj, true, reason, &format!("{}.delete", K::NOUN), message.clone())
+            .await;
+    }
+    Err(ReconcileError::DeleteRefused(message))
+}
+
+const RELEASE_HINT: &str =
+    "To release this object and leave the broker as it is, set spec.deletion.policy: Retain";
+
+/// cleanup: the delete of every kind. Releases the finalizer only when no node may still hold
+/// what the object owned.
+pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+    let o = obj.as_ref();
+    if o.deletion_policy() == DeletionPolicy::Retain {
+        return release(
+            &ctx,
+            o,
+            "Retained",
+            "deletion policy Retain: the broker is left as it is".into(),
+        )
+        .await;
+    }
+    match Gate::of(o) {
+        Gate::DryRun => {
+            return release(
+                &ctx,
+                o,
+                "DryRunDelete",
+                "dry run: deleting the object left the broker untouched (nothing was destroyed)".into(),
+            )
+            .await;
+        }
+        Gate::Paused => {
+            return release(
+                &ctx,
+                o,
+                "PausedDelete",
+                format!(
+                    "paused ({}): deleting the object left the broker untouched (nothing was destroyed)",
+                    crate::api::PAUSED_ANNOTATION
+                ),
+            )
+            .await;
+        }
+        Gate::Write => {}
+    }
+    let d = match o.desired() {
+        Ok(d) => d,
+        // An invalid spec never reached a broker: there is nothing of this object's to remove.
+        Err(why) => {
+            return release(
+                &ctx,
+                o,
+                "InvalidSpec",
+                format!("{why}: nothing was ever written; released"),
+            )
+            .await;
+        }
+    };
+    let never_reached = o
+        .current_status()
+        .is_none_or(|s| s.nodes().is_empty() && s.last_audit_id().is_none());
+    let cluster_key = match dereference(&ctx, o) {
+        Ok((_, k)) => k,
+        Err(DereferenceError::ClusterNotFound(k)) if never_reached => {
+            return release(
+                &ctx,
+                o,
+                "NeverApplied",
+                format!("ArtemisCluster {k} does not exist and this object never reached a broker: nothing to remove"),
+            )
+            .await;
+        }
+        Err(e) => {
+            let m =
+                format!("{e}. The delete needs the cluster to reach the brokers: restore it. {RELEASE_HINT}");
+            return block(&ctx, o, Some(&d), e.reason(), m, None, None).await;
+        }
+    };
+    if let Some(winner) = conflict_winner(&ctx, o, &d, &cluster_key) {
+        return release(
+            &ctx,
+            o,
+            "Released",
+            format!(
+                "{} belongs to the older {} {winner}: left on the broker",
+                K::audit_target(&d),
+                K::kind(&())
+            ),
+        )
+        .await;
+    }
+    let ns = o.namespace().unwrap_or_default();
+    let cluster = o.cluster_ref().name.clone();
+    let deref = match with_topology(&ctx, &ns, &cluster, cluster_key).await {
+        Ok(x) => x,
+        Err(e) => {
+            let m = format!("{e}. {RELEASE_HINT}");
+            return block(&ctx, o, Some(&d), e.reason(), m, None, None).await;
+        }
+    };
+    if let Err(e) = ensure_credentials(&ctx, &ns, &cluster).await {
+        let m = format!("{e}. {RELEASE_HINT}");
+        return block(&ctx, o, Some(&d), e.reason(), m, None, None).await;
+    }
+    // preflight: a fresh read of what the delete touches, on every live node.
+    let live: BTreeSet<String> = deref.topology.live_nodes().map(|n| n.node_id.clone()).collect();
+    let fresh = fresh_reads::<K>(&deref, &d, &live, true).await;
+    let fresh_ok: BTreeMap<String, Arc<NodeInventory>> = fresh
+        .iter()
+        .filter_map(|(n, r)| r.as_ref().ok().map(|i| (n.clone(), i.clone())))
+        .collect();
+    let facts = Arc::new(deref.facts.clone());
+    let plan = plan_nodes(&deref.topology, &fresh, |inv| K::plan_delete(&d, inv, &facts));
+    if let Some(refusal) = o.refuse_delete(&d, &fresh_ok, &facts) {
+        let nodes = plan.into_iter().map(|(n, _)| n).collect();
+        return block(
+            &ctx,
+            o,
+            Some(&d),
+            refusal.reason,
+            refusal.message,
+            Some(nodes),
+            None,
+        )
+        .await;
+    }
+    let mut last_audit_id = None;
+    let nodes = if plan.iter().any(|(_, w)| *w) {
+        let targets: BTreeSet<String> = plan
+            .iter()
+            .filter(|(_, w)| *w)
+            .map(|(n, _)| n.node.clone())
+            .collect();
+        let mut params = o.delete_params(&d);
+        params["plan"] = serde_json::to_value(plan.iter().map(|(n, _)| n).collect::<Vec<_>>())?;
+        let d2 = d.clone();
+        let f2 = facts.clone();
+        let result = command::run(
+            &ctx,
+            o,
+            Scope {
+                cluster_ns: &ns,
+                cluster_name: &cluster,
+                topology: &deref.topology.restricted_to(&targets),
+                timeout: deref.rt.request_timeout * 4,
+            },
+            intent(&ctx, o, &d, &format!("{}.delete", K::NOUN), params),
+            move |t| K::delete_on(t, d2.clone(), f2.clone()),
+        )
+        .await?;
+        last_audit_id = Some(result.audit_id);
+        merge(plan, result.nodes)
+    } else {
+        plan.into_iter().map(|(n, _)| n).collect()
+    };
+    // Never finalize while a node may still hold what the object owned.
+    let unfinished: Vec<String> = nodes
+        .iter()
+        .filter(|n| !matches!(n.outcome, Outcome::Applied | Outcome::Already))
+        .map(|n| match n.outcome {
+            Outcome::SkippedNotLive => format!("{} (not live: it may still hold it)", n.node),
+            _ => format!("{} ({})", n.node, n.message),
+        })
+        .collect();
+    if !unfinished.is_empty() {
+        let reason = if nodes.iter().any(|n| n.outcome == Outcome::Failed) {
+            "NodesRefused"
+        } else {
+            "NodesNotLive"
+        };
+        let m = format!(
+            "not deleted on every node; retried when the object or the cluster changes: {}. {RELEASE_HINT} on those nodes",
+            unfinished.join("; ")
+        );
+        return block(&ctx, o, Some(&d), reason, m, Some(nodes), last_audit_id).await;
+    }
+    Ok(Action::await_change())
+}
+
+/// One fresh read per named live node, concurrently; a node whose read fails is FAILED with the
+/// error (nothing is written or destroyed there on a guess).
+async fn fresh_reads<K: TopologyObject>(
+    deref: &Dereferenced,
+    d: &K::Desired,
+    nodes: &BTreeSet<String>,
+    for_delete: bool,
+) -> BTreeMap<String, Result<Arc<NodeInventory>, NodeOutcome>> {
+    let timeout = deref.rt.request_timeout * 2;
+    let reads = deref.topology.live_nodes().filter(|n| nodes.contains(&n.node_id)).filter_map(|n| {
+        let management = n.active.clone()?;
+        Some(async move {
+            let t = Target {
+                node_id: n.node_id.clone(),
+                management,
+            };
+            let read = tokio::time::timeout(timeout, K::read_fresh(&t, d, for_delete))
+                .await
+                .unwrap_or(Err(crate::broker::BrokerError::Timeout(timeout.as_secs())));
+            let r = read.map(Arc::new).map_err(|e| NodeOutcome {
+                node: n.node_id.clone(),
+                endpoint: n.active_endpoint().map(str::to_string),
+                outcome: Outcome::Failed,
+                refusal: Some(e.refusal_kind()),
+                message: format!(
+                    "the preflight could not read this node ({e}); nothing is written or destroyed there on a guess"
+                ),
+                detail: vec![],
+            });
+            (n.node_id.clone(), r)
+        })
+    });
+    futures::future::join_all(reads).await.into_iter().collect()
+}
+
+/// Reconcile through the finalizer: the kind's apply while it lives, its cleanup once deleted.
+pub async fn reconcile<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+    let result = super::with_finalizer(
+        &ctx,
+        obj.clone(),
+        K::FINALIZER,
+        |o| apply(o, ctx.clone()),
+        |o| cleanup(o, ctx.clone()),
+    )
+    .await;
+    if let Err(e) = &result
+        && !matches!(e, ReconcileError::DeleteRefused(_))
+    {
+        // Every error reaches the object: a condition reason and (on change) an Event.
+        // Best effort: when the API server itself is what failed, the log is all there is.
+        let desired = obj.desired().ok();
+        if let Err(report_error) = stop(&ctx, obj.as_ref(), desired.as_ref(), e.reason(), e.to_string()).await
+        {
+            tracing::warn!(error = %e, %report_error, kind = K::NOUN, "reconcile failed and could not be reported on the object");
+        }
+    }
+    result
+}
+
+pub fn error_policy<K: TopologyObject>(_obj: Arc<K>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {
+    match error {
+        // A blocked delete is re-evaluated when the object or its cluster changes, and
+        // otherwise slowly: no audit row is written for a delete that sends nothing.
+        ReconcileError::DeleteRefused(_) => Action::requeue(Duration::from_secs(30)),
+        e => {
+            tracing::warn!(error = %e, kind = K::NOUN, "reconcile failed");
+            Action::requeue(Duration::from_secs(5))
+        }
+    }
+}
