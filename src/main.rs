@@ -1,69 +1,64 @@
 use std::sync::Arc;
 
-use clap::{Parser, Subcommand};
-use kube::Api;
+use clap::Parser;
+use kube::{Api, Client};
 
 use artemis_studio_operator::api::{ArtemisCluster, ArtemisDivert, ArtemisQueue, ConnectionClose};
+use artemis_studio_operator::cli::{Cli, Command, RunArgs};
 use artemis_studio_operator::controllers::{self, Context};
 use artemis_studio_operator::store::Store;
-
-/// Artemis Studio Operator: queues on every live node, safe connection closes, complete capture.
-#[derive(Parser)]
-#[command(version, about)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Print the CustomResourceDefinitions (YAML) of every kind.
-    Crd,
-    /// Run the controllers (kubeconfig from KUBECONFIG or in-cluster).
-    Run(RunArgs),
-}
-
-#[derive(clap::Args)]
-struct RunArgs {
-    /// Postgres URL for the audit log (and captured messages).
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    database_url: String,
-    /// This installation's ID: the capture objects it owns carry it.
-    #[arg(long, env = "INSTANCE_ID", default_value = "studio")]
-    instance_id: String,
-    /// Watch only this namespace (default: all).
-    #[arg(long, env = "WATCH_NAMESPACE")]
-    namespace: Option<String>,
-    /// Where /healthz, /readyz and /metrics are served.
-    #[arg(long, env = "LISTEN", default_value = "0.0.0.0:8080")]
-    listen: std::net::SocketAddr,
-    /// Log as JSON lines.
-    #[arg(long, env = "LOG_JSON", default_value_t = false)]
-    log_json: bool,
-}
+use futures::future::join_all;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Crd => print!("{}", artemis_studio_operator::api::crds_yaml()?),
-        Command::Run(args) => run(args).await?,
+        Command::Run(args) => run(*args).await?,
     }
     Ok(())
 }
 
+/// One Api per watched namespace, or one over all namespaces when none is named.
+fn apis<K>(client: &Client, namespaces: &[String]) -> Vec<Api<K>>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+{
+    if namespaces.is_empty() {
+        return vec![Api::all(client.clone())];
+    }
+    namespaces
+        .iter()
+        .map(|ns| Api::namespaced(client.clone(), ns))
+        .collect()
+}
+
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let (filter, bad_filter) = match tracing_subscriber::EnvFilter::try_new(&args.log_filter) {
+        Ok(f) => (f, None),
+        Err(e) => (tracing_subscriber::EnvFilter::new("info"), Some(e)),
+    };
     if args.log_json {
         tracing_subscriber::fmt().json().with_env_filter(filter).init();
     } else {
         tracing_subscriber::fmt().with_env_filter(filter).init();
     }
+    if let Some(e) = bad_filter {
+        tracing::warn!(error = %e, filter = %args.log_filter, "invalid log filter (RUST_LOG); logging at info");
+    }
+    let namespaces = args.watch_namespaces();
     Store::migrate(&args.database_url).await?;
     let store = Store::connect(&args.database_url).await?;
-    let client = kube::Client::try_default().await?;
+    let client = Client::try_default().await?;
     let ctx = Arc::new(Context::new(client.clone(), store, args.instance_id.clone()));
-    tracing::info!(instance_id = %args.instance_id, namespace = ?args.namespace, listen = %args.listen, "starting controllers");
+    tracing::info!(
+        instance_id = %args.instance_id,
+        namespaces = ?namespaces,
+        listen = %args.listen,
+        pod = ?args.pod_name,
+        pod_namespace = ?args.pod_namespace,
+        "starting controllers"
+    );
     let metrics = ctx.metrics.clone();
     let listen = args.listen;
     tokio::spawn(async move {
@@ -72,26 +67,23 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     });
     ctx.metrics.set_ready();
-    let (clusters, queues): (Api<ArtemisCluster>, Api<ArtemisQueue>) = match &args.namespace {
-        Some(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
-    };
-    let diverts: Api<ArtemisDivert> = match &args.namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let closes: Api<ConnectionClose> = match &args.namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
+    let closes = apis::<ConnectionClose>(&client, &namespaces)
+        .into_iter()
+        .map(|api| controllers::connection_close::run(ctx.clone(), api));
+    let clusters = apis::<ArtemisCluster>(&client, &namespaces)
+        .into_iter()
+        .map(|api| controllers::cluster::run(ctx.clone(), api));
+    let queues = apis::<ArtemisQueue>(&client, &namespaces)
+        .into_iter()
+        .map(|api| controllers::queue::run(ctx.clone(), api));
+    let diverts = apis::<ArtemisDivert>(&client, &namespaces)
+        .into_iter()
+        .map(|api| controllers::divert::run(ctx.clone(), api));
     tokio::join!(
-        controllers::connection_close::run(ctx.clone(), closes),
-        controllers::cluster::run(ctx.clone(), clusters),
-        controllers::queue::run(ctx.clone(), queues),
-        controllers::divert::run(ctx.clone(), diverts),
+        join_all(closes),
+        join_all(clusters),
+        join_all(queues),
+        join_all(diverts),
     );
     Ok(())
 }
