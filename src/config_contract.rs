@@ -1,6 +1,6 @@
 //! What ships around the binary must agree with it: every environment variable the Helm chart
-//! sets is one the binary reads, and the chart's values schema closes every object (a typo is
-//! refused, not ignored).
+//! sets is one the binary reads, the chart's values schema closes every object (a typo is
+//! refused, not ignored), and every field of every CRD says what it is (`kubectl explain`).
 
 use std::path::Path;
 
@@ -125,5 +125,72 @@ fn the_values_schema_refuses_unknown_keys_at_every_level() {
     assert!(
         open.is_empty(),
         "values.schema.json: these objects accept unknown keys: {open:?}"
+    );
+}
+
+/// `kubectl explain` gives a sentence for every spec and status field: no property of a
+/// generated CRD is without a description.
+#[test]
+fn every_crd_field_has_a_description() {
+    fn walk(v: &Value, path: &str, missing: &mut Vec<String>) {
+        let Some(o) = v.as_object() else { return };
+        if let Some(Value::Object(props)) = o.get("properties") {
+            for (k, p) in props {
+                let here = format!("{path}.{k}");
+                let described = p
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .is_some_and(|d| !d.trim().is_empty());
+                if !described {
+                    missing.push(here.clone());
+                }
+                walk(p, &here, missing);
+            }
+        }
+        if let Some(items) = o.get("items") {
+            walk(items, &format!("{path}[]"), missing);
+        }
+        if let Some(extra @ Value::Object(_)) = o.get("additionalProperties") {
+            walk(extra, &format!("{path}{{}}"), missing);
+        }
+        for key in ["anyOf", "oneOf", "allOf"] {
+            if let Some(Value::Array(alts)) = o.get(key) {
+                for alt in alts {
+                    walk(alt, path, missing);
+                }
+            }
+        }
+    }
+    let mut missing = vec![];
+    for crd in crate::api::all_crds() {
+        let kind = crd.spec.names.kind.clone();
+        for version in &crd.spec.versions {
+            let schema = version
+                .schema
+                .as_ref()
+                .and_then(|s| s.open_api_v3_schema.as_ref())
+                .map(|s| serde_json::to_value(s).expect("schema to JSON"))
+                .unwrap_or(Value::Null);
+            for top in ["spec", "status"] {
+                let root = &schema["properties"][top];
+                if root.is_null() {
+                    continue;
+                }
+                if root
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .is_none_or(|d| d.trim().is_empty())
+                {
+                    missing.push(format!("{kind}.{top}"));
+                }
+                walk(root, &format!("{kind}.{top}"), &mut missing);
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{} CRD field(s) without a description (add a doc comment in src/api/, then `make crds`):\n  {}",
+        missing.len(),
+        missing.join("\n  ")
     );
 }
