@@ -1,6 +1,7 @@
 //! What ships around the binary must agree with it: every environment variable the Helm chart
-//! sets is one the binary reads, the chart's values schema closes every object (a typo is
-//! refused, not ignored), and every field of every CRD says what it is (`kubectl explain`).
+//! sets is one the binary reads and the README's configuration reference lists, the chart's
+//! values schema closes every object (a typo is refused, not ignored), and every field of
+//! every CRD says what it is (`kubectl explain`).
 
 use std::path::Path;
 
@@ -78,6 +79,24 @@ fn every_env_var_the_chart_sets_is_one_the_binary_reads() {
     assert!(
         unread.is_empty(),
         "charts/artemis-studio-operator/templates/deployment.yaml sets {unread:?}, which the binary never reads (it reads {read:?}; see src/cli.rs)"
+    );
+}
+
+#[test]
+fn the_readme_configuration_reference_lists_every_env_var() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
+    let readme = std::fs::read_to_string(&path).expect("README.md");
+    let section = readme
+        .split("\n## ")
+        .find(|s| s.starts_with("Configuration reference"))
+        .expect("README.md has a section \"## Configuration reference\"");
+    let missing: Vec<String> = crate::cli::run_env_vars()
+        .into_iter()
+        .filter(|v| !section.contains(&format!("`{v}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "README.md \"Configuration reference\" does not list {missing:?}: add a row per flag"
     );
 }
 
