@@ -3,6 +3,9 @@
 
 pub mod api;
 pub mod broker;
+pub mod cli;
+#[cfg(test)]
+mod config_contract;
 pub mod controllers;
 pub mod fanout;
 pub mod store;

@@ -1,74 +1,49 @@
 use std::sync::Arc;
 
-use clap::{Parser, Subcommand};
+use clap::Parser;
+use kube::Client;
 
+use artemis_studio_operator::cli::{Cli, Command, RunArgs};
 use artemis_studio_operator::controllers::{self, Context, Namespaces};
 use artemis_studio_operator::store::Store;
-
-/// Artemis Studio Operator: queues on every live node, safe connection closes, complete capture.
-#[derive(Parser)]
-#[command(version, about)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Print the CustomResourceDefinitions (YAML) of every kind.
-    Crd,
-    /// Run the controllers (kubeconfig from KUBECONFIG or in-cluster).
-    Run(RunArgs),
-}
-
-#[derive(clap::Args)]
-struct RunArgs {
-    /// Postgres URL for the audit log (and captured messages).
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    database_url: String,
-    /// This installation's ID: the capture objects it owns carry it.
-    #[arg(long, env = "INSTANCE_ID", default_value = "studio")]
-    instance_id: String,
-    /// Namespaces to watch, comma-separated (default: all).
-    #[arg(
-        long,
-        visible_alias = "namespace",
-        env = "WATCH_NAMESPACES",
-        default_value = ""
-    )]
-    namespaces: String,
-    /// Where /healthz, /readyz and /metrics are served.
-    #[arg(long, env = "LISTEN", default_value = "0.0.0.0:8080")]
-    listen: std::net::SocketAddr,
-    /// Log as JSON lines.
-    #[arg(long, env = "LOG_JSON", default_value_t = false)]
-    log_json: bool,
-}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Crd => print!("{}", artemis_studio_operator::api::crds_yaml()?),
-        Command::Run(args) => run(args).await?,
+        Command::Run(args) => run(*args).await?,
     }
     Ok(())
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let (filter, bad_filter) = match tracing_subscriber::EnvFilter::try_new(&args.log_filter) {
+        Ok(f) => (f, None),
+        Err(e) => (tracing_subscriber::EnvFilter::new("info"), Some(e)),
+    };
     if args.log_json {
         tracing_subscriber::fmt().json().with_env_filter(filter).init();
     } else {
         tracing_subscriber::fmt().with_env_filter(filter).init();
     }
+    if let Some(e) = bad_filter {
+        tracing::warn!(error = %e, filter = %args.log_filter, "invalid log filter (RUST_LOG); logging at info");
+    }
+    let namespaces = Namespaces::from_list(args.watch_namespaces());
     Store::migrate(&args.database_url).await?;
     let store = Store::connect(&args.database_url).await?;
-    let client = kube::Client::try_default().await?;
-    let namespaces = Namespaces::parse(&args.namespaces);
+    let client = Client::try_default().await?;
     let (ctx, reflectors) = Context::new(client, store, args.instance_id.clone(), namespaces.clone());
     let ctx = Arc::new(ctx);
-    tracing::info!(instance_id = %args.instance_id, namespaces = ?namespaces, listen = %args.listen, "starting controllers");
+    tracing::info!(
+        instance_id = %args.instance_id,
+        namespaces = ?namespaces,
+        listen = %args.listen,
+        pod = ?args.pod_name,
+        pod_namespace = ?args.pod_namespace,
+        "starting controllers"
+    );
     let metrics = ctx.metrics.clone();
     let listen = args.listen;
     tokio::spawn(async move {

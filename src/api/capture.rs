@@ -58,6 +58,7 @@ pub struct ArtemisCaptureSubscriptionSpec {
     #[serde(default = "default_body")]
     #[schemars(range(min = 0))]
     pub max_body_bytes: u32,
+    /// How long captured messages are kept in Postgres.
     #[serde(default)]
     pub retention: CaptureRetention,
 }
@@ -99,17 +100,26 @@ fn default_age() -> u32 {
     168
 }
 
+/// Per address and node, whether the capture tap drains, and what it captured and lost.
+/// Written by the operator only.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ArtemisCaptureSubscriptionStatus {
+    /// The metadata.generation this status describes; older than metadata.generation while the
+    /// operator has not acted on the latest spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Ready: every tap is installed and draining.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// One tap per captured address per live node.
     #[serde(default)]
     pub taps: Vec<TapStatus>,
+    /// Messages stored so far, summed over taps.
     #[serde(default)]
     pub captured: u64,
+    /// Messages estimated lost so far (ring overwrites, the rate cap, failover windows), summed
+    /// over taps.
     #[serde(default)]
     pub dropped_estimate: u64,
 }
@@ -127,15 +137,23 @@ pub enum TapState {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TapStatus {
+    /// The captured (source) address.
     pub address: String,
+    /// Logical node: the broker node ID.
     pub node: String,
+    /// PENDING (not installed yet), HEALTHY (draining), DEGRADED (installed, not drained) or
+    /// REFUSED (see refusal).
     pub state: TapState,
+    /// Why the node refused the tap, when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refusal: Option<RefusalKind>,
+    /// What happened, for a human: the cause and the next action.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Messages stored from this tap.
     #[serde(default)]
     pub captured: u64,
+    /// Messages estimated lost at this tap.
     #[serde(default)]
     pub dropped_estimate: u64,
     /// When this node's tap started draining (RFC 3339).

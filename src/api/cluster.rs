@@ -170,18 +170,26 @@ pub enum DeclarationMode {
     ConfigManaged,
 }
 
+/// What the operator last saw of the cluster: its logical nodes, which are live, and whether
+/// management writes are permitted (from evidence only, ADR-0049).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ArtemisClusterStatus {
+    /// The metadata.generation this status describes; older than metadata.generation while the
+    /// operator has not acted on the latest spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Ready: at least one logical node is live and answers; Degraded: some endpoint does not
+    /// answer (the reason names it).
     #[serde(default)]
     pub conditions: Vec<Condition>,
     /// Logical nodes: one per broker node ID, a primary and its backup together.
     #[serde(default)]
     pub nodes: Vec<LogicalNodeStatus>,
+    /// Logical nodes live now.
     #[serde(default)]
     pub live_nodes: u32,
+    /// Logical nodes seen, live or not.
     #[serde(default)]
     pub total_nodes: u32,
     /// Endpoints that did not answer the last poll, with the reason.
@@ -215,7 +223,9 @@ pub struct LogicalNodeStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointProblem {
+    /// The Jolokia URL that did not answer.
     pub endpoint: String,
+    /// Why, and what to check.
     pub message: String,
 }
 
@@ -234,6 +244,8 @@ pub enum ManagementWriteState {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ManagementWrite {
+    /// UNKNOWN (no write tried yet), AVAILABLE (a write succeeded) or UNAVAILABLE (a write was
+    /// refused for authorization).
     pub state: ManagementWriteState,
     /// The write that decided the state.
     #[serde(default, skip_serializing_if = "Option::is_none")]

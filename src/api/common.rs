@@ -101,6 +101,8 @@ pub struct NodeOutcome {
     /// The endpoint the command went to (the node's active endpoint at the time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
+    /// WOULD_APPLY (dry run), APPLIED, ALREADY (already in the requested state), SKIPPED_NOT_LIVE
+    /// (the node never received the command) or FAILED (see refusal and message).
     pub outcome: Outcome,
     /// Why the node refused, when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -59,10 +59,16 @@ pub struct CloseTarget {
     /// Logical node ID (or an endpoint URL); resolved to its active endpoint at run time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// Connection ID on that node, as the broker lists it (`connectionID` in listConnections).
+    /// Alone: close the whole connection; with sessionId: close that session only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connection_id: Option<String>,
+    /// Session ID on that node, as the broker lists it (`sessionID`); with connectionId to close
+    /// one session, or with consumerId to name a consumer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_id: Option<String>,
+    /// Consumer ID within sessionId, as the broker lists it (`consumerID`, a number): close that
+    /// one consumer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consumer_id: Option<String>,
     /// Close every consumer connection of this address, on every live node.
@@ -80,15 +86,25 @@ pub enum ClosePhase {
     Failed,
 }
 
+/// Where the close is (phase), who it would disconnect or did, and its per-node outcome.
+/// Written by the operator only.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ConnectionCloseStatus {
+    /// The metadata.generation this status describes; older than metadata.generation while the
+    /// operator has not acted on the latest spec (e.g. a new spec.confirm).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Pending, AwaitingConfirmation (spec.confirm missing or not what the broker reports), Closing
+    /// (armed: the close is being sent), Completed or Failed. Completed and Failed are final: a
+    /// close is never retried.
     #[serde(default)]
     pub phase: ClosePhase,
+    /// Complete: the close was done (or the target was gone already); Failed: it was not, and will
+    /// not be retried.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The target in words, e.g. `session 7 of connection c1`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_description: Option<String>,
     /// Who would be (or was) disconnected, as the broker reported right before the close.
@@ -97,14 +113,20 @@ pub struct ConnectionCloseStatus {
     /// What closing does to in-flight messages (ADR-0057 D4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consequence: Option<String>,
+    /// Per-node outcome of the close (one entry for a close by id).
     #[serde(default)]
     pub nodes: Vec<NodeOutcome>,
+    /// The target was gone when re-read right before the close: nothing was closed (ALREADY).
     #[serde(default)]
     pub already_gone: bool,
+    /// The audit_event row of the close (written before the call).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit_id: Option<i64>,
+    /// When the close finished, Completed or Failed (RFC 3339); ttlSecondsAfterFinished counts from
+    /// here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<String>,
+    /// What happened or what is awaited, for a human: the next action when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }
@@ -112,16 +134,23 @@ pub struct ConnectionCloseStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TargetSnapshot {
+    /// The client ID the broker reports for the connection; spec.confirm must match it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_id: Option<String>,
+    /// The client's remote address (host:port); spec.confirm must match it when the broker reports
+    /// no client ID.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote_address: Option<String>,
+    /// The users the broker reports for the connection.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub users: Vec<String>,
+    /// The connection's protocol (CORE, AMQP, OPENWIRE, MQTT, STOMP).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<String>,
+    /// Sessions the connection has.
     #[serde(default)]
     pub session_count: u64,
+    /// Consumers the close would end.
     #[serde(default)]
     pub consumer_count: u64,
     /// In-flight (delivering) messages across its consumers; absent when not reported.
@@ -135,6 +164,8 @@ pub struct TargetSnapshot {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeConnections {
+    /// Logical node: the broker node ID.
     pub node: String,
+    /// Consumer connections of the address on this node.
     pub connections: u64,
 }

@@ -60,6 +60,7 @@ pub struct ArtemisDivertSpec {
     /// Never write to the broker: status shows WOULD_APPLY per node.
     #[serde(default)]
     pub dry_run: bool,
+    /// What deleting this object does to the broker.
     #[serde(default)]
     pub deletion: DivertDeletion,
 }
@@ -82,17 +83,25 @@ pub struct DivertDeletion {
     pub policy: DeletionPolicy,
 }
 
+/// What the operator last did on every node. Written by the operator only.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ArtemisDivertStatus {
+    /// The metadata.generation this status describes; older than metadata.generation while the
+    /// operator has not acted on the latest spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Ready: the divert is in the requested state on every live node; Diverged names the nodes
+    /// that are not.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// Per-node outcome of the last command.
     #[serde(default)]
     pub nodes: Vec<NodeOutcome>,
+    /// `applied/total`: nodes in the requested state over live nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes_summary: Option<String>,
+    /// Audit row of the last command.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_audit_id: Option<i64>,
 }

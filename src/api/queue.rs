@@ -162,11 +162,18 @@ pub struct QueueDeletion {
     pub remove_empty_address: bool,
 }
 
+/// What the operator last did on every node, and what deleting the queue would do now. Written
+/// by the operator only.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ArtemisQueueStatus {
+    /// The metadata.generation this status describes; older than metadata.generation while the
+    /// operator has not acted on the latest spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Ready: the queue is in the requested state on every live node; Diverged names the nodes that
+    /// are not; DeleteBlocked: a delete waits (the reason says why); Paused: the paused annotation
+    /// stops broker writes.
     #[serde(default)]
     pub conditions: Vec<Condition>,
     /// The queue name on the broker (spec.name or metadata.name).
@@ -190,6 +197,7 @@ pub struct ArtemisQueueStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DeletePreview {
+    /// Per live node: what a delete would destroy and remove.
     pub nodes: Vec<NodeDeletePreview>,
     /// Messages a delete would destroy, summed over live nodes.
     pub total_messages: u64,
@@ -197,6 +205,8 @@ pub struct DeletePreview {
     pub bulk_cap: u64,
     /// The delete would be refused for the bulk cap.
     pub exceeds_bulk_cap: bool,
+    /// What a delete would skip or not undo: nodes not live or not read, removed diverts that
+    /// broker.xml brings back at the next restart, the bulk cap.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
 }
@@ -204,8 +214,12 @@ pub struct DeletePreview {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeDeletePreview {
+    /// Logical node: the broker node ID.
     pub node: String,
+    /// Messages in the queue on this node: a delete destroys them.
     pub message_count: u64,
+    /// Consumers attached on this node: a delete is refused (HAS_CONSUMERS) unless
+    /// deletion.disconnectConsumers.
     pub consumer_count: u64,
     /// Diverts a delete removes first (they forward into the queue's address and this is the
     /// last queue bound there).
@@ -217,6 +231,7 @@ pub struct NodeDeletePreview {
     /// The refusal a delete would get on this node now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refusal: Option<RefusalKind>,
+    /// The refusal's cause and next action, for a human.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }
@@ -224,8 +239,11 @@ pub struct NodeDeletePreview {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DivertImpact {
+    /// Divert name on the broker.
     pub name: String,
+    /// Its source address.
     pub address: String,
+    /// Where it forwards to.
     pub forwarding_address: String,
     /// The ArtemisDivert that declares it, if any: its next pass acts again.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use kube::runtime::reflector::Store;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
@@ -252,7 +251,7 @@ impl TopologyObject for ArtemisDivert {
     fn current_status(&self) -> Option<&ArtemisDivertStatus> {
         self.status.as_ref()
     }
-    fn cache(ctx: &Context) -> &Store<Self> {
+    fn cache(ctx: &Context) -> &super::Cache<Self> {
         &ctx.caches.diverts
     }
     fn desired(&self) -> Result<DesiredDivert, String> {

@@ -48,13 +48,12 @@ pub enum Namespaces {
 }
 
 impl Namespaces {
-    /// From a comma-separated list; empty means all.
-    pub fn parse(list: &str) -> Self {
-        let names: Vec<String> = list
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_string)
+    /// From a list of names; empty means all.
+    pub fn from_list(names: Vec<String>) -> Self {
+        let names: Vec<String> = names
+            .into_iter()
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
             .collect();
         if names.is_empty() {
             Namespaces::All
@@ -70,15 +69,58 @@ impl Namespaces {
         }
     }
 
-    /// The Api to watch a kind with: one namespace is watched alone; several (or all) through
-    /// the cluster-wide endpoint, filtered by [`Namespaces::contains`].
-    pub fn api<K>(&self, client: &Client) -> Api<K>
+    /// One Api per watched namespace (the chart binds the operator's role only there), or one
+    /// over every namespace.
+    pub fn apis<K>(&self, client: &Client) -> Vec<Api<K>>
     where
         K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>,
     {
         match self {
-            Namespaces::Only(list) if list.len() == 1 => Api::namespaced(client.clone(), &list[0]),
-            _ => Api::all(client.clone()),
+            Namespaces::All => vec![Api::all(client.clone())],
+            Namespaces::Only(list) => list
+                .iter()
+                .map(|ns| Api::namespaced(client.clone(), ns))
+                .collect(),
+        }
+    }
+
+    fn count(&self) -> usize {
+        match self {
+            Namespaces::All => 1,
+            Namespaces::Only(list) => list.len(),
+        }
+    }
+}
+
+/// One kind's in-memory copy: a reflector store per watched namespace.
+#[derive(Clone)]
+pub struct Cache<K: Resource<DynamicType = ()> + Clone + 'static> {
+    stores: Vec<reflector::Store<K>>,
+}
+
+impl<K> Cache<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    fn new(n: usize) -> (Self, Vec<reflector::store::Writer<K>>) {
+        let (stores, writers) = (0..n).map(|_| reflector::store()).unzip();
+        (Cache { stores }, writers)
+    }
+
+    /// Every object held.
+    pub fn state(&self) -> Vec<Arc<K>> {
+        self.stores.iter().flat_map(|s| s.state()).collect()
+    }
+
+    /// One object by namespace and name.
+    pub fn get(&self, ns: &str, name: &str) -> Option<Arc<K>> {
+        let r = reflector::ObjectRef::<K>::new(name).within(ns);
+        self.stores.iter().find_map(|s| s.get(&r))
+    }
+
+    async fn wait_until_ready(&self) {
+        for s in &self.stores {
+            let _ = s.wait_until_ready().await;
         }
     }
 }
@@ -88,16 +130,16 @@ impl Namespaces {
 /// from a LIST per reconcile.
 #[derive(Clone)]
 pub struct Caches {
-    pub clusters: reflector::Store<ArtemisCluster>,
-    pub queues: reflector::Store<ArtemisQueue>,
-    pub diverts: reflector::Store<ArtemisDivert>,
+    pub clusters: Cache<ArtemisCluster>,
+    pub queues: Cache<ArtemisQueue>,
+    pub diverts: Cache<ArtemisDivert>,
 }
 
 /// The writers behind [`Caches`], driven by [`run_all`].
 pub struct Reflectors {
-    clusters: reflector::store::Writer<ArtemisCluster>,
-    queues: reflector::store::Writer<ArtemisQueue>,
-    diverts: reflector::store::Writer<ArtemisDivert>,
+    clusters: Vec<reflector::store::Writer<ArtemisCluster>>,
+    queues: Vec<reflector::store::Writer<ArtemisQueue>>,
+    diverts: Vec<reflector::store::Writer<ArtemisDivert>>,
 }
 
 impl ReconcileError {
@@ -138,9 +180,10 @@ impl Context {
             controller: MANAGER.into(),
             instance: std::env::var("POD_NAME").ok(),
         };
-        let (clusters, cw) = reflector::store();
-        let (queues, qw) = reflector::store();
-        let (diverts, dw) = reflector::store();
+        let n = namespaces.count();
+        let (clusters, cw) = Cache::new(n);
+        let (queues, qw) = Cache::new(n);
+        let (diverts, dw) = Cache::new(n);
         let ctx = Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
@@ -423,9 +466,11 @@ where
         .await;
 }
 
-/// Run every controller (and the caches they read) until shutdown. Controllers start once the
-/// caches have synced, so no decision is taken on a partial view.
+/// Run every controller (and the caches they read) until shutdown: one of each per watched
+/// namespace. Controllers start once the caches have synced, so no decision is taken on a
+/// partial view.
 pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
+    use futures::future::join_all;
     let client = ctx.client.clone();
     let ns = ctx.namespaces.clone();
     let caches = ctx.caches.clone();
@@ -434,22 +479,54 @@ pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
         let ns = ns.clone();
         let client = client.clone();
         async move {
-            let _ = caches.clusters.wait_until_ready().await;
-            let _ = caches.queues.wait_until_ready().await;
-            let _ = caches.diverts.wait_until_ready().await;
+            caches.clusters.wait_until_ready().await;
+            caches.queues.wait_until_ready().await;
+            caches.diverts.wait_until_ready().await;
             ctx.metrics.set_ready();
+            let closes = ns
+                .apis::<ConnectionClose>(&client)
+                .into_iter()
+                .map(|api| connection_close::run(ctx.clone(), api));
+            let clusters = ns
+                .apis::<ArtemisCluster>(&client)
+                .into_iter()
+                .map(|api| cluster::run(ctx.clone(), api));
+            let queues = ns
+                .apis::<ArtemisQueue>(&client)
+                .into_iter()
+                .map(|api| queue::run(ctx.clone(), api));
+            let diverts = ns
+                .apis::<ArtemisDivert>(&client)
+                .into_iter()
+                .map(|api| divert::run(ctx.clone(), api));
             tokio::join!(
-                connection_close::run(ctx.clone(), ns.api::<ConnectionClose>(&client)),
-                cluster::run(ctx.clone(), ns.api::<ArtemisCluster>(&client)),
-                queue::run(ctx.clone(), ns.api::<ArtemisQueue>(&client)),
-                divert::run(ctx.clone(), ns.api::<ArtemisDivert>(&client)),
+                join_all(closes),
+                join_all(clusters),
+                join_all(queues),
+                join_all(diverts)
             );
         }
     };
+    let reflect_all = async {
+        let c = ns
+            .apis::<ArtemisCluster>(&client)
+            .into_iter()
+            .zip(reflectors.clusters)
+            .map(|(a, w)| reflect(a, w));
+        let q = ns
+            .apis::<ArtemisQueue>(&client)
+            .into_iter()
+            .zip(reflectors.queues)
+            .map(|(a, w)| reflect(a, w));
+        let d = ns
+            .apis::<ArtemisDivert>(&client)
+            .into_iter()
+            .zip(reflectors.diverts)
+            .map(|(a, w)| reflect(a, w));
+        tokio::join!(join_all(c), join_all(q), join_all(d));
+    };
     tokio::select! {
         _ = controllers => {}
-        _ = reflect(ns.api::<ArtemisCluster>(&client), reflectors.clusters) => {}
-        _ = reflect(ns.api::<ArtemisQueue>(&client), reflectors.queues) => {}
-        _ = reflect(ns.api::<ArtemisDivert>(&client), reflectors.diverts) => {}
+        _ = reflect_all => {}
     }
 }

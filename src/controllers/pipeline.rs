@@ -25,15 +25,15 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::Cache;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use serde_json::Value;
 
 use super::cluster::{ClusterRuntime, current_topology};
 use super::command::{self, Scope};
 use super::{Context, ReconcileError, StatusConditions, actor_of, conditions, is_paused, key};
-use crate::api::cluster::{ArtemisCluster, DeclarationMode};
+use crate::api::cluster::DeclarationMode;
 use crate::api::{ClusterRef, Condition, DeletionPolicy, NodeOutcome, Outcome, RefusalKind};
 use crate::fanout::{self, NodeFailure, NodeReport, Target};
 use crate::store::AuditIntent;
@@ -96,7 +96,7 @@ pub trait TopologyObject:
     fn deletion_policy(&self) -> DeletionPolicy;
     fn current_status(&self) -> Option<&Self::Status>;
     /// The reflector store of this kind (conflicts are judged from memory, never a LIST).
-    fn cache(ctx: &Context) -> &Store<Self>;
+    fn cache(ctx: &Context) -> &Cache<Self>;
 
     /// The broker object, or why the spec cannot name one (the same rules as admission, for
     /// objects admitted before a rule existed).
@@ -215,7 +215,7 @@ pub fn dereference_cluster(
     let exists = ctx
         .caches
         .clusters
-        .get(&ObjectRef::<ArtemisCluster>::new(&cluster.name).within(ns))
+        .get(ns, &cluster.name)
         .is_some_and(|c| c.meta().deletion_timestamp.is_none());
     if !exists {
         ctx.clusters.remove(&k);
@@ -226,7 +226,7 @@ pub fn dereference_cluster(
         let why = ctx
             .caches
             .clusters
-            .get(&ObjectRef::<ArtemisCluster>::new(&cluster.name).within(ns))
+            .get(ns, &cluster.name)
             .and_then(|c| {
                 c.status.as_ref().and_then(|s| {
                     s.conditions
@@ -247,7 +247,7 @@ pub async fn ensure_credentials(ctx: &Context, ns: &str, cluster: &str) -> Resul
     let c = ctx
         .caches
         .clusters
-        .get(&ObjectRef::<ArtemisCluster>::new(cluster).within(ns))
+        .get(ns, cluster)
         .ok_or_else(|| DereferenceError::ClusterNotFound(k.clone()))?;
     let creds = &c.spec.credentials;
     let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =

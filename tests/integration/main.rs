@@ -2,6 +2,7 @@
 //! Bring it up with `deploy/dev/testbed up` (the README's test command does).
 
 mod binary;
+mod chart;
 mod cluster_core;
 mod connection_close;
 mod divert;

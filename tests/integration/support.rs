@@ -178,6 +178,61 @@ async fn client_from(path: &str) -> Client {
     Client::try_from(config).expect("kube client")
 }
 
+/// Create a namespace unless it exists.
+pub async fn ensure_namespace(client: &Client, name: &str) {
+    let ns: Namespace = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
+    }))
+    .expect("namespace json");
+    match Api::<Namespace>::all(client.clone())
+        .create(&Default::default(), &ns)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("create namespace {name}: {e}"),
+    }
+}
+
+/// Server-side apply every document of a multi-document YAML stream (each object's kind found
+/// by discovery); returns the applied objects.
+pub async fn apply_manifests(client: &Client, yaml: &str, manager: &str) -> Vec<kube::api::DynamicObject> {
+    use kube::api::{DynamicObject, GroupVersionKind, Patch, PatchParams};
+    use kube::discovery::Scope;
+    use serde::Deserialize;
+    let mut applied = vec![];
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let value = serde_yaml::Value::deserialize(doc).expect("a YAML document");
+        if value.is_null() {
+            continue;
+        }
+        let obj: DynamicObject = serde_yaml::from_value(value).expect("a Kubernetes object");
+        let types = obj.types.clone().expect("apiVersion and kind");
+        let gvk = GroupVersionKind::try_from(&types).expect("apiVersion");
+        let (ar, caps) = kube::discovery::pinned_kind(client, &gvk)
+            .await
+            .unwrap_or_else(|e| panic!("discover {}/{}: {e}", types.api_version, types.kind));
+        let api: Api<DynamicObject> = match caps.scope {
+            Scope::Cluster => Api::all_with(client.clone(), &ar),
+            Scope::Namespaced => Api::namespaced_with(
+                client.clone(),
+                obj.metadata
+                    .namespace
+                    .as_deref()
+                    .expect("a namespaced object names its namespace"),
+                &ar,
+            ),
+        };
+        let name = obj.metadata.name.clone().expect("name");
+        let out = api
+            .patch(&name, &PatchParams::apply(manager).force(), &Patch::Apply(&obj))
+            .await
+            .unwrap_or_else(|e| panic!("server-side apply of {} {name}: {e}", types.kind));
+        applied.push(out);
+    }
+    applied
+}
+
 pub fn short_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..10].to_string()
 }
@@ -260,51 +315,62 @@ impl TestBed {
         }
     }
 
-    /// Install the CRDs and the chart's RBAC (rendered for release `artemis-studio-operator` in
-    /// namespace `artemis-studio`, the identity of TESTBED_OPERATOR_KUBECONFIG).
+    /// Install the CRDs and the chart's RBAC, rendered by `helm template` for release
+    /// `artemis-studio-operator` in namespace `artemis-studio`: the ServiceAccount
+    /// `artemis-studio:artemis-studio-operator`, which is who TESTBED_OPERATOR_KUBECONFIG's
+    /// token authenticates as.
     pub async fn install_operator_rbac(&self) {
-        use kube::api::{DynamicObject, Patch, PatchParams};
-        use kube::discovery::{ApiResource, Scope};
         let client = self.kube_admin().await;
         crate::smoke::install_crds(&client).await;
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("charts/artemis-studio-operator/templates/rbac.yaml");
-        let text = std::fs::read_to_string(path)
-            .expect("chart rbac.yaml")
-            .replace("{{ .Release.Name }}", "artemis-studio-operator")
-            .replace("{{ .Release.Namespace }}", "artemis-studio");
-        for doc in text.split("\n---\n") {
-            let obj: DynamicObject = match serde_yaml::from_str(doc) {
-                Ok(o) => o,
-                Err(_) => continue,
-            };
-            let Some(types) = obj.types.clone() else { continue };
-            let (group, version) = types
-                .api_version
-                .split_once('/')
-                .unwrap_or(("", &types.api_version));
-            let plural = match types.kind.as_str() {
-                "ClusterRole" => "clusterroles",
-                "ClusterRoleBinding" => "clusterrolebindings",
-                other => panic!("unexpected kind {other} in rbac.yaml"),
-            };
-            let ar = ApiResource {
-                group: group.into(),
-                version: version.into(),
-                api_version: types.api_version.clone(),
-                kind: types.kind.clone(),
-                plural: plural.into(),
-            };
-            let _ = Scope::Cluster;
-            let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-            let name = obj.metadata.name.clone().expect("name");
-            api.patch(
-                &name,
-                &PatchParams::apply("artemis-studio-tests").force(),
-                &Patch::Apply(&obj),
+        // The leader-election Role lives in the release namespace.
+        ensure_namespace(&client, "artemis-studio").await;
+        let rbac = self
+            .helm_template(
+                "artemis-studio-operator",
+                "artemis-studio",
+                &["--show-only", "templates/rbac.yaml"],
             )
-            .await
-            .expect("apply RBAC from the chart");
+            .unwrap_or_else(|e| panic!("helm template of the chart's RBAC failed: {e}"));
+        apply_manifests(&client, &rbac, "artemis-studio-tests").await;
+    }
+
+    /// A `helm` command: the bed's (TESTBED_HELM), or, on a bed started by an older script,
+    /// the one this checkout's testbed script builds.
+    pub fn helm(&self) -> std::process::Command {
+        if let Some(helm) = self.vars.get("TESTBED_HELM") {
+            return std::process::Command::new(helm);
+        }
+        static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/dev/testbed");
+        BUILT.get_or_init(|| {
+            let status = std::process::Command::new(&script)
+                .args(["helm", "version", "--short"])
+                .status()
+                .expect("run the testbed script");
+            assert!(status.success(), "deploy/dev/testbed helm could not build helm");
+        });
+        let mut cmd = std::process::Command::new(script);
+        cmd.arg("helm");
+        cmd
+    }
+
+    /// `helm template RELEASE charts/artemis-studio-operator --namespace NAMESPACE ARGS`: the
+    /// rendered manifests, or helm's error output.
+    pub fn helm_template(&self, release: &str, namespace: &str, args: &[&str]) -> Result<String, String> {
+        let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/artemis-studio-operator");
+        let out = self
+            .helm()
+            .arg("template")
+            .arg(release)
+            .arg(&chart)
+            .args(["--namespace", namespace])
+            .args(args)
+            .output()
+            .expect("run helm");
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
         }
     }
 

@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kube::api::Api;
-use kube::runtime::reflector::Store;
 use serde_json::{Value, json};
 
 use self::plan::{DesiredQueue, NodeAction};
@@ -221,7 +220,7 @@ impl TopologyObject for ArtemisQueue {
     fn current_status(&self) -> Option<&ArtemisQueueStatus> {
         self.status.as_ref()
     }
-    fn cache(ctx: &Context) -> &Store<Self> {
+    fn cache(ctx: &Context) -> &super::Cache<Self> {
         &ctx.caches.queues
     }
     fn desired(&self) -> Result<DesiredQueue, String> {

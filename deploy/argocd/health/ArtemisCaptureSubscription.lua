@@ -1,0 +1,43 @@
+-- Argo CD health of an ArtemisCaptureSubscription (artemis-studio.io). Lua 5.1 as Argo CD runs
+-- it. Installed through deploy/argocd/argocd-cm-patch.yaml (deploy/argocd/generate); the
+-- verdicts are tested on statuses built from the operator's own types (tests/argocd_health.rs).
+local hs = {}
+local function condition(t)
+  for _, c in ipairs(obj.status.conditions or {}) do
+    if c.type == t then return c end
+  end
+  return nil
+end
+if obj.status == nil then
+  hs.status = "Progressing"
+  hs.message = "Waiting for the operator's first status"
+  return hs
+end
+local generation = obj.metadata.generation
+if generation ~= nil and (obj.status.observedGeneration == nil or obj.status.observedGeneration < generation) then
+  hs.status = "Progressing"
+  hs.message = string.format("Waiting for the operator to observe generation %d", generation)
+  return hs
+end
+-- A tap refused (an exclusive divert, no security authority) or installed but not drained.
+for _, t in ipairs(obj.status.taps or {}) do
+  if t.state == "REFUSED" or t.state == "DEGRADED" then
+    hs.status = "Degraded"
+    hs.message = "Tap on " .. tostring(t.address) .. " at node " .. tostring(t.node) .. " " .. t.state
+    if t.message ~= nil then hs.message = hs.message .. ": " .. tostring(t.message) end
+    return hs
+  end
+end
+local ready = condition("Ready")
+if ready ~= nil and ready.status == "True" then
+  hs.status = "Healthy"
+  hs.message = tostring(ready.message)
+  return hs
+end
+hs.status = "Progressing"
+if ready ~= nil then
+  hs.message = tostring(ready.reason) .. ": " .. tostring(ready.message)
+else
+  hs.message = "Waiting for the Ready condition"
+end
+return hs

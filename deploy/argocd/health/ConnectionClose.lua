@@ -1,0 +1,41 @@
+-- Argo CD health of a ConnectionClose (artemis-studio.io), a one-shot action like a Job. Lua 5.1
+-- as Argo CD runs it. Installed through deploy/argocd/argocd-cm-patch.yaml
+-- (deploy/argocd/generate); the verdicts are tested on statuses built from the operator's own
+-- types (tests/argocd_health.rs).
+local hs = {}
+if obj.status == nil then
+  hs.status = "Progressing"
+  hs.message = "Waiting for the operator's first status"
+  return hs
+end
+local phase = obj.status.phase
+-- Finished is final: a close is never retried (ADR-0057 D5).
+if phase == "Completed" then
+  hs.status = "Healthy"
+  if obj.status.alreadyGone then
+    hs.message = "Already gone: " .. tostring(obj.status.message or "")
+  else
+    hs.message = tostring(obj.status.message or "")
+  end
+  return hs
+end
+if phase == "Failed" then
+  hs.status = "Degraded"
+  hs.message = tostring(obj.status.message or "")
+  return hs
+end
+local generation = obj.metadata.generation
+if generation ~= nil and (obj.status.observedGeneration == nil or obj.status.observedGeneration < generation) then
+  hs.status = "Progressing"
+  hs.message = string.format("Waiting for the operator to observe generation %d", generation)
+  return hs
+end
+-- Waits for a person: spec.confirm must name the client the broker reports.
+if phase == "AwaitingConfirmation" then
+  hs.status = "Suspended"
+  hs.message = tostring(obj.status.message or "")
+  return hs
+end
+hs.status = "Progressing"
+hs.message = tostring(phase) .. ": " .. tostring(obj.status.message or "")
+return hs

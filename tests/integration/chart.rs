@@ -1,0 +1,613 @@
+//! The Helm chart against the bed's real API server (RBAC on): it lints, it renders and applies
+//! server-side, its values schema refuses typos, two releases never collide, and the roles it
+//! gives people keep connection:close (ADR-0057 D7) and capture:write (ADR-0062 D1) apart from
+//! everything else, Kubernetes' aggregated `view`/`edit`/`admin` included. There is no kubelet:
+//! the Deployment is applied, never run.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use serde_json::json;
+
+use crate::support::{TestBed, apply_manifests, short_id, wait_until};
+
+const MANAGER: &str = "artemis-studio-chart-tests";
+
+fn chart_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/artemis-studio-operator")
+}
+
+/// The rendered documents of one kind: (name, namespace, the object as JSON).
+fn docs_of(yaml: &str, kind: &str) -> Vec<serde_json::Value> {
+    use serde::Deserialize;
+    serde_yaml::Deserializer::from_str(yaml)
+        .filter_map(|d| serde_json::Value::deserialize(d).ok())
+        .filter(|v| v["kind"] == kind)
+        .collect()
+}
+
+/// Remove what a release created outside its namespace (its namespace goes with the test).
+async fn delete_cluster_scoped(client: &Client, release: &str) {
+    let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={release}"));
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    let _ = roles.delete_collection(&DeleteParams::default(), &lp).await;
+    let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(client.clone());
+    let _ = bindings.delete_collection(&DeleteParams::default(), &lp).await;
+}
+
+async fn delete_namespace(client: &Client, ns: &str) {
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .delete(ns, &DeleteParams::default())
+        .await;
+}
+
+#[tokio::test]
+async fn helm_lint_passes() {
+    let bed = TestBed::get();
+    let out = bed
+        .helm()
+        .args(["lint", "--strict"])
+        .arg(chart_dir())
+        .output()
+        .expect("run helm lint");
+    assert!(
+        out.status.success(),
+        "helm lint --strict failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn the_values_schema_refuses_typos_and_wrong_types() {
+    let bed = TestBed::get();
+    bed.helm_template("schema", "default", &[])
+        .expect("the default values render");
+    let refused = |args: &[&str], what: &str| {
+        let err = bed
+            .helm_template("schema", "default", args)
+            .err()
+            .unwrap_or_else(|| panic!("{what} ({args:?}) rendered without a word"));
+        assert!(
+            err.contains("schema"),
+            "{what}: helm refused it, but not by the schema: {err}"
+        );
+        err
+    };
+    let err = refused(&["--set", "replicaCount=two"], "replicaCount: two");
+    assert!(err.contains("replicaCount"), "{err}");
+    refused(&["--set-string", "replicaCount=2"], "replicaCount: \"2\"");
+    let err = refused(&["--set", "replicas=2"], "an unknown top-level key");
+    assert!(err.contains("replicas"), "{err}");
+    let err = refused(&["--set", "image.tags=v1"], "an unknown nested key");
+    assert!(err.contains("tags"), "{err}");
+    refused(
+        &["--set", "trialPostgres.enabled=yes please"],
+        "a string for a boolean",
+    );
+    refused(
+        &["--set", "watchNamespaces[0]=Not_A_Namespace"],
+        "an invalid namespace name",
+    );
+    refused(&["--set", "metrics.port=0"], "port 0");
+}
+
+/// Default values and every optional part (two replicas, some watched namespaces, the trial
+/// Postgres) render and apply server-side; the objects are what the values say.
+#[tokio::test]
+async fn the_rendered_chart_applies_server_side() {
+    let bed = TestBed::get();
+    let client = bed.kube_admin().await;
+    let ns = bed.fresh_namespace("chart").await;
+    let watched = bed.fresh_namespace("chart-watched").await;
+    let release = format!("chart-{}", short_id());
+
+    // Defaults: one replica, Recreate, no PodDisruptionBudget, a ClusterRoleBinding.
+    let yaml = bed
+        .helm_template(&release, &ns, &[])
+        .expect("render the defaults");
+    apply_manifests(&client, &yaml, MANAGER).await;
+    let deployments: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns,
+        &kube::discovery::ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&()),
+    );
+    let d = deployments.get(&release).await.expect("the Deployment exists");
+    let spec = &d.data["spec"];
+    assert_eq!(spec["strategy"]["type"], "Recreate");
+    let pod = &spec["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+    let c = &pod["containers"][0];
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+    let env: BTreeSet<String> = c["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .filter_map(|e| e["name"].as_str().map(String::from))
+        .collect();
+    for v in ["DATABASE_URL", "POD_NAME", "POD_NAMESPACE", "INSTANCE_ID"] {
+        assert!(env.contains(v), "{v} is not set: {env:?}");
+    }
+    assert!(docs_of(&yaml, "PodDisruptionBudget").is_empty());
+    assert_eq!(docs_of(&yaml, "ClusterRoleBinding").len(), 1);
+    assert_eq!(docs_of(&yaml, "Service").len(), 1, "the metrics Service");
+    assert!(docs_of(&yaml, "ServiceMonitor").is_empty(), "off by default");
+
+    // Two replicas (leader election): RollingUpdate and a PodDisruptionBudget; some watched
+    // namespaces: the operator's ClusterRole bound there only; the trial Postgres.
+    let watch = format!("watchNamespaces[0]={watched}");
+    let yaml = bed
+        .helm_template(
+            &release,
+            &ns,
+            &[
+                "--set",
+                "replicaCount=2",
+                "--set",
+                &watch,
+                "--set",
+                "trialPostgres.enabled=true",
+            ],
+        )
+        .expect("render the optional parts");
+    apply_manifests(&client, &yaml, MANAGER).await;
+    let d = deployments.get(&release).await.expect("the Deployment exists");
+    assert_eq!(d.data["spec"]["strategy"]["type"], "RollingUpdate");
+    assert_eq!(d.data["spec"]["replicas"], 2);
+    assert_eq!(docs_of(&yaml, "PodDisruptionBudget").len(), 1);
+    assert!(docs_of(&yaml, "ClusterRoleBinding").is_empty());
+    let bindings = docs_of(&yaml, "RoleBinding");
+    assert!(
+        bindings
+            .iter()
+            .any(|b| b["metadata"]["namespace"] == watched.as_str()
+                && b["roleRef"]["name"] == format!("{release}-operator")),
+        "no RoleBinding of the operator's ClusterRole in {watched}"
+    );
+    let statefulsets = docs_of(&yaml, "StatefulSet");
+    assert_eq!(statefulsets.len(), 1, "the trial Postgres");
+    assert_eq!(statefulsets[0]["spec"]["replicas"], 1);
+    let operator_env = &d.data["spec"]["template"]["spec"]["containers"][0]["env"];
+    let db = operator_env
+        .as_array()
+        .and_then(|e| e.iter().find(|v| v["name"] == "DATABASE_URL"))
+        .expect("DATABASE_URL");
+    assert_eq!(
+        db["valueFrom"]["secretKeyRef"]["name"],
+        format!("{release}-trial-postgres"),
+        "the operator uses the trial database"
+    );
+    let env_names: Vec<&str> = operator_env
+        .as_array()
+        .expect("env")
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert!(env_names.contains(&"WATCH_NAMESPACES"), "{env_names:?}");
+
+    // The ServiceMonitor renders when asked for (the bed has no Prometheus Operator CRD).
+    let yaml = bed
+        .helm_template(&release, &ns, &["--set", "metrics.serviceMonitor.enabled=true"])
+        .expect("render with a ServiceMonitor");
+    let sm = docs_of(&yaml, "ServiceMonitor");
+    assert_eq!(sm.len(), 1);
+    assert_eq!(sm[0]["spec"]["endpoints"][0]["path"], "/metrics");
+
+    delete_cluster_scoped(&client, &release).await;
+    delete_namespace(&client, &ns).await;
+    delete_namespace(&client, &watched).await;
+}
+
+#[tokio::test]
+async fn two_releases_name_their_cluster_wide_objects_apart() {
+    let bed = TestBed::get();
+    let names = |release: &str, ns: &str| -> BTreeSet<String> {
+        let yaml = bed.helm_template(release, ns, &[]).expect("render");
+        ["ClusterRole", "ClusterRoleBinding"]
+            .iter()
+            .flat_map(|k| docs_of(&yaml, k))
+            .filter_map(|d| d["metadata"]["name"].as_str().map(String::from))
+            .collect()
+    };
+    let a = names("studio-a", "team-a");
+    let b = names("studio-b", "team-b");
+    assert!(
+        a.contains("studio-a-viewer") && a.contains("studio-a-operator"),
+        "{a:?}"
+    );
+    assert!(
+        a.iter().all(|n| n.starts_with("studio-a-")),
+        "not named after the release: {a:?}"
+    );
+    assert!(
+        a.is_disjoint(&b),
+        "two releases collide on {:?}",
+        a.intersection(&b).collect::<Vec<_>>()
+    );
+}
+
+/// A client that acts as `user` in `groups` (impersonated by the admin).
+async fn impersonating(bed: &TestBed, user: &str, groups: &[&str]) -> Client {
+    let kc = Kubeconfig::read_from(bed.var("TESTBED_KUBECONFIG")).expect("read kubeconfig");
+    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig");
+    config.auth_info.impersonate = Some(user.to_string());
+    config.auth_info.impersonate_groups = Some(groups.iter().map(|g| g.to_string()).collect());
+    Client::try_from(config).expect("kube client")
+}
+
+/// A person: `user`, member of no group but `system:authenticated`.
+async fn as_user(bed: &TestBed, user: &str) -> Client {
+    impersonating(bed, user, &["system:authenticated"]).await
+}
+
+async fn bind(client: &Client, ns: &str, cluster_role: &str, user: &str) {
+    let rb: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": format!("{user}-{cluster_role}"), "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
+    }))
+    .expect("rolebinding json");
+    Api::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &rb)
+        .await
+        .unwrap_or_else(|e| panic!("bind {user} to {cluster_role}: {e}"));
+}
+
+fn kind_api(client: &Client, ns: &str, kind: &str, plural: &str) -> Api<DynamicObject> {
+    let ar = kube::discovery::ApiResource {
+        group: "artemis-studio.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "artemis-studio.io/v1alpha1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+/// Try to create one object of `kind` as the given client: Ok, or the HTTP status code.
+async fn try_create(
+    client: &Client,
+    ns: &str,
+    kind: &str,
+    plural: &str,
+    spec: serde_json::Value,
+) -> Result<(), u16> {
+    let obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "artemis-studio.io/v1alpha1", "kind": kind,
+        "metadata": {"name": format!("x-{}", short_id())}, "spec": spec
+    }))
+    .expect("object json");
+    match kind_api(client, ns, kind, plural)
+        .create(&PostParams::default(), &obj)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) => Err(e.code),
+        Err(e) => panic!("create {kind}: {e}"),
+    }
+}
+
+/// Install the CRDs only where they are missing: the shared bed's CRDs may be newer (another
+/// checkout's tests apply theirs); only their existence matters here.
+async fn ensure_crds(client: &Client) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in artemis_studio_operator::api::all_crds() {
+        let name = crd.metadata.name.clone().expect("crd name");
+        if api.get_opt(&name).await.expect("read CRD").is_none() {
+            crate::smoke::install_crds(client).await;
+            return;
+        }
+    }
+}
+
+/// connection:close and capture:write are their own permissions: a user bound to the topology
+/// editor, or to Kubernetes' aggregated `view`, `edit` or even `admin`, cannot create a
+/// ConnectionClose or an ArtemisCaptureSubscription; only their own roles grant them. The
+/// aggregation itself is real (the bed's kube-controller-manager runs ClusterRole
+/// aggregation): `edit` may create queues because the chart's topology editor aggregates into it.
+#[tokio::test]
+async fn only_their_own_roles_grant_connection_close_and_capture() {
+    let bed = TestBed::get();
+    let admin = bed.kube_admin().await;
+    ensure_crds(&admin).await;
+    let ns = bed.fresh_namespace("chart-rbac").await;
+    let release = format!("rbac-{}", short_id());
+    let rbac = bed
+        .helm_template(&release, &ns, &["--show-only", "templates/rbac.yaml"])
+        .expect("render RBAC");
+    // The roles that must stay out of every aggregated role carry no aggregation label.
+    for role in docs_of(&rbac, "ClusterRole") {
+        let name = role["metadata"]["name"].as_str().unwrap_or_default();
+        if name.ends_with("-capture-writer") || name.ends_with("-connection-closer") {
+            let labels = role["metadata"]["labels"]
+                .as_object()
+                .cloned()
+                .unwrap_or_default();
+            assert!(
+                !labels
+                    .keys()
+                    .any(|k| k.starts_with("rbac.authorization.k8s.io/aggregate-to")),
+                "{name} aggregates: {labels:?}"
+            );
+        }
+    }
+    apply_manifests(&admin, &rbac, MANAGER).await;
+
+    // The aggregation controller folds the chart's roles into view/edit/admin.
+    let roles: Api<ClusterRole> = Api::all(admin.clone());
+    let grants = |role: ClusterRole, resource: &str, verb: &str| {
+        role.rules.unwrap_or_default().iter().any(|r| {
+            r.resources
+                .as_ref()
+                .is_some_and(|rs| rs.iter().any(|x| x == resource))
+                && r.verbs.iter().any(|v| v == verb)
+        })
+    };
+    for (role, resource, verb) in [
+        ("view", "artemisqueues", "list"),
+        ("edit", "artemisqueues", "create"),
+        ("admin", "artemisclusters", "create"),
+    ] {
+        wait_until(
+            &format!(
+                "ClusterRole {role} to aggregate {verb} {resource} (is kube-controller-manager running with clusterrole-aggregation? deploy/dev/testbed status)"
+            ),
+            Duration::from_secs(30),
+            || {
+                let roles = roles.clone();
+                async move { roles.get(role).await.ok().filter(|r| grants(r.clone(), resource, verb)) }
+            },
+        )
+        .await;
+    }
+
+    let id = short_id();
+    let users = [
+        ("topology-editor", format!("{release}-topology-editor")),
+        ("viewer", format!("{release}-viewer")),
+        ("view", "view".to_string()),
+        ("edit", "edit".to_string()),
+        ("admin", "admin".to_string()),
+        ("closer", format!("{release}-connection-closer")),
+        ("capturer", format!("{release}-capture-writer")),
+    ];
+    for (who, role) in &users {
+        bind(&admin, &ns, role, &format!("{who}-{id}")).await;
+    }
+    let queue = || json!({"clusterRef": {"name": "prod"}});
+    let close = || json!({"clusterRef": {"name": "prod"}, "target": {"node": "n1", "connectionId": "c1"}});
+    let capture = || json!({"clusterRef": {"name": "prod"}, "queues": "orders*"});
+
+    for (who, _) in &users {
+        let user = format!("{who}-{id}");
+        let client = as_user(&bed, &user).await;
+        // A new RoleBinding takes a moment to reach the authorizer.
+        let may_queue = matches!(*who, "topology-editor" | "edit" | "admin");
+        let may_close = *who == "closer";
+        let may_capture = *who == "capturer";
+        let got = wait_until(
+            &format!("{user}'s permissions to settle"),
+            Duration::from_secs(20),
+            || {
+                let client = client.clone();
+                let ns = ns.clone();
+                async move {
+                    let q = try_create(&client, &ns, "ArtemisQueue", "artemisqueues", queue()).await;
+                    (q.is_ok() == may_queue).then_some(q)
+                }
+            },
+        )
+        .await;
+        assert!(
+            got.is_ok() == may_queue,
+            "{user}: create ArtemisQueue gave {got:?}"
+        );
+        let c = try_create(&client, &ns, "ConnectionClose", "connectioncloses", close()).await;
+        let s = try_create(
+            &client,
+            &ns,
+            "ArtemisCaptureSubscription",
+            "artemiscapturesubscriptions",
+            capture(),
+        )
+        .await;
+        if may_close {
+            assert_eq!(c, Ok(()), "{user} may create a ConnectionClose");
+        } else {
+            assert_eq!(
+                c,
+                Err(403),
+                "{user} must not create a ConnectionClose (connection:close, ADR-0057 D7)"
+            );
+        }
+        if may_capture {
+            assert_eq!(s, Ok(()), "{user} may create an ArtemisCaptureSubscription");
+        } else {
+            assert_eq!(
+                s,
+                Err(403),
+                "{user} must not create an ArtemisCaptureSubscription (capture:write, ADR-0062 D1)"
+            );
+        }
+        if *who == "viewer" || *who == "view" {
+            kind_api(&client, &ns, "ConnectionClose", "connectioncloses")
+                .list(&ListParams::default())
+                .await
+                .unwrap_or_else(|e| panic!("{user} may read ConnectionCloses: {e}"));
+        }
+    }
+
+    delete_cluster_scoped(&admin, &release).await;
+    delete_namespace(&admin, &ns).await;
+}
+
+/// The operator under the chart's own ServiceAccount (a fresh release, its identity
+/// impersonated as its token would authenticate) takes an ArtemisCluster to Ready, an
+/// ArtemisQueue through create → Ready → delete (its finalizer released), a ConnectionClose to
+/// completion and its deletion after `ttlSecondsAfterFinished`, and records its Events: the
+/// chart's ClusterRole, narrowed to the calls the controllers make, is enough for each flow.
+#[tokio::test]
+async fn the_operator_runs_under_the_charts_service_account() {
+    use artemis_studio_operator::api::{ArtemisQueue, ConnectionClose};
+    use artemis_studio_operator::controllers;
+    let _b = crate::support::brokers_shared().await;
+    let bed = TestBed::get();
+    let admin = bed.kube_admin().await;
+    ensure_crds(&admin).await;
+    let release_ns = bed.fresh_namespace("chart-op").await;
+    let ns = bed.fresh_namespace("chart-op-work").await;
+    let release = format!("op-{}", short_id());
+    let rbac = bed
+        .helm_template(&release, &release_ns, &["--show-only", "templates/rbac.yaml"])
+        .expect("render RBAC");
+    apply_manifests(&admin, &rbac, MANAGER).await;
+    let service_account = format!("system:serviceaccount:{release_ns}:{release}");
+    let own_group = format!("system:serviceaccounts:{release_ns}");
+    let client = impersonating(
+        &bed,
+        &service_account,
+        &["system:serviceaccounts", &own_group, "system:authenticated"],
+    )
+    .await;
+
+    let db = bed.fresh_database().await;
+    artemis_studio_operator::store::Store::migrate(&db)
+        .await
+        .expect("migrate");
+    let store = artemis_studio_operator::store::Store::connect(&db)
+        .await
+        .expect("store");
+    let (ctx, reflectors) = controllers::Context::new(
+        client.clone(),
+        store,
+        format!("chart-{}", short_id()),
+        controllers::Namespaces::from_list(vec![ns.clone()]),
+    );
+    let ctx = std::sync::Arc::new(ctx);
+    let operator = tokio::spawn(controllers::run_all(ctx.clone(), reflectors));
+    struct Abort(tokio::task::JoinHandle<()>);
+    impl Drop for Abort {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let _operator = Abort(operator);
+
+    // ArtemisCluster: reads its credentials Secret, writes status.
+    let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
+    crate::support::create_cluster(&admin, &ns, "c", &urls, Some(bed.broker_user())).await;
+    let cluster = crate::support::wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
+    let node = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.nodes.first())
+        .expect("a node")
+        .node_id
+        .clone();
+
+    // ArtemisQueue: finalizer, status, an Event, then a delete that releases the finalizer.
+    let queues: Api<ArtemisQueue> = Api::namespaced(admin.clone(), &ns);
+    let name = format!("chart-q-{}", short_id());
+    let q: ArtemisQueue = serde_json::from_value(json!({
+        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+        "metadata": {"name": name}, "spec": {"clusterRef": {"name": "c"}}
+    }))
+    .expect("queue json");
+    queues
+        .create(&PostParams::default(), &q)
+        .await
+        .expect("create ArtemisQueue");
+    wait_until(
+        &format!("ArtemisQueue {name} Ready"),
+        Duration::from_secs(90),
+        || {
+            let queues = queues.clone();
+            let name = name.clone();
+            async move {
+                let q = queues.get(&name).await.ok()?;
+                q.status?
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin.clone(), &ns);
+    wait_until("an Event of the queue's command", Duration::from_secs(30), || {
+        let events = events.clone();
+        let name = name.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str()))
+                .then_some(())
+        }
+    })
+    .await;
+    queues
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete ArtemisQueue");
+    wait_until(
+        &format!("ArtemisQueue {name} deleted"),
+        Duration::from_secs(90),
+        || {
+            let queues = queues.clone();
+            let name = name.clone();
+            async move {
+                queues
+                    .get_opt(&name)
+                    .await
+                    .ok()
+                    .and_then(|o| o.is_none().then_some(()))
+            }
+        },
+    )
+    .await;
+
+    // ConnectionClose: status read afresh and written, then deleted after its TTL.
+    let closes: Api<ConnectionClose> = Api::namespaced(admin.clone(), &ns);
+    let close: ConnectionClose = serde_json::from_value(json!({
+        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ConnectionClose",
+        "metadata": {"name": "gone"},
+        "spec": {"clusterRef": {"name": "c"}, "confirm": "nobody", "ttlSecondsAfterFinished": 1,
+                 "target": {"node": node, "connectionId": format!("no-such-connection-{}", short_id())}}
+    }))
+    .expect("close json");
+    closes
+        .create(&PostParams::default(), &close)
+        .await
+        .expect("create ConnectionClose");
+    wait_until(
+        "the finished ConnectionClose deleted by the operator after its TTL",
+        Duration::from_secs(90),
+        || {
+            let closes = closes.clone();
+            async move {
+                closes
+                    .get_opt("gone")
+                    .await
+                    .ok()
+                    .and_then(|o| o.is_none().then_some(()))
+            }
+        },
+    )
+    .await;
+
+    delete_cluster_scoped(&admin, &release).await;
+    delete_namespace(&admin, &ns).await;
+    delete_namespace(&admin, &release_ns).await;
+}
