@@ -10,6 +10,9 @@ pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 pub const GROUP: &str = "artemis-studio.io";
 /// Annotation that stops every broker write for one object (status says so).
 pub const PAUSED_ANNOTATION: &str = "artemis-studio.io/paused";
+/// Annotation on a ConnectionClose: its `spec.confirm` counts even when it was set before the
+/// consequence was shown (automation that confirms without review; recorded in the audit row).
+pub const CONFIRM_WITHOUT_REVIEW_ANNOTATION: &str = "artemis-studio.io/confirm-without-review";
 /// Name prefix reserved to capture subscriptions (ADR-0079 D3 via ADR-0084 §5).
 pub const CAPTURE_PREFIX: &str = "artemis-studio.capture.";
 

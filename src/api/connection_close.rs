@@ -122,6 +122,19 @@ pub struct ConnectionCloseStatus {
     /// The audit_event row of the close (written before the call).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit_id: Option<i64>,
+    /// The operator process that armed the close (set with a resourceVersion precondition, so
+    /// exactly one process can): a process that finds `Closing` armed by another waits, then
+    /// marks it Failed (outcome unknown) — never calls again (ADR-0057 D5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub armed_by: Option<String>,
+    /// When the close was armed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub armed_at: Option<String>,
+    /// The generation at which the target and the consequence were last shown in status. A
+    /// `spec.confirm` counts only when given after that (a later generation), unless the
+    /// object carries the annotation `artemis-studio.io/confirm-without-review: "true"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shown_generation: Option<i64>,
     /// When the close finished, Completed or Failed (RFC 3339); ttlSecondsAfterFinished counts from
     /// here.
     #[serde(default, skip_serializing_if = "Option::is_none")]

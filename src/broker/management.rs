@@ -331,6 +331,47 @@ impl BrokerManagement {
             .collect()
     }
 
+    /// Every row of one filtered listing, page after page, until the broker's reported `count`
+    /// is reached (a first page alone undercounts, ADR-0057 D6).
+    pub async fn list_all(
+        &self,
+        what: ListKind,
+        field: &str,
+        value: &str,
+    ) -> Result<Vec<Value>, BrokerError> {
+        const PAGE: u64 = 1000;
+        let options = json!({"field": field, "operation": "EQUALS", "value": value}).to_string();
+        let mut rows: Vec<Value> = vec![];
+        for page in 1..=1000u64 {
+            let v = self
+                .client
+                .call(JolokiaRequest::exec(
+                    self.broker(),
+                    what.operation(),
+                    vec![json!(options), json!(page), json!(PAGE)],
+                ))
+                .await?;
+            let parsed: Value = v
+                .as_str()
+                .and_then(|s| serde_json::from_str(s).ok())
+                .ok_or_else(|| {
+                    BrokerError::BadResponse(format!("{} did not return JSON", what.operation()))
+                })?;
+            let data = parsed
+                .get("data")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let total = parsed.get("count").and_then(Value::as_u64);
+            let got = data.len() as u64;
+            rows.extend(data);
+            if got < PAGE || total.is_some_and(|t| rows.len() as u64 >= t) {
+                break;
+            }
+        }
+        Ok(rows)
+    }
+
     /// `listConnections/listSessions/listConsumers(options, page, pageSize)` with one filter.
     pub async fn list(&self, what: ListKind, field: &str, value: &str) -> Result<Vec<Value>, BrokerError> {
         Ok(self

@@ -46,16 +46,42 @@ where
 {
     let audit_id = ctx.store.audit_intent(&intent).await?;
     let nodes = fanout::fan_out(scope.topology, fanout::DEFAULT_CONCURRENCY, scope.timeout, op).await;
+    finish(
+        ctx,
+        obj,
+        scope.cluster_ns,
+        scope.cluster_name,
+        &intent.command,
+        audit_id,
+        nodes,
+    )
+    .await
+}
+
+/// Complete a command whose intent row was written (by [`run`], or by a one-shot kind that
+/// persists the row's id before it calls the broker): the audit outcome, the metrics, the
+/// managementWrite evidence and one Event.
+pub async fn finish<K>(
+    ctx: &Context,
+    obj: &K,
+    cluster_ns: &str,
+    cluster_name: &str,
+    command: &str,
+    audit_id: i64,
+    nodes: Vec<NodeOutcome>,
+) -> Result<CommandResult, ReconcileError>
+where
+    K: Resource<DynamicType = ()>,
+{
     if nodes.iter().any(|n| n.outcome == Outcome::Applied) {
         // The snapshot no longer describes the brokers: the next reader polls again.
-        ctx.topologies
-            .remove(&super::key(scope.cluster_ns, scope.cluster_name));
+        ctx.topologies.remove(&super::key(cluster_ns, cluster_name));
     }
     let verdict = CommandVerdict::of(&nodes);
     ctx.metrics
         .commands
         .get_or_create(&crate::telemetry::CommandLabels {
-            command: intent.command.clone(),
+            command: command.to_string(),
             verdict: format!("{verdict:?}").to_lowercase(),
         })
         .inc();
@@ -70,13 +96,13 @@ where
     ctx.store
         .audit_outcome(audit_id, verdict, &outcome_detail(&nodes))
         .await?;
-    report_evidence(ctx, scope.cluster_ns, scope.cluster_name, &intent.command, &nodes).await?;
-    let summary = describe(&intent.command, &nodes);
+    report_evidence(ctx, cluster_ns, cluster_name, command, &nodes).await?;
+    let summary = describe(command, &nodes);
     let (warning, reason) = match verdict {
         CommandVerdict::Succeeded => (false, "Applied"),
         _ => (true, "Failed"),
     };
-    ctx.event(obj, warning, reason, &intent.command, summary).await;
+    ctx.event(obj, warning, reason, command, summary).await;
     Ok(CommandResult {
         audit_id,
         nodes,

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
@@ -125,14 +125,20 @@ pub fn confirmation_of(snapshot: &TargetSnapshot) -> Option<String> {
         .or_else(|| snapshot.remote_address.clone())
 }
 
-/// ADR-0057 D4: the consequence, stated before the close can be armed.
+/// ADR-0057 D4: the consequence, stated before the close can be armed — only what was
+/// measured: on Artemis 2.40 a closed AMQP consumer's unsettled messages are released back to
+/// their queue with their delivery count unchanged (tests/integration/connection_close.rs);
+/// for Core/JMS consumers the count was not measured here, and the ADR's warning stands.
 pub fn consequence(in_flight: Option<u64>) -> String {
-    match in_flight {
-        Some(n) => format!(
-            "closing returns {n} in-flight message(s) to their queues and increments their delivery count; messages at their max-delivery-attempts go to the DLQ"
-        ),
-        None => "closing returns the in-flight messages to their queues (in-flight count not reported) and increments their delivery count; messages at their max-delivery-attempts go to the DLQ".into(),
-    }
+    let what = match in_flight {
+        Some(n) => format!("closing returns {n} in-flight message(s) to their queues"),
+        None => {
+            "closing returns the in-flight messages to their queues (in-flight count not reported)".into()
+        }
+    };
+    format!(
+        "{what}. Measured on Artemis 2.40 for AMQP consumers: their delivery count is not incremented. For Core/JMS consumers it may be (not measured): a message at its max-delivery-attempts would then go to the DLQ"
+    )
 }
 
 fn describe(t: &CloseTarget) -> String {
@@ -160,6 +166,57 @@ async fn write(
     )
     .await?;
     Ok(())
+}
+
+/// Write status only if the object is still at the resourceVersion it was read at (a
+/// compare-and-swap): `Ok(false)` when another writer got there first.
+async fn write_if_unchanged(
+    ctx: &Context,
+    o: &ConnectionClose,
+    status: &ConnectionCloseStatus,
+) -> Result<bool, ReconcileError> {
+    let api: Api<ConnectionClose> = Api::namespaced(ctx.client.clone(), &o.namespace().unwrap_or_default());
+    let mut next = o.clone();
+    next.status = Some(status.clone());
+    next.metadata.managed_fields = None;
+    match api
+        .replace_status(&o.name_any(), &PostParams::default(), &next)
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// How long a `Closing` armed by another process is left alone: that process may be calling
+/// the broker right now. After it, the close is Failed with its outcome unknown.
+const ARMED_GRACE: Duration = Duration::from_secs(30);
+
+/// Is the close confirmed by a human who saw the consequence (ADR-0057 D3, D4)? `Err` says
+/// what to do.
+pub fn confirmed(
+    confirm: Option<&str>,
+    expected: Option<&str>,
+    generation: Option<i64>,
+    shown_generation: Option<i64>,
+    without_review: bool,
+) -> Result<(), ConfirmationMissing> {
+    match (confirm, expected) {
+        (None, _) => Err(ConfirmationMissing::NotGiven),
+        (Some(c), e) if Some(c) != e => Err(ConfirmationMissing::Mismatch),
+        _ if without_review => Ok(()),
+        // A confirmation counts only when given after the consequence was shown.
+        _ if shown_generation.is_some_and(|s| generation.is_some_and(|g| g > s)) => Ok(()),
+        _ => Err(ConfirmationMissing::BeforeShown),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfirmationMissing {
+    NotGiven,
+    Mismatch,
+    BeforeShown,
 }
 
 fn finish(status: &mut ConnectionCloseStatus, phase: ClosePhase, message: String, generation: Option<i64>) {
@@ -194,6 +251,9 @@ async fn await_confirmation(
     message: String,
 ) -> Result<Action, ReconcileError> {
     status.phase = ClosePhase::AwaitingConfirmation;
+    status.armed_by = None;
+    status.armed_at = None;
+    status.shown_generation = o.metadata.generation;
     status.message = Some(message.clone());
     conditions::set(
         &mut status.conditions,
@@ -221,13 +281,19 @@ fn intent(ctx: &Context, o: &ConnectionClose, snapshot: &TargetSnapshot, node: &
         object_uid: o.uid().unwrap_or_default(),
         object_generation: o.metadata.generation,
         // D3: the audit names the application, not the identifier.
-        params: json!({"snapshot": snapshot, "confirm": o.spec.confirm, "allowBulk": o.spec.allow_bulk}),
+        params: json!({
+            "snapshot": snapshot, "confirm": o.spec.confirm, "allowBulk": o.spec.allow_bulk,
+            "confirmWithoutReview": without_review(o),
+        }),
     }
 }
 
-/// A topology of one node, for a node-scoped command (same outcome shape, one entry).
-fn only(topology: &Topology, node_id: &str) -> Topology {
-    topology.restricted_to(&BTreeSet::from([node_id.to_string()]))
+fn without_review(o: &ConnectionClose) -> bool {
+    o.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::api::CONFIRM_WITHOUT_REVIEW_ANNOTATION))
+        .is_some_and(|v| v == "true")
 }
 
 async fn close_by_id(
@@ -256,21 +322,28 @@ async fn close_by_id(
         return Ok(Action::await_change());
     };
     let Some(m) = node.active.clone() else {
-        status.already_gone = true;
-        status.nodes = vec![NodeOutcome {
-            outcome: Outcome::Already,
-            ..fanout::skipped(node)
-        }];
-        finish(
-            &mut status,
-            ClosePhase::Completed,
-            "the node is not live: its connections are gone".into(),
+        // Not live: its connections can be neither read nor closed now, and the broker may
+        // still be serving them. Nothing is sent and nothing is called gone; the close waits.
+        conditions::set(
+            &mut status.conditions,
+            COMPLETE,
+            false,
+            "NodeNotLive",
+            format!(
+                "node {} is not live ({}): the target cannot be read or closed now; nothing was sent, the close waits for the node",
+                node.node_id,
+                node.not_live_reason.as_deref().unwrap_or("no active endpoint")
+            ),
             generation,
         );
+        status.nodes = vec![fanout::skipped(node)];
+        if status.phase == ClosePhase::Pending {
+            status.phase = ClosePhase::AwaitingConfirmation;
+        }
         write(ctx, o, &status).await?;
-        return Ok(Action::await_change());
+        return Ok(Action::requeue(Duration::from_secs(10)));
     };
-    // D3: re-read right before acting.
+    // D3: read the target before anything is shown or armed.
     let snapshot = match read_target(&m, t).await {
         Ok(s) => s,
         Err(e) => {
@@ -288,16 +361,9 @@ async fn close_by_id(
         }
     };
     let Some(snapshot) = snapshot else {
-        // D2: a vanished target is a success.
+        // D2: a vanished target is a success — known from a live node that answered.
         status.already_gone = true;
-        status.nodes = vec![NodeOutcome {
-            node: node.node_id.clone(),
-            endpoint: Some(m.client().url().to_string()),
-            outcome: Outcome::Already,
-            refusal: None,
-            message: format!("{} is not on this node (already gone)", describe(t)),
-            detail: vec![],
-        }];
+        status.nodes = vec![gone_outcome(node, &m, t)];
         finish(
             &mut status,
             ClosePhase::Completed,
@@ -310,70 +376,144 @@ async fn close_by_id(
     let expected = confirmation_of(&snapshot);
     status.consequence = Some(consequence(snapshot.in_flight_messages));
     status.snapshot = Some(snapshot.clone());
-    if o.spec.confirm.is_none() || o.spec.confirm != expected {
-        let reports = expected.clone().unwrap_or_else(|| "<nothing>".into());
-        let message = match &o.spec.confirm {
-            None => format!(
-                "set spec.confirm to {reports:?} (the client the broker reports) to close {}; {}",
-                describe(t),
-                status.consequence.clone().unwrap_or_default()
-            ),
-            Some(c) => format!(
-                "spec.confirm is {c:?} but the broker reports {reports:?} for {} now: not closing. If {reports:?} is the application to disconnect, set spec.confirm to it",
+    let reports = expected.clone().unwrap_or_else(|| "<nothing>".into());
+    if let Err(missing) = confirmed(
+        o.spec.confirm.as_deref(),
+        expected.as_deref(),
+        generation,
+        status.shown_generation,
+        without_review(o),
+    ) {
+        let consequence = status.consequence.clone().unwrap_or_default();
+        let message = match missing {
+            ConfirmationMissing::NotGiven => format!(
+                "set spec.confirm to {reports:?} (the client the broker reports) to close {}; {consequence}",
                 describe(t)
+            ),
+            ConfirmationMissing::Mismatch => format!(
+                "spec.confirm is {:?} but the broker reports {reports:?} for {} now: not closing. If {reports:?} is the application to disconnect, set spec.confirm to it",
+                o.spec.confirm.clone().unwrap_or_default(),
+                describe(t)
+            ),
+            ConfirmationMissing::BeforeShown => format!(
+                "spec.confirm was set before the consequence was shown, so it does not count: {consequence}. To close {} ({reports:?}), remove spec.confirm and set it again; automation that confirms without review annotates the object {}: \"true\" (recorded in the audit row)",
+                describe(t),
+                crate::api::CONFIRM_WITHOUT_REVIEW_ANNOTATION
             ),
         };
         return await_confirmation(ctx, o, status, message).await;
     }
-    // Armed: Closing is persisted before the call (an operator that dies now never retries).
+    // Arm: persist Closing with a resourceVersion precondition; exactly one process wins.
     status.phase = ClosePhase::Closing;
+    status.armed_by = Some(ctx.process_id.clone());
+    status.armed_at = Some(now());
+    if !write_if_unchanged(ctx, o, &status).await? {
+        tracing::info!(close = %o.name_any(), "another writer changed the ConnectionClose first: not armed here");
+        return Ok(Action::requeue(Duration::from_secs(2)));
+    }
+    // Then the audit intent, its id in status, before the broker is called.
+    let intent = intent(ctx, o, &snapshot, &node.node_id);
+    let audit_id = ctx.store.audit_intent(&intent).await?;
+    status.audit_id = Some(audit_id);
     write(ctx, o, &status).await?;
+    if let Ok(marker) = std::env::var("ARTEMIS_STUDIO_TEST_PAUSE_AFTER_ARM") {
+        // A test-only pause point: the crash window between arming and the call.
+        let _ = std::fs::write(&marker, audit_id.to_string());
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    }
+    // D3: the re-read immediately before the call, compared, then the call.
+    let finish_nodes = |nodes: Vec<NodeOutcome>| {
+        command::finish(
+            ctx,
+            o,
+            &ns,
+            &o.spec.cluster_ref.name,
+            "connection.close",
+            audit_id,
+            nodes,
+        )
+    };
+    let reread = read_target(&m, t).await;
+    let now_reports = match &reread {
+        Ok(Some(s)) => confirmation_of(s),
+        _ => None,
+    };
+    match reread {
+        Ok(None) => {
+            finish_nodes(vec![gone_outcome(node, &m, t)]).await?;
+            status.already_gone = true;
+            status.nodes = vec![gone_outcome(node, &m, t)];
+            finish(
+                &mut status,
+                ClosePhase::Completed,
+                format!("{} is already gone", describe(t)),
+                generation,
+            );
+            write(ctx, o, &status).await?;
+            return Ok(Action::await_change());
+        }
+        Err(_) | Ok(Some(_)) if now_reports != expected => {
+            // Nothing was sent: back to the confirmation, saying what changed.
+            let why = match &reread {
+                Err(e) => format!("re-reading the target right before the close failed ({e})"),
+                _ => format!(
+                    "the broker now reports {:?} for {} (confirmed: {reports:?})",
+                    now_reports.clone().unwrap_or_else(|| "<nothing>".into()),
+                    describe(t)
+                ),
+            };
+            let not_sent = NodeOutcome {
+                node: node.node_id.clone(),
+                endpoint: Some(m.client().url().to_string()),
+                outcome: Outcome::Failed,
+                refusal: Some(RefusalKind::NameConflict),
+                message: format!("not sent: {why}"),
+                detail: vec![],
+            };
+            finish_nodes(vec![not_sent]).await?;
+            status.audit_id = Some(audit_id);
+            let message =
+                format!("{why}: nothing was closed. Confirm again against what the broker reports now");
+            return await_confirmation(ctx, o, status, message).await;
+        }
+        _ => {}
+    }
     let target = t.clone();
-    let scoped = only(topology, &node.node_id);
-    let result = command::run(
-        ctx,
-        o,
-        Scope {
-            cluster_ns: &ns,
-            cluster_name: &o.spec.cluster_ref.name,
-            topology: &scoped,
-            timeout: rt.request_timeout * 2,
-        },
-        intent(ctx, o, &snapshot, &node.node_id),
-        move |tg| {
-            let target = target.clone();
-            async move {
-                let closed = match (&target.connection_id, &target.session_id, &target.consumer_id) {
-                    (Some(c), None, None) => tg.management.close_connection(c).await?,
-                    (Some(c), Some(sid), None) => tg.management.close_session(c, sid).await?,
-                    (None, Some(sid), Some(cid)) => {
-                        let id: i64 = cid.parse().map_err(|_| {
-                            fanout::refuse(
-                                RefusalKind::InvalidConfiguration,
-                                "spec.target.consumerId is not a number",
-                            )
-                        })?;
-                        tg.management.close_consumer(sid, id).await?
-                    }
-                    _ => {
-                        return Err(fanout::refuse(
+    let timeout = rt.request_timeout * 2;
+    let outcome = fanout::run_on(node, timeout, &move |tg: crate::fanout::Target| {
+        let target = target.clone();
+        async move {
+            let closed = match (&target.connection_id, &target.session_id, &target.consumer_id) {
+                (Some(c), None, None) => tg.management.close_connection(c).await?,
+                (Some(c), Some(sid), None) => tg.management.close_session(c, sid).await?,
+                (None, Some(sid), Some(cid)) => {
+                    let id: i64 = cid.parse().map_err(|_| {
+                        fanout::refuse(
                             RefusalKind::InvalidConfiguration,
-                            "invalid target",
-                        ));
-                    }
-                };
-                Ok(if closed {
-                    NodeReport::new(Outcome::Applied, "closed")
-                } else {
-                    NodeReport::new(
-                        Outcome::Already,
-                        "already gone (the broker found nothing to close)",
-                    )
-                })
-            }
-        },
-    )
-    .await?;
+                            "spec.target.consumerId is not a number",
+                        )
+                    })?;
+                    tg.management.close_consumer(sid, id).await?
+                }
+                _ => {
+                    return Err(fanout::refuse(
+                        RefusalKind::InvalidConfiguration,
+                        "invalid target",
+                    ));
+                }
+            };
+            Ok(if closed {
+                NodeReport::new(Outcome::Applied, "closed")
+            } else {
+                NodeReport::new(
+                    Outcome::Already,
+                    "already gone (the broker found nothing to close)",
+                )
+            })
+        }
+    })
+    .await;
+    let result = finish_nodes(vec![outcome]).await?;
     status.audit_id = Some(result.audit_id);
     status.already_gone = result.nodes.iter().all(|n| n.outcome == Outcome::Already);
     let ok = result
@@ -405,6 +545,22 @@ async fn close_by_id(
     Ok(Action::await_change())
 }
 
+fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// D2: the node answered and the target is not there.
+fn gone_outcome(node: &crate::topology::LogicalNode, m: &BrokerManagement, t: &CloseTarget) -> NodeOutcome {
+    NodeOutcome {
+        node: node.node_id.clone(),
+        endpoint: Some(m.client().url().to_string()),
+        outcome: Outcome::Already,
+        refusal: None,
+        message: format!("{} is not on this node (already gone)", describe(t)),
+        detail: vec![],
+    }
+}
+
 async fn close_address(
     ctx: &Context,
     o: &ConnectionClose,
@@ -419,7 +575,7 @@ async fn close_address(
     let mut per_node = vec![];
     for node in topology.live_nodes() {
         let Some(m) = &node.active else { continue };
-        let consumers = match m.list(ListKind::Consumers, "address", address).await {
+        let consumers = match m.list_all(ListKind::Consumers, "address", address).await {
             Ok(c) => c,
             Err(e) => {
                 conditions::set(
@@ -434,10 +590,15 @@ async fn close_address(
                 return Ok(Action::requeue(Duration::from_secs(10)));
             }
         };
-        let sessions: BTreeSet<String> = consumers.iter().filter_map(|c| s(c, "session")).collect();
+        // D6: the cap counts connections — distinct ones, over every page. A 2.40 consumer row
+        // names no connection; its remote address (the client's socket) is one per connection.
+        let connections: BTreeSet<String> = consumers
+            .iter()
+            .filter_map(|c| s(c, "remoteAddress").or_else(|| s(c, "session")))
+            .collect();
         per_node.push(NodeConnections {
             node: node.node_id.clone(),
-            connections: sessions.len() as u64,
+            connections: connections.len() as u64,
         });
     }
     let total: u64 = per_node.iter().map(|p| p.connections).sum();
@@ -551,14 +712,34 @@ async fn reconcile(o: Arc<ConnectionClose>, ctx: Arc<Context>) -> Result<Action,
             return Ok(Action::requeue(Duration::from_secs(left as u64)));
         }
         ClosePhase::Closing => {
-            // D5: this process did not finish it (it restarted): never retried.
+            let mine = status.armed_by.as_deref() == Some(ctx.process_id.as_str());
+            let armed_for = status
+                .armed_at
+                .as_deref()
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                .map(|t| chrono::Utc::now().signed_duration_since(t))
+                .and_then(|d| d.to_std().ok());
+            if let Some(left) = armed_for
+                .filter(|_| !mine)
+                .and_then(|d| ARMED_GRACE.checked_sub(d))
+            {
+                // Another process armed it moments ago and may be calling the broker now.
+                return Ok(Action::requeue(left + Duration::from_secs(1)));
+            }
+            // D5: the process that armed it did not finish: never called again.
+            let why = "outcome unknown, not retried: the operator process that armed the close stopped before recording its outcome (ADR-0057 D5)";
             finish(
                 &mut status,
                 ClosePhase::Failed,
-                "Failed: outcome unknown, not retried (the operator restarted after arming the close)".into(),
+                format!("Failed: {why}"),
                 generation,
             );
-            write(&ctx, &fresh, &status).await?;
+            if !write_if_unchanged(&ctx, &fresh, &status).await? {
+                return Ok(Action::requeue(Duration::from_secs(2)));
+            }
+            ctx.store
+                .audit_unknown(&fresh.uid().unwrap_or_default(), why)
+                .await?;
             return Ok(Action::await_change());
         }
         ClosePhase::Pending | ClosePhase::AwaitingConfirmation => {}

@@ -161,6 +161,9 @@ pub struct Context {
     pub client: Client,
     pub store: Store,
     pub instance_id: String,
+    /// This process, uniquely (a restart is another process): what a one-shot action is armed
+    /// by.
+    pub process_id: String,
     pub namespaces: Namespaces,
     pub caches: Caches,
     pub topologies: TopologyCache,
@@ -189,6 +192,11 @@ impl Context {
             client,
             store,
             instance_id,
+            process_id: format!(
+                "{}/{}",
+                std::env::var("POD_NAME").unwrap_or_else(|_| "local".into()),
+                uuid::Uuid::new_v4().simple()
+            ),
             namespaces,
             caches: Caches {
                 clusters,

@@ -123,6 +123,20 @@ impl Store {
         Ok(id)
     }
 
+    /// A command whose outcome cannot be learned (the process that sent it is gone): every row
+    /// of this object still `pending` becomes `unknown`, with the reason. Returns how many.
+    pub async fn audit_unknown(&self, object_uid: &str, reason: &str) -> Result<u64, StoreError> {
+        let r = sqlx::query(
+            "UPDATE audit_event SET outcome = 'unknown', outcome_detail = jsonb_build_object('reason', $2::text), \
+             completed_at = now() WHERE object_uid = $1 AND outcome = 'pending'",
+        )
+        .bind(object_uid)
+        .bind(reason)
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected())
+    }
+
     /// Complete the row with the per-node outcome.
     pub async fn audit_outcome(
         &self,

@@ -3,6 +3,7 @@
 
 mod binary;
 mod chart;
+mod close_once;
 mod cluster_core;
 mod connection_close;
 mod divert;
