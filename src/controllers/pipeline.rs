@@ -472,6 +472,14 @@ fn intent<K: TopologyObject>(
     }
 }
 
+/// The nodes a plan writes to.
+fn write_targets(plan: &[(NodeOutcome, bool)]) -> BTreeSet<String> {
+    plan.iter()
+        .filter(|(_, w)| *w)
+        .map(|(n, _)| n.node.clone())
+        .collect()
+}
+
 /// Merge executed outcomes over planned ones (nodes that were not written keep their plan).
 fn merge(planned: Vec<(NodeOutcome, bool)>, executed: Vec<NodeOutcome>) -> Vec<NodeOutcome> {
     let mut by_node: BTreeMap<String, NodeOutcome> =
@@ -618,11 +626,7 @@ pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<
     } else {
         // preflight: a command only for a difference a fresh read of the object confirms (the
         // snapshot may predate a write, ours or someone else's): no audited no-op commands.
-        let wanted: BTreeSet<String> = plan
-            .iter()
-            .filter(|(_, w)| *w)
-            .map(|(n, _)| n.node.clone())
-            .collect();
+        let wanted: BTreeSet<String> = write_targets(&plan);
         let fresh = fresh_reads::<K>(&deref, &d, &wanted, false).await;
         let plan: Vec<(NodeOutcome, bool)> = plan
             .into_iter()
@@ -642,51 +646,33 @@ pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<
                 }
             })
             .collect();
-        let targets: BTreeSet<String> = plan
-            .iter()
-            .filter(|(_, w)| *w)
-            .map(|(n, _)| n.node.clone())
-            .collect();
+        let targets: BTreeSet<String> = write_targets(&plan);
         if targets.is_empty() {
-            let nodes: Vec<NodeOutcome> = plan.into_iter().map(|(n, _)| n).collect();
-            conditions::from_outcomes(&mut conds, &nodes, generation, false, K::NOUN);
-            report(
+            // The fresh reads found nothing to do (or a refusal): no command, no audit row.
+            plan.into_iter().map(|(n, _)| n).collect()
+        } else {
+            let old_generation = obj.current_status().and_then(|s| s.observed_generation());
+            let command_name = command::apply_or_repair(K::NOUN, old_generation, generation, last_audit_id);
+            let planned_nodes: Vec<&NodeOutcome> = plan.iter().map(|(n, _)| n).collect();
+            let mut params = obj.apply_params(&d);
+            params["plan"] = serde_json::to_value(&planned_nodes)?;
+            let d2 = d.clone();
+            let result = command::run(
                 &ctx,
                 obj.as_ref(),
-                Pass {
-                    generation,
-                    conditions: conds,
-                    desired: Some(&d),
-                    nodes,
-                    last_audit_id,
-                    topology: Some(&deref.topology),
-                    facts: Some(&deref.facts),
+                Scope {
+                    cluster_ns: &ns,
+                    cluster_name: &obj.cluster_ref().name,
+                    topology: &deref.topology.restricted_to(&targets),
+                    timeout: deref.rt.request_timeout * 3,
                 },
+                intent(&ctx, obj.as_ref(), &d, &command_name, params),
+                move |t| K::apply_on(t, d2.clone()),
             )
             .await?;
-            return Ok(Action::requeue(deref.rt.poll_interval));
+            last_audit_id = Some(result.audit_id);
+            merge(plan, result.nodes)
         }
-        let old_generation = obj.current_status().and_then(|s| s.observed_generation());
-        let command_name = command::apply_or_repair(K::NOUN, old_generation, generation, last_audit_id);
-        let planned_nodes: Vec<&NodeOutcome> = plan.iter().map(|(n, _)| n).collect();
-        let mut params = obj.apply_params(&d);
-        params["plan"] = serde_json::to_value(&planned_nodes)?;
-        let d2 = d.clone();
-        let result = command::run(
-            &ctx,
-            obj.as_ref(),
-            Scope {
-                cluster_ns: &ns,
-                cluster_name: &obj.cluster_ref().name,
-                topology: &deref.topology.restricted_to(&targets),
-                timeout: deref.rt.request_timeout * 3,
-            },
-            intent(&ctx, obj.as_ref(), &d, &command_name, params),
-            move |t| K::apply_on(t, d2.clone()),
-        )
-        .await?;
-        last_audit_id = Some(result.audit_id);
-        merge(plan, result.nodes)
     };
     conditions::from_outcomes(&mut conds, &nodes, generation, gate != Gate::Write, K::NOUN);
     report(
@@ -891,11 +877,7 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
     }
     let mut last_audit_id = None;
     let nodes = if plan.iter().any(|(_, w)| *w) {
-        let targets: BTreeSet<String> = plan
-            .iter()
-            .filter(|(_, w)| *w)
-            .map(|(n, _)| n.node.clone())
-            .collect();
+        let targets: BTreeSet<String> = write_targets(&plan);
         let mut params = o.delete_params(&d);
         params["plan"] = serde_json::to_value(plan.iter().map(|(n, _)| n).collect::<Vec<_>>())?;
         let d2 = d.clone();
