@@ -126,9 +126,9 @@ pub fn confirmation_of(snapshot: &TargetSnapshot) -> Option<String> {
 }
 
 /// ADR-0057 D4: the consequence, stated before the close can be armed — only what was
-/// measured: on Artemis 2.40 a closed AMQP consumer's unsettled messages are released back to
-/// their queue with their delivery count unchanged (tests/integration/connection_close.rs);
-/// for Core/JMS consumers the count was not measured here, and the ADR's warning stands.
+/// measured: on Artemis 2.40 a closed AMQP consumer's unsettled messages go back to their queue
+/// with a delivery count of 0 or 1 (the interrupted delivery may count once;
+/// tests/integration/connection_close.rs). Core/JMS consumers were not measured here.
 pub fn consequence(in_flight: Option<u64>) -> String {
     let what = match in_flight {
         Some(n) => format!("closing returns {n} in-flight message(s) to their queues"),
@@ -137,7 +137,7 @@ pub fn consequence(in_flight: Option<u64>) -> String {
         }
     };
     format!(
-        "{what}. Measured on Artemis 2.40 for AMQP consumers: their delivery count is not incremented. For Core/JMS consumers it may be (not measured): a message at its max-delivery-attempts would then go to the DLQ"
+        "{what}. The interrupted delivery may count once toward max-delivery-attempts (measured on Artemis 2.40 with AMQP consumers: delivery count 0 or 1 afterwards), so a message already at its limit can go to the DLQ"
     )
 }
 

@@ -143,7 +143,9 @@ async fn a_confirmed_close_disconnects_the_client_and_returns_its_in_flight_mess
         status
             .consequence
             .as_deref()
-            .is_some_and(|c| c.contains("returns 3 in-flight") && c.contains("DLQ"))
+            .is_some_and(|c| c.contains("returns 3 in-flight")
+                && c.contains("DLQ")
+                && c.contains("measured"))
     );
 
     f.confirm("close-it", &client).await;
@@ -206,11 +208,11 @@ async fn a_confirmed_close_disconnects_the_client_and_returns_its_in_flight_mess
     .expect("a redelivery")
     .expect("a message");
     // What the consequence states, measured: with AMQP consumers on 2.40 the redelivered
-    // message's delivery count is not incremented (the broker releases the link's deliveries).
+    // message's delivery count is 0 or 1 after a close (the interrupted delivery may count once).
     let count = delivery.message().header.as_ref().map_or(0, |h| h.delivery_count);
-    assert_eq!(
-        count, 0,
-        "the consequence says the delivery count is unchanged for AMQP"
+    assert!(
+        count <= 1,
+        "a close counts the interrupted delivery at most once: {count}"
     );
     let _ = again.receiver.accept(&delivery).await;
 }
