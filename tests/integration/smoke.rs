@@ -201,3 +201,64 @@ async fn migrations_apply_to_postgres() {
         .expect("audit_event exists");
     assert_eq!(n, 0);
 }
+
+/// Every example under deploy/examples/ is admitted by the API server as written (schema and
+/// CEL rules), so the README's examples stay true.
+#[tokio::test]
+async fn every_example_is_admitted_by_the_api_server() {
+    use kube::api::{DynamicObject, Patch, PatchParams};
+    use kube::discovery::Discovery;
+    let bed = crate::support::TestBed::get();
+    let client = bed.kube_admin().await;
+    install_crds(&client).await;
+    let ns = bed.fresh_namespace("examples").await;
+    let discovery = Discovery::new(client.clone()).run().await.expect("discovery");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples");
+    let mut applied = vec![];
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("examples")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    for path in files {
+        let text = std::fs::read_to_string(&path).expect("read example");
+        for doc in text.split("\n---\n") {
+            let Ok(mut obj) = serde_yaml::from_str::<DynamicObject>(doc) else {
+                continue;
+            };
+            let Some(types) = obj.types.clone() else { continue };
+            if types.kind == "Namespace" {
+                continue;
+            }
+            let (group, version) = types
+                .api_version
+                .split_once('/')
+                .unwrap_or(("", &types.api_version));
+            let gvk = kube::api::GroupVersionKind::gvk(group, version, &types.kind);
+            let (ar, _) = discovery.resolve_gvk(&gvk).expect("a known kind");
+            obj.metadata.namespace = Some(ns.clone());
+            let name = obj.metadata.name.clone().expect("name");
+            let api: kube::Api<DynamicObject> = kube::Api::namespaced_with(client.clone(), &ns, &ar);
+            api.patch(
+                &name,
+                &PatchParams::apply("examples-test").force(),
+                &Patch::Apply(&obj),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{} ({} {name}) is refused: {e}", path.display(), types.kind));
+            applied.push(types.kind.clone());
+        }
+    }
+    for kind in [
+        "ArtemisCluster",
+        "ArtemisQueue",
+        "ArtemisDivert",
+        "ConnectionClose",
+    ] {
+        assert!(
+            applied.iter().any(|k| k == kind),
+            "an example of {kind}: {applied:?}"
+        );
+    }
+}
