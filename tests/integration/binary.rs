@@ -1,7 +1,6 @@
 //! The operator binary itself, as a deployment runs it: its own identity (the chart's RBAC),
 //! migrations at start-up, probes and metrics.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::json;
@@ -9,15 +8,7 @@ use serde_json::json;
 use artemis_studio_operator::api::ArtemisQueue;
 
 use crate::queue::ready;
-use crate::support::{TestBed, brokers_shared, create_cluster, short_id, wait_until};
-
-struct Kill(std::process::Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use crate::support::{TestBed, brokers_shared, create_cluster, short_id, wait_ready, wait_until};
 
 #[tokio::test]
 async fn the_binary_runs_under_the_chart_rbac_and_serves_probes_and_metrics() {
@@ -27,35 +18,9 @@ async fn the_binary_runs_under_the_chart_rbac_and_serves_probes_and_metrics() {
     bed.install_operator_rbac().await;
     let db = bed.fresh_database().await;
     let port = 18_000 + (std::process::id() % 1000) as u16;
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_artemis-studio-operator"))
-        .args([
-            "run",
-            "--database-url",
-            &db,
-            "--namespaces",
-            &ns,
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-        ])
-        .env("KUBECONFIG", bed.var("TESTBED_OPERATOR_KUBECONFIG"))
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start the operator binary");
-    let _kill = Kill(child);
+    let _operator = bed.spawn_operator(&ns, &db, port, &[]);
     let http = reqwest::Client::new();
-    wait_until("/readyz answers 200", Duration::from_secs(60), || {
-        let http = http.clone();
-        async move {
-            let r = http
-                .get(format!("http://127.0.0.1:{port}/readyz"))
-                .send()
-                .await
-                .ok()?;
-            r.status().is_success().then_some(())
-        }
-    })
-    .await;
+    wait_ready(&http, port).await;
 
     let admin = bed.kube_admin().await;
     let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();

@@ -2,7 +2,6 @@
 //! before the call, never called "gone" on a guess, confirmed only after the consequence was
 //! shown. Real operator processes, real AMQP clients.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use kube::Api;
@@ -11,45 +10,11 @@ use serde_json::json;
 
 use artemis_studio_operator::api::connection_close::{ClosePhase, ConnectionClose};
 use artemis_studio_operator::broker::BrokerManagement;
-use artemis_studio_operator::broker::management::ListKind;
 
 use crate::support::{
-    TestBed, amqp_consumer, brokers_exclusive, brokers_shared, create_cluster, short_id, wait_until,
+    TestBed, Thaw, amqp_consumer, brokers_exclusive, brokers_shared, connection_of, create_cluster, short_id,
+    wait_ready, wait_until,
 };
-
-struct Kill(std::process::Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The operator binary as a deployment runs it (the chart's RBAC identity), on one namespace.
-fn spawn_operator(bed: &TestBed, ns: &str, db: &str, port: u16, pause_marker: Option<&str>) -> Kill {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_artemis-studio-operator"));
-    cmd.args([
-        "run",
-        "--database-url",
-        db,
-        "--namespaces",
-        ns,
-        "--listen",
-        &format!("127.0.0.1:{port}"),
-    ])
-    .env("KUBECONFIG", bed.var("TESTBED_OPERATOR_KUBECONFIG"))
-    .env("RUST_LOG", "warn")
-    .stdout(Stdio::null());
-    if let Some(marker) = pause_marker {
-        cmd.env("ARTEMIS_STUDIO_TEST_PAUSE_AFTER_ARM", marker);
-    }
-    Kill(cmd.spawn().expect("start the operator binary"))
-}
-
-async fn connection_of(m: &BrokerManagement, client_id: &str) -> Option<String> {
-    let rows = m.list(ListKind::Connections, "clientID", client_id).await.ok()?;
-    rows.first()?.get("connectionID")?.as_str().map(str::to_string)
-}
 
 struct Setup {
     bed: TestBed,
@@ -158,24 +123,12 @@ async fn two_operator_processes_close_a_connection_exactly_once() {
     let _consumer = amqp_consumer(&s.bed, "c1", &s.queue, &client).await;
     let connection = connection_of(&s.m, &client).await.expect("connection");
     let base = 19_000 + (std::process::id() % 500) as u16;
-    let _a = spawn_operator(&s.bed, &s.ns, &s.db, base, None);
-    let _b2 = spawn_operator(&s.bed, &s.ns, &s.db, base + 500, None);
+    let _a = s.bed.spawn_operator(&s.ns, &s.db, base, &[]);
+    let _b2 = s.bed.spawn_operator(&s.ns, &s.db, base + 500, &[]);
     // Both processes are up and reconciling before the close exists.
     let http = reqwest::Client::new();
     for port in [base, base + 500] {
-        let http = http.clone();
-        wait_until("/readyz", Duration::from_secs(60), || {
-            let http = http.clone();
-            async move {
-                let r = http
-                    .get(format!("http://127.0.0.1:{port}/readyz"))
-                    .send()
-                    .await
-                    .ok()?;
-                r.status().is_success().then_some(())
-            }
-        })
-        .await;
+        wait_ready(&http, port).await;
     }
     crate::support::wait_cluster_condition(&s.admin, &s.ns, "c", "Ready", "True").await;
     s.create_confirmed("once", &connection, &client, true).await;
@@ -221,7 +174,13 @@ async fn a_sigkill_after_arming_fails_the_close_with_an_unknown_outcome_and_neve
     let connection = connection_of(&s.m, &client).await.expect("connection");
     let marker = std::env::temp_dir().join(format!("armed-{}", short_id()));
     let port = 19_600 + (std::process::id() % 300) as u16;
-    let mut first = spawn_operator(&s.bed, &s.ns, &s.db, port, Some(&marker.to_string_lossy()));
+    let marker_path = marker.to_string_lossy().to_string();
+    let mut first = s.bed.spawn_operator(
+        &s.ns,
+        &s.db,
+        port,
+        &[("ARTEMIS_STUDIO_TEST_PAUSE_AFTER_ARM", marker_path.as_str())],
+    );
     s.create_confirmed("armed", &connection, &client, true).await;
     wait_until(
         "the first process armed the close and paused",
@@ -240,7 +199,7 @@ async fn a_sigkill_after_arming_fails_the_close_with_an_unknown_outcome_and_neve
     );
     first.0.kill().expect("SIGKILL");
     let _ = first.0.wait();
-    let _second = spawn_operator(&s.bed, &s.ns, &s.db, port + 1, None);
+    let _second = s.bed.spawn_operator(&s.ns, &s.db, port + 1, &[]);
     let c = s
         .wait("armed", "Failed", |c| phase(c) == Some(ClosePhase::Failed))
         .await;
@@ -343,13 +302,7 @@ async fn a_close_on_a_node_that_does_not_answer_is_never_complete() {
         .expect("c3's node")
         .node_id;
     bed.broker_action("freeze", "c3");
-    struct Thaw<'a>(&'a TestBed);
-    impl Drop for Thaw<'_> {
-        fn drop(&mut self) {
-            self.0.broker_action("thaw", "c3");
-        }
-    }
-    let _thaw = Thaw(&bed);
+    let _thaw = Thaw(&bed, "c3");
     let closes: Api<ConnectionClose> = Api::namespaced(admin.clone(), &ns);
     let c: ConnectionClose = serde_json::from_value(json!({
         "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ConnectionClose",

@@ -134,14 +134,6 @@ async fn a_replicated_pair_is_one_logical_node_that_follows_failover() {
     assert_eq!(of(&pair_id).endpoint.as_deref(), Some(ha1b.as_str()));
 }
 
-/// Thaws a frozen broker however the test ends.
-struct Thaw<'a>(&'a TestBed, &'static str);
-impl Drop for Thaw<'_> {
-    fn drop(&mut self) {
-        self.0.broker_action("thaw", self.1);
-    }
-}
-
 #[tokio::test]
 async fn fan_out_calls_every_node_in_one_round_and_times_out_per_node() {
     let _brokers = brokers_exclusive().await;
@@ -151,7 +143,7 @@ async fn fan_out_calls_every_node_in_one_round_and_times_out_per_node() {
     assert_eq!(t.live_nodes().count(), 3);
     let frozen_endpoint = bed.broker("c3").jolokia;
     bed.broker_action("freeze", "c3");
-    let _thaw = Thaw(&bed, "c3");
+    let _thaw = crate::support::Thaw(&bed, "c3");
 
     let events: Arc<Mutex<Vec<(&'static str, String)>>> = Default::default();
     let outcomes = fanout::fan_out(&t, 16, Duration::from_secs(2), |target| {

@@ -12,7 +12,9 @@ use artemis_studio_operator::broker::BrokerManagement;
 use artemis_studio_operator::broker::management::ListKind;
 
 use crate::queue::{Fixture, fixture, ready};
-use crate::support::{TestBed, amqp_consumer, brokers_shared, send_messages, short_id, wait_until};
+use crate::support::{
+    TestBed, amqp_consumer, brokers_shared, connection_of, send_messages, short_id, wait_until,
+};
 
 impl Fixture {
     fn closes(&self) -> Api<ConnectionClose> {
@@ -92,11 +94,6 @@ impl Fixture {
         self.wait_for(&q.replace('.', "-"), "Ready", ready).await;
         q
     }
-}
-
-async fn connection_of(m: &BrokerManagement, client_id: &str) -> Option<String> {
-    let rows = m.list(ListKind::Connections, "clientID", client_id).await.ok()?;
-    rows.first()?.get("connectionID")?.as_str().map(str::to_string)
 }
 
 #[tokio::test]

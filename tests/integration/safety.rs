@@ -354,7 +354,7 @@ async fn a_delete_waits_for_a_node_that_does_not_answer() {
         .map(|n| n.node_id.clone())
         .expect("c3's node");
     f.bed.broker_action("freeze", "c3");
-    let thaw = Thaw(&f.bed);
+    let thaw = crate::support::Thaw(&f.bed, "c3");
     f.queues()
         .delete(&name, &DeleteParams::default())
         .await
@@ -389,13 +389,6 @@ async fn a_delete_waits_for_a_node_that_does_not_answer() {
         rows.iter().any(|(_, _, d)| d.to_string().contains(&victim_node)),
         "{rows:?}"
     );
-}
-
-struct Thaw<'a>(&'a crate::support::TestBed);
-impl Drop for Thaw<'_> {
-    fn drop(&mut self) {
-        self.0.broker_action("thaw", "c3");
-    }
 }
 
 /// Item 7: the Secret deleted → no more writes; the cluster deleted → a delete says how to

@@ -558,3 +558,75 @@ impl Drop for RestoreHa<'_> {
         self.0.ha_restore();
     }
 }
+
+/// Thaws a frozen broker however the test ends.
+pub struct Thaw<'a>(pub &'a TestBed, pub &'static str);
+impl Drop for Thaw<'_> {
+    fn drop(&mut self) {
+        self.0.broker_action("thaw", self.1);
+    }
+}
+
+/// The connection ID the broker reports for a client ID, if it is connected.
+pub async fn connection_of(
+    m: &artemis_studio_operator::broker::BrokerManagement,
+    client_id: &str,
+) -> Option<String> {
+    let rows = m
+        .list(
+            artemis_studio_operator::broker::management::ListKind::Connections,
+            "clientID",
+            client_id,
+        )
+        .await
+        .ok()?;
+    rows.first()?.get("connectionID")?.as_str().map(str::to_string)
+}
+
+/// The operator binary as a deployment runs it (the chart's RBAC identity), watching one
+/// namespace; killed (SIGKILL) when dropped.
+pub struct OperatorProcess(pub std::process::Child);
+impl Drop for OperatorProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl TestBed {
+    pub fn spawn_operator(&self, ns: &str, db: &str, port: u16, env: &[(&str, &str)]) -> OperatorProcess {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_artemis-studio-operator"));
+        cmd.args([
+            "run",
+            "--database-url",
+            db,
+            "--namespaces",
+            ns,
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .env("KUBECONFIG", self.var("TESTBED_OPERATOR_KUBECONFIG"))
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        OperatorProcess(cmd.spawn().expect("start the operator binary"))
+    }
+}
+
+/// Wait until an operator process on `port` answers /readyz with 200.
+pub async fn wait_ready(http: &reqwest::Client, port: u16) {
+    wait_until("/readyz answers 200", Duration::from_secs(60), || {
+        let http = http.clone();
+        async move {
+            let r = http
+                .get(format!("http://127.0.0.1:{port}/readyz"))
+                .send()
+                .await
+                .ok()?;
+            r.status().is_success().then_some(())
+        }
+    })
+    .await;
+}
