@@ -106,6 +106,7 @@ fn object<K: Resource<DynamicType = ()>, S: Serialize>(
 
 fn node(name: &str, outcome: Outcome, refusal: Option<RefusalKind>, message: &str) -> NodeOutcome {
     NodeOutcome {
+        last_command: None,
         node: name.into(),
         endpoint: Some(format!("http://{name}:8161/console/jolokia")),
         outcome,

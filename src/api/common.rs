@@ -91,6 +91,9 @@ pub enum RefusalKind {
     Unreachable,
     /// The management call did not answer in time; its effect is unknown.
     Timeout,
+    /// The broker accepted the write but a fresh read afterwards shows it did not take effect
+    /// (e.g. `updateQueue` ignores `autoDelete`): not re-sent for this generation.
+    NotConverging,
     /// The broker answered something the operator cannot interpret.
     BadResponse,
 }
@@ -115,6 +118,24 @@ pub struct NodeOutcome {
     /// Further lines: the fields that differ, the objects removed, warnings.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub detail: Vec<String>,
+    /// The last command this node received (kept while later passes find it in the requested
+    /// state, or cannot reach it): what was done, by which audit row, when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_command: Option<LastCommand>,
+}
+
+/// The last command one node received.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LastCommand {
+    /// e.g. `queue.apply`, `queue.repair`, `divert.delete`.
+    pub command: String,
+    /// The `audit_event` row of the command.
+    pub audit_id: i64,
+    /// The node's outcome of that command.
+    pub outcome: Outcome,
+    /// When the outcome was recorded (RFC 3339).
+    pub at: String,
 }
 
 /// What happens to the broker object when the Kubernetes object is deleted.

@@ -209,6 +209,33 @@ pub struct DeletePreview {
     /// broker.xml brings back at the next restart, the bulk cap.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// When the counts were read (the cluster's poll). Counts alone do not rewrite status: they
+    /// are refreshed when the preview otherwise changes (nodes, consumers attached or not,
+    /// diverts, the bulk cap verdict) or, at most every 5 minutes, when the object is
+    /// reconciled. A delete never acts on this preview: its preflight reads every node fresh.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_at: Option<String>,
+}
+
+impl DeletePreview {
+    /// The preview with its counts reduced to what a user acts on (consumers attached or not).
+    pub fn shape(&self) -> DeletePreview {
+        DeletePreview {
+            nodes: self
+                .nodes
+                .iter()
+                .map(|n| NodeDeletePreview {
+                    message_count: 0,
+                    consumer_count: n.consumer_count.min(1),
+                    ..n.clone()
+                })
+                .collect(),
+            total_messages: 0,
+            read_at: None,
+            warnings: vec![],
+            ..self.clone()
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -34,6 +34,10 @@ pub struct ClusterRuntime {
     pub declaration_mode: crate::api::cluster::DeclarationMode,
     pub poll_interval: Duration,
     pub request_timeout: Duration,
+    /// One poll in flight per cluster (shared across runtimes of this cluster, like `memory`).
+    pub poll_lock: Arc<Mutex<()>>,
+    /// The spec generation this runtime was resolved from.
+    pub generation: Option<i64>,
 }
 
 /// Every cluster's runtime, for the other controllers.
@@ -176,7 +180,19 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
     match resolve_access(&ctx.client, &ns, &obj.spec).await {
         Err(problem) => {
             ctx.clusters.remove(&k);
-            ctx.topologies.remove(&k);
+            if ctx.topologies.get(&k).is_some() {
+                ctx.topologies.remove(&k);
+                // Every dependent says so now (ClusterNotReady) rather than at its resync.
+                super::pipeline::trigger_dependents(
+                    &ctx,
+                    &ns,
+                    &name,
+                    &topology::TopologyChange {
+                        everything: true,
+                        ..Default::default()
+                    },
+                );
+            }
             status.management_write = old.management_write.clone();
             conditions::set(
                 &mut status.conditions,
@@ -202,10 +218,14 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
                 Some(p) => p.management_write.clone(),
                 None => Arc::new(Mutex::new(old.management_write.clone())),
             };
-            let memory = match previous {
-                Some(p) => p.memory.clone(),
-                None => Arc::new(Mutex::new(TopologyMemory::default())),
+            let (memory, poll_lock) = match &previous {
+                Some(p) => (p.memory.clone(), p.poll_lock.clone()),
+                None => (
+                    Arc::new(Mutex::new(TopologyMemory::default())),
+                    Arc::new(Mutex::new(())),
+                ),
             };
+            let respecified = previous.as_ref().is_none_or(|p| p.generation != generation);
             let rt = ClusterRuntime {
                 access,
                 memory,
@@ -214,11 +234,31 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
                 declaration_mode: obj.spec.declaration_mode,
                 poll_interval,
                 request_timeout: Duration::from_secs(obj.spec.request_timeout_seconds.into()),
+                poll_lock,
+                generation,
             };
             // Poll with the new access first, then publish both: a command never sees the new
             // access with a topology polled under the old one (e.g. other credentials).
             tracing::debug!(cluster = %k, "poll by the cluster controller");
+            let polling = rt.poll_lock.clone();
+            let in_flight = polling.lock().await;
+            let started = std::time::Instant::now();
             let topology = topology::poll(&rt.access, &rt.memory).await;
+            let labels = crate::telemetry::ClusterLabels { cluster: k.clone() };
+            ctx.metrics
+                .poll_seconds
+                .get_or_create(&labels)
+                .observe(started.elapsed().as_secs_f64());
+            let objects: usize = topology
+                .nodes
+                .iter()
+                .filter_map(|n| n.inventory.as_ref())
+                .map(|i| i.queues.len() + i.addresses.len() + i.diverts.len())
+                .sum();
+            ctx.metrics
+                .inventory_objects
+                .get_or_create(&labels)
+                .set(objects as i64);
             status.nodes = node_statuses(&topology);
             status.total_nodes = topology.nodes.len() as u32;
             status.live_nodes = topology.live_nodes().count() as u32;
@@ -298,17 +338,21 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
                     .polled_at_utc
                     .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             );
+            // Dependents are triggered by what changed, never by a timer: a node that went live
+            // or down concerns every object, a changed broker object only the objects naming it.
+            let mut change = topology::changes(ctx.topologies.get(&k).as_deref(), &topology);
+            change.everything |= respecified;
             ctx.topologies.put(&k, topology);
             ctx.clusters.put(&k, rt);
+            drop(in_flight);
+            if !change.is_empty() {
+                super::pipeline::trigger_dependents(&ctx, &ns, &name, &change);
+            }
         }
     }
 
-    // Write status only when something other than the poll time changed, or once a minute.
-    let stale_poll = old
-        .last_poll_time
-        .as_deref()
-        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-        .is_none_or(|t| chrono::Utc::now().signed_duration_since(t) > chrono::Duration::seconds(60));
+    // Status is written only when something a user acts on changed (lastPollTime alone is not:
+    // no API write per poll; the poll metrics show the cadence).
     let changed = {
         let mut a = old.clone();
         let mut b = status.clone();
@@ -322,7 +366,7 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
         b.conditions.clear();
         a != b || ca != cb
     };
-    if changed || stale_poll {
+    if changed {
         let api: Api<ArtemisCluster> = Api::namespaced(ctx.client.clone(), &ns);
         let patch =
             json!({"apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCluster", "status": status});
@@ -337,8 +381,8 @@ fn error_policy(_obj: Arc<ArtemisCluster>, error: &ReconcileError, _ctx: Arc<Con
     Action::requeue(Duration::from_secs(5))
 }
 
-pub async fn run(ctx: Arc<Context>, api: Api<ArtemisCluster>) {
-    super::run_controller(api, ctx, reconcile, error_policy).await;
+pub async fn run(ctx: Arc<Context>, wiring: super::Wiring<ArtemisCluster>) {
+    super::run_controller(wiring, ctx, reconcile, error_policy).await;
 }
 
 /// The `management.xml` entry that grants a role every management operation on the broker.
@@ -430,9 +474,14 @@ pub async fn current_topology(
     if let Some(t) = ctx.topologies.get(&k).filter(|t| t.age() <= max_age) {
         return Ok((rt, t));
     }
-    let t = ctx.topologies.put(&k, {
-        tracing::debug!(cluster = %k, "poll inline");
-        topology::poll(&rt.access, &rt.memory).await
-    });
+    // One poll in flight per cluster: a concurrent caller waits and takes its result.
+    let lock = rt.poll_lock.clone();
+    let _in_flight = lock.lock().await;
+    if let Some(t) = ctx.topologies.get(&k).filter(|t| t.age() <= max_age) {
+        return Ok((rt, t));
+    }
+    tracing::debug!(cluster = %k, "poll inline");
+    let polled = topology::poll(&rt.access, &rt.memory).await;
+    let t = ctx.topologies.put(&k, polled);
     Ok((rt, t))
 }

@@ -73,10 +73,6 @@ pub async fn finish<K>(
 where
     K: Resource<DynamicType = ()>,
 {
-    if nodes.iter().any(|n| n.outcome == Outcome::Applied) {
-        // The snapshot no longer describes the brokers: the next reader polls again.
-        ctx.topologies.remove(&super::key(cluster_ns, cluster_name));
-    }
     let verdict = CommandVerdict::of(&nodes);
     ctx.metrics
         .commands

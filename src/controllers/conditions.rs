@@ -101,7 +101,13 @@ pub fn from_outcomes(
         .iter()
         .filter(|n| !in_state(n))
         .map(|n| match n.outcome {
-            Outcome::SkippedNotLive => format!("{} (not live; never received it)", n.node),
+            Outcome::SkippedNotLive => match &n.last_command {
+                Some(lc) => format!(
+                    "{} (not live; last received {} {:?})",
+                    n.node, lc.command, lc.outcome
+                ),
+                None => format!("{} (not live)", n.node),
+            },
             other => format!("{} ({other:?})", n.node),
         })
         .collect();

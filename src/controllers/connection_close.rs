@@ -463,6 +463,7 @@ async fn close_by_id(
                 ),
             };
             let not_sent = NodeOutcome {
+                last_command: None,
                 node: node.node_id.clone(),
                 endpoint: Some(m.client().url().to_string()),
                 outcome: Outcome::Failed,
@@ -552,6 +553,7 @@ fn now() -> String {
 /// D2: the node answered and the target is not there.
 fn gone_outcome(node: &crate::topology::LogicalNode, m: &BrokerManagement, t: &CloseTarget) -> NodeOutcome {
     NodeOutcome {
+        last_command: None,
         node: node.node_id.clone(),
         endpoint: Some(m.client().url().to_string()),
         outcome: Outcome::Already,
@@ -770,8 +772,8 @@ fn error_policy(_o: Arc<ConnectionClose>, error: &ReconcileError, _ctx: Arc<Cont
     Action::requeue(Duration::from_secs(10))
 }
 
-pub async fn run(ctx: Arc<Context>, api: Api<ConnectionClose>) {
-    super::run_controller(api, ctx, reconcile, error_policy).await;
+pub async fn run(ctx: Arc<Context>, wiring: super::Wiring<ConnectionClose>) {
+    super::run_controller(wiring, ctx, reconcile, error_policy).await;
 }
 
 #[cfg(test)]

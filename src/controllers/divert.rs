@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 use serde_json::{Value, json};
 
 use super::Context;
@@ -15,7 +15,7 @@ use crate::api::divert::{ArtemisDivert, ArtemisDivertSpec, ArtemisDivertStatus, 
 use crate::api::{ClusterRef, DeletionPolicy, Outcome, RefusalKind};
 use crate::broker::BrokerError;
 use crate::fanout::{self, NodeFailure, NodeReport, Target};
-use crate::topology::inventory::{self, DivertInfo, NodeInventory, ScopedRead};
+use crate::topology::inventory::{self, NodeInventory, ScopedRead};
 
 pub const FINALIZER: &str = "artemis-studio.io/divert";
 
@@ -135,12 +135,6 @@ pub fn plan_divert(d: &DesiredDivert, inv: &NodeInventory) -> DivertAction {
     }
 }
 
-fn matches_desired(found: &DivertInfo, d: &DesiredDivert) -> bool {
-    found.forwarding_address == d.spec.forwarding_address
-        && found.address == d.spec.address
-        && found.routing_name.as_deref() == Some(d.routing_name.as_str())
-}
-
 /// The fresh read a divert write needs: every divert (cheap: few per node) and the two
 /// addresses it joins — never every queue of the node.
 async fn read_divert(t: &Target, d: &DesiredDivert) -> Result<NodeInventory, BrokerError> {
@@ -155,8 +149,10 @@ async fn read_divert(t: &Target, d: &DesiredDivert) -> Result<NodeInventory, Bro
     .await
 }
 
-async fn apply_on(t: Target, d: DesiredDivert) -> Result<NodeReport, NodeFailure> {
-    let inv = read_divert(&t, &d).await?;
+/// Create or update on one node, from the preflight's fresh read. `createDivert` is ignored
+/// silently on a duplicate or a missing address: the pipeline's verify read catches it (a
+/// divert of that name that is not ours is NAME_CONFLICT, a missing one NOT_CONVERGING).
+async fn apply_on(t: Target, d: DesiredDivert, inv: Arc<NodeInventory>) -> Result<NodeReport, NodeFailure> {
     match plan_divert(&d, &inv) {
         DivertAction::Converged => Ok(NodeReport::new(Outcome::Already, "exists; configuration matches")),
         DivertAction::Refuse { kind, message } => Err(fanout::refuse(kind, message)),
@@ -169,27 +165,7 @@ async fn apply_on(t: Target, d: DesiredDivert) -> Result<NodeReport, NodeFailure
         }
         DivertAction::Create => {
             t.management.create_divert(&d.document()).await?;
-            // The broker ignores a duplicate or a missing address silently: look.
-            let after = read_divert(&t, &d).await?;
-            match after.diverts.get(&d.name) {
-                Some(found) if matches_desired(found, &d) => {
-                    Ok(NodeReport::new(Outcome::Applied, "created and verified"))
-                }
-                Some(found) => Err(fanout::refuse(
-                    RefusalKind::NameConflict,
-                    format!(
-                        "createDivert was ignored: a divert named {} exists, forwarding {} to {}",
-                        d.name, found.address, found.forwarding_address
-                    ),
-                )),
-                None => Err(fanout::refuse(
-                    RefusalKind::BadResponse,
-                    format!(
-                        "createDivert was accepted but no divert {} exists afterwards: see the broker log for the reason",
-                        d.name
-                    ),
-                )),
-            }
+            Ok(NodeReport::new(Outcome::Applied, "created"))
         }
     }
 }
@@ -210,8 +186,7 @@ pub fn plan_divert_delete(d: &DesiredDivert, inv: &NodeInventory) -> Step {
     }
 }
 
-async fn delete_on(t: Target, d: DesiredDivert) -> Result<NodeReport, NodeFailure> {
-    let inv = read_divert(&t, &d).await?;
+async fn delete_on(t: Target, d: DesiredDivert, inv: Arc<NodeInventory>) -> Result<NodeReport, NodeFailure> {
     match plan_divert_delete(&d, &inv) {
         Step::Nothing { message } => Ok(NodeReport::new(Outcome::Already, message)),
         Step::Refuse { kind, message } => Err(fanout::refuse(kind, message)),
@@ -316,15 +291,25 @@ impl TopologyObject for ArtemisDivert {
         // Removing a divert destroys no message (ADR-0084 §7).
         None
     }
-    async fn apply_on(t: Target, d: DesiredDivert) -> Result<NodeReport, NodeFailure> {
-        apply_on(t, d).await
+    async fn apply_on(
+        t: Target,
+        d: DesiredDivert,
+        before: Arc<NodeInventory>,
+    ) -> Result<NodeReport, NodeFailure> {
+        apply_on(t, d, before).await
     }
     async fn delete_on(
         t: Target,
         d: DesiredDivert,
         _facts: Arc<PlanFacts>,
+        before: Arc<NodeInventory>,
     ) -> Result<NodeReport, NodeFailure> {
-        delete_on(t, d).await
+        delete_on(t, d, before).await
+    }
+    fn touches(d: &DesiredDivert, change: &crate::topology::TopologyChange) -> bool {
+        change.diverts.contains(&d.name)
+            || change.addresses.contains(&d.spec.address)
+            || change.addresses.contains(&d.spec.forwarding_address)
     }
     fn status(&self, pass: &Pass<'_, Self>) -> ArtemisDivertStatus {
         ArtemisDivertStatus {
@@ -337,9 +322,9 @@ impl TopologyObject for ArtemisDivert {
     }
 }
 
-pub async fn run(ctx: Arc<Context>, api: Api<ArtemisDivert>) {
+pub async fn run(ctx: Arc<Context>, wiring: super::Wiring<ArtemisDivert>) {
     super::run_controller(
-        api,
+        wiring,
         ctx,
         pipeline::reconcile::<ArtemisDivert>,
         pipeline::error_policy::<ArtemisDivert>,
@@ -350,7 +335,7 @@ pub async fn run(ctx: Arc<Context>, api: Api<ArtemisDivert>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::inventory::QueueInfo;
+    use crate::topology::inventory::{DivertInfo, QueueInfo};
 
     fn desired(json: Value) -> DesiredDivert {
         DesiredDivert::new("d", "uid-1", &serde_json::from_value(json).expect("spec"))

@@ -15,7 +15,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector;
 use kube::{Api, Client, Resource};
 
-use crate::api::{ArtemisCluster, ArtemisDivert, ArtemisQueue, ConnectionClose};
+use crate::api::{ArtemisCluster, ArtemisDivert, ArtemisQueue};
 
 use crate::store::Store;
 use crate::topology::TopologyCache;
@@ -81,6 +81,14 @@ impl Namespaces {
                 .iter()
                 .map(|ns| Api::namespaced(client.clone(), ns))
                 .collect(),
+        }
+    }
+
+    /// One scope per controller: a namespace, or None for all.
+    pub fn scopes(&self) -> Vec<Option<String>> {
+        match self {
+            Namespaces::All => vec![None],
+            Namespaces::Only(list) => list.iter().cloned().map(Some).collect(),
         }
     }
 
@@ -170,6 +178,100 @@ pub struct Context {
     pub clusters: cluster::ClusterRegistry,
     pub recorder: Recorder,
     pub metrics: Arc<crate::telemetry::Metrics>,
+    pub triggers: Triggers,
+    /// Per-object retry state of failed reconciles (exponential backoff).
+    pub backoff: Backoff,
+}
+
+/// Reconcile requests from outside an object's own watch: after each poll the cluster
+/// controller names the objects whose nodes or broker objects changed (kube-runtime's
+/// `reconcile_on`), so no object polls on a timer.
+#[derive(Clone)]
+pub struct Triggers {
+    pub queues: tokio::sync::broadcast::Sender<reflector::ObjectRef<ArtemisQueue>>,
+    pub diverts: tokio::sync::broadcast::Sender<reflector::ObjectRef<ArtemisDivert>>,
+}
+
+impl Default for Triggers {
+    fn default() -> Self {
+        // Enough for every object of a large installation at once; a receiver that lags is
+        // told so and triggers everything of its kind (see `trigger_stream`).
+        Triggers {
+            queues: tokio::sync::broadcast::channel(1 << 16).0,
+            diverts: tokio::sync::broadcast::channel(1 << 16).0,
+        }
+    }
+}
+
+/// The stream of trigger requests one controller (of one namespace, or of all) acts on.
+pub fn trigger_stream<K>(
+    tx: &tokio::sync::broadcast::Sender<reflector::ObjectRef<K>>,
+    namespace: Option<String>,
+) -> futures::stream::BoxStream<'static, reflector::ObjectRef<K>>
+where
+    K: Resource<DynamicType = ()> + 'static,
+{
+    use futures::StreamExt;
+    use tokio::sync::broadcast::error::RecvError;
+    let rx = tx.subscribe();
+    futures::stream::unfold(rx, |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(r) => return Some((r, rx)),
+                Err(RecvError::Lagged(n)) => {
+                    tracing::warn!(
+                        missed = n,
+                        kind = K::kind(&()).as_ref(),
+                        "trigger queue overflowed; the slow resync covers the missed objects"
+                    );
+                }
+                Err(RecvError::Closed) => return None,
+            }
+        }
+    })
+    .filter(move |r| futures::future::ready(namespace.is_none() || r.namespace == namespace))
+    .boxed()
+}
+
+/// Per-object retry delays after failed reconciles: doubled at each failure in a row, reset on
+/// success, capped.
+#[derive(Clone, Default)]
+pub struct Backoff {
+    failures: Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>>,
+}
+
+impl Backoff {
+    /// The delay before the next attempt after one more failure of `key`.
+    pub fn next(
+        &self,
+        key: &str,
+        base: std::time::Duration,
+        cap: std::time::Duration,
+    ) -> std::time::Duration {
+        let n = self
+            .failures
+            .lock()
+            .map(|mut m| {
+                let n = m.entry(key.to_string()).or_insert(0);
+                *n = n.saturating_add(1);
+                *n
+            })
+            .unwrap_or(1);
+        base.saturating_mul(1u32 << (n - 1).min(16)).min(cap)
+    }
+    pub fn reset(&self, key: &str) {
+        if let Ok(mut m) = self.failures.lock() {
+            m.remove(key);
+        }
+    }
+}
+
+/// How one kind's controller is wired: its API (one namespace or all), the external triggers it
+/// reconciles on, and how many reconciles run at once.
+pub struct Wiring<K: Resource<DynamicType = ()> + 'static> {
+    pub api: Api<K>,
+    pub triggers: futures::stream::BoxStream<'static, reflector::ObjectRef<K>>,
+    pub concurrency: u16,
 }
 
 impl Context {
@@ -206,6 +308,8 @@ impl Context {
             topologies: TopologyCache::default(),
             clusters: cluster::ClusterRegistry::default(),
             metrics: Arc::new(crate::telemetry::Metrics::default()),
+            triggers: Triggers::default(),
+            backoff: Backoff::default(),
         };
         (
             ctx,
@@ -361,7 +465,7 @@ impl From<kube::runtime::finalizer::Error<ReconcileError>> for ReconcileError {
 
 /// Run one kind's controller until shutdown (every kind is wired the same way).
 pub async fn run_controller<K, Fut>(
-    api: kube::Api<K>,
+    wiring: Wiring<K>,
     ctx: Arc<Context>,
     reconcile: impl FnMut(Arc<K>, Arc<Context>) -> Fut,
     error_policy: impl Fn(Arc<K>, &ReconcileError, Arc<Context>) -> kube::runtime::controller::Action,
@@ -378,34 +482,35 @@ pub async fn run_controller<K, Fut>(
         + 'static,
 {
     use futures::StreamExt;
-    // Several namespaces are watched through the cluster-wide endpoint: an object outside them
-    // is never reconciled (no poll, no write) and not counted.
     let mut reconcile = reconcile;
-    let scoped = move |obj: Arc<K>, ctx: Arc<Context>| {
-        let watched = ctx.watches(&obj.meta().namespace.clone().unwrap_or_default());
+    let measured = move |obj: Arc<K>, ctx: Arc<Context>| {
         let metrics = ctx.metrics.clone();
-        let fut = watched.then(|| reconcile(obj, ctx));
+        let backoff = ctx.backoff.clone();
+        let uid = obj.meta().uid.clone().unwrap_or_default();
+        let fut = reconcile(obj, ctx);
         async move {
-            let Some(f) = fut else {
-                return Ok(kube::runtime::controller::Action::await_change());
+            let started = std::time::Instant::now();
+            let r = fut.await;
+            let result = match &r {
+                Ok(_) => "ok",
+                Err(e) => e.reason(),
             };
-            let r = f.await;
-            metrics
-                .reconciles
-                .get_or_create(&crate::telemetry::ReconcileLabels {
-                    kind: K::kind(&()).to_string(),
-                    result: if r.is_ok() { "ok" } else { "error" }.into(),
-                })
-                .inc();
+            metrics.reconciled(&K::kind(&()), result, started.elapsed().as_secs_f64());
+            if r.is_ok() {
+                backoff.reset(&uid);
+            }
             r
         }
     };
-    kube::runtime::Controller::new(api, kube::runtime::watcher::Config::default())
+    let config = kube::runtime::controller::Config::default().concurrency(wiring.concurrency.max(1));
+    kube::runtime::Controller::new(wiring.api, kube::runtime::watcher::Config::default())
+        .with_config(config)
+        .reconcile_on(wiring.triggers)
         .shutdown_on_signal()
-        .run(scoped, error_policy, ctx)
+        .run(measured, error_policy, ctx)
         .for_each(|r| async move {
             if let Err(e) = r {
-                tracing::debug!(error = %e, kind = K::kind(&()).as_ref(), "reconcile");
+                tracing::debug!(error = %e, kind = K::kind(&()).as_ref(), "controller");
             }
         })
         .await;
@@ -474,10 +579,22 @@ where
         .await;
 }
 
+/// The API of one controller's scope: one namespace, or all.
+fn scoped_api<K>(client: &Client, scope: &Option<String>) -> Api<K>
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>,
+{
+    match scope {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
 /// Run every controller (and the caches they read) until shutdown: one of each per watched
 /// namespace. Controllers start once the caches have synced, so no decision is taken on a
 /// partial view.
 pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
+    use futures::StreamExt;
     use futures::future::join_all;
     let client = ctx.client.clone();
     let ns = ctx.namespaces.clone();
@@ -491,22 +608,47 @@ pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
             caches.queues.wait_until_ready().await;
             caches.diverts.wait_until_ready().await;
             ctx.metrics.set_ready();
-            let closes = ns
-                .apis::<ConnectionClose>(&client)
-                .into_iter()
-                .map(|api| connection_close::run(ctx.clone(), api));
-            let clusters = ns
-                .apis::<ArtemisCluster>(&client)
-                .into_iter()
-                .map(|api| cluster::run(ctx.clone(), api));
-            let queues = ns
-                .apis::<ArtemisQueue>(&client)
-                .into_iter()
-                .map(|api| queue::run(ctx.clone(), api));
-            let diverts = ns
-                .apis::<ArtemisDivert>(&client)
-                .into_iter()
-                .map(|api| divert::run(ctx.clone(), api));
+            let scopes = ns.scopes();
+            let closes = scopes.iter().map(|scope| {
+                connection_close::run(
+                    ctx.clone(),
+                    Wiring {
+                        api: scoped_api(&client, scope),
+                        triggers: futures::stream::pending().boxed(),
+                        concurrency: 4,
+                    },
+                )
+            });
+            let clusters = scopes.iter().map(|scope| {
+                cluster::run(
+                    ctx.clone(),
+                    Wiring {
+                        api: scoped_api(&client, scope),
+                        triggers: futures::stream::pending().boxed(),
+                        concurrency: 4,
+                    },
+                )
+            });
+            let queues = scopes.iter().map(|scope| {
+                queue::run(
+                    ctx.clone(),
+                    Wiring {
+                        api: scoped_api(&client, scope),
+                        triggers: trigger_stream(&ctx.triggers.queues, scope.clone()),
+                        concurrency: 8,
+                    },
+                )
+            });
+            let diverts = scopes.iter().map(|scope| {
+                divert::run(
+                    ctx.clone(),
+                    Wiring {
+                        api: scoped_api(&client, scope),
+                        triggers: trigger_stream(&ctx.triggers.diverts, scope.clone()),
+                        concurrency: 8,
+                    },
+                )
+            });
             tokio::join!(
                 join_all(closes),
                 join_all(clusters),

@@ -30,7 +30,7 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use serde_json::Value;
 
-use super::cluster::{ClusterRuntime, current_topology};
+use super::cluster::ClusterRuntime;
 use super::command::{self, Scope};
 use super::{Context, ReconcileError, StatusConditions, actor_of, conditions, is_paused, key};
 use crate::api::cluster::DeclarationMode;
@@ -128,13 +128,24 @@ pub trait TopologyObject:
         facts: &PlanFacts,
     ) -> Option<WholeRefusal>;
 
-    /// execute on one node: read fresh, re-plan, write, verify.
-    fn apply_on(t: Target, d: Self::Desired) -> impl Future<Output = Result<NodeReport, NodeFailure>> + Send;
+    /// execute on one node, from the preflight's fresh read of it (`before`): write. The
+    /// pipeline verifies the write by another fresh read.
+    fn apply_on(
+        t: Target,
+        d: Self::Desired,
+        before: Arc<NodeInventory>,
+    ) -> impl Future<Output = Result<NodeReport, NodeFailure>> + Send;
+    /// execute a delete on one node, from the preflight's fresh read of it (`before`).
     fn delete_on(
         t: Target,
         d: Self::Desired,
         facts: Arc<PlanFacts>,
+        before: Arc<NodeInventory>,
     ) -> impl Future<Output = Result<NodeReport, NodeFailure>> + Send;
+
+    /// The object is concerned by this change of its cluster's broker objects (the cluster's
+    /// poll triggers it).
+    fn touches(d: &Self::Desired, change: &crate::topology::TopologyChange) -> bool;
 
     /// status (pure): the kind's status document from the pass.
     fn status(&self, pass: &Pass<'_, Self>) -> Self::Status;
@@ -367,16 +378,16 @@ fn facts(ctx: &Context, cluster_key: &str, rt: &ClusterRuntime) -> PlanFacts {
     }
 }
 
-/// The cluster's latest topology snapshot (polled inline only when older than its interval).
-async fn with_topology(
+/// The cluster's latest snapshot. Only the cluster controller polls (one poll in flight per
+/// cluster); a reconcile plans from the snapshot and confirms with a fresh read of its own object.
+fn with_topology(
     ctx: &Context,
-    ns: &str,
-    cluster: &str,
+    rt: Arc<ClusterRuntime>,
     cluster_key: String,
 ) -> Result<Dereferenced, DereferenceError> {
-    let (rt, topology) = current_topology(ctx, ns, cluster, None)
-        .await
-        .map_err(|e| DereferenceError::ClusterNotReady(e.0.clone(), "no topology".into()))?;
+    let topology = ctx.topologies.get(&cluster_key).ok_or_else(|| {
+        DereferenceError::ClusterNotReady(cluster_key.clone(), "it has not been polled yet".into())
+    })?;
     let facts = facts(ctx, &cluster_key, &rt);
     Ok(Dereferenced {
         cluster_key,
@@ -386,9 +397,38 @@ async fn with_topology(
     })
 }
 
+/// Trigger every object of this ArtemisCluster that the change concerns (reconcile_on).
+pub fn trigger_dependents(ctx: &Context, ns: &str, cluster: &str, change: &crate::topology::TopologyChange) {
+    let queues = dependents::<crate::api::ArtemisQueue>(ctx, ns, cluster, change);
+    let diverts = dependents::<crate::api::ArtemisDivert>(ctx, ns, cluster, change);
+    tracing::debug!(cluster = %key(ns, cluster), queues = queues.len(), diverts = diverts.len(), everything = change.everything, "topology changed");
+    for q in queues {
+        let _ = ctx.triggers.queues.send(q);
+    }
+    for d in diverts {
+        let _ = ctx.triggers.diverts.send(d);
+    }
+}
+
+fn dependents<K: TopologyObject>(
+    ctx: &Context,
+    ns: &str,
+    cluster: &str,
+    change: &crate::topology::TopologyChange,
+) -> Vec<kube::runtime::reflector::ObjectRef<K>> {
+    K::cache(ctx)
+        .state()
+        .iter()
+        .filter(|o| o.namespace().as_deref() == Some(ns) && o.cluster_ref().name == cluster)
+        .filter(|o| change.everything || o.desired().is_ok_and(|d| K::touches(&d, change)))
+        .map(|o| kube::runtime::reflector::ObjectRef::from_obj(o.as_ref()))
+        .collect()
+}
+
 /// One planned node outcome.
 fn planned(n: &LogicalNode, step: &Step) -> NodeOutcome {
     let base = |outcome, message: String, detail: Vec<String>| NodeOutcome {
+        last_command: None,
         node: n.node_id.clone(),
         endpoint: n.active_endpoint().map(str::to_string),
         outcome,
@@ -575,6 +615,109 @@ async fn stop<K: TopologyObject>(
     Ok(())
 }
 
+/// How long a converged object waits before it is looked at again without a trigger (the
+/// cluster's poll triggers every object whose broker objects or nodes changed).
+pub const RESYNC: Duration = Duration::from_secs(600);
+
+/// What this pass knows from the last one, per node: an APPLIED outcome stays APPLIED while the
+/// node is found in the requested state (the next pass's ALREADY never hides what was done), the
+/// last command received is carried, and a node not live is described by what it last received.
+fn carry_history(old: &[NodeOutcome], nodes: &mut [NodeOutcome], same_generation: bool) {
+    for n in nodes.iter_mut() {
+        let Some(o) = old.iter().find(|o| o.node == n.node) else {
+            continue;
+        };
+        if same_generation && n.outcome == Outcome::Already && o.outcome == Outcome::Applied {
+            *n = o.clone();
+            continue;
+        }
+        if n.last_command.is_none() {
+            n.last_command = o.last_command.clone();
+        }
+        if n.outcome == Outcome::SkippedNotLive
+            && let Some(lc) = &n.last_command
+        {
+            n.message = format!(
+                "{}; it last received {} ({:?}, audit #{}) at {}",
+                n.message, lc.command, lc.outcome, lc.audit_id, lc.at
+            );
+        }
+    }
+}
+
+/// A write this generation already made on a node and the broker did not take (NOT_CONVERGING)
+/// is not sent again: the node keeps that outcome until the spec or the broker object changes.
+fn not_converging_again(
+    old: &[NodeOutcome],
+    planned: &NodeOutcome,
+    same_generation: bool,
+) -> Option<NodeOutcome> {
+    let o = old.iter().find(|o| o.node == planned.node)?;
+    (same_generation
+        && o.outcome == Outcome::Failed
+        && o.refusal == Some(RefusalKind::NotConverging)
+        && o.detail == planned.detail)
+        .then(|| o.clone())
+}
+
+pub const NOT_CONVERGING: &str = "NotConverging";
+
+fn set_not_converging(conds: &mut Vec<Condition>, nodes: &[NodeOutcome], generation: Option<i64>) {
+    let stuck: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.refusal == Some(RefusalKind::NotConverging))
+        .map(|n| format!("{}: {}", n.node, n.detail.join(", ")))
+        .collect();
+    if !stuck.is_empty() {
+        conditions::set(
+            conds,
+            NOT_CONVERGING,
+            true,
+            "BrokerDidNotApply",
+            format!(
+                "the broker accepted the write but did not change {}; not re-sent for this generation: change the spec back, or delete and re-create the object to re-create the broker object",
+                stuck.join("; ")
+            ),
+            generation,
+        );
+    } else if conds.iter().any(|c| c.type_ == NOT_CONVERGING) {
+        conditions::set(
+            conds,
+            NOT_CONVERGING,
+            false,
+            "Converging",
+            "every write took effect",
+            generation,
+        );
+    }
+}
+
+/// The node outcomes of a command, each with the command it received.
+fn stamp(nodes: &mut [NodeOutcome], command: &str, audit_id: i64) {
+    let at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    for n in nodes.iter_mut().filter(|n| n.outcome != Outcome::SkippedNotLive) {
+        n.last_command = Some(crate::api::LastCommand {
+            command: command.to_string(),
+            audit_id,
+            outcome: n.outcome,
+            at: at.clone(),
+        });
+    }
+}
+
+/// When to look again: a converged object waits for a trigger (or the slow resync); one with a
+/// failed node retries at the poll interval.
+fn next_pass(nodes: &[NodeOutcome], poll_interval: Duration) -> Action {
+    let retry = nodes
+        .iter()
+        .any(|n| n.outcome == Outcome::Failed && n.refusal != Some(RefusalKind::NotConverging));
+    if retry {
+        Action::requeue(poll_interval.max(Duration::from_secs(5)))
+    } else {
+        Action::requeue(RESYNC)
+    }
+}
+
 /// apply: bring every live node to the spec.
 pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     let generation = obj.meta().generation;
@@ -602,79 +745,55 @@ pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<
         return Ok(Action::requeue(rt.poll_interval.max(Duration::from_secs(10))));
     }
     let ns = obj.namespace().unwrap_or_default();
-    let deref = match with_topology(&ctx, &ns, &obj.cluster_ref().name, cluster_key).await {
+    let deref = match with_topology(&ctx, rt, cluster_key) {
         Ok(x) => x,
         Err(e) => {
             stop(&ctx, obj.as_ref(), Some(&d), e.reason(), e.to_string()).await?;
             return Ok(Action::requeue(Duration::from_secs(10)));
         }
     };
-    // plan, from the snapshot
-    let plan = plan_nodes(&deref.topology, &snapshot_inventories(&deref.topology), |inv| {
-        K::plan_apply(&d, inv)
-    });
+    let old_nodes: Vec<NodeOutcome> = obj
+        .current_status()
+        .map(|s| s.nodes().to_vec())
+        .unwrap_or_default();
+    let same_generation = obj.current_status().and_then(|s| s.observed_generation()) == generation;
+    // plan, from the snapshot; a write the broker did not take is not planned again
+    let plan: Vec<(NodeOutcome, bool)> =
+        plan_nodes(&deref.topology, &snapshot_inventories(&deref.topology), |inv| {
+            K::plan_apply(&d, inv)
+        })
+        .into_iter()
+        .map(
+            |(n, w)| match not_converging_again(&old_nodes, &n, same_generation) {
+                Some(kept) if w => (kept, false),
+                _ => (n, w),
+            },
+        )
+        .collect();
     let gate = Gate::of(obj.as_ref());
     let mut conds = old_conditions(obj.as_ref());
     set_paused_condition(&mut conds, gate, generation);
     let needs_write = plan.iter().any(|(_, w)| *w);
     let mut last_audit_id = old_audit(obj.as_ref());
-    let nodes = if !needs_write || gate != Gate::Write {
+    let mut nodes = if !needs_write || gate != Gate::Write {
         plan.into_iter().map(|(n, _)| n).collect()
     } else if let Err(e) = ensure_credentials(&ctx, &ns, &obj.cluster_ref().name).await {
         stop(&ctx, obj.as_ref(), Some(&d), e.reason(), e.to_string()).await?;
         return Ok(Action::requeue(Duration::from_secs(10)));
     } else {
-        // preflight: a command only for a difference a fresh read of the object confirms (the
-        // snapshot may predate a write, ours or someone else's): no audited no-op commands.
-        let wanted: BTreeSet<String> = write_targets(&plan);
-        let fresh = fresh_reads::<K>(&deref, &d, &wanted, false).await;
-        let plan: Vec<(NodeOutcome, bool)> = plan
-            .into_iter()
-            .map(|(n, w)| {
-                if !w {
-                    return (n, w);
-                }
-                let node = deref.topology.nodes.iter().find(|x| x.node_id == n.node);
-                match (fresh.get(&n.node), node) {
-                    (Some(Ok(inv)), Some(node)) => {
-                        let step = K::plan_apply(&d, inv);
-                        let write = matches!(step, Step::Write { .. });
-                        (planned(node, &step), write)
-                    }
-                    (Some(Err(failed)), _) => (failed.clone(), false),
-                    _ => (n, false),
-                }
-            })
-            .collect();
-        let targets: BTreeSet<String> = write_targets(&plan);
-        if targets.is_empty() {
-            // The fresh reads found nothing to do (or a refusal): no command, no audit row.
-            plan.into_iter().map(|(n, _)| n).collect()
-        } else {
-            let old_generation = obj.current_status().and_then(|s| s.observed_generation());
-            let command_name = command::apply_or_repair(K::NOUN, old_generation, generation, last_audit_id);
-            let planned_nodes: Vec<&NodeOutcome> = plan.iter().map(|(n, _)| n).collect();
-            let mut params = obj.apply_params(&d);
-            params["plan"] = serde_json::to_value(&planned_nodes)?;
-            let d2 = d.clone();
-            let result = command::run(
-                &ctx,
-                obj.as_ref(),
-                Scope {
-                    cluster_ns: &ns,
-                    cluster_name: &obj.cluster_ref().name,
-                    topology: &deref.topology.restricted_to(&targets),
-                    timeout: deref.rt.request_timeout * 3,
-                },
-                intent(&ctx, obj.as_ref(), &d, &command_name, params),
-                move |t| K::apply_on(t, d2.clone()),
-            )
-            .await?;
-            last_audit_id = Some(result.audit_id);
-            merge(plan, result.nodes)
-        }
+        let (nodes, audit) =
+            write::<K>(&ctx, obj.as_ref(), &d, &deref, plan, generation, last_audit_id).await?;
+        last_audit_id = audit.or(last_audit_id);
+        nodes
     };
+    carry_history(&old_nodes, &mut nodes, same_generation);
     conditions::from_outcomes(&mut conds, &nodes, generation, gate != Gate::Write, K::NOUN);
+    set_not_converging(&mut conds, &nodes, generation);
+    let next = next_pass(&nodes, deref.rt.poll_interval);
+    let topology = ctx
+        .topologies
+        .get(&deref.cluster_key)
+        .unwrap_or(deref.topology.clone());
     report(
         &ctx,
         obj.as_ref(),
@@ -684,12 +803,148 @@ pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<
             desired: Some(&d),
             nodes,
             last_audit_id,
-            topology: Some(&deref.topology),
+            topology: Some(&topology),
             facts: Some(&deref.facts),
         },
     )
     .await?;
-    Ok(Action::requeue(deref.rt.poll_interval))
+    Ok(next)
+}
+
+/// preflight + command + verify: a command only for a difference a fresh read of the object
+/// confirms (the snapshot may predate a write, ours or someone else's: no audited no-op
+/// commands); each write is verified by a fresh read afterwards, and one the broker did not
+/// take is FAILED as NOT_CONVERGING with the fields named. Every read lands in the cluster's
+/// snapshot (it is updated, never discarded). Returns the node outcomes and the audit row, if a
+/// command was sent.
+async fn write<K: TopologyObject>(
+    ctx: &Context,
+    obj: &K,
+    d: &K::Desired,
+    deref: &Dereferenced,
+    plan: Vec<(NodeOutcome, bool)>,
+    generation: Option<i64>,
+    last_audit_id: Option<i64>,
+) -> Result<(Vec<NodeOutcome>, Option<i64>), ReconcileError> {
+    let wanted: BTreeSet<String> = write_targets(&plan);
+    let fresh = fresh_reads::<K>(deref, d, &wanted, false).await;
+    let mut seen: BTreeMap<String, Arc<NodeInventory>> = fresh
+        .iter()
+        .filter_map(|(n, r)| r.as_ref().ok().map(|i| (n.clone(), i.clone())))
+        .collect();
+    let plan: Vec<(NodeOutcome, bool)> = plan
+        .into_iter()
+        .map(|(n, w)| {
+            if !w {
+                return (n, w);
+            }
+            let node = deref.topology.nodes.iter().find(|x| x.node_id == n.node);
+            match (fresh.get(&n.node), node) {
+                (Some(Ok(inv)), Some(node)) => {
+                    let step = K::plan_apply(d, inv);
+                    let write = matches!(step, Step::Write { .. });
+                    (planned(node, &step), write)
+                }
+                (Some(Err(failed)), _) => (failed.clone(), false),
+                _ => (n, false),
+            }
+        })
+        .collect();
+    let targets: BTreeSet<String> = write_targets(&plan);
+    if targets.is_empty() {
+        // The fresh reads found nothing to do (or a refusal): no command, no audit row.
+        overlay_snapshot(ctx, &deref.cluster_key, &seen);
+        return Ok((plan.into_iter().map(|(n, _)| n).collect(), None));
+    }
+    let old_generation = obj.current_status().and_then(|s| s.observed_generation());
+    let command_name = command::apply_or_repair(K::NOUN, old_generation, generation, last_audit_id);
+    let planned_nodes: Vec<&NodeOutcome> = plan.iter().map(|(n, _)| n).collect();
+    let mut params = obj.apply_params(d);
+    params["plan"] = serde_json::to_value(&planned_nodes)?;
+    let ns = obj.namespace().unwrap_or_default();
+    let intent = intent(ctx, obj, d, &command_name, params);
+    let audit_id = ctx.store.audit_intent(&intent).await?;
+    let verified: Arc<std::sync::Mutex<BTreeMap<String, Arc<NodeInventory>>>> = Default::default();
+    let before: Arc<BTreeMap<String, Arc<NodeInventory>>> = Arc::new(seen.clone());
+    let executed = fanout::fan_out(
+        &deref.topology.restricted_to(&targets),
+        fanout::DEFAULT_CONCURRENCY,
+        deref.rt.request_timeout * 3,
+        |t| {
+            let (d, before, verified) = (d.clone(), before.clone(), verified.clone());
+            async move {
+                let inv = before.get(&t.node_id).cloned().unwrap_or_default();
+                let report = K::apply_on(t.clone(), d.clone(), inv).await?;
+                verify::<K>(&t, &d, report, &verified).await
+            }
+        },
+    )
+    .await;
+    let mut result = command::finish(
+        ctx,
+        obj,
+        &ns,
+        &obj.cluster_ref().name,
+        &command_name,
+        audit_id,
+        executed,
+    )
+    .await?;
+    if let Ok(v) = verified.lock() {
+        seen.extend(v.iter().map(|(k, i)| (k.clone(), i.clone())));
+    }
+    overlay_snapshot(ctx, &deref.cluster_key, &seen);
+    stamp(&mut result.nodes, &command_name, audit_id);
+    Ok((merge(plan, result.nodes), Some(audit_id)))
+}
+
+/// Verify one write by a fresh read of the object: the plan on it must find nothing left to do.
+async fn verify<K: TopologyObject>(
+    t: &Target,
+    d: &K::Desired,
+    report: NodeReport,
+    verified: &std::sync::Mutex<BTreeMap<String, Arc<NodeInventory>>>,
+) -> Result<NodeReport, NodeFailure> {
+    if report.outcome != Outcome::Applied {
+        return Ok(report);
+    }
+    let after = match K::read_fresh(t, d, false).await {
+        Ok(inv) => Arc::new(inv),
+        Err(e) => {
+            return Ok(NodeReport {
+                message: format!(
+                    "{} (not verified: the read afterwards failed: {e})",
+                    report.message
+                ),
+                ..report
+            });
+        }
+    };
+    if let Ok(mut v) = verified.lock() {
+        v.insert(t.node_id.clone(), after.clone());
+    }
+    match K::plan_apply(d, &after) {
+        Step::Nothing { .. } => Ok(report),
+        Step::Write { what, detail } => Err(NodeFailure {
+            message: Some(format!(
+                "the broker accepted the write ({}) but a fresh read shows it did not take effect ({what}): Artemis does not apply this change to an existing object. Not re-sent for this generation: change the spec back, or delete and re-create the object",
+                report.message
+            )),
+            detail,
+            error: crate::broker::BrokerError::refused(
+                RefusalKind::NotConverging,
+                format!("{what} did not take effect"),
+            ),
+        }),
+        Step::Refuse { kind, message } => Err(fanout::refuse(kind, message)),
+    }
+}
+
+/// Lay fresh reads over the cluster's snapshot.
+fn overlay_snapshot(ctx: &Context, cluster_key: &str, reads: &BTreeMap<String, Arc<NodeInventory>>) {
+    if !reads.is_empty() {
+        ctx.topologies.update(cluster_key, |t| t.overlaid(reads));
+    }
 }
 
 /// A delete that leaves the broker untouched: the finalizer goes, an Event says why.
@@ -842,7 +1097,7 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
     }
     let ns = o.namespace().unwrap_or_default();
     let cluster = o.cluster_ref().name.clone();
-    let deref = match with_topology(&ctx, &ns, &cluster, cluster_key).await {
+    let deref = match dereference(&ctx, o).and_then(|(rt, k)| with_topology(&ctx, rt, k)) {
         Ok(x) => x,
         Err(e) => {
             let m = format!("{e}. {RELEASE_HINT}");
@@ -882,6 +1137,7 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
         params["plan"] = serde_json::to_value(plan.iter().map(|(n, _)| n).collect::<Vec<_>>())?;
         let d2 = d.clone();
         let f2 = facts.clone();
+        let before = Arc::new(fresh_ok.clone());
         let result = command::run(
             &ctx,
             o,
@@ -892,11 +1148,16 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
                 timeout: deref.rt.request_timeout * 4,
             },
             intent(&ctx, o, &d, &format!("{}.delete", K::NOUN), params),
-            move |t| K::delete_on(t, d2.clone(), f2.clone()),
+            move |t| {
+                let inv = before.get(&t.node_id).cloned().unwrap_or_default();
+                K::delete_on(t, d2.clone(), f2.clone(), inv)
+            },
         )
         .await?;
         last_audit_id = Some(result.audit_id);
-        merge(plan, result.nodes)
+        let mut executed = result.nodes;
+        stamp(&mut executed, &format!("{}.delete", K::NOUN), result.audit_id);
+        merge(plan, executed)
     } else {
         plan.into_iter().map(|(n, _)| n).collect()
     };
@@ -944,6 +1205,7 @@ async fn fresh_reads<K: TopologyObject>(
                 .await
                 .unwrap_or(Err(crate::broker::BrokerError::Timeout(timeout.as_secs())));
             let r = read.map(Arc::new).map_err(|e| NodeOutcome {
+                last_command: None,
                 node: n.node_id.clone(),
                 endpoint: n.active_endpoint().map(str::to_string),
                 outcome: Outcome::Failed,
@@ -983,14 +1245,23 @@ pub async fn reconcile<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Res
     result
 }
 
-pub fn error_policy<K: TopologyObject>(_obj: Arc<K>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {
+pub fn error_policy<K: TopologyObject>(obj: Arc<K>, error: &ReconcileError, ctx: Arc<Context>) -> Action {
+    let uid = obj.uid().unwrap_or_default();
     match error {
-        // A blocked delete is re-evaluated when the object or its cluster changes, and
-        // otherwise slowly: no audit row is written for a delete that sends nothing.
-        ReconcileError::DeleteRefused(_) => Action::requeue(Duration::from_secs(30)),
+        // A blocked delete is re-evaluated when the object or its nodes change (the cluster's
+        // poll triggers it), and otherwise with a growing delay: it sends nothing and writes no
+        // audit row while it waits.
+        ReconcileError::DeleteRefused(_) => Action::requeue(ctx.backoff.next(
+            &uid,
+            Duration::from_secs(30),
+            Duration::from_secs(600),
+        )),
         e => {
-            tracing::warn!(error = %e, kind = K::NOUN, "reconcile failed");
-            Action::requeue(Duration::from_secs(5))
+            tracing::warn!(error = %e, reason = e.reason(), kind = K::NOUN, object = %obj.name_any(), "reconcile failed");
+            Action::requeue(
+                ctx.backoff
+                    .next(&uid, Duration::from_secs(5), Duration::from_secs(300)),
+            )
         }
     }
 }

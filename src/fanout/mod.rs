@@ -104,6 +104,7 @@ where
     let result = result.unwrap_or_else(|_| Err(BrokerError::Timeout(timeout.as_secs()).into()));
     match result {
         Ok(r) => NodeOutcome {
+            last_command: None,
             node: node.node_id.clone(),
             endpoint,
             outcome: r.outcome,
@@ -112,6 +113,7 @@ where
             detail: r.detail,
         },
         Err(f) => NodeOutcome {
+            last_command: None,
             node: node.node_id.clone(),
             endpoint,
             outcome: Outcome::Failed,
@@ -124,6 +126,7 @@ where
 
 pub fn skipped(node: &LogicalNode) -> NodeOutcome {
     NodeOutcome {
+        last_command: None,
         node: node.node_id.clone(),
         endpoint: None,
         outcome: Outcome::SkippedNotLive,
@@ -141,6 +144,7 @@ pub fn skipped(node: &LogicalNode) -> NodeOutcome {
 pub fn inventory_unavailable(node: &LogicalNode) -> NodeOutcome {
     let error = node.inventory_error.clone();
     NodeOutcome {
+        last_command: None,
         node: node.node_id.clone(),
         endpoint: node.active_endpoint().map(str::to_string),
         outcome: Outcome::Failed,

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -26,12 +28,33 @@ pub struct ReconcileLabels {
     pub result: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClusterLabels {
+    /// `namespace/name` of the ArtemisCluster.
+    pub cluster: String,
+}
+
+fn seconds_buckets() -> impl Iterator<Item = f64> {
+    prometheus_client::metrics::histogram::exponential_buckets(0.005, 2.0, 14)
+}
+
 /// Counters every command updates.
 pub struct Metrics {
     registry: Registry,
     pub commands: Family<CommandLabels, Counter>,
     pub node_outcomes: Family<OutcomeLabels, Counter>,
     pub reconciles: Family<ReconcileLabels, Counter>,
+    pub reconcile_seconds: Family<KindLabels, Histogram>,
+    /// Finished reconciles per kind, whatever the result (not exported: the sum of `reconciles`).
+    finished: Family<KindLabels, Counter>,
+    pub poll_seconds: Family<ClusterLabels, Histogram>,
+    /// Broker objects (queues, addresses, diverts) in the latest poll, over every node.
+    pub inventory_objects: Family<ClusterLabels, Gauge>,
     ready: AtomicBool,
 }
 
@@ -41,6 +64,26 @@ impl Default for Metrics {
         let commands = Family::<CommandLabels, Counter>::default();
         let node_outcomes = Family::<OutcomeLabels, Counter>::default();
         let reconciles = Family::<ReconcileLabels, Counter>::default();
+        let reconcile_seconds =
+            Family::<KindLabels, Histogram>::new_with_constructor(|| Histogram::new(seconds_buckets()));
+        let poll_seconds =
+            Family::<ClusterLabels, Histogram>::new_with_constructor(|| Histogram::new(seconds_buckets()));
+        let inventory_objects = Family::<ClusterLabels, Gauge>::default();
+        registry.register(
+            "reconcile_duration_seconds",
+            "Reconcile duration by kind",
+            reconcile_seconds.clone(),
+        );
+        registry.register(
+            "inventory_poll_duration_seconds",
+            "Duration of one cluster's topology and inventory poll",
+            poll_seconds.clone(),
+        );
+        registry.register(
+            "inventory_objects",
+            "Queues, addresses and diverts in a cluster's latest poll, summed over its live nodes",
+            inventory_objects.clone(),
+        );
         registry.register(
             "reconciles",
             "Finished reconciles by kind and result",
@@ -57,6 +100,10 @@ impl Default for Metrics {
             commands,
             node_outcomes,
             reconciles,
+            reconcile_seconds,
+            finished: Family::default(),
+            poll_seconds,
+            inventory_objects,
             ready: AtomicBool::new(false),
         }
     }
@@ -65,17 +112,22 @@ impl Default for Metrics {
 impl Metrics {
     /// Finished reconciles of one kind, whatever their result: evidence that a pass ran.
     pub fn reconciles_of(&self, kind: &str) -> u64 {
-        ["ok", "error"]
-            .iter()
-            .map(|r| {
-                self.reconciles
-                    .get_or_create(&ReconcileLabels {
-                        kind: kind.into(),
-                        result: (*r).into(),
-                    })
-                    .get()
+        self.finished
+            .get_or_create(&KindLabels { kind: kind.into() })
+            .get()
+    }
+
+    /// Count one finished reconcile of `kind` with its result (`ok` or the condition reason).
+    pub fn reconciled(&self, kind: &str, result: &str, seconds: f64) {
+        let k = KindLabels { kind: kind.into() };
+        self.reconcile_seconds.get_or_create(&k).observe(seconds);
+        self.finished.get_or_create(&k).inc();
+        self.reconciles
+            .get_or_create(&ReconcileLabels {
+                kind: kind.into(),
+                result: result.into(),
             })
-            .sum()
+            .inc();
     }
 
     pub fn set_ready(&self) {

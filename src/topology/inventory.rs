@@ -70,6 +70,16 @@ pub struct NodeInventory {
     /// Queues the broker listed whose attributes could not be read as their types: nothing is
     /// planned or written for them on a guess (a failed attribute is never read as false or 0).
     pub unreadable_queues: BTreeMap<String, String>,
+    /// What a scoped read covered (None: the whole node was scraped).
+    pub scope: Option<ReadScope>,
+}
+
+/// The objects a scoped read covered: absent from the read means absent from the node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReadScope {
+    pub queues: Vec<String>,
+    pub addresses: Vec<String>,
+    pub diverts: bool,
 }
 
 impl NodeInventory {
@@ -88,6 +98,36 @@ impl NodeInventory {
         }
         names.sort();
         names
+    }
+
+    /// This (older, whole-node) inventory with a newer read laid over it: what the read covered
+    /// replaces what was known of those objects (present or absent), the rest is kept. A write
+    /// updates the snapshot with what it verified instead of discarding it (no re-scrape).
+    pub fn overlay(&mut self, fresh: &NodeInventory) {
+        let Some(scope) = &fresh.scope else {
+            *self = fresh.clone();
+            return;
+        };
+        for q in &scope.queues {
+            self.queues.remove(q);
+            self.unreadable_queues.remove(q);
+        }
+        for (name, q) in &fresh.queues {
+            self.queues.insert(name.clone(), q.clone());
+        }
+        for a in &scope.addresses {
+            match fresh.addresses.get(a) {
+                Some(found) => {
+                    self.addresses.insert(a.clone(), found.clone());
+                }
+                None => {
+                    self.addresses.remove(a);
+                }
+            }
+        }
+        if scope.diverts {
+            self.diverts = fresh.diverts.clone();
+        }
     }
 }
 
@@ -352,7 +392,14 @@ pub async fn read_scoped(m: &BrokerManagement, scope: &ScopedRead<'_>) -> Result
             .next()
             .unwrap_or_else(|| Err(BrokerError::BadResponse("short bulk response".into())))
     };
-    let mut inv = NodeInventory::default();
+    let mut inv = NodeInventory {
+        scope: Some(ReadScope {
+            queues: scope.queues.iter().map(|q| q.to_string()).collect(),
+            addresses: scope.addresses.iter().map(|a| a.to_string()).collect(),
+            diverts: scope.diverts,
+        }),
+        ..Default::default()
+    };
     for _ in scope.queues {
         for q in matches(next())? {
             let q = parse_queue(&q).map_err(bad("the queue"))?;
@@ -428,5 +475,33 @@ mod tests {
         inv.add_queue(&attrs).expect("named");
         assert!(inv.queues.is_empty());
         assert!(inv.unreadable_queues.contains_key("q"));
+    }
+
+    #[test]
+    fn a_scoped_read_replaces_only_what_it_covered() {
+        let q = |name: &str| QueueInfo {
+            name: name.into(),
+            address: name.into(),
+            ..Default::default()
+        };
+        let mut snapshot = NodeInventory::default();
+        snapshot.queues.insert("a".into(), q("a"));
+        snapshot.queues.insert("b".into(), q("b"));
+        snapshot.diverts.insert("d".into(), DivertInfo::default());
+        // A read of queues b and c: b is gone, c appeared; a and the diverts are untouched.
+        let mut fresh = NodeInventory {
+            scope: Some(ReadScope {
+                queues: vec!["b".into(), "c".into()],
+                addresses: vec![],
+                diverts: false,
+            }),
+            ..Default::default()
+        };
+        fresh.queues.insert("c".into(), q("c"));
+        snapshot.overlay(&fresh);
+        let names: Vec<&String> = snapshot.queues.keys().collect();
+        assert_eq!(names, ["a", "c"]);
+        assert_eq!(snapshot.diverts.len(), 1);
+        assert_eq!(snapshot.scope, None, "the snapshot stays a whole-node inventory");
     }
 }

@@ -89,6 +89,19 @@ impl Topology {
         }
     }
 
+    /// The same snapshot with newer scoped reads laid over nodes' inventories (by node ID).
+    pub fn overlaid(&self, reads: &BTreeMap<String, Arc<inventory::NodeInventory>>) -> Topology {
+        let mut t = self.clone();
+        for n in &mut t.nodes {
+            if let (Some(inv), Some(fresh)) = (&n.inventory, reads.get(&n.node_id)) {
+                let mut merged = (**inv).clone();
+                merged.overlay(fresh);
+                n.inventory = Some(Arc::new(merged));
+            }
+        }
+        t
+    }
+
     /// A node by node ID, or by one of its endpoint URLs.
     pub fn find(&self, node: &str) -> Option<&LogicalNode> {
         self.nodes.iter().find(|n| {
@@ -289,6 +302,15 @@ impl<T> ByCluster<T> {
         }
         v
     }
+    /// Replace the value with `f` of it, atomically (no concurrent update is lost).
+    pub fn update(&self, cluster: &str, f: impl FnOnce(&T) -> T) {
+        if let Ok(mut m) = self.inner.write()
+            && let Some(v) = m.get(cluster)
+        {
+            let next = Arc::new(f(v));
+            m.insert(cluster.to_string(), next);
+        }
+    }
     pub fn remove(&self, cluster: &str) {
         if let Ok(mut m) = self.inner.write() {
             m.remove(cluster);
@@ -298,3 +320,138 @@ impl<T> ByCluster<T> {
 
 /// The latest topology of each cluster with its age; commands read it instead of polling.
 pub type TopologyCache = ByCluster<Topology>;
+
+/// What changed between two polls of one cluster, for the objects that depend on it: a change
+/// of the live nodes (or of what could be read of them) concerns every object; otherwise only
+/// the broker objects whose configuration changed (message and consumer counts are not
+/// configuration: they move all the time and never trigger anything).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TopologyChange {
+    pub everything: bool,
+    pub queues: std::collections::BTreeSet<String>,
+    pub addresses: std::collections::BTreeSet<String>,
+    pub diverts: std::collections::BTreeSet<String>,
+}
+
+impl TopologyChange {
+    pub fn is_empty(&self) -> bool {
+        !self.everything && self.queues.is_empty() && self.addresses.is_empty() && self.diverts.is_empty()
+    }
+}
+
+fn changed_keys<V>(
+    a: &BTreeMap<String, V>,
+    b: &BTreeMap<String, V>,
+    same: impl Fn(&V, &V) -> bool,
+) -> Vec<String> {
+    let mut out: Vec<String> = a
+        .iter()
+        .filter(|(k, v)| b.get(*k).is_none_or(|w| !same(v, w)))
+        .map(|(k, _)| k.clone())
+        .collect();
+    out.extend(b.keys().filter(|k| !a.contains_key(*k)).cloned());
+    out
+}
+
+fn same_queue_config(a: &inventory::QueueInfo, b: &inventory::QueueInfo) -> bool {
+    // Counts aside; whether consumers are attached is kept (it decides whether a delete may go).
+    let counts_aside = |q: &inventory::QueueInfo| inventory::QueueInfo {
+        message_count: 0,
+        consumer_count: q.consumer_count.min(1),
+        delivering_count: 0,
+        ..q.clone()
+    };
+    counts_aside(a) == counts_aside(b)
+}
+
+/// The change from `old` (None: never polled) to `new`.
+pub fn changes(old: Option<&Topology>, new: &Topology) -> TopologyChange {
+    let Some(old) = old else {
+        return TopologyChange {
+            everything: true,
+            ..Default::default()
+        };
+    };
+    let shape = |t: &Topology| -> Vec<(String, Option<String>, bool)> {
+        t.nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.node_id.clone(),
+                    n.active_endpoint().map(str::to_string),
+                    n.inventory.is_some(),
+                )
+            })
+            .collect()
+    };
+    if shape(old) != shape(new) {
+        return TopologyChange {
+            everything: true,
+            ..Default::default()
+        };
+    }
+    let mut c = TopologyChange::default();
+    for (o, n) in old.nodes.iter().zip(&new.nodes) {
+        let (Some(oi), Some(ni)) = (&o.inventory, &n.inventory) else {
+            continue;
+        };
+        if Arc::ptr_eq(oi, ni) {
+            continue;
+        }
+        c.queues
+            .extend(changed_keys(&oi.queues, &ni.queues, same_queue_config));
+        c.queues.extend(changed_keys(
+            &oi.unreadable_queues,
+            &ni.unreadable_queues,
+            |a, b| a == b,
+        ));
+        c.addresses
+            .extend(changed_keys(&oi.addresses, &ni.addresses, |a, b| a == b));
+        c.diverts
+            .extend(changed_keys(&oi.diverts, &ni.diverts, |a, b| a == b));
+    }
+    c
+}
+
+#[cfg(test)]
+mod change_tests {
+    use super::*;
+
+    fn topology(queues: &[(&str, u64)]) -> Topology {
+        let mut inv = inventory::NodeInventory::default();
+        for (name, count) in queues {
+            inv.queues.insert(
+                name.to_string(),
+                inventory::QueueInfo {
+                    name: name.to_string(),
+                    message_count: *count,
+                    ..Default::default()
+                },
+            );
+        }
+        Topology {
+            polled_at: Instant::now(),
+            polled_at_utc: chrono::Utc::now(),
+            nodes: vec![LogicalNode {
+                node_id: "n1".into(),
+                active: None,
+                standby: vec![],
+                failed_over: false,
+                not_live_reason: None,
+                inventory: Some(Arc::new(inv)),
+                inventory_error: None,
+            }],
+            unreachable: vec![],
+        }
+    }
+
+    #[test]
+    fn counts_moving_change_nothing_and_a_removed_queue_is_named() {
+        let a = topology(&[("q1", 1), ("q2", 5)]);
+        assert!(changes(Some(&a), &topology(&[("q1", 9), ("q2", 0)])).is_empty());
+        let c = changes(Some(&a), &topology(&[("q1", 1)]));
+        assert!(!c.everything);
+        assert_eq!(c.queues.iter().collect::<Vec<_>>(), ["q2"]);
+        assert!(changes(None, &a).everything);
+    }
+}

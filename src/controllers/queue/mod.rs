@@ -7,7 +7,6 @@ pub mod plan;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use kube::api::Api;
 use serde_json::{Value, json};
 
 use self::plan::{DesiredQueue, NodeAction};
@@ -36,10 +35,9 @@ async fn read_queue(t: &Target, d: &DesiredQueue, diverts: bool) -> Result<NodeI
     .await
 }
 
-/// Create, or converge, on one node, from a fresh read of the queue (ADR-0049: the update path
-/// reads before it writes).
-async fn apply_on(t: Target, d: DesiredQueue) -> Result<NodeReport, NodeFailure> {
-    let inv = read_queue(&t, &d, false).await?;
+/// Create, or converge, on one node, from the preflight's fresh read of the queue (ADR-0049: the
+/// update path reads before it writes; the pipeline verifies afterwards).
+async fn apply_on(t: Target, d: DesiredQueue, inv: Arc<NodeInventory>) -> Result<NodeReport, NodeFailure> {
     match plan::plan_node(&d, &inv) {
         NodeAction::Converged => Ok(NodeReport::new(Outcome::Already, "exists; configuration matches")),
         NodeAction::Refuse { kind, message } => Err(fanout::refuse(kind, message)),
@@ -89,11 +87,15 @@ async fn apply_on(t: Target, d: DesiredQueue) -> Result<NodeReport, NodeFailure>
     }
 }
 
-/// Delete on one node (ADR-0084 §3): read fresh again, then the diverts first, then the queue;
-/// never rolled back. Only positive evidence makes a node ALREADY: the fresh read succeeded and
-/// the queue is absent (or not this object's), or the broker answered AMQ229017.
-async fn delete_on(t: Target, d: DesiredQueue, facts: Arc<PlanFacts>) -> Result<NodeReport, NodeFailure> {
-    let inv = read_queue(&t, &d, true).await?;
+/// Delete on one node (ADR-0084 §3), from the preflight's fresh read: the diverts first, then
+/// the queue; never rolled back. Only positive evidence makes a node ALREADY: the fresh read
+/// succeeded and the queue is absent (or not this object's), or the broker answered AMQ229017.
+async fn delete_on(
+    t: Target,
+    d: DesiredQueue,
+    facts: Arc<PlanFacts>,
+    inv: Arc<NodeInventory>,
+) -> Result<NodeReport, NodeFailure> {
     let (p, dependent) = plan::delete_preview(&d, &t.node_id, &inv, &facts);
     match plan::plan_delete(&d, &inv, &facts) {
         Step::Nothing { message } => return Ok(NodeReport::new(Outcome::Already, message)),
@@ -157,9 +159,34 @@ async fn delete_on(t: Target, d: DesiredQueue, facts: Arc<PlanFacts>) -> Result<
     Ok(NodeReport::new(Outcome::Applied, message).with_detail(removed))
 }
 
+/// How long a preview's counts may stand when nothing else in it changed.
+const PREVIEW_REFRESH: chrono::TimeDelta = chrono::TimeDelta::minutes(5);
+
+/// The new preview, or the old one when only its counts moved and it is recent: a busy queue's
+/// status is not rewritten each poll (the preview says when it was read).
+fn refreshed(old: Option<DeletePreview>, new: DeletePreview) -> DeletePreview {
+    let recent = |p: &DeletePreview| {
+        p.read_at
+            .as_deref()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .is_some_and(|t| chrono::Utc::now().signed_duration_since(t) < PREVIEW_REFRESH)
+    };
+    match old {
+        Some(o) if recent(&o) && o.shape() == new.shape() && o.warnings.len() == new.warnings.len() => o,
+        _ => new,
+    }
+}
+
 /// The delete preview from the snapshot (kept current for every object, ADR-0084).
 fn preview(d: &DesiredQueue, topology: &Topology, facts: &PlanFacts) -> DeletePreview {
-    let mut p = DeletePreview::default();
+    let mut p = DeletePreview {
+        read_at: Some(
+            topology
+                .polled_at_utc
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        ),
+        ..Default::default()
+    };
     for n in &topology.nodes {
         let Some(inv) = &n.inventory else {
             if n.is_live() {
@@ -294,18 +321,31 @@ impl TopologyObject for ArtemisQueue {
         })
     }
 
-    async fn apply_on(t: Target, d: DesiredQueue) -> Result<NodeReport, NodeFailure> {
-        apply_on(t, d).await
+    async fn apply_on(
+        t: Target,
+        d: DesiredQueue,
+        before: Arc<NodeInventory>,
+    ) -> Result<NodeReport, NodeFailure> {
+        apply_on(t, d, before).await
     }
 
-    async fn delete_on(t: Target, d: DesiredQueue, facts: Arc<PlanFacts>) -> Result<NodeReport, NodeFailure> {
-        delete_on(t, d, facts).await
+    async fn delete_on(
+        t: Target,
+        d: DesiredQueue,
+        facts: Arc<PlanFacts>,
+        before: Arc<NodeInventory>,
+    ) -> Result<NodeReport, NodeFailure> {
+        delete_on(t, d, facts, before).await
+    }
+
+    fn touches(d: &DesiredQueue, change: &crate::topology::TopologyChange) -> bool {
+        change.queues.contains(&d.name) || change.addresses.contains(&d.address)
     }
 
     fn status(&self, pass: &Pass<'_, Self>) -> ArtemisQueueStatus {
         let old = self.status.clone().unwrap_or_default();
         let delete_preview = match (pass.desired, pass.topology, pass.facts) {
-            (Some(d), Some(t), Some(f)) => Some(preview(d, t, f)),
+            (Some(d), Some(t), Some(f)) => Some(refreshed(old.delete_preview, preview(d, t, f))),
             _ => old.delete_preview,
         };
         ArtemisQueueStatus {
@@ -320,9 +360,9 @@ impl TopologyObject for ArtemisQueue {
     }
 }
 
-pub async fn run(ctx: Arc<Context>, api: Api<ArtemisQueue>) {
+pub async fn run(ctx: Arc<Context>, wiring: super::Wiring<ArtemisQueue>) {
     super::run_controller(
-        api,
+        wiring,
         ctx,
         pipeline::reconcile::<ArtemisQueue>,
         pipeline::error_policy::<ArtemisQueue>,
