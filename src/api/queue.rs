@@ -209,28 +209,34 @@ pub struct DeletePreview {
     /// broker.xml brings back at the next restart, the bulk cap.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
-    /// When the counts were read (the cluster's poll). Counts alone do not rewrite status: they
-    /// are refreshed when the preview otherwise changes (nodes, consumers attached or not,
-    /// diverts, the bulk cap verdict) or, at most every 5 minutes, when the object is
-    /// reconciled. A delete never acts on this preview: its preflight reads every node fresh.
+    /// When the counts were read (the cluster's poll). A count that moves within its order of
+    /// magnitude (0, 1-9, 10-99, …) does not rewrite status: counts are refreshed when one
+    /// changes magnitude, when the preview otherwise changes (nodes, diverts, the bulk cap
+    /// verdict), or when the object is reconciled and the counts are over 5 minutes old. A
+    /// delete never acts on this preview: its preflight reads every node fresh.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_at: Option<String>,
 }
 
+/// A count's order of magnitude: 0 for 0, 1 for 1-9, 2 for 10-99…
+pub fn magnitude(n: u64) -> u64 {
+    if n == 0 { 0 } else { u64::from(n.ilog10()) + 1 }
+}
+
 impl DeletePreview {
-    /// The preview with its counts reduced to what a user acts on (consumers attached or not).
+    /// The preview with its counts reduced to their order of magnitude.
     pub fn shape(&self) -> DeletePreview {
         DeletePreview {
             nodes: self
                 .nodes
                 .iter()
                 .map(|n| NodeDeletePreview {
-                    message_count: 0,
-                    consumer_count: n.consumer_count.min(1),
+                    message_count: magnitude(n.message_count),
+                    consumer_count: magnitude(n.consumer_count),
                     ..n.clone()
                 })
                 .collect(),
-            total_messages: 0,
+            total_messages: magnitude(self.total_messages),
             read_at: None,
             warnings: vec![],
             ..self.clone()

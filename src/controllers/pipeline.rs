@@ -594,6 +594,8 @@ async fn stop<K: TopologyObject>(
         message.clone(),
         generation,
     );
+    // The nodes keep what they last reported (and received): an error says nothing new of them.
+    let nodes = obj.current_status().map(|s| s.nodes().to_vec()).unwrap_or_default();
     report(
         ctx,
         obj,
@@ -601,7 +603,7 @@ async fn stop<K: TopologyObject>(
             generation,
             conditions: conds,
             desired: d,
-            nodes: vec![],
+            nodes,
             last_audit_id: old_audit(obj),
             topology: None,
             facts: None,
@@ -627,7 +629,11 @@ fn carry_history(old: &[NodeOutcome], nodes: &mut [NodeOutcome], same_generation
         let Some(o) = old.iter().find(|o| o.node == n.node) else {
             continue;
         };
-        if same_generation && n.outcome == Outcome::Already && o.outcome == Outcome::Applied {
+        if same_generation
+            && n.outcome == Outcome::Already
+            && o.outcome == Outcome::Applied
+            && o.endpoint == n.endpoint
+        {
             *n = o.clone();
             continue;
         }

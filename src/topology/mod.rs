@@ -354,10 +354,12 @@ fn changed_keys<V>(
 }
 
 fn same_queue_config(a: &inventory::QueueInfo, b: &inventory::QueueInfo) -> bool {
-    // Counts aside; whether consumers are attached is kept (it decides whether a delete may go).
+    // Counts by order of magnitude only (they move all the time on a busy queue): 0, 1-9,
+    // 10-99… A change of magnitude, or consumers attaching to an idle queue, is a change the
+    // delete preview shows.
     let counts_aside = |q: &inventory::QueueInfo| inventory::QueueInfo {
-        message_count: 0,
-        consumer_count: q.consumer_count.min(1),
+        message_count: crate::api::queue::magnitude(q.message_count),
+        consumer_count: crate::api::queue::magnitude(q.consumer_count),
         delivering_count: 0,
         ..q.clone()
     };
@@ -448,7 +450,12 @@ mod change_tests {
     #[test]
     fn counts_moving_change_nothing_and_a_removed_queue_is_named() {
         let a = topology(&[("q1", 1), ("q2", 5)]);
-        assert!(changes(Some(&a), &topology(&[("q1", 9), ("q2", 0)])).is_empty());
+        assert!(changes(Some(&a), &topology(&[("q1", 9), ("q2", 7)])).is_empty());
+        assert!(
+            changes(Some(&a), &topology(&[("q1", 1), ("q2", 50)]))
+                .queues
+                .contains("q2")
+        );
         let c = changes(Some(&a), &topology(&[("q1", 1)]));
         assert!(!c.everything);
         assert_eq!(c.queues.iter().collect::<Vec<_>>(), ["q2"]);

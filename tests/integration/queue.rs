@@ -174,10 +174,33 @@ async fn a_queue_is_created_on_every_node_and_reapplying_is_already_without_audi
             n.node_id
         );
     }
-    // The next passes find it converged: ALREADY everywhere, and no new audit row.
-    f.wait_for(&name, "ALREADY x3", |q| all(q, Outcome::Already))
-        .await;
-    tokio::time::sleep(Duration::from_secs(5)).await; // let a few resyncs pass; the count must not move
+    // Status keeps what was done: each node APPLIED, naming the command's audit row.
+    let audit_id = q
+        .status
+        .as_ref()
+        .and_then(|s| s.last_audit_id)
+        .expect("last audit id");
+    for n in &q.status.as_ref().expect("status").nodes {
+        assert_eq!(n.outcome, Outcome::Applied, "{n:?}");
+        let lc = n.last_command.as_ref().expect("last command");
+        assert_eq!((lc.command.as_str(), lc.audit_id), ("queue.apply", audit_id));
+    }
+    // Later passes find it converged: no new audit row, and APPLIED is not overwritten.
+    let passes = f.op.ctx.metrics.reconciles_of("ArtemisQueue");
+    f.queues()
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
+        )
+        .await
+        .expect("label");
+    wait_until("two more queue passes", Duration::from_secs(60), || async {
+        (f.op.ctx.metrics.reconciles_of("ArtemisQueue") >= passes + 2).then_some(())
+    })
+    .await;
+    let q = f.queues().get(&name).await.expect("get");
+    assert!(all(&q, Outcome::Applied), "{:?}", q.status);
     let rows = f.audit_rows("queue.").await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0].1, "succeeded");
@@ -324,8 +347,7 @@ async fn a_queue_destroyed_behind_our_back_is_recreated_and_audited() {
     let f = fixture("q-repair", None).await;
     let name = format!("repair.{}", short_id());
     f.create(&name, json!({})).await;
-    f.wait_for(&name, "ALREADY x3", |q| all(q, Outcome::Already))
-        .await;
+    f.wait_for(&name, "Ready", ready).await;
     let t = f.topology().await;
     let victim = t.live_nodes().next().expect("live");
     victim
