@@ -1,5 +1,9 @@
 //! The operator's own HTTP surface: `/healthz`, `/readyz` and `/metrics` (Prometheus text).
 
+pub mod kube_api;
+
+pub use kube_api::api_client;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -32,6 +36,8 @@ pub struct Metrics {
     pub commands: Family<CommandLabels, Counter>,
     pub node_outcomes: Family<OutcomeLabels, Counter>,
     pub reconciles: Family<ReconcileLabels, Counter>,
+    /// Kubernetes API requests made through `api_client`.
+    pub kube_api: kube_api::ApiMetrics,
     ready: AtomicBool,
 }
 
@@ -52,11 +58,14 @@ impl Default for Metrics {
             "Per-node outcomes of commands",
             node_outcomes.clone(),
         );
+        let kube_api = kube_api::ApiMetrics::default();
+        kube_api.register(&mut registry);
         Metrics {
             registry,
             commands,
             node_outcomes,
             reconciles,
+            kube_api,
             ready: AtomicBool::new(false),
         }
     }
