@@ -1,5 +1,6 @@
 //! The operator's own HTTP surface: `/healthz`, `/readyz` and `/metrics` (Prometheus text).
 
+pub mod jolokia;
 pub mod kube_api;
 
 pub use kube_api::api_client;
@@ -58,6 +59,8 @@ impl Default for Metrics {
             "Per-node outcomes of commands",
             node_outcomes.clone(),
         );
+        // Jolokia traffic is counted process-wide (the transport has no handle to this struct).
+        jolokia::metrics().register(&mut registry);
         let kube_api = kube_api::ApiMetrics::default();
         kube_api.register(&mut registry);
         Metrics {
@@ -85,6 +88,16 @@ impl Metrics {
                     .get()
             })
             .sum()
+    }
+
+    /// Jolokia operations sent to this endpoint URL (any kind, any result), process-wide.
+    pub fn jolokia_requests_of(&self, node: &str) -> u64 {
+        jolokia::metrics().requests_of(&crate::broker::budget::node_key(node))
+    }
+
+    /// Jolokia HTTP POSTs sent to this endpoint URL, process-wide.
+    pub fn jolokia_posts_of(&self, node: &str) -> u64 {
+        jolokia::metrics().posts_of(&crate::broker::budget::node_key(node))
     }
 
     pub fn set_ready(&self) {
