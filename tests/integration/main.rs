@@ -2,6 +2,7 @@
 //! Bring it up with `deploy/dev/testbed up` (the README's test command does).
 
 mod binary;
+mod broker_budget;
 mod chart;
 mod close_once;
 mod cluster_core;
