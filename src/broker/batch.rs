@@ -49,8 +49,10 @@ pub(crate) struct Pending {
 fn key_of(client: &JolokiaClient) -> BatchKey {
     let credentials = client.credentials();
     BatchKey {
-        url: client.url().to_string(),
-        credentials: registry().credentials_hash(&credentials.username, &credentials.password),
+        // The node, not the URL as written: user info in a URL stays out of the key too (it is
+        // part of the hashed credentials, as the exact URL is).
+        node: client.node().to_string(),
+        credentials: registry().credentials_hash(&credentials.username, &credentials.password, client.url()),
         origin: client.origin().to_string(),
         timeout: client.timeout(),
         runtime: tokio::runtime::Handle::current().id(),

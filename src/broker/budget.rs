@@ -364,11 +364,11 @@ pub(crate) struct Registry {
 }
 
 /// What requests must share to travel in one POST: the endpoint, who asks (credentials, hashed),
-/// the Origin, the timeout, and the tokio runtime the batcher task runs on (tests run one
-/// runtime per test; a task must not outlive the runtime of the callers it serves).
+/// the Origin, the timeout, and the tokio runtime (the operator has one; tests have one per test,
+/// and a batch sent from another test's runtime would die with it, connections included).
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub(crate) struct BatchKey {
-    pub url: String,
+    pub node: String,
     pub credentials: u64,
     pub origin: String,
     pub timeout: Duration,
@@ -385,8 +385,9 @@ pub(crate) fn registry() -> &'static Registry {
 }
 
 impl Registry {
-    pub(crate) fn credentials_hash(&self, username: &str, password: &str) -> u64 {
-        self.hasher.hash_one((username, password))
+    /// Who asks, as a key: the credentials and the exact URL (which may carry user info).
+    pub(crate) fn credentials_hash(&self, username: &str, password: &str, url: &str) -> u64 {
+        self.hasher.hash_one((username, password, url))
     }
 }
 
