@@ -192,7 +192,11 @@ where
 /// A Kubernetes client (kubeconfig or in-cluster, as `kube::Client::try_default`) whose requests
 /// are counted in `metrics`.
 pub async fn api_client(metrics: Arc<Metrics>) -> anyhow::Result<kube::Client> {
-    let config = kube::Config::infer().await?;
+    api_client_with(kube::Config::infer().await?, &metrics)
+}
+
+/// A Kubernetes client for this configuration whose requests are counted in `metrics`.
+pub fn api_client_with(config: kube::Config, metrics: &Metrics) -> anyhow::Result<kube::Client> {
     let client = kube::client::ClientBuilder::try_from(config)?
         .with_layer(&ApiMetricsLayer::new(&metrics.kube_api))
         .build();
