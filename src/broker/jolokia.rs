@@ -1,5 +1,7 @@
-//! The Jolokia transport: one POST per call, bulk requests as one POST with an array, every
-//! element's own `status` checked (the HTTP code says nothing about individual requests).
+//! The Jolokia transport: bulk requests as one POST with an array, concurrent single calls to
+//! one endpoint coalesced into one such POST (`super::batch`), every POST within the endpoint's
+//! budget (`super::budget`), every element's own `status` checked (the HTTP code says nothing
+//! about individual requests).
 
 use std::sync::Arc;
 use std::time::Duration;
