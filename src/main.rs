@@ -1,7 +1,6 @@
 use std::sync::Arc;
 
 use clap::Parser;
-use kube::Client;
 
 use artemis_studio_operator::cli::{Cli, Command, RunArgs};
 use artemis_studio_operator::controllers::{self, Context, Namespaces};
@@ -33,8 +32,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let namespaces = Namespaces::from_list(args.watch_namespaces());
     Store::migrate(&args.database_url).await?;
     let store = Store::connect(&args.database_url).await?;
-    let client = Client::try_default().await?;
-    let (ctx, reflectors) = Context::new(client, store, args.instance_id.clone(), namespaces.clone());
+    // Every Kubernetes API request is counted (artemis_studio_api_requests_total).
+    let metrics = Arc::new(artemis_studio_operator::telemetry::Metrics::default());
+    let client = artemis_studio_operator::telemetry::api_client(metrics.clone()).await?;
+    let (mut ctx, reflectors) = Context::new(client, store, args.instance_id.clone(), namespaces.clone());
+    ctx.metrics = metrics;
     let ctx = Arc::new(ctx);
     tracing::info!(
         instance_id = %args.instance_id,

@@ -1,13 +1,18 @@
-//! The Jolokia transport: one POST per call, bulk requests as one POST with an array, every
-//! element's own `status` checked (the HTTP code says nothing about individual requests).
+//! The Jolokia transport: bulk requests as one POST with an array, concurrent single calls to
+//! one endpoint coalesced into one such POST (`super::batch`), every POST within the endpoint's
+//! budget (`super::budget`), every element's own `status` checked (the HTTP code says nothing
+//! about individual requests).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::Value;
 
+use super::budget::{NodeBudget, Observation, Permit, budget_for};
 use super::error::{BrokerError, ManagementRefusal, classify, is_origin_refusal};
 use crate::api::RefusalKind;
+use crate::telemetry::jolokia::metrics;
 
 /// A management user's credentials. Never logged, never stored.
 #[derive(Clone)]
@@ -99,7 +104,8 @@ impl JolokiaRequest {
     }
 }
 
-/// A client for one Jolokia endpoint.
+/// A client for one Jolokia endpoint. Every POST goes through the endpoint's process-wide
+/// [`NodeBudget`]; single calls are coalesced with concurrent ones (`super::batch`).
 #[derive(Clone, Debug)]
 pub struct JolokiaClient {
     http: reqwest::Client,
@@ -107,6 +113,7 @@ pub struct JolokiaClient {
     origin: String,
     credentials: Credentials,
     timeout: Duration,
+    budget: Arc<NodeBudget>,
 }
 
 /// The Origin a broker's default strict checking accepts for this URL: `scheme://host`.
@@ -141,12 +148,14 @@ impl JolokiaClient {
     ) -> Self {
         let url = url.into();
         let origin = origin.unwrap_or_else(|| default_origin(&url));
+        let budget = budget_for(&url);
         JolokiaClient {
             http,
             url,
             origin,
             credentials,
             timeout,
+            budget,
         }
     }
 
@@ -154,24 +163,85 @@ impl JolokiaClient {
         &self.url
     }
 
+    /// The endpoint as metrics and logs name it: the URL without user info.
+    pub fn node(&self) -> &str {
+        self.budget.node()
+    }
+
     pub fn timeout(&self) -> Duration {
         self.timeout
     }
 
-    /// One operation.
-    pub async fn call(&self, request: JolokiaRequest) -> Result<Value, BrokerError> {
-        let mut results = self.bulk(std::slice::from_ref(&request)).await?;
-        results
-            .pop()
-            .unwrap_or_else(|| Err(BrokerError::BadResponse("empty bulk response".into())))
+    pub(crate) fn origin(&self) -> &str {
+        &self.origin
     }
 
-    /// Many operations in one POST; one result per request, in order.
+    pub(crate) fn credentials(&self) -> &Credentials {
+        &self.credentials
+    }
+
+    /// One operation. Concurrent calls to the same endpoint (same credentials and Origin) share
+    /// a POST; the result is this request's own element.
+    pub async fn call(&self, request: JolokiaRequest) -> Result<Value, BrokerError> {
+        super::batch::call(self, request).await
+    }
+
+    /// Many operations in one POST, sent as they are (within the node's budget); one result per
+    /// request, in order.
     pub async fn bulk(
         &self,
         requests: &[JolokiaRequest],
     ) -> Result<Vec<Result<Value, BrokerError>>, BrokerError> {
-        tracing::debug!(url = %self.url, requests = requests.len(), first = ?requests.first().map(JolokiaRequest::kind), "jolokia");
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let permit = self.budget.acquire().await;
+        self.post(permit, requests).await
+    }
+
+    /// One POST under a permit of this endpoint's budget: the budget learns how the node
+    /// answered, the metrics count the POST and each operation's result.
+    pub(crate) async fn post(
+        &self,
+        permit: Permit,
+        requests: &[JolokiaRequest],
+    ) -> Result<Vec<Result<Value, BrokerError>>, BrokerError> {
+        let started = tokio::time::Instant::now();
+        let result = self.post_unbudgeted(requests).await;
+        let elapsed = started.elapsed();
+        let observation = match &result {
+            Err(BrokerError::Timeout(_)) => Observation::TimedOut,
+            Err(BrokerError::Unreachable(_)) => Observation::NoAnswer,
+            _ => Observation::Answered(elapsed),
+        };
+        permit.finish(observation, self.timeout);
+        let m = metrics();
+        let node = self.node();
+        m.record_post(node, elapsed.as_secs_f64());
+        match &result {
+            Ok(results) => {
+                for (request, r) in requests.iter().zip(results) {
+                    m.record_request(
+                        node,
+                        request.kind(),
+                        r.as_ref().err().map(BrokerError::refusal_kind),
+                    );
+                }
+            }
+            Err(e) => {
+                for request in requests {
+                    m.record_request(node, request.kind(), Some(e.refusal_kind()));
+                }
+            }
+        }
+        result
+    }
+
+    async fn post_unbudgeted(
+        &self,
+        requests: &[JolokiaRequest],
+    ) -> Result<Vec<Result<Value, BrokerError>>, BrokerError> {
+        tracing::debug!(node = %self.node(), requests = requests.len(), first = ?requests.first().map(JolokiaRequest::kind), "jolokia");
         let send = self
             .http
             .post(&self.url)

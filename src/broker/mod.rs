@@ -1,6 +1,9 @@
-//! The broker: Jolokia transport, ObjectNames, the typed management surface, and the one error
-//! type every management call returns, classified here (ADR-0049, ADR-0084 §6).
+//! The broker: Jolokia transport (every POST within a per-node budget, concurrent single calls
+//! batched), ObjectNames, the typed management surface, and the one error type every management
+//! call returns, classified here (ADR-0049, ADR-0084 §6).
 
+pub mod batch;
+pub mod budget;
 pub mod error;
 pub mod jolokia;
 pub mod management;

@@ -1,5 +1,10 @@
 //! The operator's own HTTP surface: `/healthz`, `/readyz` and `/metrics` (Prometheus text).
 
+pub mod jolokia;
+pub mod kube_api;
+
+pub use kube_api::{api_client, api_client_with};
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -55,6 +60,8 @@ pub struct Metrics {
     pub poll_seconds: Family<ClusterLabels, Histogram>,
     /// Broker objects (queues, addresses, diverts) in the latest poll, over every node.
     pub inventory_objects: Family<ClusterLabels, Gauge>,
+    /// Kubernetes API requests made through `api_client`.
+    pub kube_api: kube_api::ApiMetrics,
     ready: AtomicBool,
 }
 
@@ -95,6 +102,10 @@ impl Default for Metrics {
             "Per-node outcomes of commands",
             node_outcomes.clone(),
         );
+        // Jolokia traffic is counted process-wide (the transport has no handle to this struct).
+        jolokia::metrics().register(&mut registry);
+        let kube_api = kube_api::ApiMetrics::default();
+        kube_api.register(&mut registry);
         Metrics {
             registry,
             commands,
@@ -104,6 +115,7 @@ impl Default for Metrics {
             finished: Family::default(),
             poll_seconds,
             inventory_objects,
+            kube_api,
             ready: AtomicBool::new(false),
         }
     }
@@ -128,6 +140,16 @@ impl Metrics {
                 result: result.into(),
             })
             .inc();
+    }
+
+    /// Jolokia operations sent to this endpoint URL (any kind, any result), process-wide.
+    pub fn jolokia_requests_of(&self, node: &str) -> u64 {
+        jolokia::metrics().requests_of(&crate::broker::budget::node_key(node))
+    }
+
+    /// Jolokia HTTP POSTs sent to this endpoint URL, process-wide.
+    pub fn jolokia_posts_of(&self, node: &str) -> u64 {
+        jolokia::metrics().posts_of(&crate::broker::budget::node_key(node))
     }
 
     pub fn set_ready(&self) {

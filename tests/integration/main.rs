@@ -1,7 +1,9 @@
 //! Integration tests against the real test bed: Artemis brokers, kube-apiserver + etcd, Postgres.
 //! Bring it up with `deploy/dev/testbed up` (the README's test command does).
 
+mod api_metrics;
 mod binary;
+mod broker_budget;
 mod chart;
 mod close_once;
 mod cluster_core;

@@ -170,12 +170,15 @@ impl TestBed {
     }
 }
 
-async fn client_from(path: &str) -> Client {
+async fn config_from(path: &str) -> Config {
     let kc = Kubeconfig::read_from(path).expect("read kubeconfig");
-    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+    Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
-        .expect("kubeconfig");
-    Client::try_from(config).expect("kube client")
+        .expect("kubeconfig")
+}
+
+async fn client_from(path: &str) -> Client {
+    Client::try_from(config_from(path).await).expect("kube client")
 }
 
 /// Create a namespace unless it exists.
@@ -390,7 +393,10 @@ impl TestBed {
             .with_test_writer()
             .try_init();
         self.install_operator_rbac().await;
-        let client = self.kube_operator().await;
+        // The operator's API requests are counted as the binary counts them.
+        let metrics = std::sync::Arc::new(artemis_studio_operator::telemetry::Metrics::default());
+        let config = config_from(&self.var("TESTBED_OPERATOR_KUBECONFIG")).await;
+        let client = artemis_studio_operator::telemetry::api_client_with(config, &metrics).expect("client");
         let db = self.fresh_database().await;
         artemis_studio_operator::store::Store::migrate(&db)
             .await
@@ -398,7 +404,7 @@ impl TestBed {
         let store = artemis_studio_operator::store::Store::connect(&db)
             .await
             .expect("store");
-        let (ctx, reflectors) = artemis_studio_operator::controllers::Context::new(
+        let (mut ctx, reflectors) = artemis_studio_operator::controllers::Context::new(
             client,
             store.clone(),
             format!("test-{}", short_id()),
@@ -406,6 +412,7 @@ impl TestBed {
                 namespaces.iter().map(|n| n.to_string()).collect(),
             ),
         );
+        ctx.metrics = metrics;
         let ctx = std::sync::Arc::new(ctx);
         let task = tokio::spawn(artemis_studio_operator::controllers::run_all(
             ctx.clone(),

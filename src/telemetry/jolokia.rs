@@ -1,0 +1,208 @@
+//! Jolokia traffic metrics: what the operator asks of each broker endpoint, how many HTTP POSTs
+//! that took, how long they took, and what the per-node budget permits now.
+//!
+//! The families are process-wide (one set, reached by [`metrics()`]) because the transport
+//! that updates them (`broker::jolokia`) is created in many places that have no handle to the
+//! controllers' `Metrics`; every `Metrics` registry registers the same families (a `Family`
+//! is a shared handle, so each registry exports the same numbers).
+//!
+//! Labels are bounded: `node` is an endpoint URL without its user info, `kind` is
+//! `JolokiaRequest::kind()` (read, search or an operation name, never arguments), `result` is
+//! `ok` or a refusal kind in snake case.
+
+use std::sync::OnceLock;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::api::RefusalKind;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JolokiaRequestLabels {
+    pub node: String,
+    pub kind: String,
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabels {
+    pub node: String,
+}
+
+type HistogramFamily = Family<NodeLabels, Histogram, fn() -> Histogram>;
+
+fn post_duration_histogram() -> Histogram {
+    // 5 ms … ~10 s: a healthy bulk POST to a broker is milliseconds; the request timeout is seconds.
+    Histogram::new(exponential_buckets(0.005, 2.0, 12))
+}
+
+/// The Jolokia metric families (one per process).
+pub struct JolokiaMetrics {
+    /// One per Jolokia operation (an element of a POST), by node, kind and result.
+    pub requests: Family<JolokiaRequestLabels, Counter>,
+    /// One per HTTP POST, by node.
+    pub posts: Family<NodeLabels, Counter>,
+    /// Seconds from sending a POST to having its whole answer (or the error), by node.
+    pub post_duration: HistogramFamily,
+    /// POSTs the budget permits in flight to a node now (AIMD: drops when the node is slow).
+    pub permitted_concurrency: Family<NodeLabels, Gauge>,
+    /// POSTs in flight to a node now.
+    pub in_flight: Family<NodeLabels, Gauge>,
+    /// Times the budget backed off from a node (a timeout, or answers slower than the threshold).
+    pub backoffs: Family<NodeLabels, Counter>,
+    /// Operations per node whatever their kind and result (not exported: the exported family
+    /// cannot be summed in process, and tests want the total).
+    requests_by_node: Family<NodeLabels, Counter>,
+}
+
+impl JolokiaMetrics {
+    fn new() -> Self {
+        JolokiaMetrics {
+            requests: Family::default(),
+            posts: Family::default(),
+            post_duration: Family::new_with_constructor(post_duration_histogram),
+            permitted_concurrency: Family::default(),
+            in_flight: Family::default(),
+            backoffs: Family::default(),
+            requests_by_node: Family::default(),
+        }
+    }
+
+    /// Add the families to a registry (prefix `artemis_studio` there).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "jolokia_requests",
+            "Jolokia operations by node, kind and result (ok or the refusal kind)",
+            self.requests.clone(),
+        );
+        registry.register("jolokia_posts", "Jolokia HTTP POSTs by node", self.posts.clone());
+        registry.register(
+            "jolokia_post_duration_seconds",
+            "Duration of Jolokia HTTP POSTs by node",
+            self.post_duration.clone(),
+        );
+        registry.register(
+            "jolokia_permitted_concurrency",
+            "Jolokia POSTs the per-node budget permits in flight now",
+            self.permitted_concurrency.clone(),
+        );
+        registry.register(
+            "jolokia_in_flight",
+            "Jolokia POSTs in flight by node",
+            self.in_flight.clone(),
+        );
+        registry.register(
+            "jolokia_backoffs",
+            "Times the per-node budget reduced what it permits (slow answers or timeouts)",
+            self.backoffs.clone(),
+        );
+    }
+
+    /// One operation's result.
+    pub fn record_request(&self, node: &str, kind: String, result: Option<RefusalKind>) {
+        let result = match result {
+            None => "ok".to_string(),
+            Some(k) => refusal_label(k),
+        };
+        self.requests
+            .get_or_create(&JolokiaRequestLabels {
+                node: node.to_string(),
+                kind,
+                result,
+            })
+            .inc();
+        self.requests_by_node.get_or_create(&node_labels(node)).inc();
+    }
+
+    /// One POST and how long it took.
+    pub fn record_post(&self, node: &str, seconds: f64) {
+        let labels = node_labels(node);
+        self.posts.get_or_create(&labels).inc();
+        self.post_duration.get_or_create(&labels).observe(seconds);
+    }
+
+    /// Operations sent to this node (by its budget key, see `broker::budget::node_key`).
+    pub fn requests_of(&self, node: &str) -> u64 {
+        self.requests_by_node.get_or_create(&node_labels(node)).get()
+    }
+
+    /// POSTs sent to this node.
+    pub fn posts_of(&self, node: &str) -> u64 {
+        self.posts.get_or_create(&node_labels(node)).get()
+    }
+}
+
+fn node_labels(node: &str) -> NodeLabels {
+    NodeLabels {
+        node: node.to_string(),
+    }
+}
+
+/// `QUEUE_EXISTS` → `queue_exists`.
+fn refusal_label(kind: RefusalKind) -> String {
+    match serde_json::to_value(kind) {
+        Ok(serde_json::Value::String(s)) => s.to_ascii_lowercase(),
+        _ => format!("{kind:?}"),
+    }
+}
+
+/// The process-wide Jolokia metric families.
+pub fn metrics() -> &'static JolokiaMetrics {
+    static METRICS: OnceLock<JolokiaMetrics> = OnceLock::new();
+    METRICS.get_or_init(JolokiaMetrics::new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusal_kinds_are_snake_case_labels() {
+        assert_eq!(refusal_label(RefusalKind::QueueExists), "queue_exists");
+        assert_eq!(refusal_label(RefusalKind::NotAuthorized), "not_authorized");
+    }
+
+    #[test]
+    fn totals_count_every_kind_and_result() {
+        let m = JolokiaMetrics::new();
+        m.record_request("n", "read".into(), None);
+        m.record_request("n", "createQueue".into(), Some(RefusalKind::QueueExists));
+        m.record_request("other", "read".into(), None);
+        m.record_post("n", 0.01);
+        assert_eq!(m.requests_of("n"), 2);
+        assert_eq!(m.posts_of("n"), 1);
+        assert_eq!(m.posts_of("other"), 0);
+    }
+
+    #[test]
+    fn every_metrics_registry_exports_the_jolokia_families() {
+        let node = "http://exported.example:8161/console/jolokia";
+        metrics().record_post(node, 0.02);
+        metrics().record_request(node, "createQueue".into(), Some(RefusalKind::QueueExists));
+        let _budget = crate::broker::budget::budget_for(node);
+        let registry = crate::telemetry::Metrics::default();
+        registry
+            .kube_api
+            .requests
+            .get_or_create(&crate::telemetry::kube_api::ApiRequestLabels {
+                verb: "patch".into(),
+                kind: "artemisqueues/status".into(),
+                code: "2xx".into(),
+            })
+            .inc();
+        let text = registry.encode();
+        for needle in [
+            "artemis_studio_jolokia_posts_total{node=\"http://exported.example:8161/console/jolokia\"} 1",
+            "artemis_studio_jolokia_requests_total{node=\"http://exported.example:8161/console/jolokia\",kind=\"createQueue\",result=\"queue_exists\"} 1",
+            "artemis_studio_jolokia_post_duration_seconds_bucket{",
+            "artemis_studio_jolokia_permitted_concurrency{node=\"http://exported.example:8161/console/jolokia\"} 4",
+            "artemis_studio_api_requests_total{verb=\"patch\",kind=\"artemisqueues/status\",code=\"2xx\"} 1",
+        ] {
+            assert!(text.contains(needle), "missing {needle} in\n{text}");
+        }
+    }
+}
