@@ -170,6 +170,9 @@ pub struct Context {
     pub clusters: cluster::ClusterRegistry,
     pub recorder: Recorder,
     pub metrics: Arc<crate::telemetry::Metrics>,
+    /// Once requested, the controllers take no new reconcile and end when the in-flight ones
+    /// have finished (the binary requests it on SIGTERM/SIGINT).
+    pub shutdown: crate::leader::Shutdown,
 }
 
 impl Context {
@@ -206,6 +209,7 @@ impl Context {
             topologies: TopologyCache::default(),
             clusters: cluster::ClusterRegistry::default(),
             metrics: Arc::new(crate::telemetry::Metrics::default()),
+            shutdown: crate::leader::Shutdown::default(),
         };
         (
             ctx,
@@ -400,8 +404,9 @@ pub async fn run_controller<K, Fut>(
             r
         }
     };
+    let shutdown = ctx.shutdown.requested();
     kube::runtime::Controller::new(api, kube::runtime::watcher::Config::default())
-        .shutdown_on_signal()
+        .graceful_shutdown_on(shutdown)
         .run(scoped, error_policy, ctx)
         .for_each(|r| async move {
             if let Err(e) = r {

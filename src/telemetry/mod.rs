@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -32,6 +33,12 @@ pub struct Metrics {
     pub commands: Family<CommandLabels, Counter>,
     pub node_outcomes: Family<OutcomeLabels, Counter>,
     pub reconciles: Family<ReconcileLabels, Counter>,
+    /// `artemis_studio_leader`: 1 while this process leads (holds the Lease, or leader election
+    /// is off), 0 as a standby.
+    pub leader: Gauge,
+    /// What `/readyz` answers. Only set after the migrations ran; then true as a standby that
+    /// sees the Lease held by another process (src/leader.rs), and as the leader once the caches
+    /// synced (`controllers::run_all`).
     ready: AtomicBool,
 }
 
@@ -41,6 +48,7 @@ impl Default for Metrics {
         let commands = Family::<CommandLabels, Counter>::default();
         let node_outcomes = Family::<OutcomeLabels, Counter>::default();
         let reconciles = Family::<ReconcileLabels, Counter>::default();
+        let leader = Gauge::default();
         registry.register(
             "reconciles",
             "Finished reconciles by kind and result",
@@ -52,11 +60,17 @@ impl Default for Metrics {
             "Per-node outcomes of commands",
             node_outcomes.clone(),
         );
+        registry.register(
+            "leader",
+            "1 while this process leads (holds the Lease), 0 as a standby",
+            leader.clone(),
+        );
         Metrics {
             registry,
             commands,
             node_outcomes,
             reconciles,
+            leader,
             ready: AtomicBool::new(false),
         }
     }
@@ -80,6 +94,14 @@ impl Metrics {
 
     pub fn set_ready(&self) {
         self.ready.store(true, Ordering::Relaxed);
+    }
+
+    pub fn set_not_ready(&self) {
+        self.ready.store(false, Ordering::Relaxed);
+    }
+
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
     }
 
     fn encode(&self) -> String {
