@@ -19,6 +19,56 @@ use crate::support::{
 /// The namespace of the chart's leader-election Role as `install_operator_rbac` renders it.
 const LEASE_NAMESPACE: &str = "artemis-studio";
 
+/// A short lease, so a killed leader is replaced soon.
+const SHORT: [(&str, &str); 3] = [
+    ("LEASE_DURATION_SECONDS", "4"),
+    ("LEASE_RENEW_DEADLINE_SECONDS", "3"),
+    ("LEASE_RETRY_PERIOD_SECONDS", "1"),
+];
+/// A long lease: a process that sees it recorded can take it over only after a release, never
+/// by waiting for it to expire (within a test's bounded waits).
+const LONG: [(&str, &str); 3] = [
+    ("LEASE_DURATION_SECONDS", "600"),
+    ("LEASE_RENEW_DEADLINE_SECONDS", "300"),
+    ("LEASE_RETRY_PERIOD_SECONDS", "1"),
+];
+
+/// The environment of one elected operator process named `pod`.
+fn operator_env(instance: &str, pod: &str, timing: &[(&str, &str)]) -> Vec<(String, String)> {
+    [
+        ("LEADER_ELECTION", "true"),
+        ("LEASE_NAMESPACE", LEASE_NAMESPACE),
+        ("INSTANCE_ID", instance),
+        ("SHUTDOWN_GRACE_SECONDS", "20"),
+        ("POD_NAME", pod),
+    ]
+    .iter()
+    .chain(timing)
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+fn spawn_with(bed: &TestBed, ns: &str, db: &str, port: u16, vars: &[(String, String)]) -> OperatorProcess {
+    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    bed.spawn_operator(ns, db, port, &vars)
+}
+
+/// A port nothing listens on now (the test bed's services keep theirs).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+fn signal(p: &OperatorProcess, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &p.0.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {sig}");
+}
+
 async fn metrics(http: &reqwest::Client, port: u16) -> String {
     http.get(format!("http://127.0.0.1:{port}/metrics"))
         .send()
@@ -131,43 +181,15 @@ async fn one_leader_acts_the_standby_takes_over_on_kill_and_sigterm_releases_the
     let lease_name = format!("artemis-studio-operator-{instance}");
     let leases: Api<Lease> = Api::namespaced(admin.clone(), LEASE_NAMESPACE);
     let http = reqwest::Client::new();
-    let base = 21_000 + (std::process::id() % 900) as u16;
-    let (port_a, port_b, port_c) = (base, base + 1_000, base + 2_000);
-    let common = [
-        ("LEADER_ELECTION", "true"),
-        ("LEASE_NAMESPACE", LEASE_NAMESPACE),
-        ("INSTANCE_ID", instance.as_str()),
-        ("SHUTDOWN_GRACE_SECONDS", "20"),
-    ];
-    // A and C: a short lease. B, once it leads, records a long one: a process that sees B's
-    // Lease can take it over only if B releases it, never by waiting for it to expire.
-    let short = [
-        ("LEASE_DURATION_SECONDS", "4"),
-        ("LEASE_RENEW_DEADLINE_SECONDS", "3"),
-        ("LEASE_RETRY_PERIOD_SECONDS", "1"),
-    ];
-    let long = [
-        ("LEASE_DURATION_SECONDS", "600"),
-        ("LEASE_RENEW_DEADLINE_SECONDS", "300"),
-        ("LEASE_RETRY_PERIOD_SECONDS", "1"),
-    ];
-    let env = |pod: &'static str, timing: &[(&'static str, &'static str)]| -> Vec<(String, String)> {
-        common
-            .iter()
-            .chain(timing)
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .chain([("POD_NAME".to_string(), pod.to_string())])
-            .collect()
-    };
-    let spawn = |port: u16, vars: Vec<(String, String)>| {
-        let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        bed.spawn_operator(&ns, &db, port, &vars)
-    };
+    let (port_a, port_b, port_c) = (free_port(), free_port(), free_port());
+    let env = |pod: &str, timing: &[(&str, &str)]| operator_env(&instance, pod, timing);
+    let spawn = |port: u16, vars: Vec<(String, String)>| spawn_with(&bed, &ns, &db, port, &vars);
 
     // A starts first and takes the Lease; B joins as a standby.
-    let mut a = spawn(port_a, env("leader-a", &short));
+    let mut a = spawn(port_a, env("leader-a", &SHORT));
     let holder_a = wait_holder(&leases, &lease_name, "leader-a").await;
-    let mut b = spawn(port_b, env("leader-b", &long));
+    // B records a long lease once it leads (see LONG): the SIGTERM step relies on it.
+    let mut b = spawn(port_b, env("leader-b", &LONG));
     wait_ready(&http, port_a).await;
     wait_ready(&http, port_b).await; // a standby is ready
     assert_eq!(
@@ -208,7 +230,7 @@ async fn one_leader_acts_the_standby_takes_over_on_kill_and_sigterm_releases_the
 
     // C joins as a standby; SIGTERM on B releases the Lease (B recorded 600 s, so C can only
     // have it this soon by the release) and B exits 0.
-    let _c = spawn(port_c, env("leader-c", &short));
+    let _c = spawn(port_c, env("leader-c", &SHORT));
     wait_ready(&http, port_c).await;
     assert_eq!(
         holder(&leases, &lease_name).await.as_deref(),
@@ -218,15 +240,68 @@ async fn one_leader_acts_the_standby_takes_over_on_kill_and_sigterm_releases_the
         sample_sum(&metrics(&http, port_c).await, "artemis_studio_leader"),
         0.0
     );
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &b.0.id().to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill -TERM");
+    signal(&b, "-TERM");
     let exit = wait_exit(&mut b).await;
     assert!(exit.success(), "a leader stopped by SIGTERM exits 0: {exit:?}");
     wait_holder(&leases, &lease_name, "leader-c").await;
     wait_leader_gauge(&http, port_c, 1.0).await;
 
     let _ = leases.delete(&lease_name, &Default::default()).await;
+}
+
+/// A leader that has not renewed within its renew deadline (frozen by SIGSTOP while the standby
+/// takes the Lease over) stops its controllers and exits non-zero once it runs again.
+#[tokio::test]
+async fn a_leader_past_its_renew_deadline_exits_non_zero() {
+    let bed = TestBed::get();
+    let ns = bed.fresh_namespace("leader-frozen").await;
+    bed.install_operator_rbac().await;
+    let db = bed.fresh_database().await;
+    let admin = bed.kube_admin().await;
+    let instance = format!("lf-{}", short_id());
+    let lease_name = format!("artemis-studio-operator-{instance}");
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), LEASE_NAMESPACE);
+    let http = reqwest::Client::new();
+    let (port_a, port_b) = (free_port(), free_port());
+    let mut a = spawn_with(
+        &bed,
+        &ns,
+        &db,
+        port_a,
+        &operator_env(&instance, "frozen-a", &SHORT),
+    );
+    wait_holder(&leases, &lease_name, "frozen-a").await;
+    let _b = spawn_with(
+        &bed,
+        &ns,
+        &db,
+        port_b,
+        &operator_env(&instance, "frozen-b", &SHORT),
+    );
+    wait_ready(&http, port_a).await;
+    wait_ready(&http, port_b).await;
+
+    signal(&a, "-STOP");
+    let thaw = Thawed(a.0.id());
+    wait_holder(&leases, &lease_name, "frozen-b").await;
+    drop(thaw);
+    let exit = wait_exit(&mut a).await;
+    assert_eq!(
+        exit.code(),
+        Some(1),
+        "a leader past its renew deadline exits 1: {exit:?}"
+    );
+    wait_leader_gauge(&http, port_b, 1.0).await;
+
+    let _ = leases.delete(&lease_name, &Default::default()).await;
+}
+
+/// SIGCONT when dropped (also when the test fails while the process is stopped).
+struct Thawed(u32);
+impl Drop for Thawed {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.0.to_string()])
+            .status();
+    }
 }
