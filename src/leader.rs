@@ -356,13 +356,16 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     let timing = lock.timing;
+    // Releasing is a read and a replace; it must fit in the pod's termination grace (the
+    // chart gives 10 s past SHUTDOWN_GRACE_SECONDS).
+    let release_timeout = timing.renew_deadline.min(Duration::from_secs(5));
     metrics.set_leader(false);
     let mut last_holder: Option<Option<String>> = None;
     // Standby: try to take the Lease every retry period.
     let mut renewed_at = loop {
         if shutdown.is_requested() {
             // An attempt that timed out may still have taken the Lease.
-            let _ = tokio::time::timeout(timing.retry_period, lock.release()).await;
+            let _ = tokio::time::timeout(release_timeout, lock.release()).await;
             return Exit::Stopped;
         }
         let started = Instant::now();
@@ -404,8 +407,9 @@ where
             }
             ended = &mut task => {
                 metrics.set_leader(false);
-                if stop_by.is_some() {
-                    match tokio::time::timeout(timing.retry_period, lock.release()).await {
+                // The controllers watch the same request: they may end before its arm here ran.
+                if stop_by.is_some() || shutdown.is_requested() {
+                    match tokio::time::timeout(release_timeout, lock.release()).await {
                         Ok(Ok(true)) => tracing::info!(lease = %lock.name, "controllers stopped; the Lease released"),
                         Ok(Ok(false)) => tracing::warn!(lease = %lock.name, "controllers stopped; the Lease was no longer ours"),
                         Ok(Err(e)) => tracing::warn!(error = %e, lease = %lock.name, "controllers stopped; could not release the Lease (it expires)"),
@@ -414,7 +418,7 @@ where
                     return Exit::Stopped;
                 }
                 tracing::error!(result = ?ended.err(), "the controllers ended unasked");
-                let _ = tokio::time::timeout(timing.retry_period, lock.release()).await;
+                let _ = tokio::time::timeout(release_timeout, lock.release()).await;
                 return Exit::ControllersEnded;
             }
             _ = tokio::time::sleep_until(grace_over), if stop_by.is_some() => {
