@@ -33,6 +33,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         tracing::warn!(error = %e, filter = %args.log_filter, "invalid log filter (RUST_LOG); logging at info");
     }
     let namespaces = Namespaces::from_list(args.watch_namespaces());
+    // Refused before anything starts: a renew deadline not under the lease duration could let
+    // two leaders act.
+    let timing = leader::Timing::new(
+        args.lease_duration_seconds,
+        args.lease_renew_deadline_seconds,
+        args.lease_retry_period_seconds,
+    )
+    .map_err(anyhow::Error::msg)?;
     Store::migrate(&args.database_url).await?;
     let store = Store::connect(&args.database_url).await?;
     let client = Client::try_default().await?;
@@ -66,12 +74,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // leader), or once the Lease is seen held by another process (as a standby).
     let controllers = controllers::run_all(ctx, reflectors);
     let exit = if args.leader_election {
-        let timing = leader::Timing::new(
-            args.lease_duration_seconds,
-            args.lease_renew_deadline_seconds,
-            args.lease_retry_period_seconds,
-        )
-        .map_err(anyhow::Error::msg)?;
         let namespace =
             leader::lease_namespace(args.lease_namespace.as_deref(), args.pod_namespace.as_deref());
         let lock = leader::LeaseLock::new(

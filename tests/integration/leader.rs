@@ -92,6 +92,17 @@ fn sample_sum(metrics: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// `artemis_studio_leader` of one process. Its absence means the process is not this branch's
+/// binary (the shared target directory's `debug/artemis-studio-operator` is replaced by any
+/// checkout that builds): fail with that, not with a misleading timeout.
+fn leader_gauge(metrics: &str) -> f64 {
+    assert!(
+        metrics.lines().any(|l| l.starts_with("artemis_studio_leader ")),
+        "no artemis_studio_leader gauge: the spawned binary is not this checkout's\n{metrics}"
+    );
+    sample_sum(metrics, "artemis_studio_leader")
+}
+
 async fn holder(leases: &Api<Lease>, name: &str) -> Option<String> {
     leases
         .get_opt(name)
@@ -196,14 +207,8 @@ async fn one_leader_acts_the_standby_takes_over_on_kill_and_sigterm_releases_the
         holder(&leases, &lease_name).await.as_deref(),
         Some(holder_a.as_str())
     );
-    assert_eq!(
-        sample_sum(&metrics(&http, port_a).await, "artemis_studio_leader"),
-        1.0
-    );
-    assert_eq!(
-        sample_sum(&metrics(&http, port_b).await, "artemis_studio_leader"),
-        0.0
-    );
+    assert_eq!(leader_gauge(&metrics(&http, port_a).await), 1.0);
+    assert_eq!(leader_gauge(&metrics(&http, port_b).await), 0.0);
 
     // Only the leader reconciles.
     let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
@@ -215,7 +220,7 @@ async fn one_leader_acts_the_standby_takes_over_on_kill_and_sigterm_releases_the
     assert!(sample_sum(&ma, "artemis_studio_reconciles_total") > 0.0, "{ma}");
     assert_eq!(sample_sum(&mb, "artemis_studio_reconciles_total"), 0.0, "{mb}");
     assert_eq!(sample_sum(&mb, "artemis_studio_commands_total"), 0.0, "{mb}");
-    assert_eq!(sample_sum(&mb, "artemis_studio_leader"), 0.0, "{mb}");
+    assert_eq!(leader_gauge(&mb), 0.0, "{mb}");
     assert!(a.0.try_wait().expect("try_wait").is_none(), "the leader runs");
     assert!(b.0.try_wait().expect("try_wait").is_none(), "the standby runs");
 
@@ -236,10 +241,7 @@ async fn one_leader_acts_the_standby_takes_over_on_kill_and_sigterm_releases_the
         holder(&leases, &lease_name).await.as_deref(),
         Some(holder_b.as_str())
     );
-    assert_eq!(
-        sample_sum(&metrics(&http, port_c).await, "artemis_studio_leader"),
-        0.0
-    );
+    assert_eq!(leader_gauge(&metrics(&http, port_c).await), 0.0);
     signal(&b, "-TERM");
     let exit = wait_exit(&mut b).await;
     assert!(exit.success(), "a leader stopped by SIGTERM exits 0: {exit:?}");
@@ -280,6 +282,8 @@ async fn a_leader_past_its_renew_deadline_exits_non_zero() {
     );
     wait_ready(&http, port_a).await;
     wait_ready(&http, port_b).await;
+    assert_eq!(leader_gauge(&metrics(&http, port_a).await), 1.0);
+    assert_eq!(leader_gauge(&metrics(&http, port_b).await), 0.0);
 
     signal(&a, "-STOP");
     let thaw = Thawed(a.0.id());
