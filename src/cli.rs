@@ -51,6 +51,82 @@ pub struct RunArgs {
     /// start-up.
     #[arg(long, env = "POD_NAMESPACE")]
     pub pod_namespace: Option<String>,
+    /// Elect a leader on a coordination.k8s.io/v1 Lease: only the holder runs the controllers,
+    /// the others wait as ready standbys. `false` makes this process act at once (local
+    /// development, or exactly one replica that is never run twice).
+    #[arg(
+        long,
+        env = "LEADER_ELECTION",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub leader_election: bool,
+    /// Namespace of the leader Lease (`artemis-studio-operator-<instance ID>`). Default: the
+    /// pod's namespace (POD_NAMESPACE), else `default`.
+    #[arg(long, env = "LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// How long a Lease stays valid after its last renewal: a standby takes it over once it has
+    /// seen no renewal for this long.
+    #[arg(long, env = "LEASE_DURATION_SECONDS", default_value_t = 15,
+          value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub lease_duration_seconds: u32,
+    /// The leader stops (its controllers at once, then the process, non-zero) when it has not
+    /// renewed the Lease for this long; less than the lease duration, so it stops before a
+    /// standby may take over.
+    #[arg(long, env = "LEASE_RENEW_DEADLINE_SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub lease_renew_deadline_seconds: u32,
+    /// How often the leader renews the Lease and a standby tries to take it; less than the
+    /// renew deadline.
+    #[arg(long, env = "LEASE_RETRY_PERIOD_SECONDS", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub lease_retry_period_seconds: u32,
+    /// On SIGTERM/SIGINT the controllers take no new reconcile and in-flight ones get this long
+    /// to finish before the Lease is released; past it they are cancelled and the Lease is left
+    /// to expire.
+    #[arg(long, env = "SHUTDOWN_GRACE_SECONDS", default_value_t = 20,
+          value_parser = clap::value_parser!(u32).range(0..=3600))]
+    pub shutdown_grace_seconds: u32,
+    /// ArtemisQueue reconciles run at once, at most (1 or more).
+    #[arg(long, env = "QUEUE_CONCURRENCY", default_value_t = 8,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub queue_concurrency: u16,
+    /// ArtemisDivert reconciles run at once, at most (1 or more).
+    #[arg(long, env = "DIVERT_CONCURRENCY", default_value_t = 8,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub divert_concurrency: u16,
+    /// ArtemisCluster reconciles run at once, at most (1 or more).
+    #[arg(long, env = "CLUSTER_CONCURRENCY", default_value_t = 4,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub cluster_concurrency: u16,
+    /// ConnectionClose reconciles run at once, at most (1 or more).
+    #[arg(long, env = "CONNECTION_CLOSE_CONCURRENCY", default_value_t = 4,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub connection_close_concurrency: u16,
+}
+
+/// How many reconciles of each kind may run at once (each at least 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Concurrency {
+    pub queue: u16,
+    pub divert: u16,
+    pub cluster: u16,
+    pub connection_close: u16,
+}
+
+impl Default for Concurrency {
+    /// The flags' defaults.
+    fn default() -> Self {
+        Concurrency {
+            queue: 8,
+            divert: 8,
+            cluster: 4,
+            connection_close: 4,
+        }
+    }
 }
 
 impl RunArgs {
@@ -65,6 +141,17 @@ impl RunArgs {
             }
         }
         out
+    }
+
+    /// Per-kind reconcile concurrency (QUEUE_CONCURRENCY, DIVERT_CONCURRENCY,
+    /// CLUSTER_CONCURRENCY, CONNECTION_CLOSE_CONCURRENCY).
+    pub fn concurrency(&self) -> Concurrency {
+        Concurrency {
+            queue: self.queue_concurrency,
+            divert: self.divert_concurrency,
+            cluster: self.cluster_concurrency,
+            connection_close: self.connection_close_concurrency,
+        }
     }
 }
 
@@ -111,6 +198,73 @@ mod tests {
     }
 
     #[test]
+    fn leader_election_is_on_by_default_and_takes_a_boolish_value() {
+        let a = run_args(&[]);
+        assert!(a.leader_election);
+        assert_eq!(
+            (
+                a.lease_duration_seconds,
+                a.lease_renew_deadline_seconds,
+                a.lease_retry_period_seconds
+            ),
+            (15, 10, 2)
+        );
+        assert_eq!(a.shutdown_grace_seconds, 20);
+        assert!(!run_args(&["--leader-election", "false"]).leader_election);
+        assert!(!run_args(&["--leader-election=no"]).leader_election);
+        assert!(run_args(&["--leader-election"]).leader_election);
+        let bad = [
+            "artemis-studio-operator",
+            "run",
+            "--database-url",
+            "x",
+            "--lease-duration-seconds",
+            "0",
+        ];
+        assert!(
+            Cli::try_parse_from(bad).is_err(),
+            "a zero lease duration is refused"
+        );
+    }
+
+    #[test]
+    fn concurrency_has_defaults_and_refuses_zero() {
+        assert_eq!(
+            run_args(&[]).concurrency(),
+            Concurrency {
+                queue: 8,
+                divert: 8,
+                cluster: 4,
+                connection_close: 4
+            }
+        );
+        let c = run_args(&[
+            "--queue-concurrency",
+            "1",
+            "--divert-concurrency",
+            "2",
+            "--cluster-concurrency",
+            "3",
+            "--connection-close-concurrency",
+            "65535",
+        ])
+        .concurrency();
+        assert_eq!(
+            (c.queue, c.divert, c.cluster, c.connection_close),
+            (1, 2, 3, 65535)
+        );
+        for flag in [
+            "--queue-concurrency",
+            "--divert-concurrency",
+            "--cluster-concurrency",
+            "--connection-close-concurrency",
+        ] {
+            let argv = ["artemis-studio-operator", "run", "--database-url", "x", flag, "0"];
+            assert!(Cli::try_parse_from(argv).is_err(), "{flag} 0 is refused");
+        }
+    }
+
+    #[test]
     fn every_run_setting_has_an_environment_variable() {
         use clap::CommandFactory;
         let cmd = Cli::command();
@@ -129,6 +283,16 @@ mod tests {
             "WATCH_NAMESPACE",
             "RUST_LOG",
             "POD_NAME",
+            "LEADER_ELECTION",
+            "LEASE_NAMESPACE",
+            "LEASE_DURATION_SECONDS",
+            "LEASE_RENEW_DEADLINE_SECONDS",
+            "LEASE_RETRY_PERIOD_SECONDS",
+            "SHUTDOWN_GRACE_SECONDS",
+            "QUEUE_CONCURRENCY",
+            "DIVERT_CONCURRENCY",
+            "CLUSTER_CONCURRENCY",
+            "CONNECTION_CLOSE_CONCURRENCY",
         ] {
             assert!(env.iter().any(|e| e == v), "{v} is not read: {env:?}");
         }

@@ -8,6 +8,7 @@ pub mod cli;
 mod config_contract;
 pub mod controllers;
 pub mod fanout;
+pub mod leader;
 pub mod store;
 pub mod telemetry;
 pub mod topology;

@@ -1,9 +1,12 @@
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
+use kube::Api;
 
 use artemis_studio_operator::cli::{Cli, Command, RunArgs};
 use artemis_studio_operator::controllers::{self, Context, Namespaces};
+use artemis_studio_operator::leader;
 use artemis_studio_operator::store::Store;
 
 #[tokio::main]
@@ -30,13 +33,27 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         tracing::warn!(error = %e, filter = %args.log_filter, "invalid log filter (RUST_LOG); logging at info");
     }
     let namespaces = Namespaces::from_list(args.watch_namespaces());
+    // Refused before anything starts: a renew deadline not under the lease duration could let
+    // two leaders act.
+    let timing = leader::Timing::new(
+        args.lease_duration_seconds,
+        args.lease_renew_deadline_seconds,
+        args.lease_retry_period_seconds,
+    )
+    .map_err(anyhow::Error::msg)?;
     Store::migrate(&args.database_url).await?;
     let store = Store::connect(&args.database_url).await?;
     // Every Kubernetes API request is counted (artemis_studio_api_requests_total).
     let metrics = Arc::new(artemis_studio_operator::telemetry::Metrics::default());
     let client = artemis_studio_operator::telemetry::api_client(metrics.clone()).await?;
-    let (mut ctx, reflectors) = Context::new(client, store, args.instance_id.clone(), namespaces.clone());
+    let (mut ctx, reflectors) = Context::new(
+        client.clone(),
+        store,
+        args.instance_id.clone(),
+        namespaces.clone(),
+    );
     ctx.metrics = metrics;
+    ctx.concurrency = args.concurrency();
     let ctx = Arc::new(ctx);
     tracing::info!(
         instance_id = %args.instance_id,
@@ -44,7 +61,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         listen = %args.listen,
         pod = ?args.pod_name,
         pod_namespace = ?args.pod_namespace,
-        "starting controllers"
+        "starting"
     );
     let metrics = ctx.metrics.clone();
     let listen = args.listen;
@@ -53,7 +70,54 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             tracing::error!(error = %e, %listen, "the health and metrics endpoint stopped");
         }
     });
-    // /readyz turns true once the caches have synced and the controllers start.
-    controllers::run_all(ctx, reflectors).await;
+    stop_on_signals(ctx.shutdown.clone())?;
+    let grace = Duration::from_secs(args.shutdown_grace_seconds.into());
+    let metrics = ctx.metrics.clone();
+    let shutdown = ctx.shutdown.clone();
+    // /readyz turns true once the caches have synced and the controllers start (as the
+    // leader), or once the Lease is seen held by another process (as a standby).
+    let controllers = controllers::run_all(ctx, reflectors);
+    let exit = if args.leader_election {
+        let namespace =
+            leader::lease_namespace(args.lease_namespace.as_deref(), args.pod_namespace.as_deref());
+        let lock = leader::LeaseLock::new(
+            Api::namespaced(client, &namespace),
+            leader::lease_name(&args.instance_id),
+            leader::holder_identity(args.pod_name.as_deref()),
+            timing,
+        );
+        tracing::info!(lease = %lock.name(), %namespace, identity = %lock.identity(), "leader election on");
+        leader::run_elected(lock, shutdown, metrics, grace, controllers).await
+    } else {
+        tracing::info!("leader election off: this process acts at once");
+        leader::run_unelected(shutdown, metrics, grace, controllers).await
+    };
+    tracing::info!(?exit, "stopped");
+    if exit.code() != 0 {
+        // At once: nothing of this process may act after its Lease is lost.
+        std::process::exit(exit.code());
+    }
+    Ok(())
+}
+
+/// SIGTERM or SIGINT asks for a graceful stop; a second one ends the process at once.
+fn stop_on_signals(shutdown: leader::Shutdown) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::info!("stop requested (signal)");
+        shutdown.request();
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::warn!("second stop signal: exiting at once");
+        std::process::exit(130);
+    });
     Ok(())
 }

@@ -181,6 +181,11 @@ pub struct Context {
     pub triggers: Triggers,
     /// Per-object retry state of failed reconciles (exponential backoff).
     pub backoff: Backoff,
+    /// Once requested, the controllers take no new reconcile and end when the in-flight ones
+    /// have finished (the binary requests it on SIGTERM/SIGINT).
+    pub shutdown: crate::leader::Shutdown,
+    /// How many reconciles of each kind run at once.
+    pub concurrency: crate::cli::Concurrency,
 }
 
 /// Reconcile requests from outside an object's own watch: after each poll the cluster
@@ -310,6 +315,8 @@ impl Context {
             metrics: Arc::new(crate::telemetry::Metrics::default()),
             triggers: Triggers::default(),
             backoff: Backoff::default(),
+            shutdown: crate::leader::Shutdown::default(),
+            concurrency: crate::cli::Concurrency::default(),
         };
         (
             ctx,
@@ -506,7 +513,7 @@ pub async fn run_controller<K, Fut>(
     kube::runtime::Controller::new(wiring.api, kube::runtime::watcher::Config::default())
         .with_config(config)
         .reconcile_on(wiring.triggers)
-        .shutdown_on_signal()
+        .graceful_shutdown_on(ctx.shutdown.requested())
         .run(measured, error_policy, ctx)
         .for_each(|r| async move {
             if let Err(e) = r {
@@ -615,7 +622,7 @@ pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
                     Wiring {
                         api: scoped_api(&client, scope),
                         triggers: futures::stream::pending().boxed(),
-                        concurrency: 4,
+                        concurrency: ctx.concurrency.connection_close,
                     },
                 )
             });
@@ -625,7 +632,7 @@ pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
                     Wiring {
                         api: scoped_api(&client, scope),
                         triggers: futures::stream::pending().boxed(),
-                        concurrency: 4,
+                        concurrency: ctx.concurrency.cluster,
                     },
                 )
             });
@@ -635,7 +642,7 @@ pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
                     Wiring {
                         api: scoped_api(&client, scope),
                         triggers: trigger_stream(&ctx.triggers.queues, scope.clone()),
-                        concurrency: 8,
+                        concurrency: ctx.concurrency.queue,
                     },
                 )
             });
@@ -645,7 +652,7 @@ pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
                     Wiring {
                         api: scoped_api(&client, scope),
                         triggers: trigger_stream(&ctx.triggers.diverts, scope.clone()),
-                        concurrency: 8,
+                        concurrency: ctx.concurrency.divert,
                     },
                 )
             });

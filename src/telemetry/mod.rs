@@ -62,6 +62,12 @@ pub struct Metrics {
     pub inventory_objects: Family<ClusterLabels, Gauge>,
     /// Kubernetes API requests made through `api_client`.
     pub kube_api: kube_api::ApiMetrics,
+    /// `artemis_studio_leader`: 1 while this process leads (holds the Lease, or leader election
+    /// is off), 0 as a standby.
+    pub leader: Gauge,
+    /// What `/readyz` answers. Only set after the migrations ran; then true as a standby that
+    /// sees the Lease held by another process (src/leader.rs), and as the leader once the caches
+    /// synced (`controllers::run_all`).
     ready: AtomicBool,
 }
 
@@ -91,6 +97,7 @@ impl Default for Metrics {
             "Queues, addresses and diverts in a cluster's latest poll, summed over its live nodes",
             inventory_objects.clone(),
         );
+        let leader = Gauge::default();
         registry.register(
             "reconciles",
             "Finished reconciles by kind and result",
@@ -106,6 +113,11 @@ impl Default for Metrics {
         jolokia::metrics().register(&mut registry);
         let kube_api = kube_api::ApiMetrics::default();
         kube_api.register(&mut registry);
+        registry.register(
+            "leader",
+            "1 while this process leads (holds the Lease), 0 as a standby",
+            leader.clone(),
+        );
         Metrics {
             registry,
             commands,
@@ -116,6 +128,7 @@ impl Default for Metrics {
             poll_seconds,
             inventory_objects,
             kube_api,
+            leader,
             ready: AtomicBool::new(false),
         }
     }
@@ -154,6 +167,14 @@ impl Metrics {
 
     pub fn set_ready(&self) {
         self.ready.store(true, Ordering::Relaxed);
+    }
+
+    pub fn set_not_ready(&self) {
+        self.ready.store(false, Ordering::Relaxed);
+    }
+
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
     }
 
     fn encode(&self) -> String {

@@ -9,6 +9,7 @@ mod close_once;
 mod cluster_core;
 mod connection_close;
 mod divert;
+mod leader;
 mod queue;
 mod safety;
 mod smoke;

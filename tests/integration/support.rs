@@ -614,6 +614,9 @@ impl TestBed {
         ])
         .env("KUBECONFIG", self.var("TESTBED_OPERATOR_KUBECONFIG"))
         .env("RUST_LOG", "warn")
+        // Every process acts at once unless a test asks for leader election (tests/integration/
+        // leader.rs): close_once runs two acting processes on purpose.
+        .env("LEADER_ELECTION", "false")
         .stdout(std::process::Stdio::null());
         for (k, v) in env {
             cmd.env(k, v);
