@@ -136,6 +136,10 @@ pub struct LastCommand {
     pub outcome: Outcome,
     /// When the outcome was recorded (RFC 3339).
     pub at: String,
+    /// Fields the broker accepted and did not apply (NOT_CONVERGING): not sent again for this
+    /// generation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_applied: Vec<String>,
 }
 
 /// What happens to the broker object when the Kubernetes object is deleted.

@@ -595,7 +595,10 @@ async fn stop<K: TopologyObject>(
         generation,
     );
     // The nodes keep what they last reported (and received): an error says nothing new of them.
-    let nodes = obj.current_status().map(|s| s.nodes().to_vec()).unwrap_or_default();
+    let nodes = obj
+        .current_status()
+        .map(|s| s.nodes().to_vec())
+        .unwrap_or_default();
     report(
         ctx,
         obj,
@@ -652,18 +655,39 @@ fn carry_history(old: &[NodeOutcome], nodes: &mut [NodeOutcome], same_generation
 }
 
 /// A write this generation already made on a node and the broker did not take (NOT_CONVERGING)
-/// is not sent again: the node keeps that outcome until the spec or the broker object changes.
+/// is not sent again: the node keeps that outcome until the spec or the broker object changes
+/// (also after the node was down in between: its last command remembers the fields).
 fn not_converging_again(
     old: &[NodeOutcome],
     planned: &NodeOutcome,
     same_generation: bool,
 ) -> Option<NodeOutcome> {
     let o = old.iter().find(|o| o.node == planned.node)?;
-    (same_generation
-        && o.outcome == Outcome::Failed
+    if !same_generation || planned.detail.is_empty() {
+        return None;
+    }
+    if o.outcome == Outcome::Failed
         && o.refusal == Some(RefusalKind::NotConverging)
-        && o.detail == planned.detail)
-        .then(|| o.clone())
+        && o.detail == planned.detail
+    {
+        return Some(o.clone());
+    }
+    let lc = o
+        .last_command
+        .as_ref()
+        .filter(|lc| lc.not_applied == planned.detail)?;
+    Some(NodeOutcome {
+        outcome: Outcome::Failed,
+        refusal: Some(RefusalKind::NotConverging),
+        message: format!(
+            "the broker did not apply {} when {} (audit #{}) sent it; not re-sent for this generation: change the spec back, or delete and re-create the object",
+            planned.detail.join(", "),
+            lc.command,
+            lc.audit_id
+        ),
+        last_command: Some(lc.clone()),
+        ..planned.clone()
+    })
 }
 
 pub const NOT_CONVERGING: &str = "NotConverging";
@@ -702,11 +726,17 @@ fn set_not_converging(conds: &mut Vec<Condition>, nodes: &[NodeOutcome], generat
 fn stamp(nodes: &mut [NodeOutcome], command: &str, audit_id: i64) {
     let at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     for n in nodes.iter_mut().filter(|n| n.outcome != Outcome::SkippedNotLive) {
+        let not_applied = if n.refusal == Some(RefusalKind::NotConverging) {
+            n.detail.clone()
+        } else {
+            vec![]
+        };
         n.last_command = Some(crate::api::LastCommand {
             command: command.to_string(),
             audit_id,
             outcome: n.outcome,
             at: at.clone(),
+            not_applied,
         });
     }
 }
@@ -776,6 +806,14 @@ pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<
             },
         )
         .collect();
+    tracing::debug!(
+        object = %obj.name_any(),
+        ?generation,
+        same_generation,
+        old = ?old_nodes.iter().map(|n| (n.outcome, n.refusal, n.detail.clone())).collect::<Vec<_>>(),
+        planned = ?plan.iter().map(|(n, w)| (n.outcome, *w, n.detail.clone())).collect::<Vec<_>>(),
+        "plan"
+    );
     let gate = Gate::of(obj.as_ref());
     let mut conds = old_conditions(obj.as_ref());
     set_paused_condition(&mut conds, gate, generation);

@@ -194,7 +194,7 @@ mod tests {
                 code: "2xx".into(),
             })
             .inc();
-        let text = registry.encode();
+        let text = registry.encode_text();
         for needle in [
             "artemis_studio_jolokia_posts_total{node=\"http://exported.example:8161/console/jolokia\"} 1",
             "artemis_studio_jolokia_requests_total{node=\"http://exported.example:8161/console/jolokia\",kind=\"createQueue\",result=\"queue_exists\"} 1",

@@ -177,7 +177,8 @@ impl Metrics {
         self.leader.set(i64::from(leading));
     }
 
-    fn encode(&self) -> String {
+    /// The metrics in the Prometheus text format (what `/metrics` serves).
+    pub fn encode_text(&self) -> String {
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();
@@ -210,7 +211,7 @@ pub async fn serve(addr: std::net::SocketAddr, metrics: Arc<Metrics>) -> std::io
         .route(
             "/metrics",
             get(move || {
-                let body = scrape.encode();
+                let body = scrape.encode_text();
                 async move {
                     (
                         [(
