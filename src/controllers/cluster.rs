@@ -177,6 +177,14 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
     };
     let poll_interval = Duration::from_secs(obj.spec.poll_interval_seconds.max(1).into());
 
+    // A pass caused by this controller's own status write (or any other change that is not the
+    // spec) does not poll again before half the interval: one poll per interval per cluster.
+    if let (Some(rt), Some(t)) = (ctx.clusters.get(&k), ctx.topologies.get(&k))
+        && rt.generation == generation
+        && t.age() < poll_interval / 2
+    {
+        return Ok(Action::requeue(poll_interval.saturating_sub(t.age())));
+    }
     match resolve_access(&ctx.client, &ns, &obj.spec).await {
         Err(problem) => {
             ctx.clusters.remove(&k);
@@ -340,9 +348,16 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
             );
             // Dependents are triggered by what changed, never by a timer: a node that went live
             // or down concerns every object, a changed broker object only the objects naming it.
-            let mut change = topology::changes(ctx.topologies.get(&k).as_deref(), &topology);
+            // Fresh reads made while the poll ran are newer than it: carried over, not lost.
+            let mut change = ctx
+                .topologies
+                .put_with(&k, |previous| {
+                    let merged = topology.carrying_reads(previous, started);
+                    let change = topology::changes(previous, &merged);
+                    (merged, change)
+                })
+                .unwrap_or_default();
             change.everything |= respecified;
-            ctx.topologies.put(&k, topology);
             ctx.clusters.put(&k, rt);
             drop(in_flight);
             if !change.is_empty() {

@@ -742,14 +742,22 @@ fn stamp(nodes: &mut [NodeOutcome], command: &str, audit_id: i64) {
 }
 
 /// When to look again: a converged object waits for a trigger (or the slow resync); one with a
-/// failed node retries at the poll interval.
-fn next_pass(nodes: &[NodeOutcome], poll_interval: Duration) -> Action {
+/// failed node retries after a delay that doubles with each failed pass in a row (from the poll
+/// interval up to 5 minutes), so a node that keeps refusing is not written every poll.
+fn next_pass(ctx: &Context, retry_key: &str, nodes: &[NodeOutcome], poll_interval: Duration) -> Action {
     let retry = nodes
         .iter()
         .any(|n| n.outcome == Outcome::Failed && n.refusal != Some(RefusalKind::NotConverging));
     if retry {
-        Action::requeue(poll_interval.max(Duration::from_secs(5)))
+        let base = poll_interval.max(Duration::from_secs(5));
+        // A pass that did not retry (its delay was not due) does not lengthen the delay.
+        let delay = ctx
+            .backoff
+            .remaining(retry_key)
+            .unwrap_or_else(|| ctx.backoff.next(retry_key, base, Duration::from_secs(300)));
+        Action::requeue(delay)
     } else {
+        ctx.backoff.reset(retry_key);
         Action::requeue(RESYNC)
     }
 }
@@ -793,6 +801,7 @@ pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<
         .map(|s| s.nodes().to_vec())
         .unwrap_or_default();
     let same_generation = obj.current_status().and_then(|s| s.observed_generation()) == generation;
+    let retry_key = format!("{}/nodes", obj.uid().unwrap_or_default());
     // plan, from the snapshot; a write the broker did not take is not planned again
     let plan: Vec<(NodeOutcome, bool)> =
         plan_nodes(&deref.topology, &snapshot_inventories(&deref.topology), |inv| {
@@ -805,6 +814,18 @@ pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<
                 _ => (n, w),
             },
         )
+        .map(|(n, w)| {
+            // A node that failed this generation is retried when its delay is due, not at
+            // every trigger (a refusing node is not written every poll).
+            let failed_before = old_nodes
+                .iter()
+                .find(|o| o.node == n.node)
+                .filter(|o| same_generation && o.outcome == Outcome::Failed);
+            match failed_before {
+                Some(o) if w && !ctx.backoff.due(&retry_key) => (o.clone(), false),
+                _ => (n, w),
+            }
+        })
         .collect();
     tracing::debug!(
         object = %obj.name_any(),
@@ -833,7 +854,7 @@ pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<
     carry_history(&old_nodes, &mut nodes, same_generation);
     conditions::from_outcomes(&mut conds, &nodes, generation, gate != Gate::Write, K::NOUN);
     set_not_converging(&mut conds, &nodes, generation);
-    let next = next_pass(&nodes, deref.rt.poll_interval);
+    let next = next_pass(&ctx, &retry_key, &nodes, deref.rt.poll_interval);
     let topology = ctx
         .topologies
         .get(&deref.cluster_key)

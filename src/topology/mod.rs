@@ -67,6 +67,9 @@ pub struct Topology {
     pub nodes: Vec<LogicalNode>,
     /// Endpoints that did not answer, with the error.
     pub unreachable: Vec<(String, BrokerError)>,
+    /// Fresh reads laid over this snapshot since its poll (when, node ID, what was read): a
+    /// poll that started before one of them carries it over instead of forgetting it.
+    pub fresh_reads: Vec<(Instant, String, Arc<inventory::NodeInventory>)>,
 }
 
 impl Topology {
@@ -92,14 +95,37 @@ impl Topology {
     /// The same snapshot with newer scoped reads laid over nodes' inventories (by node ID).
     pub fn overlaid(&self, reads: &BTreeMap<String, Arc<inventory::NodeInventory>>) -> Topology {
         let mut t = self.clone();
-        for n in &mut t.nodes {
-            if let (Some(inv), Some(fresh)) = (&n.inventory, reads.get(&n.node_id)) {
+        let now = Instant::now();
+        t.lay(reads.iter().map(|(node, inv)| (now, node.clone(), inv.clone())));
+        t
+    }
+
+    fn lay(&mut self, reads: impl IntoIterator<Item = (Instant, String, Arc<inventory::NodeInventory>)>) {
+        for (at, node, fresh) in reads {
+            if let Some(n) = self.nodes.iter_mut().find(|n| n.node_id == node)
+                && let Some(inv) = &n.inventory
+            {
                 let mut merged = (**inv).clone();
-                merged.overlay(fresh);
+                merged.overlay(&fresh);
                 n.inventory = Some(Arc::new(merged));
+                self.fresh_reads.push((at, node, fresh));
             }
         }
-        t
+    }
+
+    /// This new poll (started at `started`) with the fresh reads the previous snapshot got
+    /// after that moment laid over it: they are newer than what the poll read.
+    pub fn carrying_reads(mut self, previous: Option<&Topology>, started: Instant) -> Topology {
+        if let Some(p) = previous {
+            let newer: Vec<_> = p
+                .fresh_reads
+                .iter()
+                .filter(|(at, _, _)| *at > started)
+                .cloned()
+                .collect();
+            self.lay(newer);
+        }
+        self
     }
 
     /// A node by node ID, or by one of its endpoint URLs.
@@ -171,6 +197,7 @@ pub async fn poll(access: &ClusterAccess, memory: &Mutex<TopologyMemory>) -> Top
         polled_at_utc: now,
         nodes,
         unreachable,
+        fresh_reads: vec![],
     }
 }
 
@@ -311,6 +338,14 @@ impl<T> ByCluster<T> {
             m.insert(cluster.to_string(), next);
         }
     }
+    /// Put the value `f` makes of the current one (if any), atomically; returns what `f` also
+    /// returned.
+    pub fn put_with<R>(&self, cluster: &str, f: impl FnOnce(Option<&T>) -> (T, R)) -> Option<R> {
+        let mut m = self.inner.write().ok()?;
+        let (v, r) = f(m.get(cluster).map(|v| v.as_ref()));
+        m.insert(cluster.to_string(), Arc::new(v));
+        Some(r)
+    }
     pub fn remove(&self, cluster: &str) {
         if let Ok(mut m) = self.inner.write() {
             m.remove(cluster);
@@ -444,6 +479,7 @@ mod change_tests {
                 inventory_error: None,
             }],
             unreachable: vec![],
+            fresh_reads: vec![],
         }
     }
 
