@@ -401,7 +401,7 @@ fn with_topology(
 pub fn trigger_dependents(ctx: &Context, ns: &str, cluster: &str, change: &crate::topology::TopologyChange) {
     let queues = dependents::<crate::api::ArtemisQueue>(ctx, ns, cluster, change);
     let diverts = dependents::<crate::api::ArtemisDivert>(ctx, ns, cluster, change);
-    tracing::debug!(cluster = %key(ns, cluster), queues = queues.len(), diverts = diverts.len(), everything = change.everything, "topology changed");
+    tracing::debug!(cluster = %key(ns, cluster), queues = queues.len(), diverts = diverts.len(), ?change, "topology changed");
     for q in queues {
         let _ = ctx.triggers.queues.send(q);
     }
@@ -1005,10 +1005,22 @@ async fn verify<K: TopologyObject>(
     }
 }
 
-/// Lay fresh reads over the cluster's snapshot.
+/// Lay fresh reads over the cluster's snapshot, and trigger the other objects they concern (a
+/// divert written into a queue's address changes that queue's delete preview): the poll that
+/// follows finds nothing new, so it would not.
 fn overlay_snapshot(ctx: &Context, cluster_key: &str, reads: &BTreeMap<String, Arc<NodeInventory>>) {
-    if !reads.is_empty() {
-        ctx.topologies.update(cluster_key, |t| t.overlaid(reads));
+    if reads.is_empty() {
+        return;
+    }
+    let change = ctx.topologies.update(cluster_key, |t| {
+        let next = t.overlaid(reads);
+        let change = crate::topology::changes(Some(t), &next);
+        (next, change)
+    });
+    if let (Some(change), Some((ns, cluster))) = (change, cluster_key.split_once('/'))
+        && !change.is_empty()
+    {
+        trigger_dependents(ctx, ns, cluster, &change);
     }
 }
 

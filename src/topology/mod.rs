@@ -329,14 +329,13 @@ impl<T> ByCluster<T> {
         }
         v
     }
-    /// Replace the value with `f` of it, atomically (no concurrent update is lost).
-    pub fn update(&self, cluster: &str, f: impl FnOnce(&T) -> T) {
-        if let Ok(mut m) = self.inner.write()
-            && let Some(v) = m.get(cluster)
-        {
-            let next = Arc::new(f(v));
-            m.insert(cluster.to_string(), next);
-        }
+    /// Replace the value with what `f` makes of it, atomically (no concurrent update is lost);
+    /// None when there is no value.
+    pub fn update<R>(&self, cluster: &str, f: impl FnOnce(&T) -> (T, R)) -> Option<R> {
+        let mut m = self.inner.write().ok()?;
+        let (next, r) = f(m.get(cluster)?);
+        m.insert(cluster.to_string(), Arc::new(next));
+        Some(r)
     }
     /// Put the value `f` makes of the current one (if any), atomically; returns what `f` also
     /// returned.
@@ -444,8 +443,15 @@ pub fn changes(old: Option<&Topology>, new: &Topology) -> TopologyChange {
         ));
         c.addresses
             .extend(changed_keys(&oi.addresses, &ni.addresses, |a, b| a == b));
-        c.diverts
-            .extend(changed_keys(&oi.diverts, &ni.diverts, |a, b| a == b));
+        let diverts = changed_keys(&oi.diverts, &ni.diverts, |a, b| a == b);
+        // A divert changing concerns the queues at both its ends (their delete previews).
+        for name in &diverts {
+            for d in [oi.diverts.get(name), ni.diverts.get(name)].into_iter().flatten() {
+                c.addresses.insert(d.address.clone());
+                c.addresses.insert(d.forwarding_address.clone());
+            }
+        }
+        c.diverts.extend(diverts);
     }
     c
 }

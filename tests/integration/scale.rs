@@ -1,0 +1,609 @@
+//! What the operator costs at scale, counted (never timed): converged queues cost no Kubernetes
+//! API write, no LIST and no per-queue broker read while idle; a node that comes back gets every
+//! queue from one inventory scrape per poll plus each queue's own preflight, write and verify.
+//!
+//! The per-node Jolokia counters are process-wide and keyed by endpoint URL, and concurrent tests
+//! poll the same brokers: the ArtemisCluster of these tests names the test bed's Jolokia URLs with
+//! a query parameter the broker ignores (as tests/integration/broker_budget.rs does), so the
+//! counters of those URLs count this test's operator only.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use futures::{StreamExt, stream};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+use artemis_studio_operator::api::queue::ArtemisQueue;
+use artemis_studio_operator::api::{ArtemisCluster, Outcome};
+use artemis_studio_operator::telemetry::jolokia as jolokia_metrics;
+
+use crate::queue::{outcomes, ready};
+use crate::support::{
+    OperatorHandle, TestBed, brokers_exclusive, brokers_shared, create_cluster, short_id,
+    wait_cluster_condition, wait_until,
+};
+
+/// Jolokia operations one poll sends to a live node: identity (NodeID, Active, Backup, HAPolicy,
+/// listNetworkTopology: one bulk of 5, src/broker/management.rs) and the inventory scrape (three
+/// wildcard reads: queues, addresses, diverts, one bulk, src/topology/inventory.rs).
+const OPS_PER_POLL: u64 = 8;
+/// The broker-name search a poll adds when it must resolve an endpoint's broker name (the first
+/// poll of an endpoint, and the first one after it stopped answering).
+const CONNECT_OPS: u64 = 1;
+/// Jolokia operations one queue's create sends to one node: the preflight's fresh read (the queue
+/// and its address, one bulk of 2), the write (createAddress for a new address, createQueue) and
+/// the verifying fresh read (again 2).
+const CREATE_OPS_PER_QUEUE: u64 = 6;
+
+struct Scale {
+    bed: TestBed,
+    ns: String,
+    admin: Client,
+    op: OperatorHandle,
+    /// Broker name (c1, c2, c3) → the Jolokia URL this test's ArtemisCluster names it by.
+    urls: BTreeMap<String, String>,
+}
+
+async fn scale_fixture(prefix: &str) -> Scale {
+    let bed = TestBed::get();
+    let ns = bed.fresh_namespace(prefix).await;
+    let op = bed.start_operator(&ns).await;
+    let admin = bed.kube_admin().await;
+    let tag = short_id();
+    let urls: BTreeMap<String, String> = bed
+        .cluster_brokers("c")
+        .into_iter()
+        .map(|b| (b.name.clone(), format!("{}?scale-test={tag}", b.jolokia)))
+        .collect();
+    let list: Vec<String> = urls.values().cloned().collect();
+    create_cluster(&admin, &ns, "c", &list, Some(bed.broker_user())).await;
+    Api::<ArtemisCluster>::namespaced(admin.clone(), &ns)
+        .patch(
+            "c",
+            &PatchParams::default(),
+            // A short poll interval (polls are what these tests count); a request timeout that
+            // a broker slowed by 2 busy cores still meets (a timed-out scrape makes a node
+            // FAILED until the next poll, and its queue is completed by a queue.repair).
+            &Patch::Merge(json!({"spec": {"pollIntervalSeconds": 2, "requestTimeoutSeconds": 10}})),
+        )
+        .await
+        .expect("set the poll interval and request timeout");
+    wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
+    let s = Scale {
+        bed,
+        ns,
+        admin,
+        op,
+        urls,
+    };
+    s.wait_live_nodes(3).await;
+    s
+}
+
+impl Scale {
+    fn queues(&self) -> Api<ArtemisQueue> {
+        Api::namespaced(self.admin.clone(), &self.ns)
+    }
+
+    fn cluster(&self) -> Api<ArtemisCluster> {
+        Api::namespaced(self.admin.clone(), &self.ns)
+    }
+
+    async fn wait_live_nodes(&self, n: u32) -> ArtemisCluster {
+        let api = self.cluster();
+        wait_until(
+            &format!("ArtemisCluster {}/c reports {n} live nodes", self.ns),
+            Duration::from_secs(90),
+            || {
+                let api = api.clone();
+                async move {
+                    api.get("c")
+                        .await
+                        .ok()
+                        .filter(|c| c.status.as_ref().is_some_and(|s| s.live_nodes == n))
+                }
+            },
+        )
+        .await
+    }
+
+    /// Polls of cluster c by the cluster controller: the count of its
+    /// inventory_poll_duration_seconds histogram.
+    fn polls(&self) -> u64 {
+        let cluster = format!("{}/c", self.ns);
+        let family = self.op.ctx.metrics.poll_seconds.clone();
+        samples(|r| r.register("polls", "cluster polls", family), "polls_count")
+            .into_iter()
+            .find(|(labels, _)| labels.get("cluster") == Some(&cluster))
+            .map_or(0, |(_, n)| n)
+    }
+
+    async fn wait_polls(&self, at_least: u64) {
+        wait_until(
+            &format!("cluster c polled {at_least} times"),
+            Duration::from_secs(60),
+            || async { (self.polls() >= at_least).then_some(()) },
+        )
+        .await;
+    }
+
+    /// Jolokia operations this test's operator sent to one broker of cluster c.
+    fn jolokia_ops(&self, broker: &str) -> u64 {
+        self.op.ctx.metrics.jolokia_requests_of(&self.urls[broker])
+    }
+
+    async fn create_queues(&self, names: &[String]) {
+        stream::iter(names.iter().cloned())
+            .map(|name| {
+                let api = self.queues();
+                async move {
+                    let q: ArtemisQueue = serde_json::from_value(json!({
+                        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+                        "metadata": {"name": name},
+                        // Non-durable: a run that fails before its cleanup leaves nothing on the
+                        // brokers beyond their next restart.
+                        "spec": {"clusterRef": {"name": "c"}, "durable": false}
+                    }))
+                    .expect("queue json");
+                    api.create(&PostParams::default(), &q)
+                        .await
+                        .unwrap_or_else(|e| panic!("create ArtemisQueue {name}: {e}"));
+                }
+            })
+            .buffer_unordered(8)
+            .collect::<Vec<()>>()
+            .await;
+    }
+
+    /// Wait until every ArtemisQueue of the namespace (there must be `count`) passes `check`.
+    async fn wait_all(&self, count: usize, what: &str, check: impl Fn(&ArtemisQueue) -> bool) {
+        let api = self.queues();
+        let check = &check;
+        wait_until(
+            &format!("{count} ArtemisQueues: {what}"),
+            Duration::from_secs(300),
+            || {
+                let api = api.clone();
+                async move {
+                    let list = api.list(&ListParams::default()).await.ok()?;
+                    let good = list.items.iter().filter(|q| check(q)).count();
+                    if list.items.len() == count && good == count {
+                        return Some(());
+                    }
+                    // Listing a few hundred objects: not four times a second.
+                    tokio::time::sleep(Duration::from_millis(750)).await;
+                    None
+                }
+            },
+        )
+        .await
+    }
+
+    async fn delete_all_queues(&self, names: &[String]) {
+        stream::iter(names.iter().cloned())
+            .map(|name| {
+                let api = self.queues();
+                async move {
+                    match api.delete(&name, &DeleteParams::default()).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(e)) if e.code == 404 => {}
+                        Err(e) => panic!("delete ArtemisQueue {name}: {e}"),
+                    }
+                }
+            })
+            .buffer_unordered(8)
+            .collect::<Vec<()>>()
+            .await;
+        let api = self.queues();
+        wait_until(
+            "every ArtemisQueue deleted (finalizers released)",
+            Duration::from_secs(300),
+            || {
+                let api = api.clone();
+                async move {
+                    let list = api.list(&ListParams::default()).await.ok()?;
+                    if list.items.is_empty() {
+                        return Some(());
+                    }
+                    tokio::time::sleep(Duration::from_millis(750)).await;
+                    None
+                }
+            },
+        )
+        .await;
+    }
+
+    /// Audit rows of queue commands, in order: (command, object, outcome, outcome detail).
+    async fn queue_audit(&self) -> Vec<AuditRow> {
+        sqlx::query_as(
+            "SELECT command, object_name, outcome, outcome_detail FROM audit_event WHERE command LIKE 'queue.%' ORDER BY id",
+        )
+        .fetch_all(self.op.store.pool())
+        .await
+        .expect("audit rows")
+    }
+}
+
+type AuditRow = (String, String, String, Option<serde_json::Value>);
+
+/// The nodes an audit row says were APPLIED.
+fn applied_nodes(row: &AuditRow) -> Vec<String> {
+    row.3
+        .as_ref()
+        .and_then(|d| d["appliedNodes"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|n| n.as_str().map(str::to_string))
+        .collect()
+}
+
+/// Every sample of one counter or histogram series (`name`, e.g. `api_requests_total`) of the
+/// metric families `register` adds to a fresh registry, as (labels, value). Encoded text is
+/// read because prometheus-client has no way to list a family's label sets (and reads a
+/// histogram's count only in its own tests).
+fn samples(
+    register: impl FnOnce(&mut prometheus_client::registry::Registry),
+    name: &str,
+) -> Vec<(BTreeMap<String, String>, u64)> {
+    let mut registry = prometheus_client::registry::Registry::default();
+    register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode metrics");
+    let head = format!("{name}{{");
+    text.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(&head)?;
+            let (labels, value) = rest.rsplit_once("} ")?;
+            let labels = labels
+                .split(',')
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.trim_matches('"').to_string()))
+                .collect();
+            Some((labels, value.trim().parse::<f64>().ok()? as u64))
+        })
+        .collect()
+}
+
+/// The operator's Kubernetes API requests by (verb, kind), whatever the answer: every label set
+/// of its `api_requests_total` family, so kinds nobody thought of are seen too.
+fn api_requests(m: &artemis_studio_operator::telemetry::Metrics) -> BTreeMap<(String, String), u64> {
+    let mut out = BTreeMap::new();
+    for (labels, n) in samples(|r| m.kube_api.register(r), "api_requests_total") {
+        let key = (
+            labels.get("verb").cloned().unwrap_or_default(),
+            labels.get("kind").cloned().unwrap_or_default(),
+        );
+        *out.entry(key).or_default() += n;
+    }
+    out
+}
+
+/// Jolokia operations to one endpoint URL by (kind, result), process-wide.
+fn jolokia_by_kind(url: &str) -> BTreeMap<(String, String), u64> {
+    let node = artemis_studio_operator::broker::budget::node_key(url);
+    let family = jolokia_metrics::metrics().requests.clone();
+    samples(
+        |r| r.register("jolokia_requests", "Jolokia operations", family),
+        "jolokia_requests_total",
+    )
+    .into_iter()
+    .filter(|(labels, _)| labels.get("node") == Some(&node))
+    .map(|(labels, n)| {
+        (
+            (
+                labels.get("kind").cloned().unwrap_or_default(),
+                labels.get("result").cloned().unwrap_or_default(),
+            ),
+            n,
+        )
+    })
+    .collect()
+}
+
+/// What grew between two snapshots of `api_requests`.
+fn grown(
+    before: &BTreeMap<(String, String), u64>,
+    after: &BTreeMap<(String, String), u64>,
+) -> BTreeMap<(String, String), u64> {
+    after
+        .iter()
+        .map(|(k, n)| (k.clone(), n - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, d)| *d > 0)
+        .collect()
+}
+
+/// The API server's own count of LIST requests for a resource (all clients, all scopes).
+async fn apiserver_lists(admin: &Client, resource: &str) -> u64 {
+    let request = http::Request::get("/metrics").body(Vec::new()).expect("request");
+    let text = admin
+        .request_text(request)
+        .await
+        .expect("GET /metrics on the API server");
+    let needle = format!("resource=\"{resource}\"");
+    text.lines()
+        .filter(|l| {
+            l.starts_with("apiserver_request_total{") && l.contains("verb=\"LIST\"") && l.contains(&needle)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[tokio::test]
+async fn converged_queues_cost_nothing_while_idle() {
+    const QUEUES: usize = 200;
+    let _b = brokers_shared().await;
+    let s = scale_fixture("scale-idle").await;
+    let tag = short_id();
+    let names: Vec<String> = (0..QUEUES).map(|i| format!("idle.{tag}.{i:03}")).collect();
+    s.create_queues(&names).await;
+    s.wait_all(QUEUES, "Ready=True", ready).await;
+
+    let m = &s.op.ctx.metrics;
+    let brokers: Vec<String> = s.urls.keys().cloned().collect();
+    let mut failures: Vec<String> = vec![];
+    // Idle windows of at least two polls each. The operator's own counters must show nothing in
+    // the first one. The API server's LIST count has no per-client label and concurrent tests
+    // start operators (each LISTs once): a window where it did not grow at all is looked for, up
+    // to 5 windows; an operator that LISTed per poll would grow it in every window.
+    let audit_at_ready = s.queue_audit().await;
+    let mut server_growth = vec![];
+    for window in 0..5 {
+        let api0 = api_requests(m);
+        let ops0: Vec<u64> = brokers.iter().map(|b| s.jolokia_ops(b)).collect();
+        let passes0 = m.reconciles_of("ArtemisQueue");
+        let server0 = apiserver_lists(&s.admin, "artemisqueues").await;
+        let polls0 = s.polls();
+        s.wait_polls(polls0 + 2).await;
+        let polls = s.polls() - polls0;
+        let server = apiserver_lists(&s.admin, "artemisqueues").await - server0;
+        let api = grown(&api0, &api_requests(m));
+        let ops: Vec<u64> = brokers
+            .iter()
+            .zip(&ops0)
+            .map(|(b, o)| s.jolokia_ops(b) - o)
+            .collect();
+        let passes = m.reconciles_of("ArtemisQueue") - passes0;
+        eprintln!(
+            "idle window {window}: {polls} polls of cluster c; Jolokia operations per node {:?}; ArtemisQueue passes {passes}; operator API requests {api:?}; API server LIST artemisqueues (all clients) +{server}",
+            brokers.iter().zip(&ops).collect::<Vec<_>>()
+        );
+        let lists: BTreeMap<_, _> = api.iter().filter(|((verb, _), _)| verb == "list").collect();
+        if !lists.is_empty() {
+            failures.push(format!(
+                "window {window}: the operator sent LIST requests while {QUEUES} converged queues were idle for {polls} polls: {lists:?}"
+            ));
+        }
+        let writes: BTreeMap<_, _> = api
+            .iter()
+            .filter(|((verb, _), _)| {
+                matches!(
+                    verb.as_str(),
+                    "create" | "update" | "patch" | "delete" | "deletecollection"
+                )
+            })
+            .collect();
+        if !writes.is_empty() {
+            failures.push(format!(
+                "window {window}: the operator wrote to the API (create/update/patch/delete by kind, e.g. artemisqueues/status, artemisclusters/status) while {QUEUES} converged queues were idle for {polls} polls: {writes:?}"
+            ));
+        }
+        // One poll may be in flight at either end of the window: its operations are counted, its
+        // poll not yet.
+        let bound = (polls + 1) * OPS_PER_POLL;
+        for (b, o) in brokers.iter().zip(&ops) {
+            if *o > bound {
+                failures.push(format!(
+                    "window {window}: {o} Jolokia operations to {b} in {polls} polls with {QUEUES} converged queues: more than one poll's identity + inventory ({OPS_PER_POLL}) per poll (+1 poll in flight) = {bound}"
+                ));
+            }
+        }
+        server_growth.push(server);
+        if server == 0 || !failures.is_empty() {
+            break;
+        }
+    }
+    if !server_growth.contains(&0) && failures.is_empty() {
+        failures.push(format!(
+            "the API server counted LIST artemisqueues in every idle window ({server_growth:?}), though this operator's client counted none: a LIST that bypasses the counted client, or concurrent tests in every window"
+        ));
+    }
+    let audit = s.queue_audit().await;
+    if audit.len() != audit_at_ready.len() {
+        failures.push(format!(
+            "{} audit rows were written while {QUEUES} converged queues were idle: {:?}",
+            audit.len() - audit_at_ready.len(),
+            &audit[audit_at_ready.len().min(audit.len())..]
+        ));
+    }
+    // Exactly one queue.apply per object. A queue.repair is only allowed to complete a node the
+    // apply could not reach (a scrape that timed out makes that node FAILED until the next poll):
+    // every row writes something, and every (queue, node) is written exactly once.
+    let applies = audit.iter().filter(|r| r.0 == "queue.apply").count();
+    let repairs = audit.iter().filter(|r| r.0 == "queue.repair").count();
+    let mut writes: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for r in &audit {
+        for n in applied_nodes(r) {
+            *writes.entry((r.1.clone(), n)).or_default() += 1;
+        }
+    }
+    let no_ops: Vec<&AuditRow> = audit
+        .iter()
+        .filter(|r| r.2 != "succeeded" || applied_nodes(r).is_empty())
+        .collect();
+    let twice: Vec<_> = writes.iter().filter(|(_, n)| **n != 1).collect();
+    let others: Vec<&AuditRow> = audit
+        .iter()
+        .filter(|r| !matches!(r.0.as_str(), "queue.apply" | "queue.repair"))
+        .collect();
+    eprintln!(
+        "audit: {applies} queue.apply, {repairs} queue.repair (nodes a timed-out scrape kept from the apply), {} (queue, node) writes",
+        writes.len()
+    );
+    if applies != QUEUES
+        || writes.len() != QUEUES * brokers.len()
+        || !no_ops.is_empty()
+        || !twice.is_empty()
+        || !others.is_empty()
+    {
+        failures.push(format!(
+            "audit rows of queue commands after {QUEUES} creates: {applies} queue.apply (expected {QUEUES}), {repairs} queue.repair, {} (queue, node) pairs written (expected {}); rows that wrote nothing or did not succeed: {no_ops:?}; (queue, node) written more than once: {twice:?}; other commands: {others:?}",
+            writes.len(),
+            QUEUES * brokers.len()
+        ));
+    }
+
+    s.delete_all_queues(&names).await;
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[tokio::test]
+async fn a_node_going_live_gets_every_queue_at_the_next_poll() {
+    const QUEUES: usize = 30;
+    let _b = brokers_exclusive().await;
+    let s = scale_fixture("scale-late").await;
+    // c3's node ID, known to the operator before it stops: a stopped endpoint is named by it.
+    let c3_url = s.urls["c3"].clone();
+    let cluster = s.wait_live_nodes(3).await;
+    let c3_node = cluster
+        .status
+        .as_ref()
+        .and_then(|st| {
+            st.nodes
+                .iter()
+                .find(|n| n.active_endpoint.as_deref() == Some(c3_url.as_str()))
+        })
+        .map(|n| n.node_id.clone())
+        .expect("c3's logical node in the cluster status");
+
+    struct Start<'a> {
+        bed: &'a TestBed,
+        armed: bool,
+    }
+    impl Drop for Start<'_> {
+        fn drop(&mut self) {
+            if self.armed {
+                self.bed.broker_action("start", "c3");
+            }
+        }
+    }
+    s.bed.broker_action("stop", "c3");
+    let mut start = Start {
+        bed: &s.bed,
+        armed: true,
+    };
+    s.wait_live_nodes(2).await;
+
+    let tag = short_id();
+    let names: Vec<String> = (0..QUEUES).map(|i| format!("late.{tag}.{i:02}")).collect();
+    s.create_queues(&names).await;
+    s.wait_all(
+        QUEUES,
+        "2 nodes in the requested state + c3 SKIPPED_NOT_LIVE",
+        |q| {
+            let os = outcomes(q);
+            os.len() == 3
+                && os
+                    .iter()
+                    .filter(|o| matches!(o, Outcome::Applied | Outcome::Already))
+                    .count()
+                    == 2
+                && q.status.as_ref().is_some_and(|st| {
+                    st.nodes
+                        .iter()
+                        .any(|n| n.node == c3_node && n.outcome == Outcome::SkippedNotLive)
+                })
+        },
+    )
+    .await;
+    let last_audit: i64 = sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM audit_event")
+        .fetch_one(s.op.store.pool())
+        .await
+        .expect("last audit id");
+
+    let ops0 = s.jolokia_ops("c3");
+    let kinds0 = jolokia_by_kind(&c3_url);
+    let passes0 = s.op.ctx.metrics.reconciles_of("ArtemisQueue");
+    let polls0 = s.polls();
+    s.bed.broker_action("start", "c3");
+    start.armed = false;
+    s.wait_all(QUEUES, "Ready with all three nodes APPLIED/ALREADY", |q| {
+        let os = outcomes(q);
+        ready(q)
+            && os.len() == 3
+            && os
+                .iter()
+                .all(|o| matches!(o, Outcome::Applied | Outcome::Already))
+    })
+    .await;
+    let polls = s.polls() - polls0;
+    let ops = s.jolokia_ops("c3") - ops0;
+    let passes = s.op.ctx.metrics.reconciles_of("ArtemisQueue") - passes0;
+    let kinds = grown(&kinds0, &jolokia_by_kind(&c3_url));
+    let ok = |kind: &str| {
+        kinds
+            .get(&(kind.to_string(), "ok".to_string()))
+            .copied()
+            .unwrap_or(0)
+    };
+    let (creates, addresses) = (ok("createQueue"), ok("createAddress"));
+    let rows: Vec<AuditRow> = sqlx::query_as(
+        "SELECT command, object_name, outcome, outcome_detail FROM audit_event WHERE id > $1 AND command LIKE 'queue.%' ORDER BY id",
+    )
+    .bind(last_audit)
+    .fetch_all(s.op.store.pool())
+    .await
+    .expect("audit rows");
+    eprintln!(
+        "c3 back: {polls} polls of cluster c and {passes} ArtemisQueue passes until all {QUEUES} queues converged; {ops} Jolokia operations to c3, by (kind, result): {kinds:?}; {} queue audit rows",
+        rows.len()
+    );
+
+    let mut failures: Vec<String> = vec![];
+    // Polls while c3 was still starting cost at most the failed search; the bound counts every
+    // poll as a full one with a broker-name search, plus one poll in flight.
+    let bound = (polls + 1) * (OPS_PER_POLL + CONNECT_OPS) + QUEUES as u64 * CREATE_OPS_PER_QUEUE;
+    if ops > bound {
+        // What the excess is made of: every poll of c3 that got an answer sent one
+        // listNetworkTopology (identity) with 4 reads, and at most one 3-read scrape; each queue
+        // needs 2 preflight and 2 verify reads. Reads beyond those re-read queues.
+        let of_kind =
+            |kind: &str| -> u64 { kinds.iter().filter(|((k, _), _)| k == kind).map(|(_, n)| n).sum() };
+        let identities = of_kind("listNetworkTopology");
+        let extra_reads = of_kind("read").saturating_sub(identities * 7 + QUEUES as u64 * 4);
+        failures.push(format!(
+            "{ops} Jolokia operations to c3 from its start to all {QUEUES} queues converged, over {polls} polls and {passes} ArtemisQueue passes (by kind and result: {kinds:?}): more than (polls + 1) x {} (one identity + inventory scrape per poll, not per queue) + {QUEUES} x {CREATE_OPS_PER_QUEUE} (each queue's preflight read, createAddress + createQueue, verify read) = {bound}. At least {extra_reads} reads beyond {identities} polls' identity + scrape reads and each queue's 2 preflight + 2 verify reads: fresh reads of queues already written",
+            OPS_PER_POLL + CONNECT_OPS
+        ));
+    }
+    if creates != QUEUES as u64 || addresses > QUEUES as u64 {
+        failures.push(format!(
+            "c3 received {creates} createQueue and {addresses} createAddress operations for {QUEUES} missing queues: expected exactly {QUEUES} createQueue (one each, none re-sent) and at most {QUEUES} createAddress"
+        ));
+    }
+    let objects: BTreeSet<&str> = rows.iter().map(|r| r.1.as_str()).collect();
+    let only_c3 = |detail: &serde_json::Value| {
+        detail["nodes"].as_array().is_some_and(|ns| {
+            ns.len() == 1 && ns[0]["node"] == json!(c3_node) && ns[0]["outcome"] == "APPLIED"
+        }) && detail["appliedNodes"] == json!([c3_node])
+    };
+    let bad: Vec<_> = rows
+        .iter()
+        .filter(|r| {
+            !matches!(r.0.as_str(), "queue.apply" | "queue.repair")
+                || r.2 != "succeeded"
+                || !r.3.as_ref().is_some_and(only_c3)
+        })
+        .collect();
+    if rows.len() != QUEUES || objects.len() != QUEUES || !bad.is_empty() {
+        failures.push(format!(
+            "audit rows after c3 came back: {} rows for {} objects (expected exactly one succeeded queue.apply/queue.repair per queue, {QUEUES}, each naming only c3 ({c3_node}) as APPLIED); offending rows: {bad:?}",
+            rows.len(),
+            objects.len()
+        ));
+    }
+
+    s.delete_all_queues(&names).await;
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
