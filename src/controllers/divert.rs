@@ -226,6 +226,9 @@ impl TopologyObject for ArtemisDivert {
     fn current_status(&self) -> Option<&ArtemisDivertStatus> {
         self.status.as_ref()
     }
+    fn set_status(&mut self, status: ArtemisDivertStatus) {
+        self.status = Some(status);
+    }
     fn cache(ctx: &Context) -> &super::Cache<Self> {
         &ctx.caches.diverts
     }

@@ -186,6 +186,52 @@ pub struct Context {
     pub shutdown: crate::leader::Shutdown,
     /// How many reconciles of each kind run at once.
     pub concurrency: crate::cli::Concurrency,
+    /// The status this process last wrote per object (newer than the cache until the watch
+    /// delivers it).
+    pub written: WrittenStatus,
+}
+
+/// The last status this process wrote to each object, with the resourceVersion the write
+/// produced. A reconcile that starts before the watch has delivered that write (a trigger right
+/// after it) reads this instead of the cache's older status: it never plans from, or writes
+/// back, a status older than its own last report.
+#[derive(Clone, Default)]
+pub struct WrittenStatus {
+    by_uid: Arc<std::sync::Mutex<std::collections::HashMap<String, (u64, serde_json::Value)>>>,
+}
+
+impl WrittenStatus {
+    fn record<S: serde::Serialize>(&self, meta: &kube::api::ObjectMeta, status: &S) {
+        let (Some(uid), Some(rv)) = (
+            meta.uid.clone(),
+            meta.resource_version
+                .as_deref()
+                .and_then(|v| v.parse::<u64>().ok()),
+        ) else {
+            return;
+        };
+        if let (Ok(mut m), Ok(v)) = (self.by_uid.lock(), serde_json::to_value(status)) {
+            m.insert(uid, (rv, v));
+        }
+    }
+
+    /// The status last written to this object, when the cached copy predates that write.
+    pub fn newer_than<S: serde::de::DeserializeOwned>(&self, meta: &kube::api::ObjectMeta) -> Option<S> {
+        let uid = meta.uid.as_deref()?;
+        let cached = meta.resource_version.as_deref()?.parse::<u64>().ok()?;
+        let m = self.by_uid.lock().ok()?;
+        let (rv, v) = m.get(uid)?;
+        if cached >= *rv {
+            return None;
+        }
+        serde_json::from_value(v.clone()).ok()
+    }
+
+    pub fn forget(&self, uid: &str) {
+        if let Ok(mut m) = self.by_uid.lock() {
+            m.remove(uid);
+        }
+    }
 }
 
 /// Reconcile requests from outside an object's own watch: after each poll the cluster
@@ -326,6 +372,7 @@ impl Context {
             backoff: Backoff::default(),
             shutdown: crate::leader::Shutdown::default(),
             concurrency: crate::cli::Concurrency::default(),
+            written: WrittenStatus::default(),
         };
         (
             ctx,
@@ -460,12 +507,14 @@ where
         "apiVersion": K::api_version(&()), "kind": K::kind(&()), "status": status
     });
     let name = obj.meta().name.clone().unwrap_or_default();
-    api.patch_status(
-        &name,
-        &kube::api::PatchParams::apply(MANAGER).force(),
-        &kube::api::Patch::Apply(patch),
-    )
-    .await?;
+    let written = api
+        .patch_status(
+            &name,
+            &kube::api::PatchParams::apply(MANAGER).force(),
+            &kube::api::Patch::Apply(patch),
+        )
+        .await?;
+    ctx.written.record(written.meta(), status);
     Ok(())
 }
 

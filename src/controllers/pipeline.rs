@@ -85,7 +85,7 @@ pub trait TopologyObject:
 {
     /// The broker object the spec asks for, with its names resolved.
     type Desired: Clone + Send + Sync + 'static;
-    type Status: StatusConditions + Send + Sync;
+    type Status: StatusConditions + serde::de::DeserializeOwned + Send + Sync;
 
     /// `queue`, `divert`: the prefix of command names and of messages.
     const NOUN: &'static str;
@@ -95,6 +95,7 @@ pub trait TopologyObject:
     fn dry_run(&self) -> bool;
     fn deletion_policy(&self) -> DeletionPolicy;
     fn current_status(&self) -> Option<&Self::Status>;
+    fn set_status(&mut self, status: Self::Status);
     /// The reflector store of this kind (conflicts are judged from memory, never a LIST).
     fn cache(ctx: &Context) -> &Cache<Self>;
 
@@ -399,8 +400,19 @@ fn with_topology(
 
 /// Trigger every object of this ArtemisCluster that the change concerns (reconcile_on).
 pub fn trigger_dependents(ctx: &Context, ns: &str, cluster: &str, change: &crate::topology::TopologyChange) {
-    let queues = dependents::<crate::api::ArtemisQueue>(ctx, ns, cluster, change);
-    let diverts = dependents::<crate::api::ArtemisDivert>(ctx, ns, cluster, change);
+    trigger_dependents_except(ctx, ns, cluster, change, None);
+}
+
+/// As [`trigger_dependents`], leaving out one object (the writer of the change).
+fn trigger_dependents_except(
+    ctx: &Context,
+    ns: &str,
+    cluster: &str,
+    change: &crate::topology::TopologyChange,
+    except: Option<&str>,
+) {
+    let queues = dependents::<crate::api::ArtemisQueue>(ctx, ns, cluster, change, except);
+    let diverts = dependents::<crate::api::ArtemisDivert>(ctx, ns, cluster, change, except);
     tracing::debug!(cluster = %key(ns, cluster), queues = queues.len(), diverts = diverts.len(), ?change, "topology changed");
     for q in queues {
         let _ = ctx.triggers.queues.send(q);
@@ -415,10 +427,12 @@ fn dependents<K: TopologyObject>(
     ns: &str,
     cluster: &str,
     change: &crate::topology::TopologyChange,
+    except: Option<&str>,
 ) -> Vec<kube::runtime::reflector::ObjectRef<K>> {
     K::cache(ctx)
         .state()
         .iter()
+        .filter(|o| except.is_none() || o.meta().uid.as_deref() != except)
         .filter(|o| o.namespace().as_deref() == Some(ns) && o.cluster_ref().name == cluster)
         .filter(|o| change.everything || o.desired().is_ok_and(|d| K::touches(&d, change)))
         .map(|o| kube::runtime::reflector::ObjectRef::from_obj(o.as_ref()))
@@ -918,7 +932,7 @@ async fn write<K: TopologyObject>(
     let targets: BTreeSet<String> = write_targets(&plan);
     if targets.is_empty() {
         // The fresh reads found nothing to do (or a refusal): no command, no audit row.
-        overlay_snapshot(ctx, &deref.cluster_key, &seen);
+        overlay_snapshot(ctx, &deref.cluster_key, &seen, obj.meta().uid.as_deref());
         return Ok((plan.into_iter().map(|(n, _)| n).collect(), None));
     }
     let old_generation = obj.current_status().and_then(|s| s.observed_generation());
@@ -958,7 +972,7 @@ async fn write<K: TopologyObject>(
     if let Ok(v) = verified.lock() {
         seen.extend(v.iter().map(|(k, i)| (k.clone(), i.clone())));
     }
-    overlay_snapshot(ctx, &deref.cluster_key, &seen);
+    overlay_snapshot(ctx, &deref.cluster_key, &seen, obj.meta().uid.as_deref());
     stamp(&mut result.nodes, &command_name, audit_id);
     Ok((merge(plan, result.nodes), Some(audit_id)))
 }
@@ -1008,7 +1022,12 @@ async fn verify<K: TopologyObject>(
 /// Lay fresh reads over the cluster's snapshot, and trigger the other objects they concern (a
 /// divert written into a queue's address changes that queue's delete preview): the poll that
 /// follows finds nothing new, so it would not.
-fn overlay_snapshot(ctx: &Context, cluster_key: &str, reads: &BTreeMap<String, Arc<NodeInventory>>) {
+fn overlay_snapshot(
+    ctx: &Context,
+    cluster_key: &str,
+    reads: &BTreeMap<String, Arc<NodeInventory>>,
+    writer: Option<&str>,
+) {
     if reads.is_empty() {
         return;
     }
@@ -1020,7 +1039,7 @@ fn overlay_snapshot(ctx: &Context, cluster_key: &str, reads: &BTreeMap<String, A
     if let (Some(change), Some((ns, cluster))) = (change, cluster_key.split_once('/'))
         && !change.is_empty()
     {
-        trigger_dependents(ctx, ns, cluster, &change);
+        trigger_dependents_except(ctx, ns, cluster, &change, writer);
     }
 }
 
@@ -1300,6 +1319,16 @@ async fn fresh_reads<K: TopologyObject>(
 
 /// Reconcile through the finalizer: the kind's apply while it lives, its cleanup once deleted.
 pub async fn reconcile<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+    // The cache may not have our own last status write yet: never plan from an older one.
+    let obj = match ctx.written.newer_than::<K::Status>(obj.meta()) {
+        Some(status) => {
+            let mut o = (*obj).clone();
+            o.set_status(status);
+            Arc::new(o)
+        }
+        None => obj,
+    };
+    let deleting = obj.meta().deletion_timestamp.is_some();
     let result = super::with_finalizer(
         &ctx,
         obj.clone(),
@@ -1308,6 +1337,9 @@ pub async fn reconcile<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Res
         |o| cleanup(o, ctx.clone()),
     )
     .await;
+    if deleting && result.is_ok() {
+        ctx.written.forget(&obj.uid().unwrap_or_default());
+    }
     if let Err(e) = &result
         && !matches!(e, ReconcileError::DeleteRefused(_))
     {

@@ -247,6 +247,9 @@ impl TopologyObject for ArtemisQueue {
     fn current_status(&self) -> Option<&ArtemisQueueStatus> {
         self.status.as_ref()
     }
+    fn set_status(&mut self, status: ArtemisQueueStatus) {
+        self.status = Some(status);
+    }
     fn cache(ctx: &Context) -> &super::Cache<Self> {
         &ctx.caches.queues
     }
