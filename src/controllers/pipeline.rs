@@ -952,6 +952,7 @@ async fn write<K: TopologyObject>(
         |t| {
             let (d, before, verified) = (d.clone(), before.clone(), verified.clone());
             async move {
+                crash_window::hold_all_but_first_node().await;
                 let inv = before.get(&t.node_id).cloned().unwrap_or_default();
                 let report = K::apply_on(t.clone(), d.clone(), inv).await?;
                 verify::<K>(&t, &d, report, &verified).await
@@ -959,6 +960,7 @@ async fn write<K: TopologyObject>(
         },
     )
     .await;
+    crash_window::pause_before_outcome(audit_id).await;
     let mut result = command::finish(
         ctx,
         obj,
@@ -975,6 +977,31 @@ async fn write<K: TopologyObject>(
     overlay_snapshot(ctx, &deref.cluster_key, &seen, obj.meta().uid.as_deref());
     stamp(&mut result.nodes, &command_name, audit_id);
     Ok((merge(plan, result.nodes), Some(audit_id)))
+}
+
+/// A test-only crash window in the middle of a command (`ARTEMIS_STUDIO_TEST_PAUSE_MID_FANOUT`
+/// set to a marker file): one node is written, the others are held until their per-node timeout,
+/// then the process writes the marker and sleeps before recording the outcome, for a test to
+/// SIGKILL it there. Unset (always, outside tests), both are no-ops.
+mod crash_window {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    const VAR: &str = "ARTEMIS_STUDIO_TEST_PAUSE_MID_FANOUT";
+    static FIRST_TAKEN: AtomicBool = AtomicBool::new(false);
+
+    pub async fn hold_all_but_first_node() {
+        if std::env::var_os(VAR).is_some() && FIRST_TAKEN.swap(true, Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+    }
+
+    pub async fn pause_before_outcome(audit_id: i64) {
+        if let Some(marker) = std::env::var_os(VAR) {
+            let _ = std::fs::write(marker, audit_id.to_string());
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+    }
 }
 
 /// Verify one write by a fresh read of the object: the plan on it must find nothing left to do.

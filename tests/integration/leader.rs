@@ -309,3 +309,101 @@ impl Drop for Thawed {
             .status();
     }
 }
+
+/// The leader SIGKILLed in the middle of a command (one node written, the others not, the
+/// outcome not recorded): the standby takes over and writes only the nodes that lack the queue.
+/// The audit shows the dead leader's command without an outcome and one command for the rest:
+/// no node is written twice.
+#[tokio::test]
+async fn a_leader_killed_mid_fan_out_is_finished_by_the_standby_without_a_second_write() {
+    let _b = brokers_shared().await;
+    let bed = TestBed::get();
+    let ns = bed.fresh_namespace("midfan").await;
+    bed.install_operator_rbac().await;
+    let db = bed.fresh_database().await;
+    let admin = bed.kube_admin().await;
+    let instance = format!("mf-{}", short_id());
+    let lease_name = format!("artemis-studio-operator-{instance}");
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), LEASE_NAMESPACE);
+    let http = reqwest::Client::new();
+    let marker = std::env::temp_dir().join(format!("midfan-{}", short_id()));
+    let (port_a, port_b) = (free_port(), free_port());
+    let mut env_a = operator_env(&instance, "midfan-a", &SHORT);
+    env_a.push((
+        "ARTEMIS_STUDIO_TEST_PAUSE_MID_FANOUT".into(),
+        marker.display().to_string(),
+    ));
+    let mut a = spawn_with(&bed, &ns, &db, port_a, &env_a);
+    wait_holder(&leases, &lease_name, "midfan-a").await;
+    let _b_proc = spawn_with(
+        &bed,
+        &ns,
+        &db,
+        port_b,
+        &operator_env(&instance, "midfan-b", &SHORT),
+    );
+    wait_ready(&http, port_b).await;
+    let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
+    create_cluster(&admin, &ns, "c", &urls, Some(bed.broker_user())).await;
+    wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
+    let name = format!("midfan.{}", short_id());
+    let queues: Api<ArtemisQueue> = Api::namespaced(admin.clone(), &ns);
+    let q: ArtemisQueue = serde_json::from_value(json!({
+        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+        "metadata": {"name": name}, "spec": {"clusterRef": {"name": "c"}}
+    }))
+    .expect("queue json");
+    queues
+        .create(&Default::default(), &q)
+        .await
+        .expect("create queue");
+    // The leader wrote one node and stopped before the outcome: kill it there.
+    wait_until("the leader in the crash window", Duration::from_secs(120), || {
+        let marker = marker.clone();
+        async move { std::fs::read_to_string(&marker).ok() }
+    })
+    .await;
+    a.0.kill().expect("SIGKILL");
+    let _ = a.0.wait();
+    wait_holder(&leases, &lease_name, "midfan-b").await;
+    wait_until(
+        &format!("ArtemisQueue {name} Ready=True"),
+        Duration::from_secs(120),
+        || {
+            let queues = queues.clone();
+            let name = name.clone();
+            async move { queues.get(&name).await.ok().filter(ready).map(|_| ()) }
+        },
+    )
+    .await;
+    let pool = sqlx::PgPool::connect(&db).await.expect("audit database");
+    let rows: Vec<(String, String, Option<serde_json::Value>)> = sqlx::query_as(
+        "SELECT command, outcome, outcome_detail FROM audit_event WHERE object_name = $1 ORDER BY id",
+    )
+    .bind(&name)
+    .fetch_all(&pool)
+    .await
+    .expect("audit rows");
+    assert_eq!(
+        rows.len(),
+        2,
+        "the dead leader's command and the standby's: {rows:?}"
+    );
+    assert_eq!(
+        rows[0].1, "pending",
+        "the killed command has no outcome: {rows:?}"
+    );
+    assert_eq!(rows[1].1, "succeeded", "{rows:?}");
+    // The standby wrote only the nodes the dead leader had not: each node got the queue once.
+    let applied = rows[1]
+        .2
+        .as_ref()
+        .and_then(|d| d["appliedNodes"].as_array().cloned())
+        .unwrap_or_default();
+    let queue = queues.get(&name).await.expect("get");
+    let nodes = queue.status.map(|s| s.nodes).unwrap_or_default();
+    assert_eq!(nodes.len(), 3, "{nodes:?}");
+    assert_eq!(applied.len(), 2, "two nodes lacked the queue: {rows:?}");
+    let _ = std::fs::remove_file(&marker);
+    let _ = leases.delete(&lease_name, &Default::default()).await;
+}
