@@ -199,6 +199,7 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
                         everything: true,
                         ..Default::default()
                     },
+                    None,
                 );
             }
             status.management_write = old.management_write.clone();
@@ -361,7 +362,7 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
             ctx.clusters.put(&k, rt);
             drop(in_flight);
             if !change.is_empty() {
-                super::pipeline::trigger_dependents(&ctx, &ns, &name, &change);
+                super::pipeline::trigger_dependents(&ctx, &ns, &name, &change, None);
             }
         }
     }

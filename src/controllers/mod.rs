@@ -75,13 +75,10 @@ impl Namespaces {
     where
         K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>,
     {
-        match self {
-            Namespaces::All => vec![Api::all(client.clone())],
-            Namespaces::Only(list) => list
-                .iter()
-                .map(|ns| Api::namespaced(client.clone(), ns))
-                .collect(),
-        }
+        self.scopes()
+            .iter()
+            .map(|scope| scoped_api(client, scope))
+            .collect()
     }
 
     /// One scope per controller: a namespace, or None for all.
@@ -93,10 +90,7 @@ impl Namespaces {
     }
 
     fn count(&self) -> usize {
-        match self {
-            Namespaces::All => 1,
-            Namespaces::Only(list) => list.len(),
-        }
+        self.scopes().len()
     }
 }
 
@@ -332,6 +326,24 @@ pub struct Wiring<K: Resource<DynamicType = ()> + 'static> {
     pub api: Api<K>,
     pub triggers: futures::stream::BoxStream<'static, reflector::ObjectRef<K>>,
     pub concurrency: u16,
+}
+
+impl<K> Wiring<K>
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope> + 'static,
+{
+    pub fn new(
+        client: &Client,
+        scope: &Option<String>,
+        triggers: futures::stream::BoxStream<'static, reflector::ObjectRef<K>>,
+        concurrency: u16,
+    ) -> Self {
+        Wiring {
+            api: scoped_api(client, scope),
+            triggers,
+            concurrency,
+        }
+    }
 }
 
 impl Context {
@@ -677,41 +689,45 @@ pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
             let closes = scopes.iter().map(|scope| {
                 connection_close::run(
                     ctx.clone(),
-                    Wiring {
-                        api: scoped_api(&client, scope),
-                        triggers: futures::stream::pending().boxed(),
-                        concurrency: ctx.concurrency.connection_close,
-                    },
+                    Wiring::new(
+                        &client,
+                        scope,
+                        futures::stream::pending().boxed(),
+                        ctx.concurrency.connection_close,
+                    ),
                 )
             });
             let clusters = scopes.iter().map(|scope| {
                 cluster::run(
                     ctx.clone(),
-                    Wiring {
-                        api: scoped_api(&client, scope),
-                        triggers: futures::stream::pending().boxed(),
-                        concurrency: ctx.concurrency.cluster,
-                    },
+                    Wiring::new(
+                        &client,
+                        scope,
+                        futures::stream::pending().boxed(),
+                        ctx.concurrency.cluster,
+                    ),
                 )
             });
             let queues = scopes.iter().map(|scope| {
                 queue::run(
                     ctx.clone(),
-                    Wiring {
-                        api: scoped_api(&client, scope),
-                        triggers: trigger_stream(&ctx.triggers.queues, scope.clone()),
-                        concurrency: ctx.concurrency.queue,
-                    },
+                    Wiring::new(
+                        &client,
+                        scope,
+                        trigger_stream(&ctx.triggers.queues, scope.clone()),
+                        ctx.concurrency.queue,
+                    ),
                 )
             });
             let diverts = scopes.iter().map(|scope| {
                 divert::run(
                     ctx.clone(),
-                    Wiring {
-                        api: scoped_api(&client, scope),
-                        triggers: trigger_stream(&ctx.triggers.diverts, scope.clone()),
-                        concurrency: ctx.concurrency.divert,
-                    },
+                    Wiring::new(
+                        &client,
+                        scope,
+                        trigger_stream(&ctx.triggers.diverts, scope.clone()),
+                        ctx.concurrency.divert,
+                    ),
                 )
             });
             tokio::join!(

@@ -398,13 +398,9 @@ fn with_topology(
     })
 }
 
-/// Trigger every object of this ArtemisCluster that the change concerns (reconcile_on).
-pub fn trigger_dependents(ctx: &Context, ns: &str, cluster: &str, change: &crate::topology::TopologyChange) {
-    trigger_dependents_except(ctx, ns, cluster, change, None);
-}
-
-/// As [`trigger_dependents`], leaving out one object (the writer of the change).
-fn trigger_dependents_except(
+/// Trigger every object of this ArtemisCluster that the change concerns (reconcile_on), but
+/// `except` (the uid of the object whose write made the change, if any).
+pub fn trigger_dependents(
     ctx: &Context,
     ns: &str,
     cluster: &str,
@@ -595,24 +591,45 @@ async fn stop<K: TopologyObject>(
     reason: &str,
     message: String,
 ) -> Result<(), ReconcileError> {
+    report_condition(
+        ctx,
+        obj,
+        d,
+        (conditions::READY, false),
+        reason,
+        message,
+        None,
+        None,
+    )
+    .await
+}
+
+/// Set one condition and report it, the nodes keeping what they last reported (and received)
+/// unless given: an error or a blocked delete says nothing new of them. The Event (a Warning,
+/// for the kind's apply or delete) is published only when the condition changed.
+#[allow(clippy::too_many_arguments)]
+async fn report_condition<K: TopologyObject>(
+    ctx: &Context,
+    obj: &K,
+    d: Option<&K::Desired>,
+    (type_, status): (&str, bool),
+    reason: &str,
+    message: String,
+    nodes: Option<Vec<NodeOutcome>>,
+    last_audit_id: Option<i64>,
+) -> Result<(), ReconcileError> {
     let generation = obj.meta().generation;
     let mut conds = old_conditions(obj);
+    let shown = if status { "True" } else { "False" };
     let changed = !conds
         .iter()
-        .any(|c| c.type_ == conditions::READY && c.reason == reason && c.message == message);
-    conditions::set(
-        &mut conds,
-        conditions::READY,
-        false,
-        reason,
-        message.clone(),
-        generation,
-    );
-    // The nodes keep what they last reported (and received): an error says nothing new of them.
-    let nodes = obj
-        .current_status()
-        .map(|s| s.nodes().to_vec())
-        .unwrap_or_default();
+        .any(|c| c.type_ == type_ && c.reason == reason && c.message == message && c.status == shown);
+    conditions::set(&mut conds, type_, status, reason, message.clone(), generation);
+    let nodes = nodes.unwrap_or_else(|| {
+        obj.current_status()
+            .map(|s| s.nodes().to_vec())
+            .unwrap_or_default()
+    });
     report(
         ctx,
         obj,
@@ -621,14 +638,19 @@ async fn stop<K: TopologyObject>(
             conditions: conds,
             desired: d,
             nodes,
-            last_audit_id: old_audit(obj),
+            last_audit_id: last_audit_id.or(old_audit(obj)),
             topology: None,
             facts: None,
         },
     )
     .await?;
     if changed {
-        ctx.event(obj, true, reason, &format!("{}.apply", K::NOUN), message)
+        let action = if type_ == DELETE_BLOCKED {
+            "delete"
+        } else {
+            "apply"
+        };
+        ctx.event(obj, true, reason, &format!("{}.{action}", K::NOUN), message)
             .await;
     }
     Ok(())
@@ -668,40 +690,49 @@ fn carry_history(old: &[NodeOutcome], nodes: &mut [NodeOutcome], same_generation
     }
 }
 
-/// A write this generation already made on a node and the broker did not take (NOT_CONVERGING)
-/// is not sent again: the node keeps that outcome until the spec or the broker object changes
-/// (also after the node was down in between: its last command remembers the fields).
-fn not_converging_again(
+/// Whether a write planned on a node is held back, and the outcome the node keeps instead:
+/// - a write this generation already made and the broker did not take (NOT_CONVERGING) is not
+///   sent again until the spec or the broker object changes (also after the node was down in
+///   between: its last command remembers the fields);
+/// - a node that failed this generation is retried when its delay is due (`retry_due`), not at
+///   every trigger: a refusing node is not written every poll.
+fn held_back(
     old: &[NodeOutcome],
     planned: &NodeOutcome,
     same_generation: bool,
+    retry_due: bool,
 ) -> Option<NodeOutcome> {
     let o = old.iter().find(|o| o.node == planned.node)?;
-    if !same_generation || planned.detail.is_empty() {
+    if !same_generation {
         return None;
     }
-    if o.outcome == Outcome::Failed
+    let not_converging = !planned.detail.is_empty();
+    if not_converging
+        && o.outcome == Outcome::Failed
         && o.refusal == Some(RefusalKind::NotConverging)
         && o.detail == planned.detail
     {
         return Some(o.clone());
     }
-    let lc = o
+    if let Some(lc) = o
         .last_command
         .as_ref()
-        .filter(|lc| lc.not_applied == planned.detail)?;
-    Some(NodeOutcome {
-        outcome: Outcome::Failed,
-        refusal: Some(RefusalKind::NotConverging),
-        message: format!(
-            "the broker did not apply {} when {} (audit #{}) sent it; not re-sent for this generation: change the spec back, or delete and re-create the object",
-            planned.detail.join(", "),
-            lc.command,
-            lc.audit_id
-        ),
-        last_command: Some(lc.clone()),
-        ..planned.clone()
-    })
+        .filter(|lc| not_converging && lc.not_applied == planned.detail)
+    {
+        return Some(NodeOutcome {
+            outcome: Outcome::Failed,
+            refusal: Some(RefusalKind::NotConverging),
+            message: format!(
+                "the broker did not apply {} when {} (audit #{}) sent it; not re-sent for this generation: change the spec back, or delete and re-create the object",
+                planned.detail.join(", "),
+                lc.command,
+                lc.audit_id
+            ),
+            last_command: Some(lc.clone()),
+            ..planned.clone()
+        });
+    }
+    (o.outcome == Outcome::Failed && !retry_due).then(|| o.clone())
 }
 
 pub const NOT_CONVERGING: &str = "NotConverging";
@@ -816,27 +847,16 @@ pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<
         .unwrap_or_default();
     let same_generation = obj.current_status().and_then(|s| s.observed_generation()) == generation;
     let retry_key = format!("{}/nodes", obj.uid().unwrap_or_default());
-    // plan, from the snapshot; a write the broker did not take is not planned again
+    // plan, from the snapshot; a write held back (see `held_back`) is not planned
     let plan: Vec<(NodeOutcome, bool)> =
         plan_nodes(&deref.topology, &snapshot_inventories(&deref.topology), |inv| {
             K::plan_apply(&d, inv)
         })
         .into_iter()
-        .map(
-            |(n, w)| match not_converging_again(&old_nodes, &n, same_generation) {
-                Some(kept) if w => (kept, false),
-                _ => (n, w),
-            },
-        )
         .map(|(n, w)| {
-            // A node that failed this generation is retried when its delay is due, not at
-            // every trigger (a refusing node is not written every poll).
-            let failed_before = old_nodes
-                .iter()
-                .find(|o| o.node == n.node)
-                .filter(|o| same_generation && o.outcome == Outcome::Failed);
-            match failed_before {
-                Some(o) if w && !ctx.backoff.due(&retry_key) => (o.clone(), false),
+            let retry_due = ctx.backoff.due(&retry_key);
+            match held_back(&old_nodes, &n, same_generation, retry_due) {
+                Some(kept) if w => (kept, false),
                 _ => (n, w),
             }
         })
@@ -1066,7 +1086,7 @@ fn overlay_snapshot(
     if let (Some(change), Some((ns, cluster))) = (change, cluster_key.split_once('/'))
         && !change.is_empty()
     {
-        trigger_dependents_except(ctx, ns, cluster, &change, writer);
+        trigger_dependents(ctx, ns, cluster, &change, writer);
     }
 }
 
@@ -1093,42 +1113,8 @@ async fn block<K: TopologyObject>(
     nodes: Option<Vec<NodeOutcome>>,
     last_audit_id: Option<i64>,
 ) -> Result<Action, ReconcileError> {
-    let generation = obj.meta().generation;
-    let mut conds = old_conditions(obj);
-    let changed = !conds.iter().any(|c| {
-        c.type_ == DELETE_BLOCKED && c.reason == reason && c.message == message && c.status == "True"
-    });
-    conditions::set(
-        &mut conds,
-        DELETE_BLOCKED,
-        true,
-        reason,
-        message.clone(),
-        generation,
-    );
-    let nodes = nodes.unwrap_or_else(|| {
-        obj.current_status()
-            .map(|s| s.nodes().to_vec())
-            .unwrap_or_default()
-    });
-    report(
-        ctx,
-        obj,
-        Pass {
-            generation,
-            conditions: conds,
-            desired: d,
-            nodes,
-            last_audit_id: last_audit_id.or(old_audit(obj)),
-            topology: None,
-            facts: None,
-        },
-    )
-    .await?;
-    if changed {
-        ctx.event(obj, true, reason, &format!("{}.delete", K::NOUN), message.clone())
-            .await;
-    }
+    let cond = (DELETE_BLOCKED, true);
+    report_condition(ctx, obj, d, cond, reason, message.clone(), nodes, last_audit_id).await?;
     Err(ReconcileError::DeleteRefused(message))
 }
 
