@@ -50,13 +50,14 @@ pub struct AccessProblem {
     pub message: String,
 }
 
-async fn secret_value(
+/// The values of `keys` in one Secret, read with one GET.
+async fn secret_values(
     client: &kube::Client,
     ns: &str,
     name: &str,
-    key: &str,
+    keys: &[&str],
     field: &str,
-) -> Result<Vec<u8>, AccessProblem> {
+) -> Result<Vec<Vec<u8>>, AccessProblem> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     let secret = secrets.get_opt(name).await.map_err(|e| AccessProblem {
         reason: "SecretUnreadable",
@@ -66,13 +67,21 @@ async fn secret_value(
         reason: "SecretMissing",
         message: format!("{field}: Secret {ns}/{name} does not exist: create it (e.g. kubectl -n {ns} create secret generic {name} --from-literal=username=… --from-literal=password=…)"),
     })?;
-    let value = secret.data.as_ref().and_then(|d| d.get(key)).map(|b| b.0.clone());
-    value.ok_or_else(|| AccessProblem {
-        reason: "SecretKeyMissing",
-        message: format!(
-            "{field}: Secret {ns}/{name} has no key '{key}': add it, or set the key name in the spec"
-        ),
-    })
+    keys.iter()
+        .map(|key| {
+            let value = secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(*key))
+                .map(|b| b.0.clone());
+            value.ok_or_else(|| AccessProblem {
+                reason: "SecretKeyMissing",
+                message: format!(
+                    "{field}: Secret {ns}/{name} has no key '{key}': add it, or set the key name in the spec"
+                ),
+            })
+        })
+        .collect()
 }
 
 /// Dereference a cluster's spec into something that can be polled.
@@ -82,8 +91,15 @@ pub async fn resolve_access(
     spec: &ArtemisClusterSpec,
 ) -> Result<ClusterAccess, AccessProblem> {
     let c = &spec.credentials;
-    let username = secret_value(client, ns, &c.secret_name, &c.username_key, "spec.credentials").await?;
-    let password = secret_value(client, ns, &c.secret_name, &c.password_key, "spec.credentials").await?;
+    let keys = [c.username_key.as_str(), c.password_key.as_str()];
+    // One value per key, in order (an absent key is an error above).
+    let mut values = secret_values(client, ns, &c.secret_name, &keys, "spec.credentials")
+        .await?
+        .into_iter();
+    let (username, password) = (
+        values.next().unwrap_or_default(),
+        values.next().unwrap_or_default(),
+    );
     let credentials = Credentials {
         username: String::from_utf8_lossy(&username).trim().to_string(),
         password: String::from_utf8_lossy(&password)
@@ -91,7 +107,9 @@ pub async fn resolve_access(
             .to_string(),
     };
     let ca = match &spec.tls {
-        Some(tls) => Some(secret_value(client, ns, &tls.ca_secret_name, &tls.ca_key, "spec.tls").await?),
+        Some(tls) => secret_values(client, ns, &tls.ca_secret_name, &[&tls.ca_key], "spec.tls")
+            .await?
+            .pop(),
         None => None,
     };
     let http = jolokia::http_client(ca.as_deref()).map_err(|e| AccessProblem {
