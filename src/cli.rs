@@ -34,6 +34,12 @@ pub struct RunArgs {
     /// One namespace to watch (the older form of --namespaces; both may be given and add up).
     #[arg(long, env = "WATCH_NAMESPACE")]
     pub namespace: Option<String>,
+    /// Seconds between capture passes over each cluster this replica serves (ADR-0062 D6); a
+    /// subscription change triggers one sooner. Every replica runs capture: a Postgres advisory
+    /// lock per cluster decides which one serves it.
+    #[arg(long, env = "CAPTURE_PASS_SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub capture_pass_seconds: u32,
     /// Where /healthz, /readyz and /metrics are served.
     #[arg(long, env = "LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: std::net::SocketAddr,

@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod broker;
+pub mod capture;
 pub mod cli;
 #[cfg(test)]
 mod config_contract;

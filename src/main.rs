@@ -54,6 +54,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     ctx.metrics = metrics;
     ctx.concurrency = args.concurrency();
+    ctx.capture_pass_interval = Duration::from_secs(args.capture_pass_seconds.into());
     let ctx = Arc::new(ctx);
     tracing::info!(
         instance_id = %args.instance_id,
@@ -71,6 +72,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     });
     stop_on_signals(ctx.shutdown.clone())?;
+    // Capture is not leader-only: every replica runs it, and a Postgres advisory lock per
+    // cluster decides which replica serves which cluster (ADR-0062 D7).
+    tokio::spawn(artemis_studio_operator::capture::run(ctx.clone()));
     let grace = Duration::from_secs(args.shutdown_grace_seconds.into());
     let metrics = ctx.metrics.clone();
     let shutdown = ctx.shutdown.clone();

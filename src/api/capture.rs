@@ -9,6 +9,12 @@ use super::common::{ClusterRef, Condition, RefusalKind};
 
 /// Capture every message routed to the addresses of the matching queues into Postgres, through a
 /// non-exclusive divert into a ring-bounded, operator-owned queue on each live node.
+///
+/// Opt-in and its own permission (the chart's `capture-writer` ClusterRole, ADR-0062 D1): a
+/// subscription CHANGES BROKER ROUTING (the operator adds a divert, a queue, an address setting
+/// and a security setting on every live node, and keeps them there on its own schedule) and
+/// RETAINS APPLICATION PAYLOAD (every captured message body, up to maxBodyBytes, is stored in
+/// Postgres for the retention period).
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "artemis-studio.io",
@@ -18,7 +24,7 @@ use super::common::{ClusterRef, Condition, RefusalKind};
     status = "ArtemisCaptureSubscriptionStatus",
     shortname = "acap",
     category = "artemis",
-    doc = "Complete message capture for the addresses of the matching queues: a non-exclusive divert into a ring queue per node, drained into Postgres.",
+    doc = "Complete message capture for the addresses of the matching queues: a non-exclusive divert into a ring queue per node, drained into Postgres. It changes broker routing (a divert, a ring queue, an address setting and a security setting per captured address on every live node) and retains application payload in Postgres; creating one is its own permission (capture-writer).",
     printcolumn(name = "Cluster", type_ = "string", json_path = ".spec.clusterRef.name"),
     printcolumn(name = "Queues", type_ = "string", json_path = ".spec.queues"),
     printcolumn(
@@ -35,18 +41,24 @@ pub struct ArtemisCaptureSubscriptionSpec {
     /// The ArtemisCluster to act on. Immutable.
     #[x_kube(validation = Rule::new("self == oldSelf").message("clusterRef is immutable: create a new object for another cluster"))]
     pub cluster_ref: ClusterRef,
-    /// Queue-name pattern (`*` any run of characters); the captured addresses are those of the
-    /// matching queues in the latest scrape.
+    /// Queue-name pattern in Artemis wildcard syntax: words separated by `.`, `*` matches one
+    /// word, `#` zero or more (e.g. `orders.#`). The captured addresses are the addresses of the
+    /// matching queues in the latest inventory of the cluster's nodes (queues under the capture
+    /// prefix never match). Capture is address-scoped: a captured message was routed to the
+    /// address, not necessarily to a particular queue bound there (ADR-0062 D5).
     #[schemars(length(min = 1))]
     pub queues: String,
-    /// Divert filter: only matching messages are captured.
+    /// Divert filter (Artemis filter syntax, e.g. `region = 'eu'`): only matching messages are
+    /// copied. Narrowing capture narrows both the load and the payload retained.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filter: Option<String>,
-    /// Ring size of each capture queue (oldest overwritten first).
+    /// Ring size of each capture queue, in messages: when nothing drains it fast enough, the
+    /// oldest copy is overwritten first and the producer is never slowed.
     #[serde(default = "default_ring_size")]
     #[schemars(range(min = 1))]
     pub ring_size: i64,
-    /// Expiry delay of captured copies on the broker, in seconds.
+    /// Expiry delay of captured copies on the broker, in seconds: bounds in age what an
+    /// abandoned tap holds (copies that carry their own expiration keep it).
     #[serde(default = "default_expiry")]
     #[schemars(range(min = 1))]
     pub expiry_delay_seconds: i64,
@@ -58,6 +70,11 @@ pub struct ArtemisCaptureSubscriptionSpec {
     #[serde(default = "default_body")]
     #[schemars(range(min = 0))]
     pub max_body_bytes: u32,
+    /// Most bytes each capture address holds on the broker; above it new copies are dropped
+    /// (address-full-policy DROP), never paged and never blocking a producer.
+    #[serde(default = "default_buffer")]
+    #[schemars(range(min = 1048576))]
+    pub max_buffer_bytes: i64,
     /// How long captured messages are kept in Postgres.
     #[serde(default)]
     pub retention: CaptureRetention,
@@ -96,6 +113,14 @@ impl Default for CaptureRetention {
     }
 }
 
+fn default_buffer() -> i64 {
+    64 * 1024 * 1024
+}
+
+/// The finalizer a subscription carries while its taps may be on a broker: released by the
+/// capture pass once every tap is removed (ADR-0062 D6: the sweep is the only removal).
+pub const CAPTURE_FINALIZER: &str = "artemis-studio.io/capture-taps";
+
 fn default_age() -> u32 {
     168
 }
@@ -109,9 +134,16 @@ pub struct ArtemisCaptureSubscriptionStatus {
     /// operator has not acted on the latest spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Ready: every tap is installed and draining.
+    /// Ready: every tap is installed and being drained. Degraded: some tap is installed and not
+    /// drained, or refused.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The operator instance whose taps these are (their names carry it, ADR-0062 D7).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<String>,
+    /// The captured addresses (resolved from the matching queues).
+    #[serde(default)]
+    pub addresses: Vec<String>,
     /// One tap per captured address per live node.
     #[serde(default)]
     pub taps: Vec<TapStatus>,
@@ -150,13 +182,18 @@ pub struct TapStatus {
     /// What happened, for a human: the cause and the next action.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The capture queue (and address) on the broker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture_queue: Option<String>,
     /// Messages stored from this tap.
     #[serde(default)]
     pub captured: u64,
     /// Messages estimated lost at this tap.
     #[serde(default)]
     pub dropped_estimate: u64,
-    /// When this node's tap started draining (RFC 3339).
+    /// When this node's current tap started (RFC 3339): its capture queue was (re-)created then.
+    /// Nothing routed to this node before it is captured; a broker restart or a failover starts
+    /// a new tap, and the interval in between is a gap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coverage_start: Option<String>,
 }

@@ -82,6 +82,15 @@ pub struct ArtemisClusterSpec {
     /// are the declaration) or `ConfigManaged` (broker.xml rendered from it).
     #[serde(default)]
     pub declaration_mode: DeclarationMode,
+    /// The broker role of the credentials' user. Capture queues (ADR-0062 D8) get a security
+    /// setting that lets only this role consume and browse them, and no one send to them.
+    #[serde(default = "default_capture_role")]
+    #[schemars(length(min = 1))]
+    pub capture_role: String,
+}
+
+pub fn default_capture_role() -> String {
+    "amq".into()
 }
 
 pub fn default_poll_interval() -> u32 {

@@ -293,6 +293,78 @@ impl BrokerManagement {
             .map(|_| ())
     }
 
+    /// What a capture tap's preflight needs to know of this node (ADR-0062 D8), in one bulk
+    /// request: whether the broker enforces security at all, and whether this management user
+    /// may add a security setting (hawtio's `ArtemisJMXSecurity.canInvoke`, which applies the
+    /// broker's management.xml to the caller). `may_add_security` is None when the broker
+    /// serves no such MBean (the write itself is then the test).
+    pub async fn security_authority(&self) -> Result<SecurityAuthority, BrokerError> {
+        let mut r = self
+            .client
+            .bulk(&[
+                JolokiaRequest::read(self.broker(), "SecurityEnabled"),
+                JolokiaRequest::exec(
+                    mbean::JMX_SECURITY.to_string(),
+                    "canInvoke(java.lang.String,java.lang.String)",
+                    vec![json!(self.broker()), json!("addSecuritySettings")],
+                ),
+            ])
+            .await?
+            .into_iter();
+        let enabled = bool_value(
+            &r.next()
+                .unwrap_or_else(|| Err(BrokerError::BadResponse("short bulk response".into())))?,
+        )?;
+        let may = match r.next() {
+            Some(Ok(v)) => v.as_bool(),
+            _ => None,
+        };
+        Ok(SecurityAuthority {
+            security_enabled: enabled,
+            may_add_security: may,
+        })
+    }
+
+    /// The effective address settings and security roles of each address (the broker's merge of
+    /// every matching entry), two reads per address in one bulk request.
+    pub async fn effective_settings(
+        &self,
+        addresses: &[String],
+    ) -> Result<Vec<EffectiveSettings>, BrokerError> {
+        let requests: Vec<JolokiaRequest> = addresses
+            .iter()
+            .flat_map(|a| {
+                [
+                    JolokiaRequest::exec(
+                        self.broker(),
+                        "getAddressSettingsAsJSON(java.lang.String)",
+                        vec![json!(a)],
+                    ),
+                    JolokiaRequest::exec(self.broker(), "getRolesAsJSON(java.lang.String)", vec![json!(a)]),
+                ]
+            })
+            .collect();
+        let results = self.client.bulk(&requests).await?;
+        let parse = |r: Result<Value, BrokerError>| -> Result<Value, BrokerError> {
+            let v = r?;
+            v.as_str()
+                .and_then(|s| serde_json::from_str(s).ok())
+                .ok_or_else(|| BrokerError::BadResponse(format!("settings read did not return JSON: {v}")))
+        };
+        let mut it = results.into_iter();
+        let mut out = vec![];
+        for _ in addresses {
+            let (Some(a), Some(r)) = (it.next(), it.next()) else {
+                return Err(BrokerError::BadResponse("short bulk response".into()));
+            };
+            out.push(EffectiveSettings {
+                address_settings: parse(a)?,
+                roles: parse(r)?,
+            });
+        }
+        Ok(out)
+    }
+
     /// Several filtered listings in one bulk request (ADR-0057: each a broker-side filtered
     /// lookup, never a full listing).
     pub async fn list_many(
@@ -424,6 +496,22 @@ impl BrokerManagement {
                 .await?,
         )
     }
+}
+
+/// Whether a node lets the operator restrict a capture queue (ADR-0062 D8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SecurityAuthority {
+    /// The broker enforces security settings at all (`security-enabled`).
+    pub security_enabled: bool,
+    /// The management user may call `addSecuritySettings` (None: the broker cannot say).
+    pub may_add_security: Option<bool>,
+}
+
+/// What the broker applies to one address: `getAddressSettingsAsJSON` and `getRolesAsJSON`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EffectiveSettings {
+    pub address_settings: Value,
+    pub roles: Value,
 }
 
 /// Role lists (comma-separated) per permission of one security-setting match.

@@ -21,6 +21,9 @@ pub fn quote(value: &str) -> String {
 
 const DOMAIN: &str = "org.apache.activemq.artemis";
 
+/// Hawtio's view of the broker's management.xml for the calling user (`canInvoke`).
+pub const JMX_SECURITY: &str = "hawtio:type=security,area=jmx,name=ArtemisJMXSecurity";
+
 /// The broker's control MBean.
 pub fn broker(broker_name: &str) -> String {
     format!("{DOMAIN}:broker={}", quote(broker_name))

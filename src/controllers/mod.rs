@@ -183,6 +183,8 @@ pub struct Context {
     /// The status this process last wrote per object (newer than the cache until the watch
     /// delivers it).
     pub written: WrittenStatus,
+    /// How often a served cluster gets a capture pass (also soon after a subscription changes).
+    pub capture_pass_interval: std::time::Duration,
 }
 
 /// The last status this process wrote to each object, with the resourceVersion the write
@@ -385,6 +387,7 @@ impl Context {
             shutdown: crate::leader::Shutdown::default(),
             concurrency: crate::cli::Concurrency::default(),
             written: WrittenStatus::default(),
+            capture_pass_interval: std::time::Duration::from_secs(30),
         };
         (
             ctx,

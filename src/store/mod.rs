@@ -1,6 +1,8 @@
 //! Postgres: migrations and the audit log (ADR-0049: one row per command, intent before the
 //! first broker write, outcome after).
 
+pub mod capture;
+
 use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};

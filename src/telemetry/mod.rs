@@ -44,6 +44,12 @@ pub struct ClusterLabels {
     pub cluster: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CapturePassLabels {
+    /// `ok` or `failed`.
+    pub result: String,
+}
+
 fn seconds_buckets() -> impl Iterator<Item = f64> {
     prometheus_client::metrics::histogram::exponential_buckets(0.005, 2.0, 14)
 }
@@ -60,6 +66,8 @@ pub struct Metrics {
     pub poll_seconds: Family<ClusterLabels, Histogram>,
     /// Broker objects (queues, addresses, diverts) in the latest poll, over every node.
     pub inventory_objects: Family<ClusterLabels, Gauge>,
+    /// Capture passes this process ran (it held the cluster's advisory lock), by result.
+    pub capture_passes: Family<CapturePassLabels, Counter>,
     /// Kubernetes API requests made through `api_client`.
     pub kube_api: kube_api::ApiMetrics,
     /// `artemis_studio_leader`: 1 while this process leads (holds the Lease, or leader election
@@ -109,6 +117,12 @@ impl Default for Metrics {
             "Per-node outcomes of commands",
             node_outcomes.clone(),
         );
+        let capture_passes = Family::<CapturePassLabels, Counter>::default();
+        registry.register(
+            "capture_passes",
+            "Capture passes run by this process (holding the cluster's advisory lock), by result",
+            capture_passes.clone(),
+        );
         // Jolokia traffic is counted process-wide (the transport has no handle to this struct).
         jolokia::metrics().register(&mut registry);
         let kube_api = kube_api::ApiMetrics::default();
@@ -127,6 +141,7 @@ impl Default for Metrics {
             finished: Family::default(),
             poll_seconds,
             inventory_objects,
+            capture_passes,
             kube_api,
             leader,
             ready: AtomicBool::new(false),

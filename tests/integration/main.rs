@@ -4,6 +4,7 @@
 mod api_metrics;
 mod binary;
 mod broker_budget;
+mod capture;
 mod chart;
 mod close_once;
 mod cluster_core;

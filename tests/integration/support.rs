@@ -413,12 +413,20 @@ impl TestBed {
             ),
         );
         ctx.metrics = metrics;
+        ctx.capture_pass_interval = Duration::from_secs(2);
         let ctx = std::sync::Arc::new(ctx);
-        let task = tokio::spawn(artemis_studio_operator::controllers::run_all(
+        let controllers = tokio::spawn(artemis_studio_operator::controllers::run_all(
             ctx.clone(),
             reflectors,
         ));
-        OperatorHandle { ctx, store, task }
+        // As the binary runs it: capture beside the controllers.
+        let capture = tokio::spawn(artemis_studio_operator::capture::run(ctx.clone()));
+        OperatorHandle {
+            ctx,
+            store,
+            task: controllers,
+            capture,
+        }
     }
 }
 
@@ -426,11 +434,13 @@ pub struct OperatorHandle {
     pub ctx: std::sync::Arc<artemis_studio_operator::controllers::Context>,
     pub store: artemis_studio_operator::store::Store,
     task: tokio::task::JoinHandle<()>,
+    capture: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for OperatorHandle {
     fn drop(&mut self) {
         self.task.abort();
+        self.capture.abort();
     }
 }
 

@@ -1,0 +1,238 @@
+//! Capture (ADR-0062, ADR-0066): a non-exclusive divert into a ring-bounded, operator-owned
+//! queue per captured address per live node, kept by one reconciler per cluster.
+//!
+//! - `names`: ownership is in the name (D7); escaping; Artemis wildcards.
+//! - `plan`: pure judgement — captured addresses, what a tap lacks, orphans, refusals (D8).
+//! - `pass`: one pass over one cluster — install, heal, sweep, audit, status (D6, ADR-0066 D2).
+//! - [`run`]: the worker every replica runs (capture is not leader-only): per cluster, a pass
+//!   runs only while this process holds the cluster's Postgres advisory lock, so passes never
+//!   overlap and clusters spread across replicas.
+
+pub mod names;
+pub mod pass;
+pub mod plan;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+
+use crate::api::{ArtemisCaptureSubscription, ArtemisCluster};
+use crate::controllers::{Context, key};
+use crate::store::capture::{ClusterLock, PassRecord};
+
+/// Every capture worker of an instance keeps one connection with this application_name
+/// prefix: the count of them is how many replicas share the clusters.
+fn presence_prefix(instance: &str) -> String {
+    format!("artemis-studio capture-worker {instance} ")
+}
+
+/// A cluster this process serves: its lock and what it keeps between passes.
+struct Served {
+    lock: ClusterLock,
+    state: pass::ClusterState,
+}
+
+/// Run capture until shutdown: reflectors of subscriptions and clusters (every replica), and a
+/// pass per served cluster every `ctx.capture_pass_interval`, or soon after a subscription
+/// changes.
+pub async fn run(ctx: Arc<Context>) {
+    let (subs, sub_writers): (Vec<_>, Vec<_>) =
+        ctx.namespaces.scopes().iter().map(|_| reflector::store()).unzip();
+    let (clusters, cluster_writers): (Vec<_>, Vec<_>) =
+        ctx.namespaces.scopes().iter().map(|_| reflector::store()).unzip();
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let mut streams: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> = vec![];
+    for (api, writer) in ctx
+        .namespaces
+        .apis::<ArtemisCaptureSubscription>(&ctx.client)
+        .into_iter()
+        .zip(sub_writers)
+    {
+        let changed = changed.clone();
+        streams.push(Box::pin(
+            reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff())
+                .for_each(move |r| {
+                    if let Err(e) = r {
+                        tracing::warn!(error = %e, "capture: subscription watch");
+                    }
+                    changed.notify_one();
+                    futures::future::ready(())
+                }),
+        ));
+    }
+    for (api, writer) in ctx
+        .namespaces
+        .apis::<ArtemisCluster>(&ctx.client)
+        .into_iter()
+        .zip(cluster_writers)
+    {
+        streams.push(Box::pin(
+            reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff())
+                .for_each(|r| {
+                    if let Err(e) = r {
+                        tracing::warn!(error = %e, "capture: cluster watch");
+                    }
+                    futures::future::ready(())
+                }),
+        ));
+    }
+    let reflect = futures::future::join_all(streams);
+    let work = async {
+        // Never judge orphans on a partial view: wait until both caches have listed.
+        for s in subs.iter() {
+            let _ = s.wait_until_ready().await;
+        }
+        for c in clusters.iter() {
+            let _ = c.wait_until_ready().await;
+        }
+        worker(ctx.clone(), subs, clusters, changed).await
+    };
+    tokio::select! {
+        _ = reflect => {}
+        _ = work => {}
+        _ = ctx.shutdown.requested() => {}
+    }
+}
+
+async fn worker(
+    ctx: Arc<Context>,
+    subs: Vec<reflector::Store<ArtemisCaptureSubscription>>,
+    clusters: Vec<reflector::Store<ArtemisCluster>>,
+    changed: Arc<tokio::sync::Notify>,
+) {
+    let holder = ctx.process_id.clone();
+    // Presence: this process counts as one capture worker for as long as it lives.
+    let mut presence = None;
+    let mut served: BTreeMap<String, Served> = BTreeMap::new();
+    loop {
+        if presence.is_none() {
+            presence = ctx
+                .store
+                .dedicated_connection(&format!("{}{holder}", presence_prefix(&ctx.instance_id)))
+                .await
+                .map_err(|e| tracing::warn!(error = %e, "capture: no presence connection to Postgres"))
+                .ok();
+        }
+        let all_subs: Vec<Arc<ArtemisCaptureSubscription>> = subs.iter().flat_map(|s| s.state()).collect();
+        let all_clusters: BTreeMap<String, Arc<ArtemisCluster>> = clusters
+            .iter()
+            .flat_map(|s| s.state())
+            .map(|c| (key(&c.namespace().unwrap_or_default(), &c.name_any()), c))
+            .collect();
+        let mut wanted: BTreeSet<String> = all_subs
+            .iter()
+            .map(|s| key(&s.namespace().unwrap_or_default(), &s.spec.cluster_ref.name))
+            .collect();
+        match ctx.store.clusters_with_open_taps(&ctx.instance_id).await {
+            Ok(c) => wanted.extend(c),
+            Err(e) => tracing::warn!(error = %e, "capture: cannot read capture_tap"),
+        }
+        // Only clusters this process can reach (the ArtemisCluster exists and is watched).
+        wanted.retain(|c| all_clusters.contains_key(c));
+        for gone in served
+            .keys()
+            .filter(|c| !wanted.contains(*c))
+            .cloned()
+            .collect::<Vec<_>>()
+        {
+            if let Some(s) = served.remove(&gone) {
+                s.lock.release().await;
+            }
+        }
+        let workers = ctx
+            .store
+            .count_connections_named(&presence_prefix(&ctx.instance_id))
+            .await
+            .unwrap_or(1)
+            .max(1) as usize;
+        let fair = wanted.len().div_ceil(workers);
+        for cluster_key in &wanted {
+            let Some(cluster) = all_clusters.get(cluster_key) else {
+                continue;
+            };
+            if !served.contains_key(cluster_key) {
+                if served.len() >= fair {
+                    continue;
+                }
+                match ClusterLock::try_acquire(&ctx.store, &ctx.instance_id, cluster_key, &holder).await {
+                    Ok(Some(lock)) => {
+                        tracing::info!(cluster = %cluster_key, "capture: serving this cluster (advisory lock held)");
+                        served.insert(
+                            cluster_key.clone(),
+                            Served {
+                                lock,
+                                state: pass::ClusterState::default(),
+                            },
+                        );
+                    }
+                    Ok(None) => continue,
+                    Err(e) => {
+                        tracing::warn!(cluster = %cluster_key, error = %e, "capture: advisory lock unavailable");
+                        continue;
+                    }
+                }
+            }
+            let Some(s) = served.get_mut(cluster_key) else {
+                continue;
+            };
+            if !s.lock.still_held().await {
+                tracing::warn!(cluster = %cluster_key, "capture: lock connection lost; no longer serving this cluster");
+                served.remove(cluster_key);
+                continue;
+            }
+            let mine: Vec<Arc<ArtemisCaptureSubscription>> = all_subs
+                .iter()
+                .filter(|x| key(&x.namespace().unwrap_or_default(), &x.spec.cluster_ref.name) == *cluster_key)
+                .cloned()
+                .collect();
+            let started = chrono::Utc::now();
+            let outcome = pass::run(&ctx, &s.state, cluster, &mine, &holder).await;
+            let (commands, result) = match &outcome {
+                Ok(p) => (p.commands, "ok".to_string()),
+                Err(e) => {
+                    tracing::warn!(cluster = %cluster_key, error = %e, "capture pass failed");
+                    (0, format!("failed: {e}"))
+                }
+            };
+            ctx.metrics
+                .capture_passes
+                .get_or_create(&crate::telemetry::CapturePassLabels {
+                    result: if outcome.is_ok() { "ok" } else { "failed" }.into(),
+                })
+                .inc();
+            if let Err(e) = ctx
+                .store
+                .record_pass(&PassRecord {
+                    cluster: cluster_key,
+                    instance_id: &ctx.instance_id,
+                    holder: &holder,
+                    started_at: started,
+                    commands,
+                    result: &result,
+                })
+                .await
+            {
+                tracing::warn!(cluster = %cluster_key, error = %e, "capture: cannot record the pass");
+            }
+        }
+        // More than a fair share (another replica joined): hand one cluster over.
+        if served.len() > fair
+            && let Some(k) = served.keys().next_back().cloned()
+            && let Some(s) = served.remove(&k)
+        {
+            tracing::info!(cluster = %k, "capture: releasing this cluster to another replica");
+            s.lock.release().await;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(ctx.capture_pass_interval) => {}
+            _ = changed.notified() => {
+                // Let a burst of changes settle into one pass.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! Ownership is in the name (ADR-0062 D7): every broker object of a tap carries the operator's
+//! instance ID, the captured address and the subscription, so the reconciler can tell its own
+//! objects from anyone else's by name alone, and a name read back from a broker says exactly
+//! which tap it belongs to.
+//!
+//! `artemis-studio.capture.<instance>.<address>.<subscription>` is the capture address and its
+//! ring queue; the divert is the same name with `.divert` appended (queues and diverts share the
+//! broker's binding namespace, so they cannot share a name). Each component is escaped so it is
+//! one Artemis word: `[A-Za-z0-9_-]` stay, every other byte (the `.` delimiter, the `*` and `#`
+//! wildcards, `~` itself, `::` of a FQQN, non-ASCII) becomes `~XX` (hex). Escaping is
+//! reversible and injective, so any address maps to a legal, unique name and back.
+
+use crate::api::CAPTURE_PREFIX;
+
+const DIVERT_SUFFIX: &str = "divert";
+
+/// Escape one component into a single Artemis word.
+pub fn escape(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len());
+    for b in raw.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("~{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Reverse [`escape`]; None for anything `escape` cannot have produced.
+pub fn unescape(word: &str) -> Option<String> {
+    let bytes = word.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'~' {
+            let hex = word.get(i + 1..i + 3)?;
+            if !hex
+                .bytes()
+                .all(|c| c.is_ascii_digit() || (b'A'..=b'F').contains(&c))
+            {
+                return None;
+            }
+            let v = u8::from_str_radix(hex, 16).ok()?;
+            if v.is_ascii_alphanumeric() || v == b'_' || v == b'-' {
+                // escape() never encodes these: not one of our names.
+                return None;
+            }
+            out.push(v);
+            i += 3;
+        } else if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
+            out.push(b);
+            i += 1;
+        } else {
+            return None;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// One tap: what it captures, for which subscription, owned by which instance.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TapName {
+    pub instance: String,
+    /// The captured (source) address.
+    pub address: String,
+    /// The subscription's name (its namespace is the cluster's).
+    pub subscription: String,
+}
+
+impl TapName {
+    pub fn new(instance: &str, address: &str, subscription: &str) -> Self {
+        TapName {
+            instance: instance.to_string(),
+            address: address.to_string(),
+            subscription: subscription.to_string(),
+        }
+    }
+
+    /// Every object name of this instance starts with this.
+    pub fn instance_prefix(instance: &str) -> String {
+        format!("{CAPTURE_PREFIX}{}.", escape(instance))
+    }
+
+    /// The capture address and its ring queue.
+    pub fn capture_queue(&self) -> String {
+        format!(
+            "{}{}.{}",
+            Self::instance_prefix(&self.instance),
+            escape(&self.address),
+            escape(&self.subscription)
+        )
+    }
+
+    /// The divert (also its routing name: unique, so it never shares a routing group with an
+    /// application's binding and takes a message away from it).
+    pub fn divert(&self) -> String {
+        format!("{}.{DIVERT_SUFFIX}", self.capture_queue())
+    }
+
+    /// Parse a divert or capture-queue name of `instance`; None for anything else (another
+    /// instance's objects, or names that are not ours at all).
+    pub fn parse(instance: &str, name: &str) -> Option<(TapName, TapObject)> {
+        let rest = name.strip_prefix(&Self::instance_prefix(instance))?;
+        let words: Vec<&str> = rest.split('.').collect();
+        let (address, subscription, object) = match words.as_slice() {
+            [a, s] => (a, s, TapObject::Queue),
+            [a, s, d] if *d == DIVERT_SUFFIX => (a, s, TapObject::Divert),
+            _ => return None,
+        };
+        Some((
+            TapName {
+                instance: instance.to_string(),
+                address: unescape(address)?,
+                subscription: unescape(subscription)?,
+            },
+            object,
+        ))
+    }
+}
+
+/// Which object of a tap a name is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TapObject {
+    Queue,
+    Divert,
+}
+
+/// Artemis wildcard matching (the default `wildcard-addresses`: words separated by `.`, `*`
+/// one word, `#` zero or more words), for a subscription's queue pattern.
+pub fn wildcard_matches(pattern: &str, name: &str) -> bool {
+    fn go(p: &[&str], n: &[&str]) -> bool {
+        match (p.first(), n.first()) {
+            (None, None) => true,
+            (Some(&"#"), _) => go(&p[1..], n) || (!n.is_empty() && go(p, &n[1..])),
+            (Some(&"*"), Some(_)) => go(&p[1..], &n[1..]),
+            (Some(w), Some(x)) if w == x => go(&p[1..], &n[1..]),
+            _ => false,
+        }
+    }
+    let p: Vec<&str> = pattern.split('.').collect();
+    let n: Vec<&str> = name.split('.').collect();
+    go(&p, &n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn any_address_maps_to_one_word_and_back() {
+        for raw in [
+            "orders.in",
+            "a~b",
+            "x::y",
+            "#",
+            "*.b",
+            "ünï",
+            "plain-name_1",
+            "",
+            "~2E",
+        ] {
+            let e = escape(raw);
+            assert!(!e.contains('.') && !e.contains('*') && !e.contains('#') && !e.contains(':'));
+            assert_eq!(unescape(&e).as_deref(), Some(raw), "{raw} -> {e}");
+        }
+        // Distinct inputs never collide.
+        assert_ne!(escape("a.b"), escape("a~2Eb"));
+    }
+
+    #[test]
+    fn names_parse_back_and_other_instances_are_not_ours() {
+        let t = TapName::new("prod", "orders.in", "audit");
+        assert_eq!(t.capture_queue(), "artemis-studio.capture.prod.orders~2Ein.audit");
+        assert_eq!(
+            TapName::parse("prod", &t.divert()),
+            Some((t.clone(), TapObject::Divert))
+        );
+        assert_eq!(
+            TapName::parse("prod", &t.capture_queue()),
+            Some((t.clone(), TapObject::Queue))
+        );
+        assert_eq!(TapName::parse("staging", &t.divert()), None);
+        assert_eq!(TapName::parse("prod", "orders.in"), None);
+        assert_eq!(
+            TapName::parse("prod", "artemis-studio.capture.prod.a.b.c.d"),
+            None
+        );
+        // An instance whose ID is a prefix of ours is another instance.
+        let other = TapName::new("prod-2", "orders.in", "audit");
+        assert_eq!(TapName::parse("prod", &other.divert()), None);
+    }
+
+    #[test]
+    fn artemis_wildcards() {
+        assert!(wildcard_matches("orders.#", "orders"));
+        assert!(wildcard_matches("orders.#", "orders.in.eu"));
+        assert!(wildcard_matches("orders.*", "orders.in"));
+        assert!(!wildcard_matches("orders.*", "orders.in.eu"));
+        assert!(!wildcard_matches("orders.*", "orders"));
+        assert!(wildcard_matches("#", "anything.at.all"));
+        assert!(wildcard_matches("*.in", "orders.in"));
+        assert!(wildcard_matches("orders.in", "orders.in"));
+        assert!(!wildcard_matches("orders.in", "orders.out"));
+        assert!(wildcard_matches("a.#.z", "a.z"));
+        assert!(wildcard_matches("a.#.z", "a.b.c.z"));
+    }
+}

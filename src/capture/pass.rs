@@ -1,0 +1,802 @@
+//! One capture pass over one cluster (ADR-0062 D6): desired = the subscriptions, actual = our
+//! objects per node; converge them. The same pass is the install, the crash recovery, the
+//! failover repair and the new-queue path; its orphan sweep is the only thing that removes a
+//! tap. Runs only while this process holds the cluster's advisory lock (see `super::worker`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::{Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use tokio::sync::Mutex;
+
+use super::names::TapName;
+use super::plan::{self, Part, Subscription, TapSpec, Verdict};
+use crate::api::capture::{
+    ArtemisCaptureSubscription, ArtemisCaptureSubscriptionStatus, CAPTURE_FINALIZER, TapState, TapStatus,
+};
+use crate::api::{ArtemisCluster, NodeOutcome, Outcome, RefusalKind};
+use crate::broker::{BrokerError, BrokerManagement};
+use crate::controllers::{Context, conditions, key};
+use crate::fanout::{self, NodeFailure, NodeReport, Target};
+use crate::store::capture::{TapInstall, TapKey};
+use crate::store::{AuditIntent, CommandVerdict, StoreError, outcome_detail};
+use crate::topology::{self, Topology, TopologyMemory};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PassError {
+    #[error("cluster access: {0}")]
+    Access(String),
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// What a process keeps per cluster it serves.
+#[derive(Default)]
+pub struct ClusterState {
+    pub memory: Arc<Mutex<TopologyMemory>>,
+}
+
+/// What one pass did.
+#[derive(Debug, Default)]
+pub struct PassSummary {
+    /// Audited broker commands (install and remove).
+    pub commands: i32,
+}
+
+/// What the pass found for one tap on one node, for status.
+#[derive(Clone, Debug)]
+struct Found {
+    state: TapState,
+    refusal: Option<RefusalKind>,
+    message: String,
+}
+
+const NOT_DRAINED: &str = "installed, not drained: nothing consumes the capture queue, so copies wait in the ring (oldest overwritten first) and this node is not covered. The operator's own drain into Postgres is capture part 2, not built yet: until then a tap is HEALTHY only while a consumer (with the capture role) is attached to its queue (ADR-0066 D2)";
+
+fn view(s: &ArtemisCaptureSubscription) -> Subscription {
+    Subscription {
+        name: s.name_any(),
+        pattern: s.spec.queues.clone(),
+        filter: s.spec.filter.clone().filter(|f| !f.trim().is_empty()),
+        ring_size: s.spec.ring_size,
+        expiry_delay_ms: s.spec.expiry_delay_seconds.saturating_mul(1000),
+        max_buffer_bytes: s.spec.max_buffer_bytes,
+        deleting: s.metadata.deletion_timestamp.is_some(),
+    }
+}
+
+/// Run one pass over `cluster` with the subscriptions that name it.
+pub async fn run(
+    ctx: &Context,
+    state: &ClusterState,
+    cluster: &ArtemisCluster,
+    subs: &[Arc<ArtemisCaptureSubscription>],
+    holder: &str,
+) -> Result<PassSummary, PassError> {
+    let ns = cluster.namespace().unwrap_or_default();
+    let cluster_key = key(&ns, &cluster.name_any());
+    let instance = ctx.instance_id.as_str();
+    let mut summary = PassSummary::default();
+
+    // Finalizers first: a subscription never has a tap on a broker without one.
+    for s in subs.iter().filter(|s| s.metadata.deletion_timestamp.is_none()) {
+        if !s.finalizers().iter().any(|f| f == CAPTURE_FINALIZER) {
+            let mut list = s.finalizers().to_vec();
+            list.push(CAPTURE_FINALIZER.to_string());
+            let api: Api<ArtemisCaptureSubscription> = Api::namespaced(ctx.client.clone(), &ns);
+            api.patch(
+                &s.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"finalizers": list, "resourceVersion": s.resource_version()}}),
+                ),
+            )
+            .await?;
+        }
+    }
+
+    let access = crate::controllers::cluster::resolve_access(&ctx.client, &ns, &cluster.spec)
+        .await
+        .map_err(|p| PassError::Access(p.message))?;
+    let timeout = access.request_timeout;
+    let topology = topology::poll(&access, &state.memory).await;
+    let role = cluster.spec.capture_role.clone();
+    let views: Vec<Subscription> = subs.iter().map(|s| view(s)).collect();
+    let inventories: Vec<&crate::topology::inventory::NodeInventory> = topology
+        .live_nodes()
+        .filter_map(|n| n.inventory.as_deref())
+        .collect();
+    let desired = plan::desired_taps(instance, &role, &views, inventories.iter().copied());
+    let records = ctx.store.open_taps(&cluster_key, instance).await?;
+
+    // Judge every desired tap on every live node; collect the writes and the orphans.
+    let mut found: BTreeMap<(TapName, String), Found> = BTreeMap::new();
+    let mut installs: BTreeMap<TapName, BTreeMap<String, Vec<Part>>> = BTreeMap::new();
+    let mut sweeps: BTreeMap<TapName, BTreeMap<String, (bool, bool)>> = BTreeMap::new();
+    let mut installed_unrecorded: Vec<(TapName, String, Option<String>)> = vec![];
+    for node in &topology.nodes {
+        let (Some(m), Some(inv)) = (&node.active, &node.inventory) else {
+            let why = node
+                .not_live_reason
+                .clone()
+                .or_else(|| {
+                    node.inventory_error
+                        .as_ref()
+                        .map(|e| format!("inventory unreadable: {e}"))
+                })
+                .unwrap_or_else(|| "not live".into());
+            for tap in desired.keys() {
+                found.insert(
+                    (tap.clone(), node.node_id.clone()),
+                    Found {
+                        state: TapState::Pending,
+                        refusal: None,
+                        message: format!(
+                            "node not served now ({why}): the tap is checked at the first pass after it is"
+                        ),
+                    },
+                );
+            }
+            continue;
+        };
+        let mut verdicts: BTreeMap<&TapName, Verdict> = desired
+            .iter()
+            .map(|(n, t)| (n, plan::assess(t, inv, None)))
+            .collect();
+        // ADR-0066 D2: a node not being drained gets the whole install checked, settings too.
+        let recheck: Vec<&TapName> = verdicts
+            .iter()
+            .filter(|(_, v)| matches!(v, Verdict::Missing(_) | Verdict::Installed { drained: false }))
+            .map(|(n, _)| *n)
+            .collect();
+        let mut node_problem: Option<(RefusalKind, String)> = None;
+        if !recheck.is_empty() {
+            let queues: Vec<String> = recheck.iter().map(|n| n.capture_queue()).collect();
+            match m.effective_settings(&queues).await {
+                Ok(settings) => {
+                    for (n, s) in recheck.iter().zip(settings.iter()) {
+                        if let Some(t) = desired.get(*n) {
+                            verdicts.insert(*n, plan::assess(t, inv, Some(s)));
+                        }
+                    }
+                }
+                Err(e) => {
+                    node_problem = Some((
+                        e.refusal_kind(),
+                        format!("settings unreadable, nothing written: {e}"),
+                    ))
+                }
+            }
+        }
+        if node_problem.is_none() && verdicts.values().any(|v| matches!(v, Verdict::Missing(_))) {
+            node_problem = security_preflight(m).await;
+        }
+        for (name, verdict) in verdicts {
+            let k = (name.clone(), node.node_id.clone());
+            let f = match (verdict, &node_problem) {
+                (Verdict::AddressAbsent, _) => Found {
+                    state: TapState::Pending,
+                    refusal: None,
+                    message: format!(
+                        "address {} does not exist on this node (no matching queue here): the tap is installed at the first pass after it appears",
+                        name.address
+                    ),
+                },
+                (Verdict::Refused { kind, message }, _) => Found {
+                    state: TapState::Refused,
+                    refusal: Some(kind),
+                    message,
+                },
+                (Verdict::Missing(_), Some((kind, message))) => Found {
+                    state: if *kind == RefusalKind::NoSecurityAuthority {
+                        TapState::Refused
+                    } else {
+                        TapState::Pending
+                    },
+                    refusal: Some(*kind),
+                    message: message.clone(),
+                },
+                (Verdict::Missing(parts), None) => {
+                    installs
+                        .entry(name.clone())
+                        .or_default()
+                        .insert(node.node_id.clone(), parts);
+                    continue;
+                }
+                (Verdict::Installed { drained }, _) => {
+                    if !records.iter().any(|r| {
+                        r.node == node.node_id
+                            && r.subscription == name.subscription
+                            && r.source_address == name.address
+                    }) {
+                        installed_unrecorded.push((
+                            name.clone(),
+                            node.node_id.clone(),
+                            node.active_endpoint().map(str::to_string),
+                        ));
+                    }
+                    if drained {
+                        Found {
+                            state: TapState::Healthy,
+                            refusal: None,
+                            message: "being drained: a consumer is attached to the capture queue".into(),
+                        }
+                    } else {
+                        Found {
+                            state: TapState::Degraded,
+                            refusal: None,
+                            message: NOT_DRAINED.into(),
+                        }
+                    }
+                }
+            };
+            found.insert(k, f);
+        }
+        // Orphans: our objects (this instance only, ADR-0062 D7), and what our records say we
+        // installed here, that no subscription wants any more.
+        let mut ours = plan::our_objects(instance, inv);
+        for r in records.iter().filter(|r| r.node == node.node_id) {
+            ours.entry(TapName::new(instance, &r.source_address, &r.subscription))
+                .or_insert((false, false));
+        }
+        for (tap, objects) in ours {
+            if !desired.contains_key(&tap) {
+                sweeps
+                    .entry(tap)
+                    .or_default()
+                    .insert(node.node_id.clone(), objects);
+            }
+        }
+    }
+
+    let subs_by_name: BTreeMap<String, &Arc<ArtemisCaptureSubscription>> =
+        subs.iter().map(|s| (s.name_any(), s)).collect();
+
+    for (tap, node, endpoint) in installed_unrecorded {
+        let sub = subs_by_name.get(&tap.subscription);
+        ctx.store
+            .ensure_tap_recorded(&TapInstall {
+                cluster: &cluster_key,
+                subscription: &tap.subscription,
+                subscription_uid: sub.and_then(|s| s.metadata.uid.as_deref()),
+                instance_id: instance,
+                node: &node,
+                endpoint: endpoint.as_deref(),
+                source_address: &tap.address,
+                capture_queue: &tap.capture_queue(),
+                divert: &tap.divert(),
+                filter: desired.get(&tap).and_then(|t| t.filter.as_deref()),
+                audit_id: None,
+            })
+            .await?;
+    }
+
+    let scope = PassScope {
+        ctx,
+        cluster_key: &cluster_key,
+        ns: &ns,
+        holder,
+        topology: &topology,
+        timeout,
+    };
+    // Installs: one audited command per tap, on the nodes that lack something.
+    for (tap, parts_by_node) in installs {
+        let Some(spec) = desired.get(&tap) else { continue };
+        let sub = subs_by_name.get(&tap.subscription).copied();
+        let outcomes = install(&scope, sub, spec, &parts_by_node).await?;
+        summary.commands += 1;
+        for o in outcomes {
+            let f = if o.outcome == Outcome::Applied {
+                Found {
+                    state: TapState::Degraded,
+                    refusal: None,
+                    message: format!("{}; {NOT_DRAINED}", o.message),
+                }
+            } else {
+                Found {
+                    state: if o.refusal == Some(RefusalKind::NoSecurityAuthority) {
+                        TapState::Refused
+                    } else {
+                        TapState::Pending
+                    },
+                    refusal: o.refusal,
+                    message: o.message,
+                }
+            };
+            found.insert((tap.clone(), o.node), f);
+        }
+    }
+
+    // The orphan sweep: the only thing that ever removes a tap (ADR-0062 D6).
+    for (tap, nodes) in sweeps {
+        let sub = subs_by_name.get(&tap.subscription).copied();
+        let reason = match sub {
+            Some(s) if s.metadata.deletion_timestamp.is_some() => "subscription deleted".to_string(),
+            Some(_) => {
+                "the subscription no longer captures this address (no queue it matches is bound there)"
+                    .to_string()
+            }
+            None => format!(
+                "orphan: no ArtemisCaptureSubscription {} (deleted while no operator ran, or its finalizer was removed)",
+                tap.subscription
+            ),
+        };
+        remove(&scope, sub, &tap, &nodes, &reason).await?;
+        summary.commands += 1;
+    }
+
+    // Status and finalizers, from what is true after the writes.
+    let records = ctx.store.open_taps(&cluster_key, instance).await?;
+    for s in subs {
+        write_status(ctx, &ns, s, &topology, &desired, &found, &records).await?;
+    }
+    Ok(summary)
+}
+
+/// ADR-0062 D8: the capture queue must be restricted to the operator's role. A broker that
+/// enforces no security, or a management user that may not add a security setting, gets no
+/// tap at all.
+async fn security_preflight(m: &BrokerManagement) -> Option<(RefusalKind, String)> {
+    match m.security_authority().await {
+        Ok(a) if !a.security_enabled => Some((
+            RefusalKind::NoSecurityAuthority,
+            "this broker has security-enabled=false: a security setting would restrict nothing and the capture queue (a complete copy of production payload) would be readable by every client (ADR-0062 D8). Nothing was installed on this node; enable security on the broker".into(),
+        )),
+        Ok(a) if a.may_add_security == Some(false) => Some((
+            RefusalKind::NoSecurityAuthority,
+            "the management user may not call addSecuritySettings (the broker's management.xml refuses it), so the capture queue could not be restricted to the capture role (ADR-0062 D8). Nothing was installed on this node; grant the user's role access to addSecuritySettings (and removeSecuritySettings)".into(),
+        )),
+        Ok(_) => None,
+        Err(e) => Some((e.refusal_kind(), format!("security preflight unreadable, nothing written: {e}"))),
+    }
+}
+
+/// Where a pass's commands go, and who sends them.
+struct PassScope<'a> {
+    ctx: &'a Context,
+    cluster_key: &'a str,
+    ns: &'a str,
+    holder: &'a str,
+    topology: &'a Topology,
+    timeout: Duration,
+}
+
+fn intent(
+    p: &PassScope<'_>,
+    command: &str,
+    sub: Option<&Arc<ArtemisCaptureSubscription>>,
+    tap: &TapName,
+    params: serde_json::Value,
+) -> AuditIntent {
+    AuditIntent {
+        instance_id: p.ctx.instance_id.clone(),
+        actor: format!("capture-reconciler ({})", p.holder),
+        command: command.into(),
+        cluster: p.cluster_key.into(),
+        target: format!("capture tap {}", tap.capture_queue()),
+        object_kind: "ArtemisCaptureSubscription".into(),
+        object_namespace: p.ns.into(),
+        object_name: tap.subscription.clone(),
+        object_uid: sub.and_then(|s| s.metadata.uid.clone()).unwrap_or_default(),
+        object_generation: sub.and_then(|s| s.metadata.generation),
+        params,
+    }
+}
+
+/// Audit intent → fan-out on the nodes that lack something → audit outcome → install record.
+async fn install(
+    p: &PassScope<'_>,
+    sub: Option<&Arc<ArtemisCaptureSubscription>>,
+    spec: &TapSpec,
+    parts_by_node: &BTreeMap<String, Vec<Part>>,
+) -> Result<Vec<NodeOutcome>, PassError> {
+    let (ctx, cluster_key) = (p.ctx, p.cluster_key);
+    let parts_json: BTreeMap<&String, Vec<&str>> = parts_by_node
+        .iter()
+        .map(|(n, p)| (n, p.iter().map(|p| p.describe()).collect()))
+        .collect();
+    let params = json!({
+        "sourceAddress": spec.name.address,
+        "captureQueue": spec.name.capture_queue(),
+        "divert": spec.name.divert(),
+        "parts": parts_json,
+        "addressSettings": spec.address_settings(),
+        "queue": spec.queue_document(),
+        "divertConfiguration": spec.divert_document(),
+        "consumeRole": spec.role,
+    });
+    let audit = intent(p, "capture.install", sub, &spec.name, params);
+    let audit_id = ctx.store.audit_intent(&audit).await?;
+    let nodes: BTreeSet<String> = parts_by_node.keys().cloned().collect();
+    let scope = p.topology.restricted_to(&nodes);
+    let outcomes = fanout::fan_out(&scope, fanout::DEFAULT_CONCURRENCY, p.timeout * 6, |t: Target| {
+        let parts = parts_by_node.get(&t.node_id).cloned().unwrap_or_default();
+        async move { install_on(&t.management, spec, &parts).await }
+    })
+    .await;
+    finish(ctx, sub, "capture.install", audit_id, &outcomes).await?;
+    for o in outcomes.iter().filter(|o| o.outcome == Outcome::Applied) {
+        let queue_created = parts_by_node
+            .get(&o.node)
+            .is_some_and(|p| p.contains(&Part::Queue));
+        let record = TapInstall {
+            cluster: cluster_key,
+            subscription: &spec.name.subscription,
+            subscription_uid: sub.and_then(|s| s.metadata.uid.as_deref()),
+            instance_id: &ctx.instance_id,
+            node: &o.node,
+            endpoint: o.endpoint.as_deref(),
+            source_address: &spec.name.address,
+            capture_queue: &spec.name.capture_queue(),
+            divert: &spec.name.divert(),
+            filter: spec.filter.as_deref(),
+            audit_id: Some(audit_id),
+        };
+        if queue_created {
+            // A new incarnation: whatever was open ended when its queue went (a broker restart
+            // or a failover), and the interval since is a gap in this node's coverage.
+            ctx.store
+                .record_install(
+                    &record,
+                    "capture queue found gone (broker restart or failover); re-created",
+                )
+                .await?;
+        } else {
+            ctx.store.ensure_tap_recorded(&record).await?;
+        }
+    }
+    Ok(outcomes)
+}
+
+/// The install order of [`Part`]: security, settings, queue, divert.
+async fn install_on(m: &BrokerManagement, spec: &TapSpec, parts: &[Part]) -> Result<NodeReport, NodeFailure> {
+    let queue = spec.name.capture_queue();
+    let mut done: Vec<&str> = vec![];
+    for part in parts {
+        let result: Result<(), BrokerError> = match part {
+            Part::SecuritySetting => m
+                .add_security_settings(&queue, &spec.security_roles())
+                .await
+                .map_err(|e| {
+                    if e.is_authorization() {
+                        BrokerError::refused(
+                            RefusalKind::NoSecurityAuthority,
+                            format!("addSecuritySettings refused ({e}): the capture queue cannot be restricted, nothing installed (ADR-0062 D8)"),
+                        )
+                    } else {
+                        e
+                    }
+                }),
+            Part::AddressSettings => m.add_address_settings(&queue, &spec.address_settings()).await,
+            Part::Queue => match m.create_queue(&spec.queue_document()).await {
+                Err(e) if e.refusal_kind() == RefusalKind::QueueExists => Ok(()),
+                r => r.map(|_| ()),
+            },
+            Part::QueueRingSize => m.update_queue(&spec.queue_document()).await.map(|_| ()),
+            Part::Divert => match m.create_divert(&spec.divert_document()).await {
+                Ok(()) => {
+                    // The broker ignores a duplicate or a missing address silently: verify.
+                    let names = m.divert_names().await?;
+                    if names.contains(&spec.name.divert()) {
+                        Ok(())
+                    } else {
+                        Err(BrokerError::refused(
+                            RefusalKind::NotConverging,
+                            format!(
+                                "createDivert returned but no divert {} exists afterwards",
+                                spec.name.divert()
+                            ),
+                        ))
+                    }
+                }
+                Err(e) => Err(e),
+            },
+            Part::DivertUpdate => m.update_divert(&spec.divert_document()).await,
+        };
+        if let Err(e) = result {
+            let written = if done.is_empty() {
+                "nothing written".to_string()
+            } else {
+                format!("written before it: {}", done.join(", "))
+            };
+            return Err(NodeFailure {
+                message: Some(format!("{} failed ({written}): {e}", part.describe())),
+                error: e,
+                detail: vec![],
+            });
+        }
+        done.push(part.describe());
+    }
+    Ok(NodeReport::new(
+        Outcome::Applied,
+        format!("installed {}", done.join(", ")),
+    ))
+}
+
+/// Audit intent → remove on every node holding something of the tap → audit outcome → records.
+async fn remove(
+    p: &PassScope<'_>,
+    sub: Option<&Arc<ArtemisCaptureSubscription>>,
+    tap: &TapName,
+    nodes: &BTreeMap<String, (bool, bool)>,
+    reason: &str,
+) -> Result<(), PassError> {
+    let (ctx, cluster_key) = (p.ctx, p.cluster_key);
+    let params = json!({
+        "sourceAddress": tap.address,
+        "captureQueue": tap.capture_queue(),
+        "divert": tap.divert(),
+        "reason": reason,
+        "nodes": nodes.keys().collect::<Vec<_>>(),
+    });
+    let audit = intent(p, "capture.remove", sub, tap, params);
+    let audit_id = ctx.store.audit_intent(&audit).await?;
+    let scope = p.topology.restricted_to(&nodes.keys().cloned().collect());
+    let outcomes = fanout::fan_out(&scope, fanout::DEFAULT_CONCURRENCY, p.timeout * 6, |t: Target| {
+        let (queue, divert) = nodes.get(&t.node_id).copied().unwrap_or((true, true));
+        async move { remove_on(&t.management, tap, queue, divert).await }
+    })
+    .await;
+    finish(ctx, sub, "capture.remove", audit_id, &outcomes).await?;
+    for o in outcomes.iter().filter(|o| o.outcome == Outcome::Applied) {
+        let key = TapKey {
+            cluster: cluster_key,
+            subscription: &tap.subscription,
+            source_address: &tap.address,
+            node: &o.node,
+            instance_id: &ctx.instance_id,
+        };
+        ctx.store.close_tap(&key, reason, Some(audit_id)).await?;
+    }
+    Ok(())
+}
+
+/// Divert first (nothing more is copied), then the queue and its address, then the settings.
+async fn remove_on(
+    m: &BrokerManagement,
+    tap: &TapName,
+    queue: bool,
+    divert: bool,
+) -> Result<NodeReport, NodeFailure> {
+    let q = tap.capture_queue();
+    let gone = |r: Result<(), BrokerError>, kinds: &[RefusalKind]| match r {
+        Err(e) if kinds.contains(&e.refusal_kind()) => Ok(()),
+        r => r,
+    };
+    let mut done = vec![];
+    if divert {
+        gone(
+            m.destroy_divert(&tap.divert()).await,
+            &[RefusalKind::DivertDoesNotExist],
+        )?;
+        done.push("divert");
+    }
+    if queue {
+        // The ring holds copies only; removing them is what deleting a subscription asks for.
+        gone(m.destroy_queue(&q, true).await, &[RefusalKind::QueueDoesNotExist])?;
+        done.push("ring queue");
+    }
+    gone(
+        m.delete_address(&q).await,
+        &[RefusalKind::AddressDoesNotExist, RefusalKind::AddressHasBindings],
+    )?;
+    m.remove_address_settings(&q).await?;
+    m.remove_security_settings(&q).await?;
+    done.extend(["address settings", "security setting"]);
+    Ok(NodeReport::new(
+        Outcome::Applied,
+        format!("removed {}", done.join(", ")),
+    ))
+}
+
+async fn finish(
+    ctx: &Context,
+    sub: Option<&Arc<ArtemisCaptureSubscription>>,
+    command: &str,
+    audit_id: i64,
+    outcomes: &[NodeOutcome],
+) -> Result<(), PassError> {
+    let verdict = CommandVerdict::of(outcomes);
+    ctx.metrics
+        .commands
+        .get_or_create(&crate::telemetry::CommandLabels {
+            command: command.to_string(),
+            verdict: format!("{verdict:?}").to_lowercase(),
+        })
+        .inc();
+    ctx.store
+        .audit_outcome(audit_id, verdict, &outcome_detail(outcomes))
+        .await?;
+    if let Some(s) = sub {
+        let summary = crate::controllers::command::describe(command, outcomes);
+        let (warning, reason) = match verdict {
+            CommandVerdict::Succeeded => (false, "Applied"),
+            _ => (true, "Failed"),
+        };
+        ctx.event(s.as_ref(), warning, reason, command, summary).await;
+    }
+    Ok(())
+}
+
+/// Status of one subscription after the pass (written only when it changed), and its
+/// finalizer released once no tap of it remains.
+async fn write_status(
+    ctx: &Context,
+    ns: &str,
+    s: &Arc<ArtemisCaptureSubscription>,
+    topology: &Topology,
+    desired: &BTreeMap<TapName, TapSpec>,
+    found: &BTreeMap<(TapName, String), Found>,
+    records: &[crate::store::capture::TapRecord],
+) -> Result<(), PassError> {
+    let name = s.name_any();
+    let api: Api<ArtemisCaptureSubscription> = Api::namespaced(ctx.client.clone(), ns);
+    let generation = s.metadata.generation;
+    let old = s.status.clone().unwrap_or_default();
+    let mut status = ArtemisCaptureSubscriptionStatus {
+        observed_generation: generation,
+        conditions: old.conditions.clone(),
+        instance_id: Some(ctx.instance_id.clone()),
+        ..Default::default()
+    };
+    let mine: Vec<&TapName> = desired.keys().filter(|t| t.subscription == name).collect();
+    status.addresses = mine.iter().map(|t| t.address.clone()).collect();
+    let remaining: Vec<&crate::store::capture::TapRecord> =
+        records.iter().filter(|r| r.subscription == name).collect();
+
+    if s.metadata.deletion_timestamp.is_some() {
+        // Some record still open means a node still holds (or may hold) a tap.
+        status.taps = remaining
+            .iter()
+            .map(|r| TapStatus {
+                address: r.source_address.clone(),
+                node: r.node.clone(),
+                state: TapState::Pending,
+                capture_queue: Some(r.capture_queue.clone()),
+                message: Some(
+                    "being removed: the capture pass removes this tap when the node is reachable".into(),
+                ),
+                coverage_start: Some(r.installed_at.to_rfc3339()),
+                ..Default::default()
+            })
+            .collect();
+        if remaining.is_empty() {
+            let list: Vec<String> = s
+                .finalizers()
+                .iter()
+                .filter(|f| *f != CAPTURE_FINALIZER)
+                .cloned()
+                .collect();
+            api.patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"finalizers": list, "resourceVersion": s.resource_version()}}),
+                ),
+            )
+            .await?;
+            return Ok(());
+        }
+        conditions::set(
+            &mut status.conditions,
+            conditions::READY,
+            false,
+            "Deleting",
+            format!(
+                "being deleted: the capture pass removes its taps (ADR-0062 D6); {} remain, on nodes not reachable now; the finalizer is released when none remains",
+                remaining.len()
+            ),
+            generation,
+        );
+    } else {
+        for tap in &mine {
+            for node in &topology.nodes {
+                let f = found.get(&((*tap).clone(), node.node_id.clone()));
+                let coverage = remaining
+                    .iter()
+                    .find(|r| r.node == node.node_id && r.source_address == tap.address)
+                    .map(|r| r.installed_at.to_rfc3339());
+                status.taps.push(TapStatus {
+                    address: tap.address.clone(),
+                    node: node.node_id.clone(),
+                    state: f.map(|f| f.state).unwrap_or_default(),
+                    refusal: f.and_then(|f| f.refusal),
+                    message: f.map(|f| f.message.clone()),
+                    capture_queue: Some(tap.capture_queue()),
+                    coverage_start: coverage,
+                    ..Default::default()
+                });
+            }
+        }
+        let count = |st: TapState| status.taps.iter().filter(|t| t.state == st).count();
+        let (healthy, degraded, refused, pending) = (
+            count(TapState::Healthy),
+            count(TapState::Degraded),
+            count(TapState::Refused),
+            count(TapState::Pending),
+        );
+        let total = status.taps.len();
+        let (ready, reason, message) = if mine.is_empty() {
+            (
+                false,
+                "NoMatchingQueues",
+                format!(
+                    "no queue matches {:?} on any live node: nothing to capture yet",
+                    s.spec.queues
+                ),
+            )
+        } else if healthy == total {
+            (
+                true,
+                "Draining",
+                format!("{total} taps installed and being drained"),
+            )
+        } else if refused > 0 {
+            (
+                false,
+                "Refused",
+                format!("{refused} of {total} taps refused (see taps[].refusal); {healthy} healthy"),
+            )
+        } else if degraded > 0 {
+            (
+                false,
+                "NotDrained",
+                format!("{degraded} of {total} taps installed and not drained; {healthy} healthy"),
+            )
+        } else {
+            (
+                false,
+                "Pending",
+                format!("{pending} of {total} taps pending; {healthy} healthy"),
+            )
+        };
+        conditions::set(
+            &mut status.conditions,
+            conditions::READY,
+            ready,
+            reason,
+            message,
+            generation,
+        );
+        let degraded_now = degraded + refused > 0;
+        conditions::set(
+            &mut status.conditions,
+            conditions::DEGRADED,
+            degraded_now,
+            if refused > 0 {
+                "Refused"
+            } else if degraded > 0 {
+                "NotDrained"
+            } else {
+                "AsExpected"
+            },
+            if degraded_now {
+                format!("{degraded} taps installed and not drained, {refused} refused")
+            } else {
+                "no tap is degraded or refused".to_string()
+            },
+            generation,
+        );
+    }
+    status.captured = old.captured;
+    status.dropped_estimate = old.dropped_estimate;
+    let unchanged = old.taps == status.taps
+        && old.addresses == status.addresses
+        && old.instance_id == status.instance_id
+        && old.observed_generation == status.observed_generation
+        && conditions::comparable(&old.conditions) == conditions::comparable(&status.conditions);
+    if !unchanged {
+        api.patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,267 @@
+//! Capture's records in Postgres: the install record of every tap incarnation (`capture_tap`,
+//! ADR-0062 D4) and one row per capture pass (`capture_pass`), plus the per-cluster advisory
+//! lock that serialises passes (ADR-0062 D7).
+
+use sqlx::postgres::PgConnection;
+use sqlx::{ConnectOptions, Connection};
+
+use super::{Store, StoreError};
+
+/// One open tap incarnation on one node.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct TapRecord {
+    pub subscription: String,
+    pub node: String,
+    pub source_address: String,
+    pub capture_queue: String,
+    pub installed_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// One tap on one node.
+#[derive(Clone, Copy, Debug)]
+pub struct TapKey<'a> {
+    pub cluster: &'a str,
+    pub subscription: &'a str,
+    pub source_address: &'a str,
+    pub node: &'a str,
+    pub instance_id: &'a str,
+}
+
+/// What an install wrote down.
+#[derive(Clone, Debug)]
+pub struct TapInstall<'a> {
+    pub cluster: &'a str,
+    pub subscription: &'a str,
+    pub subscription_uid: Option<&'a str>,
+    pub instance_id: &'a str,
+    pub node: &'a str,
+    pub endpoint: Option<&'a str>,
+    pub source_address: &'a str,
+    pub capture_queue: &'a str,
+    pub divert: &'a str,
+    pub filter: Option<&'a str>,
+    pub audit_id: Option<i64>,
+}
+
+/// One finished pass.
+#[derive(Clone, Debug)]
+pub struct PassRecord<'a> {
+    pub cluster: &'a str,
+    pub instance_id: &'a str,
+    pub holder: &'a str,
+    pub started_at: chrono::DateTime<chrono::Utc>,
+    pub commands: i32,
+    pub result: &'a str,
+}
+
+impl Store {
+    /// The open tap incarnations of one cluster and instance.
+    pub async fn open_taps(&self, cluster: &str, instance_id: &str) -> Result<Vec<TapRecord>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT subscription, node, source_address, capture_queue, installed_at FROM capture_tap \
+             WHERE cluster = $1 AND instance_id = $2 AND removed_at IS NULL",
+        )
+        .bind(cluster)
+        .bind(instance_id)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// Clusters (namespace/name) with a tap still recorded as installed by this instance: they
+    /// get a pass even when no subscription names them any more (the orphan sweep).
+    pub async fn clusters_with_open_taps(&self, instance_id: &str) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT DISTINCT cluster FROM capture_tap WHERE instance_id = $1 AND removed_at IS NULL",
+        )
+        .bind(instance_id)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// A new incarnation: the capture queue was (re-)created. An incarnation still open for
+    /// the same tap and node ends now with `previous_ended` (the gap starts there).
+    pub async fn record_install(&self, t: &TapInstall<'_>, previous_ended: &str) -> Result<(), StoreError> {
+        let mut tx = self.pool().begin().await?;
+        sqlx::query(
+            "UPDATE capture_tap SET removed_at = now(), removal_reason = $6 \
+             WHERE cluster = $1 AND subscription = $2 AND source_address = $3 AND node = $4 \
+             AND instance_id = $5 AND removed_at IS NULL",
+        )
+        .bind(t.cluster)
+        .bind(t.subscription)
+        .bind(t.source_address)
+        .bind(t.node)
+        .bind(t.instance_id)
+        .bind(previous_ended)
+        .execute(&mut *tx)
+        .await?;
+        insert(&mut tx, t).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// An installed tap this database has no open record of (the record was lost, or the tap
+    /// predates it): recorded from now, the earliest moment this process can vouch for.
+    pub async fn ensure_tap_recorded(&self, t: &TapInstall<'_>) -> Result<(), StoreError> {
+        let mut tx = self.pool().begin().await?;
+        let open: Option<i64> = sqlx::query_scalar(
+            "SELECT id FROM capture_tap WHERE cluster = $1 AND subscription = $2 AND source_address = $3 \
+             AND node = $4 AND instance_id = $5 AND removed_at IS NULL",
+        )
+        .bind(t.cluster)
+        .bind(t.subscription)
+        .bind(t.source_address)
+        .bind(t.node)
+        .bind(t.instance_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if open.is_none() {
+            insert(&mut tx, t).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The incarnation ends: removed by the sweep, or found gone.
+    pub async fn close_tap(
+        &self,
+        tap: &TapKey<'_>,
+        reason: &str,
+        audit_id: Option<i64>,
+    ) -> Result<(), StoreError> {
+        let TapKey {
+            cluster,
+            subscription,
+            source_address,
+            node,
+            instance_id,
+        } = *tap;
+        sqlx::query(
+            "UPDATE capture_tap SET removed_at = now(), removal_reason = $6, remove_audit_id = $7 \
+             WHERE cluster = $1 AND subscription = $2 AND source_address = $3 AND node = $4 \
+             AND instance_id = $5 AND removed_at IS NULL",
+        )
+        .bind(cluster)
+        .bind(subscription)
+        .bind(source_address)
+        .bind(node)
+        .bind(instance_id)
+        .bind(reason)
+        .bind(audit_id)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// Record a finished pass; passes older than a week are pruned.
+    pub async fn record_pass(&self, p: &PassRecord<'_>) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO capture_pass (cluster, instance_id, holder, started_at, finished_at, commands, result) \
+             VALUES ($1, $2, $3, $4, now(), $5, $6)",
+        )
+        .bind(p.cluster)
+        .bind(p.instance_id)
+        .bind(p.holder)
+        .bind(p.started_at)
+        .bind(p.commands)
+        .bind(p.result)
+        .execute(self.pool())
+        .await?;
+        sqlx::query("DELETE FROM capture_pass WHERE cluster = $1 AND started_at < now() - interval '7 days'")
+            .bind(p.cluster)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
+    /// A dedicated connection (outside the pool) that names itself in `pg_stat_activity`.
+    pub async fn dedicated_connection(&self, application_name: &str) -> Result<PgConnection, StoreError> {
+        // application_name is at most 63 bytes; Postgres would cut it anyway.
+        let mut name: String = application_name.chars().take(63).collect();
+        while name.len() > 63 {
+            name.pop();
+        }
+        let options = (*self.pool().connect_options()).clone().application_name(&name);
+        Ok(options.connect().await?)
+    }
+
+    /// How many connections carry an application_name starting with `prefix` (the capture
+    /// workers of one instance announce themselves this way).
+    pub async fn count_connections_named(&self, prefix: &str) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE starts_with(application_name, $1)",
+        )
+        .bind(prefix)
+        .fetch_one(self.pool())
+        .await?)
+    }
+}
+
+async fn insert(conn: &mut PgConnection, t: &TapInstall<'_>) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO capture_tap (cluster, subscription, subscription_uid, instance_id, node, endpoint, \
+         source_address, capture_queue, divert, filter, install_audit_id) \
+         VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)",
+    )
+    .bind(t.cluster)
+    .bind(t.subscription)
+    .bind(t.subscription_uid)
+    .bind(t.instance_id)
+    .bind(t.node)
+    .bind(t.endpoint)
+    .bind(t.source_address)
+    .bind(t.capture_queue)
+    .bind(t.divert)
+    .bind(t.filter)
+    .bind(t.audit_id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// A per-cluster advisory lock held on its own connection for as long as this process serves
+/// the cluster (ADR-0062 D7). The connection's application_name says which cluster it holds, so
+/// a DBA sees it in `pg_stat_activity`. A connection error means the lock is lost.
+pub struct ClusterLock {
+    conn: PgConnection,
+    key: String,
+}
+
+impl ClusterLock {
+    /// `pg_try_advisory_lock` on a new dedicated connection; None when another process holds it.
+    pub async fn try_acquire(
+        store: &Store,
+        instance_id: &str,
+        cluster: &str,
+        holder: &str,
+    ) -> Result<Option<ClusterLock>, StoreError> {
+        let key = format!("artemis-studio capture {instance_id} {cluster}");
+        let mut conn = store
+            .dedicated_connection(&format!("artemis-studio capture {cluster} {holder}"))
+            .await?;
+        let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
+            .bind(&key)
+            .fetch_one(&mut conn)
+            .await?;
+        if got {
+            Ok(Some(ClusterLock { conn, key }))
+        } else {
+            conn.close().await?;
+            Ok(None)
+        }
+    }
+
+    /// Still held: the session is alive (a lost session has released it).
+    pub async fn still_held(&mut self) -> bool {
+        self.conn.ping().await.is_ok()
+    }
+
+    /// Release explicitly and close the connection.
+    pub async fn release(mut self) {
+        let _ = sqlx::query("SELECT pg_advisory_unlock(hashtextextended($1, 0))")
+            .bind(&self.key)
+            .execute(&mut self.conn)
+            .await;
+        let _ = self.conn.close().await;
+    }
+}

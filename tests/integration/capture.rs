@@ -1,0 +1,431 @@
+//! Capture, part 1 (ADR-0062, ADR-0066) on the real test bed: taps installed, healed and swept by
+//! one reconciler per cluster. Every test starts from state that already exists on the brokers
+//! (queues made behind the operator's back), and proves "nothing happened" from later passes
+//! recorded in `capture_pass`, never from a sleep.
+
+use std::time::Duration;
+
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::{Value, json};
+
+use artemis_studio_operator::api::RefusalKind;
+use artemis_studio_operator::api::capture::{ArtemisCaptureSubscription, TapState};
+use artemis_studio_operator::capture::names::TapName;
+
+use crate::queue::{Fixture, fixture};
+use crate::support::{Broker, TestBed, brokers_shared, jolokia_raw, short_id, wait_until};
+
+const ORIGIN: Option<&str> = Some("http://localhost");
+
+/// One management exec on a broker as the admin user; the value (or the error document).
+pub async fn exec(bed: &TestBed, broker: &Broker, operation: &str, arguments: Value) -> Value {
+    let (_, body) = jolokia_raw(
+        broker,
+        &bed.broker_user(),
+        ORIGIN,
+        json!({"type": "exec", "mbean": format!("org.apache.activemq.artemis:broker=\"{}\"", broker.name),
+               "operation": operation, "arguments": arguments}),
+    )
+    .await;
+    body
+}
+
+/// A queue made on every node of cluster c behind the operator's back.
+pub async fn broker_queue(bed: &TestBed, address: &str) {
+    for b in bed.cluster_brokers("c") {
+        let doc = json!({"name": address, "address": address, "routing-type": "ANYCAST", "durable": true})
+            .to_string();
+        let r = exec(
+            bed,
+            &b,
+            "createQueue(java.lang.String,boolean)",
+            json!([doc, true]),
+        )
+        .await;
+        assert_eq!(r["status"], 200, "create {address} on {}: {r}", b.name);
+    }
+}
+
+pub async fn divert_names(bed: &TestBed, broker: &Broker) -> Vec<String> {
+    let (_, body) = jolokia_raw(
+        broker,
+        &bed.broker_user(),
+        ORIGIN,
+        json!({"type": "read", "mbean": format!("org.apache.activemq.artemis:broker=\"{}\"", broker.name), "attribute": "DivertNames"}),
+    )
+    .await;
+    body["value"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+        .unwrap_or_default()
+}
+
+pub async fn queue_attr(bed: &TestBed, broker: &Broker, queue: &str, attribute: &str) -> Value {
+    let (_, body) = jolokia_raw(
+        broker,
+        &bed.broker_user(),
+        ORIGIN,
+        json!({"type": "read", "mbean": format!(
+            "org.apache.activemq.artemis:broker=\"{}\",component=addresses,address=\"{queue}\",subcomponent=queues,routing-type=\"anycast\",queue=\"{queue}\"", broker.name),
+            "attribute": attribute}),
+    )
+    .await;
+    body["value"].clone()
+}
+
+async fn json_of(bed: &TestBed, broker: &Broker, operation: &str, arg: &str) -> Value {
+    let r = exec(bed, broker, operation, json!([arg])).await;
+    serde_json::from_str(r["value"].as_str().unwrap_or("null")).unwrap_or(Value::Null)
+}
+
+impl Fixture {
+    pub fn subscriptions(&self) -> Api<ArtemisCaptureSubscription> {
+        Api::namespaced(self.admin.clone(), &self.ns)
+    }
+
+    pub async fn subscribe(&self, name: &str, spec: Value) {
+        let mut spec = spec;
+        if spec.get("clusterRef").is_none() {
+            spec["clusterRef"] = json!({"name": "c"});
+        }
+        let s: ArtemisCaptureSubscription = serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCaptureSubscription",
+            "metadata": {"name": name}, "spec": spec
+        }))
+        .expect("subscription json");
+        self.subscriptions()
+            .create(&PostParams::default(), &s)
+            .await
+            .expect("create ArtemisCaptureSubscription");
+    }
+
+    pub async fn wait_subscription(
+        &self,
+        name: &str,
+        what: &str,
+        check: impl Fn(&ArtemisCaptureSubscription) -> bool,
+    ) -> ArtemisCaptureSubscription {
+        let api = self.subscriptions();
+        let check = &check;
+        wait_until(
+            &format!("subscription {name}: {what}"),
+            Duration::from_secs(90),
+            || {
+                let api = api.clone();
+                async move { api.get(name).await.ok().filter(|s| check(s)) }
+            },
+        )
+        .await
+    }
+
+    /// Passes this operator recorded over the cluster so far.
+    pub async fn passes(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM capture_pass WHERE cluster = $1")
+            .bind(format!("{}/c", self.ns))
+            .fetch_one(self.op.store.pool())
+            .await
+            .expect("count passes")
+    }
+
+    /// Wait until `n` more passes have finished: positive evidence that the reconciler looked.
+    pub async fn later_passes(&self, n: i64) {
+        let start = self.passes().await;
+        wait_until(
+            &format!("{n} more capture passes"),
+            Duration::from_secs(60),
+            || async move { (self.passes().await >= start + n).then_some(()) },
+        )
+        .await;
+    }
+
+    pub async fn capture_audit_rows(&self, command: &str) -> Vec<(String, Value)> {
+        sqlx::query_as::<_, (String, Value)>(
+            "SELECT outcome, COALESCE(outcome_detail, '{}'::jsonb) FROM audit_event WHERE command = $1 AND object_namespace = $2 ORDER BY id",
+        )
+        .bind(command)
+        .bind(&self.ns)
+        .fetch_all(self.op.store.pool())
+        .await
+        .expect("audit rows")
+    }
+
+    pub fn tap(&self, address: &str, subscription: &str) -> TapName {
+        TapName::new(&self.op.ctx.instance_id, address, subscription)
+    }
+}
+
+fn taps_in(s: &ArtemisCaptureSubscription, state: TapState) -> usize {
+    s.status
+        .as_ref()
+        .map(|st| st.taps.iter().filter(|t| t.state == state).count())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_tap_is_installed_on_every_node_a_second_pass_writes_nothing_and_delete_sweeps_it() {
+    let _shared = brokers_shared().await;
+    let f = fixture("cap-install", None).await;
+    let id = short_id();
+    let address = format!("cap.{id}.orders");
+    broker_queue(&f.bed, &address).await;
+    f.subscribe("orders", json!({"queues": format!("cap.{id}.#"), "ringSize": 50, "expiryDelaySeconds": 120, "maxBufferBytes": 4194304})).await;
+    let s = f
+        .wait_subscription("orders", "3 taps installed, not drained", |s| {
+            taps_in(s, TapState::Degraded) == 3
+        })
+        .await;
+    let status = s.status.clone().expect("status");
+    assert_eq!(status.instance_id.as_deref(), Some(f.op.ctx.instance_id.as_str()));
+    assert_eq!(status.addresses, vec![address.clone()]);
+    assert!(
+        status.taps.iter().all(|t| t.coverage_start.is_some()),
+        "{:?}",
+        status.taps
+    );
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "NotDrained")
+    );
+    assert!(
+        s.finalizers()
+            .iter()
+            .any(|x| x == "artemis-studio.io/capture-taps"),
+        "the subscription carries the capture finalizer"
+    );
+
+    let tap = f.tap(&address, "orders");
+    let queue = tap.capture_queue();
+    for b in f.bed.cluster_brokers("c") {
+        // (4) a non-exclusive divert with its own routing name into the capture address.
+        assert!(
+            divert_names(&f.bed, &b).await.contains(&tap.divert()),
+            "divert on {}",
+            b.name
+        );
+        let (_, ours) = jolokia_raw(
+            &b,
+            &f.bed.broker_user(),
+            ORIGIN,
+            json!({"type": "read", "mbean": format!(
+                "org.apache.activemq.artemis:broker=\"{}\",component=addresses,address=\"{address}\",subcomponent=diverts,divert=\"{}\"",
+                b.name, tap.divert())}),
+        )
+        .await;
+        let ours = &ours["value"];
+        assert_eq!(ours["Exclusive"], false, "{ours}");
+        assert_eq!(ours["ForwardingAddress"], queue.as_str(), "{ours}");
+        assert_eq!(ours["RoutingName"], tap.divert().as_str(), "{ours}");
+        // (3) a non-durable ring queue.
+        assert_eq!(queue_attr(&f.bed, &b, &queue, "Durable").await, json!(false));
+        assert_eq!(queue_attr(&f.bed, &b, &queue, "RingSize").await, json!(50));
+        // (1) address settings: auto-create/delete addresses only, DROP at a max size, expiry.
+        let a = json_of(&f.bed, &b, "getAddressSettingsAsJSON", &queue).await;
+        assert_eq!(a["addressFullMessagePolicy"], "DROP", "{a}");
+        assert_eq!(a["maxSizeBytes"], 4194304, "{a}");
+        assert_eq!(a["autoCreateAddresses"], true, "{a}");
+        assert_eq!(a["autoDeleteAddresses"], true, "{a}");
+        assert_eq!(a["autoCreateQueues"], false, "{a}");
+        assert_eq!(a["autoDeleteQueues"], false, "{a}");
+        assert_eq!(a["expiryDelay"], 120000, "{a}");
+        // (2) only the operator's role may consume or browse; nobody sends.
+        let roles = json_of(&f.bed, &b, "getRolesAsJSON", &queue).await;
+        let roles = roles.as_array().cloned().unwrap_or_default();
+        assert!(
+            roles.iter().all(|r| r["send"] == false
+                && (r["name"] == "amq" || (r["consume"] == false && r["browse"] == false))),
+            "{roles:?}"
+        );
+    }
+    let installs = f.capture_audit_rows("capture.install").await;
+    assert_eq!(installs.len(), 1, "one audited install: {installs:?}");
+    assert_eq!(installs[0].0, "succeeded");
+    assert_eq!(installs[0].1["nodes"].as_array().map(Vec::len), Some(3));
+
+    // A second (and third) pass changes nothing and writes no audit row.
+    f.later_passes(2).await;
+    assert_eq!(f.capture_audit_rows("capture.install").await.len(), 1);
+
+    // Attach a consumer to one node's capture queue: that node's tap is being drained.
+    let c1 = f.bed.broker("c1");
+    let consumer =
+        crate::support::amqp_consumer(&f.bed, "c1", &format!("{queue}::{queue}"), &format!("drain-{id}"))
+            .await;
+    let s = f
+        .wait_subscription("orders", "one tap healthy", |s| {
+            taps_in(s, TapState::Healthy) == 1
+        })
+        .await;
+    assert_eq!(taps_in(&s, TapState::Degraded), 2);
+    // What producers send to the source address is copied; the application's queue keeps it.
+    crate::support::send_messages(&f.bed, "c1", &address, 3).await;
+    let mut consumer = consumer;
+    for _ in 0..3 {
+        let d = tokio::time::timeout(
+            Duration::from_secs(20),
+            consumer.receiver.recv::<fe2o3_amqp::types::primitives::Value>(),
+        )
+        .await
+        .expect("a captured copy within 20 s")
+        .expect("receive");
+        consumer.receiver.accept(&d).await.expect("accept");
+    }
+    assert_eq!(queue_attr(&f.bed, &c1, &address, "MessageCount").await, json!(3));
+    drop(consumer);
+
+    // Delete: the pass removes every object of the tap, then releases the finalizer.
+    f.subscriptions()
+        .delete("orders", &DeleteParams::default())
+        .await
+        .expect("delete subscription");
+    let api = f.subscriptions();
+    wait_until("the subscription is gone", Duration::from_secs(90), || {
+        let api = api.clone();
+        async move { api.get_opt("orders").await.ok().flatten().is_none().then_some(()) }
+    })
+    .await;
+    for b in f.bed.cluster_brokers("c") {
+        assert!(
+            !divert_names(&f.bed, &b).await.contains(&tap.divert()),
+            "divert left on {}",
+            b.name
+        );
+        assert_eq!(
+            queue_attr(&f.bed, &b, &queue, "Durable").await,
+            Value::Null,
+            "queue left on {}",
+            b.name
+        );
+        // The application's queue and its messages are untouched.
+        assert!(queue_attr(&f.bed, &b, &address, "Durable").await == json!(true));
+    }
+    assert_eq!(queue_attr(&f.bed, &c1, &address, "MessageCount").await, json!(3));
+    let removes = f.capture_audit_rows("capture.remove").await;
+    assert_eq!(removes.len(), 1, "{removes:?}");
+    let open: i64 = sqlx::query_scalar("SELECT count(*) FROM capture_tap WHERE removed_at IS NULL")
+        .fetch_one(f.op.store.pool())
+        .await
+        .expect("open taps");
+    assert_eq!(open, 0);
+}
+
+#[tokio::test]
+async fn an_exclusive_divert_refuses_that_node_and_installs_nothing_there() {
+    let _shared = brokers_shared().await;
+    let f = fixture("cap-excl", None).await;
+    let id = short_id();
+    let address = format!("cap.{id}.excl");
+    broker_queue(&f.bed, &address).await;
+    // An application's exclusive divert on c2 only, made behind the operator's back.
+    let c2 = f.bed.broker("c2");
+    let sink = format!("cap.{id}.sink");
+    let doc = json!({"name": sink, "address": sink, "routing-type": "ANYCAST"}).to_string();
+    exec(
+        &f.bed,
+        &c2,
+        "createQueue(java.lang.String,boolean)",
+        json!([doc, true]),
+    )
+    .await;
+    let divert = json!({"name": format!("app-{id}"), "routing-name": format!("app-{id}"), "address": address,
+                        "forwarding-address": sink, "exclusive": true, "routing-type": "ANYCAST"})
+    .to_string();
+    let r = exec(&f.bed, &c2, "createDivert(java.lang.String)", json!([divert])).await;
+    assert_eq!(r["status"], 200, "{r}");
+
+    f.subscribe("excl", json!({"queues": address})).await;
+    let s = f
+        .wait_subscription("excl", "c2 refused, the others installed", |s| {
+            taps_in(s, TapState::Refused) == 1 && taps_in(s, TapState::Degraded) == 2
+        })
+        .await;
+    let refused = s
+        .status
+        .as_ref()
+        .and_then(|st| st.taps.iter().find(|t| t.state == TapState::Refused).cloned())
+        .expect("refused tap");
+    assert_eq!(refused.refusal, Some(RefusalKind::ExclusiveDivertPresent));
+    assert!(
+        refused
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains(&format!("app-{id}")),
+        "{refused:?}"
+    );
+    let tap = f.tap(&address, "excl");
+    assert!(!divert_names(&f.bed, &c2).await.contains(&tap.divert()));
+    assert_eq!(
+        queue_attr(&f.bed, &c2, &tap.capture_queue(), "Durable").await,
+        Value::Null
+    );
+    // Nothing was written there later either.
+    f.later_passes(2).await;
+    assert!(!divert_names(&f.bed, &c2).await.contains(&tap.divert()));
+    let installs = f.capture_audit_rows("capture.install").await;
+    assert_eq!(installs.len(), 1, "{installs:?}");
+    assert_eq!(installs[0].1["nodes"].as_array().map(Vec::len), Some(2));
+
+    exec(
+        &f.bed,
+        &c2,
+        "destroyDivert(java.lang.String)",
+        json!([format!("app-{id}")]),
+    )
+    .await;
+    f.subscriptions()
+        .delete("excl", &DeleteParams::default())
+        .await
+        .expect("delete");
+}
+
+#[tokio::test]
+async fn a_broker_user_without_security_authority_gets_no_security_authority_and_nothing_installed() {
+    let _shared = brokers_shared().await;
+    let bed = TestBed::get();
+    let ns = bed.fresh_namespace("cap-nosec").await;
+    let op = bed.start_operator(&ns).await;
+    let admin = bed.kube_admin().await;
+    let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
+    crate::support::create_cluster(&admin, &ns, "c", &urls, Some(bed.viewer_user())).await;
+    crate::support::wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
+    let f = Fixture { bed, ns, admin, op };
+    let id = short_id();
+    let address = format!("cap.{id}.nosec");
+    broker_queue(&f.bed, &address).await;
+    f.subscribe("nosec", json!({"queues": address})).await;
+    let s = f
+        .wait_subscription("nosec", "every node refused", |s| {
+            taps_in(s, TapState::Refused) == 3
+        })
+        .await;
+    for t in &s.status.as_ref().expect("status").taps {
+        assert_eq!(t.refusal, Some(RefusalKind::NoSecurityAuthority), "{t:?}");
+        assert!(
+            t.message.as_deref().unwrap_or("").contains("addSecuritySettings"),
+            "{t:?}"
+        );
+    }
+    let tap = f.tap(&address, "nosec");
+    for b in f.bed.cluster_brokers("c") {
+        assert!(!divert_names(&f.bed, &b).await.contains(&tap.divert()));
+        assert_eq!(
+            queue_attr(&f.bed, &b, &tap.capture_queue(), "Durable").await,
+            Value::Null
+        );
+        let a = json_of(&f.bed, &b, "getAddressSettingsAsJSON", &tap.capture_queue()).await;
+        assert_ne!(
+            a["addressFullMessagePolicy"], "DROP",
+            "no address settings were added: {a}"
+        );
+    }
+    assert!(
+        f.capture_audit_rows("capture.install").await.is_empty(),
+        "no command was sent"
+    );
+}
