@@ -25,7 +25,7 @@ async fn poll(bed: &TestBed, cluster: &str, memory: &tokio::sync::Mutex<Topology
     topology::poll(&bed.access(cluster, bed.broker_user()), memory).await
 }
 
-async fn node_id_of(bed: &TestBed, broker: &str) -> String {
+pub async fn node_id_of(bed: &TestBed, broker: &str) -> String {
     let b = bed.broker(broker);
     let (u, p) = bed.broker_user();
     let client = JolokiaClient::new(

@@ -385,6 +385,18 @@ impl TestBed {
 
     /// The operator watching several namespaces.
     pub async fn start_operator_for(&self, namespaces: &[&str]) -> OperatorHandle {
+        let db = self.fresh_database().await;
+        self.start_operator_on(namespaces, &db, &format!("test-{}", short_id()))
+            .await
+    }
+
+    /// The operator on a given database and instance ID (a restart of the same installation).
+    pub async fn start_operator_on(
+        &self,
+        namespaces: &[&str],
+        db: &str,
+        instance_id: &str,
+    ) -> OperatorHandle {
         // The operator's logs go to the test's output (shown when it fails); RUST_LOG filters.
         let _ = tracing_subscriber::fmt()
             .with_env_filter(
@@ -397,17 +409,16 @@ impl TestBed {
         let metrics = std::sync::Arc::new(artemis_studio_operator::telemetry::Metrics::default());
         let config = config_from(&self.var("TESTBED_OPERATOR_KUBECONFIG")).await;
         let client = artemis_studio_operator::telemetry::api_client_with(config, &metrics).expect("client");
-        let db = self.fresh_database().await;
-        artemis_studio_operator::store::Store::migrate(&db)
+        artemis_studio_operator::store::Store::migrate(db)
             .await
             .expect("migrate");
-        let store = artemis_studio_operator::store::Store::connect(&db)
+        let store = artemis_studio_operator::store::Store::connect(db)
             .await
             .expect("store");
         let (mut ctx, reflectors) = artemis_studio_operator::controllers::Context::new(
             client,
             store.clone(),
-            format!("test-{}", short_id()),
+            instance_id.to_string(),
             artemis_studio_operator::controllers::Namespaces::Only(
                 namespaces.iter().map(|n| n.to_string()).collect(),
             ),
@@ -424,6 +435,7 @@ impl TestBed {
         OperatorHandle {
             ctx,
             store,
+            db: db.to_string(),
             task: controllers,
             capture,
         }
@@ -433,6 +445,8 @@ impl TestBed {
 pub struct OperatorHandle {
     pub ctx: std::sync::Arc<artemis_studio_operator::controllers::Context>,
     pub store: artemis_studio_operator::store::Store,
+    /// The database URL this operator uses.
+    pub db: String,
     task: tokio::task::JoinHandle<()>,
     capture: tokio::task::JoinHandle<()>,
 }
