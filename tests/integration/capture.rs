@@ -664,3 +664,316 @@ async fn a_broker_restart_loses_only_the_ring_queue_and_the_next_pass_recreates_
         .await
         .expect("delete");
 }
+
+/// Send `n` messages to an address over a real AMQP 1.0 connection; every one must be accepted.
+async fn amqp_send(bed: &TestBed, broker: &str, address: &str, n: usize, tag: &str) -> Result<(), String> {
+    use fe2o3_amqp::types::messaging::Outcome;
+    let b = bed.broker(broker);
+    let (u, p) = bed.broker_user();
+    let url = b.amqp.replace("amqp://", &format!("amqp://{u}:{p}@"));
+    let mut connection = fe2o3_amqp::Connection::open(format!("producer-{tag}"), url.as_str())
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let mut session = fe2o3_amqp::Session::begin(&mut connection)
+        .await
+        .map_err(|e| format!("session: {e}"))?;
+    let mut sender = fe2o3_amqp::Sender::attach(&mut session, format!("tx-{tag}"), address)
+        .await
+        .map_err(|e| format!("attach: {e}"))?;
+    for i in 0..n {
+        match sender.send(format!("{tag} {i}")).await {
+            Ok(Outcome::Accepted(_)) => {}
+            Ok(other) => return Err(format!("message {i} not accepted: {other:?}")),
+            Err(e) => return Err(format!("message {i}: {e}")),
+        }
+    }
+    let _ = sender.close().await;
+    let _ = session.end().await;
+    let _ = connection.close().await;
+    Ok(())
+}
+
+async fn queue_on(bed: &TestBed, brokers: &[&str], address: &str) {
+    for name in brokers {
+        let b = bed.broker(name);
+        let doc = json!({"name": address, "address": address, "routing-type": "ANYCAST", "durable": true})
+            .to_string();
+        let r = exec(
+            bed,
+            &b,
+            "createQueue(java.lang.String,boolean)",
+            json!([doc, true]),
+        )
+        .await;
+        assert_eq!(r["status"], 200, "{r}");
+    }
+}
+
+fn coverage_of(s: &ArtemisCaptureSubscription, node: &str) -> Option<(TapState, Option<String>)> {
+    s.status
+        .as_ref()?
+        .taps
+        .iter()
+        .find(|t| t.node == node)
+        .map(|t| (t.state, t.coverage_start.clone()))
+}
+
+/// ADR-0066's end-to-end proof: the divert replicates, the non-durable ring queue does not; a
+/// producer on the promoted backup is never refused, and the next pass rebuilds the tap there.
+#[tokio::test]
+async fn after_a_failover_the_producer_is_never_refused_and_the_next_pass_rebuilds_the_tap_on_the_promoted_backup()
+ {
+    let _exclusive = crate::support::brokers_exclusive().await;
+    let restore_bed = TestBed::get();
+    let _restore = crate::support::RestoreHa(&restore_bed);
+    let bed = TestBed::get();
+    let ns = bed.fresh_namespace("cap-failover").await;
+    let op = bed.start_operator(&ns).await;
+    let admin = bed.kube_admin().await;
+    let urls: Vec<String> = bed.cluster_brokers("ha").into_iter().map(|b| b.jolokia).collect();
+    crate::support::create_cluster(&admin, &ns, "ha", &urls, Some(bed.broker_user())).await;
+    crate::support::wait_cluster_condition(&admin, &ns, "ha", "Ready", "True").await;
+    let f = Fixture { bed, ns, admin, op };
+    let id = short_id();
+    let address = format!("cap.{id}.proof");
+    queue_on(&f.bed, &["ha1", "ha2"], &address).await;
+    let pair = crate::cluster_core::node_id_of(&f.bed, "ha1").await;
+    f.subscribe("proof", json!({"clusterRef": {"name": "ha"}, "queues": address}))
+        .await;
+    let tap = f.tap(&address, "proof");
+    let queue = tap.capture_queue();
+    f.wait_subscription("proof", "2 taps installed", |s| {
+        taps_in(s, TapState::Degraded) == 2
+    })
+    .await;
+    // Drained on the primary: HEALTHY.
+    let drain = crate::support::amqp_consumer(
+        &f.bed,
+        "ha1",
+        &format!("{queue}::{queue}"),
+        &format!("drain-a-{id}"),
+    )
+    .await;
+    let before = f
+        .wait_subscription("proof", "the pair's tap healthy", |s| {
+            coverage_of(s, &pair).is_some_and(|(st, _)| st == TapState::Healthy)
+        })
+        .await;
+    let first_start = coverage_of(&before, &pair)
+        .and_then(|(_, c)| c)
+        .expect("coverage start");
+    amqp_send(&f.bed, "ha1", &address, 10, "before")
+        .await
+        .expect("the producer sends to the primary");
+    drop(drain);
+
+    // No operator runs between the promotion and the next pass: the window stays open.
+    let Fixture { bed, ns, admin, op } = f;
+    let (db, instance) = (op.db.clone(), op.ctx.instance_id.clone());
+    drop(op);
+    bed.broker_action("kill", "ha1");
+    let ha1b = bed.broker("ha1b");
+    wait_until("the backup is active", Duration::from_secs(120), || {
+        let bed = &bed;
+        let ha1b = &ha1b;
+        async move {
+            let (_, v) = jolokia_raw(
+                ha1b,
+                &bed.broker_user(),
+                ORIGIN,
+                json!({"type": "read", "mbean": "org.apache.activemq.artemis:broker=\"ha1b\"", "attribute": "Active"}),
+            )
+            .await;
+            (v["value"] == json!(true)).then_some(())
+        }
+    })
+    .await;
+    // The promoted backup holds the replicated divert and no capture queue...
+    assert!(
+        divert_names(&bed, &ha1b).await.contains(&tap.divert()),
+        "the divert replicated"
+    );
+    assert_eq!(
+        queue_attr(&bed, &ha1b, &queue, "Durable").await,
+        Value::Null,
+        "the ring queue did not"
+    );
+    // ...and a producer there is never refused (ADR-0066 D1).
+    amqp_send(&bed, "ha1b", &address, 20, "promoted")
+        .await
+        .expect("every send to the promoted backup is accepted");
+
+    // The operator returns: its next pass rebuilds the tap on the backup; until a drain attaches
+    // it is DEGRADED, and the node's coverage starts at the new tap, not at the subscription.
+    let op = bed.start_operator_on(&[&ns], &db, &instance).await;
+    let f = Fixture { bed, ns, admin, op };
+    let rebuilt = f
+        .wait_subscription("proof", "the pair's tap rebuilt, not drained", |s| {
+            coverage_of(s, &pair)
+                .is_some_and(|(st, c)| st == TapState::Degraded && c.as_deref() > Some(first_start.as_str()))
+        })
+        .await;
+    let ready = rebuilt
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Degraded").cloned())
+        .expect("Degraded condition");
+    assert_eq!(ready.status, "True");
+    assert_eq!(queue_attr(&f.bed, &ha1b, &queue, "RingSize").await, json!(10000));
+    let mut drain = crate::support::amqp_consumer(
+        &f.bed,
+        "ha1b",
+        &format!("{queue}::{queue}"),
+        &format!("drain-b-{id}"),
+    )
+    .await;
+    f.wait_subscription("proof", "the pair's tap healthy again", |s| {
+        coverage_of(s, &pair).is_some_and(|(st, _)| st == TapState::Healthy)
+    })
+    .await;
+    amqp_send(&f.bed, "ha1b", &address, 3, "after")
+        .await
+        .expect("send after the rebuild");
+    for _ in 0..3 {
+        let d = tokio::time::timeout(
+            Duration::from_secs(20),
+            drain.receiver.recv::<fe2o3_amqp::types::primitives::Value>(),
+        )
+        .await
+        .expect("a captured copy on the backup within 20 s")
+        .expect("receive");
+        drain.receiver.accept(&d).await.expect("accept");
+    }
+    drop(drain);
+    let rows: Vec<(Option<String>,)> =
+        sqlx::query_as("SELECT removal_reason FROM capture_tap WHERE node = $1 ORDER BY id")
+            .bind(&pair)
+            .fetch_all(f.op.store.pool())
+            .await
+            .expect("records");
+    assert_eq!(rows.len(), 2, "two incarnations on the pair's node: {rows:?}");
+    assert!(
+        rows[0].0.as_deref().unwrap_or("").contains("failover"),
+        "{rows:?}"
+    );
+    // Leave nothing behind for the restore: the subscription's taps go with it.
+    f.subscriptions()
+        .delete("proof", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let api = f.subscriptions();
+    wait_until("the subscription is gone", Duration::from_secs(90), || {
+        let api = api.clone();
+        async move { api.get_opt("proof").await.ok().flatten().is_none().then_some(()) }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn two_processes_of_one_installation_never_overlap_a_pass_and_serve_different_clusters() {
+    let _shared = brokers_shared().await;
+    let bed = TestBed::get();
+    let ns = bed.fresh_namespace("cap-two").await;
+    let db = bed.fresh_database().await;
+    let instance = format!("test-{}", short_id());
+    let a = bed.start_operator_on(&[&ns], &db, &instance).await;
+    let b = bed.start_operator_on(&[&ns], &db, &instance).await;
+    let admin = bed.kube_admin().await;
+    for cluster in ["c", "ha"] {
+        let urls: Vec<String> = bed
+            .cluster_brokers(cluster)
+            .into_iter()
+            .map(|b| b.jolokia)
+            .collect();
+        let user = (cluster == "c").then(|| bed.broker_user());
+        crate::support::create_cluster(&admin, &ns, cluster, &urls, user).await;
+    }
+    // Both clusters share one credentials Secret name scheme: give "ha" its own.
+    {
+        use k8s_openapi::api::core::v1::Secret;
+        let (u, p) = bed.broker_user();
+        let secret: Secret = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "ha-credentials"}, "stringData": {"username": u, "password": p}}))
+        .expect("secret");
+        Api::<Secret>::namespaced(admin.clone(), &ns)
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("ha secret");
+    }
+    for cluster in ["c", "ha"] {
+        crate::support::wait_cluster_condition(&admin, &ns, cluster, "Ready", "True").await;
+    }
+    let id = short_id();
+    let address = format!("cap.{id}.two");
+    queue_on(&bed, &["c1", "c2", "c3", "ha1", "ha2"], &address).await;
+    let f = Fixture {
+        bed,
+        ns,
+        admin,
+        op: a,
+    };
+    f.subscribe("on-c", json!({"clusterRef": {"name": "c"}, "queues": address}))
+        .await;
+    f.subscribe("on-ha", json!({"clusterRef": {"name": "ha"}, "queues": address}))
+        .await;
+    f.wait_subscription("on-c", "3 taps", |s| taps_in(s, TapState::Degraded) == 3)
+        .await;
+    f.wait_subscription("on-ha", "2 taps", |s| taps_in(s, TapState::Degraded) == 2)
+        .await;
+
+    // Each process takes its share: the clusters end up served by different processes.
+    let pool = f.op.store.pool().clone();
+    let holders = wait_until("c and ha served by different processes", Duration::from_secs(90), || {
+        let pool = pool.clone();
+        let ns = f.ns.clone();
+        async move {
+            let latest: Vec<(String, String)> = sqlx::query_as(
+                "SELECT DISTINCT ON (cluster) cluster, holder FROM capture_pass WHERE cluster = ANY($1) ORDER BY cluster, id DESC",
+            )
+            .bind(vec![format!("{ns}/c"), format!("{ns}/ha")])
+            .fetch_all(&pool)
+            .await
+            .ok()?;
+            (latest.len() == 2 && latest[0].1 != latest[1].1).then_some(latest)
+        }
+    })
+    .await;
+    let processes = [f.op.ctx.process_id.clone(), b.ctx.process_id.clone()];
+    assert!(holders.iter().all(|(_, h)| processes.contains(h)), "{holders:?}");
+    f.later_passes(2).await;
+    // The lock: no two passes over one cluster ever overlapped in time.
+    let overlapping: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM capture_pass p JOIN capture_pass q ON p.cluster = q.cluster AND p.id < q.id \
+         AND p.started_at < q.finished_at AND q.started_at < p.finished_at",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("overlaps");
+    assert_eq!(overlapping, 0, "passes of one cluster overlapped");
+    // Exactly one install per tap and node, whichever process made it.
+    let installs = f.capture_audit_rows("capture.install").await;
+    let nodes: usize = installs
+        .iter()
+        .filter_map(|r| r.1["nodes"].as_array().map(Vec::len))
+        .sum();
+    assert_eq!(
+        nodes, 5,
+        "3 nodes of c + 2 of ha, each installed once: {installs:?}"
+    );
+    for s in ["on-c", "on-ha"] {
+        f.subscriptions()
+            .delete(s, &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+    let api = f.subscriptions();
+    wait_until("both subscriptions gone", Duration::from_secs(90), || {
+        let api = api.clone();
+        async move {
+            let left = api.list(&Default::default()).await.ok()?;
+            left.items.is_empty().then_some(())
+        }
+    })
+    .await;
+    drop(b);
+}
