@@ -15,7 +15,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector;
 use kube::{Api, Client, Resource};
 
-use crate::api::{ArtemisCluster, ArtemisDivert, ArtemisQueue};
+use crate::api::{ArtemisCaptureSubscription, ArtemisCluster, ArtemisDivert, ArtemisQueue};
 
 use crate::store::Store;
 use crate::topology::TopologyCache;
@@ -135,6 +135,8 @@ pub struct Caches {
     pub clusters: Cache<ArtemisCluster>,
     pub queues: Cache<ArtemisQueue>,
     pub diverts: Cache<ArtemisDivert>,
+    /// Capture subscriptions: a queue's delete preview names the taps on its address (ADR-0084 §5).
+    pub subscriptions: Cache<ArtemisCaptureSubscription>,
 }
 
 /// The writers behind [`Caches`], driven by [`run_all`].
@@ -142,6 +144,7 @@ pub struct Reflectors {
     clusters: Vec<reflector::store::Writer<ArtemisCluster>>,
     queues: Vec<reflector::store::Writer<ArtemisQueue>>,
     diverts: Vec<reflector::store::Writer<ArtemisDivert>>,
+    subscriptions: Vec<reflector::store::Writer<ArtemisCaptureSubscription>>,
 }
 
 impl ReconcileError {
@@ -363,6 +366,7 @@ impl Context {
         let (clusters, cw) = Cache::new(n);
         let (queues, qw) = Cache::new(n);
         let (diverts, dw) = Cache::new(n);
+        let (subscriptions, sw) = Cache::new(n);
         let ctx = Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
@@ -378,6 +382,7 @@ impl Context {
                 clusters,
                 queues,
                 diverts,
+                subscriptions,
             },
             topologies: TopologyCache::default(),
             clusters: cluster::ClusterRegistry::default(),
@@ -395,6 +400,7 @@ impl Context {
                 clusters: cw,
                 queues: qw,
                 diverts: dw,
+                subscriptions: sw,
             },
         )
     }
@@ -687,6 +693,7 @@ pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
             caches.clusters.wait_until_ready().await;
             caches.queues.wait_until_ready().await;
             caches.diverts.wait_until_ready().await;
+            caches.subscriptions.wait_until_ready().await;
             ctx.metrics.set_ready();
             let scopes = ns.scopes();
             let closes = scopes.iter().map(|scope| {
@@ -757,7 +764,12 @@ pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
             .into_iter()
             .zip(reflectors.diverts)
             .map(|(a, w)| reflect(a, w));
-        tokio::join!(join_all(c), join_all(q), join_all(d));
+        let s = ns
+            .apis::<ArtemisCaptureSubscription>(&client)
+            .into_iter()
+            .zip(reflectors.subscriptions)
+            .map(|(a, w)| reflect(a, w));
+        tokio::join!(join_all(c), join_all(q), join_all(d), join_all(s));
     };
     tokio::select! {
         _ = controllers => {}

@@ -63,6 +63,11 @@ pub struct PlanFacts {
     pub declared_diverts: BTreeMap<String, String>,
     pub declaration_mode: DeclarationMode,
     pub bulk_cap: u64,
+    /// This operator's instance ID: which capture taps are ours (ADR-0062 D7).
+    pub instance_id: String,
+    /// Capture subscription name → its queue pattern, for the live subscriptions on this
+    /// cluster (ADR-0084 §5: which taps a queue delete leaves to their subscription).
+    pub capture_patterns: BTreeMap<String, String>,
 }
 
 /// A delete refused as a whole before anything is sent (e.g. the bulk cap).
@@ -376,6 +381,21 @@ fn facts(ctx: &Context, cluster_key: &str, rt: &ClusterRuntime) -> PlanFacts {
         declared_diverts: declared_diverts(ctx, cluster_key),
         declaration_mode: rt.declaration_mode,
         bulk_cap: rt.bulk_cap,
+        instance_id: ctx.instance_id.clone(),
+        capture_patterns: ctx
+            .caches
+            .subscriptions
+            .state()
+            .iter()
+            .filter(|s| {
+                s.metadata.deletion_timestamp.is_none()
+                    && key(
+                        s.metadata.namespace.as_deref().unwrap_or_default(),
+                        &s.spec.cluster_ref.name,
+                    ) == cluster_key
+            })
+            .map(|s| (s.metadata.name.clone().unwrap_or_default(), s.spec.queues.clone()))
+            .collect(),
     }
 }
 

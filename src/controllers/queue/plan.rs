@@ -248,6 +248,45 @@ pub fn plan_node(d: &DesiredQueue, inv: &NodeInventory) -> NodeAction {
     }
 }
 
+/// ADR-0084 §5: what happens to a capture tap on the deleted queue's address. The delete never
+/// touches it; its subscription removes it at its next pass once no queue its pattern matches
+/// remains on the address, otherwise it stays.
+fn capture_tap_note(
+    queue: &str,
+    address: &str,
+    divert: &str,
+    inv: &NodeInventory,
+    facts: &PlanFacts,
+) -> String {
+    use crate::capture::names::{TapName, wildcard_matches};
+    let Some((tap, _)) = TapName::parse(&facts.instance_id, divert) else {
+        return "capture tap of another operator instance: kept; this operator never touches it (ADR-0062 D7)".into();
+    };
+    let Some(pattern) = facts.capture_patterns.get(&tap.subscription) else {
+        return format!(
+            "capture tap of ArtemisCaptureSubscription {}, which no longer exists: kept by this delete; the next capture pass sweeps it (ADR-0084 §5)",
+            tap.subscription
+        );
+    };
+    let others: Vec<String> = inv
+        .queue_names_on(address)
+        .into_iter()
+        .filter(|q| q != queue && wildcard_matches(pattern, q))
+        .collect();
+    if others.is_empty() {
+        format!(
+            "capture tap of ArtemisCaptureSubscription {}: kept by this delete; removed by that subscription's next capture pass once the snapshot no longer holds this queue, the last one on {address} its pattern {pattern:?} matches (until then it copies into its ring) (ADR-0084 §5)",
+            tap.subscription
+        )
+    } else {
+        format!(
+            "capture tap of ArtemisCaptureSubscription {}: kept; the subscription still captures {address} through {} (ADR-0084 §5)",
+            tap.subscription,
+            others.join(", ")
+        )
+    }
+}
+
 /// Diverts a queue delete removes with the queue on a node, and those it keeps (ADR-0084 §1, §4, §5).
 pub fn divert_impact(
     queue: &str,
@@ -270,9 +309,7 @@ pub fn divert_impact(
         if d.name.starts_with(CAPTURE_PREFIX) {
             // §5: capture taps belong to their subscription, never to a queue delete.
             if d.address == address || d.forwarding_address == address {
-                kept.push(impact(
-                    "capture tap: kept; its capture subscription removes it once no queue it matches remains on the address (ADR-0084 §5)".into(),
-                ));
+                kept.push(impact(capture_tap_note(queue, address, &d.name, inv, facts)));
             }
             continue;
         }
@@ -589,7 +626,50 @@ mod tests {
         assert_eq!(removed[0].1.declared_by.as_deref(), Some("ns/into"));
         let kept_names: Vec<&str> = kept.iter().map(|k| k.name.as_str()).collect();
         assert!(kept_names.contains(&"out"));
-        assert!(kept.iter().any(|k| k.note.contains("capture subscription")));
+        assert!(kept.iter().any(|k| k.note.contains("another operator instance")));
+        // Our own tap: removed by its subscription's next pass when this is the last matching
+        // queue on the address, kept when another matching queue remains.
+        let ours = crate::capture::names::TapName::new("i1", "target", "sub");
+        let with_tap = |queues: Vec<QueueInfo>| {
+            inv(
+                queues,
+                vec![divert(&ours.divert(), "target", &ours.capture_queue())],
+            )
+        };
+        let mut facts = facts.clone();
+        facts.instance_id = "i1".into();
+        facts.capture_patterns = BTreeMap::from([("sub".to_string(), "#".to_string())]);
+        let (_, kept) = divert_impact(
+            "target",
+            "target",
+            &with_tap(vec![queue("target", "target", "ANYCAST")]),
+            &facts,
+        );
+        assert!(
+            kept[0]
+                .note
+                .contains("removed by that subscription's next capture pass"),
+            "{}",
+            kept[0].note
+        );
+        let two = vec![
+            queue("target", "target", "ANYCAST"),
+            queue("also", "target", "ANYCAST"),
+        ];
+        let (_, kept) = divert_impact("target", "target", &with_tap(two), &facts);
+        assert!(
+            kept[0].note.contains("still captures target through also"),
+            "{}",
+            kept[0].note
+        );
+        facts.capture_patterns.clear();
+        let (_, kept) = divert_impact(
+            "target",
+            "target",
+            &with_tap(vec![queue("target", "target", "ANYCAST")]),
+            &facts,
+        );
+        assert!(kept[0].note.contains("no longer exists"), "{}", kept[0].note);
 
         // With a second queue on the address, the divert still has a consumer: not dependent.
         let queues = vec![
