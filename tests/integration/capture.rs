@@ -1007,3 +1007,202 @@ async fn two_processes_of_one_installation_never_overlap_a_pass_and_serve_differ
     .await;
     drop(b);
 }
+
+/// The Artemis CLI `producer` (a real Core JMS client) sends `n` text messages to an anycast
+/// address.
+fn core_produce(bed: &TestBed, broker: &str, address: &str, n: usize) {
+    let home = bed.var("TESTBED_ARTEMIS_HOME");
+    let (u, p) = bed.broker_user();
+    let core = bed.var(&format!("TESTBED_{}_CORE", broker.to_uppercase()));
+    let out = std::process::Command::new(format!("{home}/bin/artemis"))
+        .args([
+            "producer",
+            "--url",
+            &core,
+            "--user",
+            &u,
+            "--password",
+            &p,
+            "--destination",
+            &format!("queue://{address}"),
+            "--message-count",
+            &n.to_string(),
+            "--message-size",
+            "64",
+            "--silent",
+        ])
+        .output()
+        .expect("run the Artemis CLI producer");
+    assert!(
+        out.status.success(),
+        "artemis producer: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn amqp_and_core_producers_are_stored_exactly_once_with_their_source_ids_and_truncated_bodies() {
+    let _shared = brokers_shared().await;
+    let f = fixture("cap-store", None).await;
+    let id = short_id();
+    let address = format!("cap.{id}.store");
+    broker_queue(&f.bed, &address).await;
+    f.subscribe("store", json!({"queues": address, "maxBodyBytes": 6}))
+        .await;
+    f.wait_subscription("store", "3 taps drained", |s| taps_in(s, TapState::Healthy) == 3)
+        .await;
+    amqp_send(&f.bed, "c1", &address, 5, "amqp-message")
+        .await
+        .expect("AMQP producer");
+    core_produce(&f.bed, "c1", &address, 5);
+    let rows = f.wait_rows("store", 10).await;
+    assert!(rows.iter().all(|r| r.0 == address), "{rows:?}");
+    let mut sources: Vec<&str> = rows.iter().filter_map(|r| r.1.as_deref()).collect();
+    assert_eq!(
+        sources.len(),
+        10,
+        "every copy carries its source message ID (AMQP and Core): {rows:?}"
+    );
+    sources.sort();
+    sources.dedup();
+    assert_eq!(sources.len(), 10);
+    // Bodies are cut at maxBodyBytes, and say so with the original size.
+    let cut: Vec<(Option<String>, i32, bool)> = sqlx::query_as(
+        "SELECT body_text, body_size, body_truncated FROM captured_message WHERE subscription = 'store' AND body_text LIKE 'amqp%'",
+    )
+    .fetch_all(f.op.store.pool())
+    .await
+    .expect("bodies");
+    assert_eq!(cut.len(), 5, "{cut:?}");
+    assert!(
+        cut.iter().all(|(t, size, truncated)| *truncated
+            && t.as_deref().is_some_and(|t| t.len() <= 6)
+            && *size > 6),
+        "{cut:?}"
+    );
+    // No second row for any of them after later passes (and drains) ran.
+    f.later_passes(2).await;
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM captured_message WHERE subscription = 'store'")
+        .fetch_one(f.op.store.pool())
+        .await
+        .expect("count");
+    assert_eq!(n, 10);
+    f.subscriptions()
+        .delete("store", &DeleteParams::default())
+        .await
+        .expect("delete");
+}
+
+#[tokio::test]
+async fn a_firehose_hits_its_rate_cap_and_reports_the_drops_while_a_quiet_subscription_keeps_everything() {
+    let _shared = brokers_shared().await;
+    let f = fixture("cap-rate", None).await;
+    let id = short_id();
+    let (hot, calm) = (format!("cap.{id}.hot"), format!("cap.{id}.calm"));
+    broker_queue(&f.bed, &hot).await;
+    broker_queue(&f.bed, &calm).await;
+    f.subscribe("fire", json!({"queues": hot, "maxIngestPerSecond": 1}))
+        .await;
+    f.subscribe("quiet", json!({"queues": calm})).await;
+    for s in ["fire", "quiet"] {
+        f.wait_subscription(s, "3 taps drained", |s| taps_in(s, TapState::Healthy) == 3)
+            .await;
+    }
+    crate::support::send_messages(&f.bed, "c1", &hot, 30).await;
+    crate::support::send_messages(&f.bed, "c1", &calm, 5).await;
+    f.wait_rows("quiet", 5).await;
+    // Stored + dropped by the rate cap = sent: every drop is counted, none is silent.
+    let pool = f.op.store.pool().clone();
+    let (stored, capped) = wait_until("fire's 30 copies stored or counted", Duration::from_secs(60), || {
+        let pool = pool.clone();
+        async move {
+            let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM captured_message WHERE subscription = 'fire'")
+                .fetch_one(&pool)
+                .await
+                .ok()?;
+            let capped: i64 = sqlx::query_scalar(
+                "SELECT COALESCE(sum(messages), 0)::bigint FROM capture_loss WHERE subscription = 'fire' AND cause = 'rate_cap'",
+            )
+            .fetch_one(&pool)
+            .await
+            .ok()?;
+            (stored + capped == 30).then_some((stored, capped))
+        }
+    })
+    .await;
+    assert!(
+        capped > 0 && stored < 30,
+        "the cap bit: stored {stored}, dropped {capped}"
+    );
+    let s = f
+        .wait_subscription("fire", "status reports the drops", |s| {
+            s.status
+                .as_ref()
+                .is_some_and(|st| st.dropped_estimate >= capped as u64)
+        })
+        .await;
+    assert_eq!(s.status.as_ref().map(|st| st.captured), Some(stored as u64));
+    for s in ["fire", "quiet"] {
+        f.subscriptions()
+            .delete(s, &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+}
+
+#[tokio::test]
+async fn retention_drops_whole_day_partitions_older_than_the_max_age() {
+    let _shared = brokers_shared().await;
+    let f = fixture("cap-retain", None).await;
+    let id = short_id();
+    let address = format!("cap.{id}.retain");
+    broker_queue(&f.bed, &address).await;
+    f.subscribe(
+        "retain",
+        json!({"queues": address, "retention": {"maxAgeHours": 24}}),
+    )
+    .await;
+    f.wait_subscription("retain", "3 taps drained", |s| taps_in(s, TapState::Healthy) == 3)
+        .await;
+    crate::support::send_messages(&f.bed, "c1", &address, 1).await;
+    f.wait_rows("retain", 1).await;
+    // A day partition from ten days ago, with a row in it.
+    let sub_id: i64 = sqlx::query_scalar("SELECT id FROM capture_subscription WHERE subscription = 'retain'")
+        .fetch_one(f.op.store.pool())
+        .await
+        .expect("subscription id");
+    let day = (chrono::Utc::now() - chrono::Duration::days(10)).date_naive();
+    let next = day + chrono::Duration::days(1);
+    let old = format!("captured_message_s{sub_id}_{}", day.format("%Y%m%d"));
+    sqlx::query(&format!(
+        "CREATE TABLE {old} PARTITION OF captured_message_s{sub_id} FOR VALUES FROM ('{day}T00:00:00Z') TO ('{next}T00:00:00Z')"
+    ))
+    .execute(f.op.store.pool())
+    .await
+    .expect("old partition");
+    sqlx::query(&format!(
+        "INSERT INTO captured_message (cluster, subscription, subscription_id, node, original_address, capture_queue, body_size, captured_at) \
+         VALUES ('{}/c', 'retain', {sub_id}, 'n', '{address}', 'q', 0, '{day}T12:00:00Z')",
+        f.ns
+    ))
+    .execute(f.op.store.pool())
+    .await
+    .expect("old row");
+    f.later_passes(2).await;
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_class WHERE relname = $1)")
+        .bind(&old)
+        .fetch_one(f.op.store.pool())
+        .await
+        .expect("exists");
+    assert!(!exists, "the old day partition was dropped whole");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM captured_message WHERE subscription = 'retain'")
+        .fetch_one(f.op.store.pool())
+        .await
+        .expect("rows");
+    assert_eq!(left, 1, "today's row is kept");
+    f.subscriptions()
+        .delete("retain", &DeleteParams::default())
+        .await
+        .expect("delete");
+}
