@@ -11,15 +11,13 @@ use crate::install::{Ctx, Install, settle};
 use crate::objects::QueueWatch;
 use crate::report::{Headline, Section, Table};
 
-/// Capture passes run this often in this scenario (the default is 30 s), so the taps are in
-/// place before the idle window.
-const CAPTURE_PASS_SECONDS: &str = "5";
-
 struct Idle {
     rss_mib: f64,
     /// CPU seconds per second (1.0 = one core busy).
     cpu_cores: f64,
     jolokia_per_poll: f64,
+    /// Jolokia operations in the window by kind (read, search, or the operation).
+    jolokia_by_kind: std::collections::BTreeMap<String, f64>,
 }
 
 async fn idle(ctx: &Ctx, install: &Install) -> Result<Idle> {
@@ -37,16 +35,12 @@ async fn idle(ctx: &Ctx, install: &Install) -> Result<Idle> {
         } else {
             f64::NAN
         },
+        jolokia_by_kind: d.jolokia_by_kind,
     })
 }
 
 pub async fn run(ctx: &Ctx) -> Result<Section> {
-    let install = Install::up(
-        ctx,
-        "footprint",
-        &[("CAPTURE_PASS_SECONDS", CAPTURE_PASS_SECONDS)],
-    )
-    .await?;
+    let install = Install::up(ctx, "footprint", &[]).await?;
     let result = measure(ctx, &install).await;
     install.down(ctx).await;
     let (empty, loaded) = result?;
@@ -67,8 +61,9 @@ async fn measure(ctx: &Ctx, install: &Install) -> Result<(Idle, Idle)> {
     for (k, q) in names.iter().take(ctx.cfg.footprint_subscriptions).enumerate() {
         o.create_subscription(&format!("bench-sub-{k}"), q).await?;
     }
-    // Two capture passes: every tap installed.
-    settle(Duration::from_secs(12)).await;
+    // A subscription change triggers a capture pass; wait until every tap is in place.
+    o.wait_taps(ctx.jolokia.nodes.len(), Duration::from_secs(180))
+        .await?;
     let loaded = idle(ctx, install).await;
     // Taps go first (their sweep needs the operator), then the queues.
     let subs = o.delete_subscriptions(Duration::from_secs(120)).await;
@@ -87,13 +82,13 @@ fn section(ctx: &Ctx, empty: &Idle, loaded: &Idle) -> Section {
     let mut s = Section::new(
         "footprint",
         "4. Footprint",
-        "The operator process at idle (no change to make) for the idle window: resident memory (VmRSS) at its end and CPU (user + system) over it, first with only the ArtemisCluster (baseline), then with N ArtemisQueues and S ArtemisCaptureSubscriptions (each over one of the queues: one tap per subscription on every node). One run each: no spread.",
+        "The operator process at idle (no change to make) for the idle window: resident memory (VmRSS) at its end and CPU (user + system) over it, first with only the ArtemisCluster (baseline), then with N ArtemisQueues and S ArtemisCaptureSubscriptions (each over one of the queues: one tap per subscription on every node, installed before the window), capture passes at their default interval (30 s). One run each: no spread.",
     );
     let mut t = Table::new(&[
         "state",
         "RSS MiB",
         "CPU, % of one core",
-        "Jolokia ops per poll (3 nodes)",
+        "Jolokia ops ÷ cluster polls (capture passes included)",
     ]);
     t.row(vec![
         "cluster only".into(),
@@ -129,8 +124,8 @@ fn section(ctx: &Ctx, empty: &Idle, loaded: &Idle) -> Section {
         .push(format!("Idle windows of {} s.", ctx.cfg.idle_seconds));
     s.json = json!({
         "queues": n, "subscriptions": subs, "idleSeconds": ctx.cfg.idle_seconds,
-        "clusterOnly": {"rssMiB": empty.rss_mib, "cpuCores": empty.cpu_cores, "jolokiaOpsPerPoll": empty.jolokia_per_poll},
-        "loaded": {"rssMiB": loaded.rss_mib, "cpuCores": loaded.cpu_cores, "jolokiaOpsPerPoll": loaded.jolokia_per_poll},
+        "clusterOnly": {"rssMiB": empty.rss_mib, "cpuCores": empty.cpu_cores, "jolokiaOpsPerPoll": empty.jolokia_per_poll, "jolokiaOpsByKind": empty.jolokia_by_kind},
+        "loaded": {"rssMiB": loaded.rss_mib, "cpuCores": loaded.cpu_cores, "jolokiaOpsPerPoll": loaded.jolokia_per_poll, "jolokiaOpsByKind": loaded.jolokia_by_kind},
     });
     s
 }

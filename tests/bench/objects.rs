@@ -290,6 +290,30 @@ impl Objects {
         Ok(())
     }
 
+    /// Wait until every subscription reports a tap on each of `nodes` nodes, none `PENDING`
+    /// (installed, or refused: either way the operator acted).
+    pub async fn wait_taps(&self, nodes: usize, timeout: Duration) -> Result<()> {
+        use artemis_studio_operator::api::capture::TapState;
+        let api: Api<ArtemisCaptureSubscription> = Api::namespaced(self.client.clone(), &self.ns);
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.harness.read(1);
+            let subs = api.list(&ListParams::default()).await?.items;
+            let done = subs.iter().all(|s| {
+                s.status.as_ref().is_some_and(|st| {
+                    st.taps.len() >= nodes && st.taps.iter().all(|t| t.state != TapState::Pending)
+                })
+            });
+            if done {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("capture taps not all installed after {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
     /// Delete every subscription and wait until the operator released them (its sweep
     /// removed their taps).
     pub async fn delete_subscriptions(&self, timeout: Duration) -> Result<()> {
