@@ -16,6 +16,9 @@ use crate::objects::{HarnessRequests, Objects};
 use crate::operator::{Launch, Operator};
 use crate::report::RunInfo;
 
+/// How long a scenario waits for a broker that another user of the bed is restarting.
+pub const BROKERS_DOWN_LIMIT: Duration = Duration::from_secs(300);
+
 pub struct Ctx {
     pub cfg: Config,
     pub bed: Bed,
@@ -175,6 +178,7 @@ pub struct Install {
 impl Install {
     /// Namespace `bench-<run>-<tag>`, database, operator, ArtemisCluster `c` with 3 live nodes.
     pub async fn up(ctx: &Ctx, tag: &str, extra_env: &[(&str, &str)]) -> Result<Install> {
+        ctx.jolokia.wait_up(BROKERS_DOWN_LIMIT).await?;
         let ns = format!("bench-{}-{tag}", ctx.cfg.run_id);
         let db = format!("bench_{}_{}", ctx.cfg.run_id, tag.replace('-', "_"));
         ctx.leftovers

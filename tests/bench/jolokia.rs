@@ -159,6 +159,32 @@ impl Jolokia {
         }
     }
 
+    /// Wait until every node answers (the test bed is shared: a test elsewhere may be
+    /// restarting a broker); an error naming the silent nodes after `timeout`.
+    pub async fn wait_up(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut down = vec![];
+            for n in &self.nodes {
+                let read = json!({"type": "read", "mbean": n.mbean, "attribute": "Active"});
+                if self.post(n, &read).await.is_err() {
+                    down.push(n.name.clone());
+                }
+            }
+            if down.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("brokers {} did not answer for {timeout:?}", down.join(", "));
+            }
+            println!(
+                "bench: waiting for brokers {} (down or restarting)",
+                down.join(", ")
+            );
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+    }
+
     /// One operation on every node at once: the physical limit of a fan-out.
     pub async fn parallel(&self, op: Op, queue: &str) -> Result<Duration> {
         let start = Instant::now();

@@ -58,6 +58,7 @@ pub async fn run(ctx: &Ctx) -> Result<Section> {
 async fn one(ctx: &Ctx, n: usize, repeat: usize) -> Result<Run> {
     let mut run = Run::default();
     // Bare parallel Jolokia first, then the operator, back to back.
+    ctx.jolokia.wait_up(crate::install::BROKERS_DOWN_LIMIT).await?;
     let bare = ctx.queue_names(&format!("b{n}r{repeat}"), n);
     let took = ctx
         .jolokia
