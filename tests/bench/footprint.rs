@@ -122,6 +122,18 @@ fn section(ctx: &Ctx, empty: &Idle, loaded: &Idle) -> Section {
     });
     s.notes
         .push(format!("Idle windows of {} s.", ctx.cfg.idle_seconds));
+    let kinds = |i: &Idle| {
+        i.jolokia_by_kind
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    s.notes.push(format!(
+        "Jolokia operations in the idle window by kind — cluster only: {}; loaded: {}.",
+        kinds(empty),
+        kinds(loaded)
+    ));
     s.json = json!({
         "queues": n, "subscriptions": subs, "idleSeconds": ctx.cfg.idle_seconds,
         "clusterOnly": {"rssMiB": empty.rss_mib, "cpuCores": empty.cpu_cores, "jolokiaOpsPerPoll": empty.jolokia_per_poll, "jolokiaOpsByKind": empty.jolokia_by_kind},
