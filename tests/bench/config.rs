@@ -1,0 +1,127 @@
+//! Settings, from the environment (deploy/dev/bench passes them on). The defaults are issue
+//! 16's sizes; development runs set small ones.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    Fanout,
+    Scale,
+    Capture,
+    Footprint,
+}
+
+impl Scenario {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Fanout => "fanout",
+            Scenario::Scale => "scale",
+            Scenario::Capture => "capture",
+            Scenario::Footprint => "footprint",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Vec<Scenario>> {
+        Ok(match s {
+            "" | "all" => vec![
+                Scenario::Fanout,
+                Scenario::Scale,
+                Scenario::Capture,
+                Scenario::Footprint,
+            ],
+            "fanout" | "1" => vec![Scenario::Fanout],
+            "scale" | "2" => vec![Scenario::Scale],
+            "capture" | "3" => vec![Scenario::Capture],
+            "footprint" | "4" => vec![Scenario::Footprint],
+            other => bail!("unknown scenario {other:?}: fanout, scale, capture, footprint or all"),
+        })
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub scenarios: Vec<Scenario>,
+    pub run_id: String,
+    pub out_dir: PathBuf,
+    pub repo: PathBuf,
+    pub operator_bin: PathBuf,
+    /// Scenario 1: rounds of create → update filter → delete, each measured three ways.
+    pub fanout_repeats: usize,
+    /// Scenario 2: queue counts, and runs per count.
+    pub sizes: Vec<usize>,
+    pub scale_repeats: usize,
+    /// Seconds of the converged window (scenario 2) and the idle windows (scenario 4).
+    pub converged_seconds: u64,
+    pub idle_seconds: u64,
+    /// Scenario 4: queues and capture subscriptions at idle.
+    pub footprint_queues: usize,
+    pub footprint_subscriptions: usize,
+    /// Queues in flight: bare Jolokia (each fanned out to every node) and the harness's API
+    /// creates and deletes.
+    pub in_flight: usize,
+    /// The longest wait for one queue to converge, per queue in the batch (at least 120 s).
+    pub wait_ms_per_queue: u64,
+}
+
+fn env_or<T: std::str::FromStr>(key: &str, default: T) -> Result<T>
+where
+    T::Err: std::fmt::Display,
+{
+    match std::env::var(key) {
+        Ok(v) if !v.trim().is_empty() => v.trim().parse().map_err(|e| anyhow::anyhow!("{key}={v}: {e}")),
+        _ => Ok(default),
+    }
+}
+
+impl Config {
+    pub fn from_env() -> Result<Config> {
+        let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let sizes = std::env::var("ARTEMIS_STUDIO_BENCH_SIZES").unwrap_or_else(|_| "100,1000,5000".into());
+        let sizes = sizes
+            .split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| {
+                s.trim()
+                    .parse::<usize>()
+                    .with_context(|| format!("ARTEMIS_STUDIO_BENCH_SIZES: {s}"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let run_id = format!("r{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
+        Ok(Config {
+            scenarios: Scenario::parse(&std::env::var("ARTEMIS_STUDIO_BENCH_SCENARIO").unwrap_or_default())?,
+            run_id,
+            out_dir: std::env::var("ARTEMIS_STUDIO_BENCH_OUT")
+                .map(PathBuf::from)
+                .unwrap_or_else(|_| repo.join("target/bench")),
+            operator_bin: std::env::var("ARTEMIS_STUDIO_BENCH_OPERATOR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|_| PathBuf::from(env!("CARGO_BIN_EXE_artemis-studio-operator"))),
+            repo,
+            fanout_repeats: env_or("ARTEMIS_STUDIO_BENCH_FANOUT_REPEATS", 20)?,
+            sizes,
+            scale_repeats: env_or("ARTEMIS_STUDIO_BENCH_SCALE_REPEATS", 3)?,
+            converged_seconds: env_or("ARTEMIS_STUDIO_BENCH_CONVERGED_SECONDS", 60)?,
+            idle_seconds: env_or("ARTEMIS_STUDIO_BENCH_IDLE_SECONDS", 60)?,
+            footprint_queues: env_or("ARTEMIS_STUDIO_BENCH_FOOTPRINT_QUEUES", 1000)?,
+            footprint_subscriptions: env_or("ARTEMIS_STUDIO_BENCH_FOOTPRINT_SUBSCRIPTIONS", 10)?,
+            in_flight: env_or("ARTEMIS_STUDIO_BENCH_IN_FLIGHT", 8)?,
+            wait_ms_per_queue: env_or("ARTEMIS_STUDIO_BENCH_WAIT_MS_PER_QUEUE", 500)?,
+        })
+    }
+
+    pub fn json(&self) -> Value {
+        json!({
+            "fanoutRepeats": self.fanout_repeats, "sizes": self.sizes, "scaleRepeats": self.scale_repeats,
+            "convergedSeconds": self.converged_seconds, "idleSeconds": self.idle_seconds,
+            "footprintQueues": self.footprint_queues, "footprintSubscriptions": self.footprint_subscriptions,
+            "inFlight": self.in_flight, "operator": self.operator_bin.display().to_string(),
+        })
+    }
+
+    pub fn wait_for(&self, queues: usize) -> std::time::Duration {
+        std::time::Duration::from_millis((self.wait_ms_per_queue * queues as u64).max(120_000))
+    }
+}

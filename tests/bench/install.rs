@@ -1,0 +1,297 @@
+//! The run's context, and one installation under test: a fresh namespace and database, the
+//! operator process watching that namespace, an ArtemisCluster for the 3-node cluster "c".
+//! Everything it creates is registered, so a failed or interrupted run still cleans up.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use kube::Client;
+
+use crate::bed::Bed;
+use crate::config::Config;
+use crate::jolokia::Jolokia;
+use crate::metrics::{self, ApiServerCounts, OperatorCounts};
+use crate::objects::{HarnessRequests, Objects};
+use crate::operator::{Launch, Operator};
+use crate::report::RunInfo;
+
+/// How long a scenario waits for a broker that another user of the bed is restarting.
+pub const BROKERS_DOWN_LIMIT: Duration = Duration::from_secs(300);
+
+pub struct Ctx {
+    pub cfg: Config,
+    pub bed: Bed,
+    pub admin: Client,
+    /// Bare Jolokia to the three nodes of cluster "c".
+    pub jolokia: Jolokia,
+    /// Namespaces and databases not cleaned up yet.
+    leftovers: Mutex<Vec<(String, String)>>,
+    date: String,
+}
+
+/// The operator's and the API server's counters at one moment, and the harness's own requests.
+#[derive(Clone)]
+pub struct Snapshot {
+    pub operator: OperatorCounts,
+    pub apiserver: ApiServerCounts,
+    pub harness: (f64, f64),
+}
+
+/// What happened between two snapshots.
+pub struct Delta {
+    pub operator: OperatorCounts,
+    pub apiserver: ApiServerCounts,
+    /// The harness's own reads and writes (subtract them from the API server's).
+    pub harness: (f64, f64),
+}
+
+impl Delta {
+    /// API server reads (GET, LIST) by every client but the harness.
+    pub fn apiserver_reads(&self) -> f64 {
+        (self.apiserver.sum(&metrics::API_READS) - self.harness.0).max(0.0)
+    }
+    pub fn apiserver_writes(&self) -> f64 {
+        (self.apiserver.sum(&metrics::API_WRITES) - self.harness.1).max(0.0)
+    }
+    pub fn apiserver_lists(&self) -> f64 {
+        self.apiserver.sum(&["LIST"])
+    }
+    pub fn operator_reads(&self) -> f64 {
+        self.operator.api(&["get", "list"])
+    }
+    pub fn operator_writes(&self) -> f64 {
+        self.operator.api(&["create", "update", "patch", "delete"])
+    }
+}
+
+impl Snapshot {
+    pub fn since(&self, earlier: &Snapshot) -> Delta {
+        Delta {
+            operator: self.operator.since(&earlier.operator),
+            apiserver: self.apiserver.since(&earlier.apiserver),
+            harness: (
+                self.harness.0 - earlier.harness.0,
+                self.harness.1 - earlier.harness.1,
+            ),
+        }
+    }
+}
+
+impl Ctx {
+    pub async fn new(cfg: Config) -> Result<Ctx> {
+        let bed = Bed::get()?;
+        let admin = bed.kube_admin().await?;
+        bed.install_crds_and_rbac(&cfg.operator_bin, &cfg.repo)?;
+        let jolokia = Jolokia::connect(&bed.cluster_brokers("c")?, bed.broker_user()?)
+            .await
+            .context("reach the brokers of cluster c")?;
+        Ok(Ctx {
+            cfg,
+            bed,
+            admin,
+            jolokia,
+            leftovers: Mutex::new(vec![]),
+            date: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+        })
+    }
+
+    /// The prefix of every broker object and Kubernetes name of this run.
+    pub fn prefix(&self, tag: &str) -> String {
+        format!("bench.{}.{tag}.", self.cfg.run_id)
+    }
+
+    pub fn queue_names(&self, tag: &str, n: usize) -> Vec<String> {
+        let p = self.prefix(tag);
+        (0..n).map(|i| format!("{p}{i:05}")).collect()
+    }
+
+    fn instance_id(&self) -> String {
+        format!("bench{}", self.cfg.run_id)
+    }
+
+    pub fn info(&self) -> RunInfo {
+        RunInfo {
+            run_id: self.cfg.run_id.clone(),
+            date: self.date.clone(),
+            commit: git_commit(&self.cfg.repo),
+            machine: machine(),
+            settings: self.cfg.json(),
+        }
+    }
+
+    /// Remove whatever this run left: namespaces (finalizers stripped), databases, broker
+    /// objects named with the run's prefixes.
+    pub async fn cleanup(&self) {
+        let left: Vec<(String, String)> = self
+            .leftovers
+            .lock()
+            .map(|mut l| l.drain(..).collect())
+            .unwrap_or_default();
+        for (ns, db) in left {
+            let objects = self.objects(&ns);
+            if let Err(e) = objects.strip_finalizers().await {
+                eprintln!("[bench] cleanup of {ns}: {e:#}");
+            }
+            if let Err(e) = self.bed.delete_namespace(&self.admin, &ns).await {
+                eprintln!("[bench] cleanup: {e:#}");
+            }
+            if let Err(e) = self.bed.drop_database(&db).await {
+                eprintln!("[bench] cleanup: {e:#}");
+            }
+        }
+        self.clean_brokers().await;
+    }
+
+    pub async fn clean_brokers(&self) {
+        let prefixes = [
+            format!("bench.{}.", self.cfg.run_id),
+            format!("artemis-studio.capture.{}.", self.instance_id()),
+        ];
+        match self.jolokia.remove_by_prefix(&prefixes).await {
+            Ok(0) => {}
+            Ok(n) => println!(
+                "bench: removed {n} broker objects of this run (addresses a delete keeps, leftovers)"
+            ),
+            Err(e) => eprintln!("[bench] broker cleanup: {e:#}"),
+        }
+    }
+
+    pub fn objects(&self, ns: &str) -> Objects {
+        Objects {
+            client: self.admin.clone(),
+            ns: ns.to_string(),
+            harness: Arc::new(HarnessRequests::default()),
+            concurrency: self.cfg.in_flight,
+        }
+    }
+}
+
+/// One installation under test.
+pub struct Install {
+    pub objects: Objects,
+    pub operator: Operator,
+    ns: String,
+    db: String,
+}
+
+impl Install {
+    /// Namespace `bench-<run>-<tag>`, database, operator, ArtemisCluster `c` with 3 live nodes.
+    pub async fn up(ctx: &Ctx, tag: &str, extra_env: &[(&str, &str)]) -> Result<Install> {
+        ctx.jolokia.wait_up(BROKERS_DOWN_LIMIT).await?;
+        let ns = format!("bench-{}-{tag}", ctx.cfg.run_id);
+        let db = format!("bench_{}_{}", ctx.cfg.run_id, tag.replace('-', "_"));
+        ctx.leftovers
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .push((ns.clone(), db.clone()));
+        ctx.bed.create_namespace(&ctx.admin, &ns).await?;
+        let url = ctx.bed.create_database(&db).await?;
+        std::fs::create_dir_all(&ctx.cfg.out_dir)?;
+        let operator = Operator::start(Launch {
+            binary: &ctx.cfg.operator_bin,
+            kubeconfig: &ctx.bed.var("TESTBED_OPERATOR_KUBECONFIG")?,
+            database_url: &url,
+            namespace: &ns,
+            instance_id: &ctx.instance_id(),
+            log: ctx.cfg.out_dir.join(format!("operator-{tag}.log")),
+            extra_env,
+        })
+        .await?;
+        let objects = ctx.objects(&ns);
+        let urls: Vec<String> = ctx.jolokia.nodes.iter().map(|n| n.url.clone()).collect();
+        objects
+            .create_cluster(&urls, &ctx.bed.broker_user()?, urls.len() as u32)
+            .await?;
+        Ok(Install {
+            objects,
+            operator,
+            ns,
+            db,
+        })
+    }
+
+    pub async fn snapshot(&self, ctx: &Ctx) -> Result<Snapshot> {
+        Ok(Snapshot {
+            operator: self.operator.counts().await?,
+            apiserver: metrics::apiserver(&ctx.admin).await?,
+            harness: self.objects.harness.get(),
+        })
+    }
+
+    /// Stop the operator (after `delete_all` let it remove what it made), delete the namespace
+    /// and the database, remove the run's broker objects. Errors are printed, not returned:
+    /// the registry's cleanup at the end of the run tries again.
+    pub async fn down(self, ctx: &Ctx) {
+        if let Err(e) = self.operator.stop().await {
+            eprintln!("[bench] stop the operator: {e:#}");
+        }
+        let mut clean = true;
+        if let Err(e) = self.objects.strip_finalizers().await {
+            eprintln!("[bench] {}: {e:#}", self.ns);
+            clean = false;
+        }
+        if let Err(e) = ctx.bed.delete_namespace(&ctx.admin, &self.ns).await {
+            eprintln!("[bench] {e:#}");
+            clean = false;
+        }
+        if let Err(e) = ctx.bed.drop_database(&self.db).await {
+            eprintln!("[bench] {e:#}");
+            clean = false;
+        }
+        if clean && let Ok(mut l) = ctx.leftovers.lock() {
+            l.retain(|(ns, _)| *ns != self.ns);
+        }
+        ctx.clean_brokers().await;
+    }
+}
+
+/// Sleep, printing nothing: a named pause so call sites read as what they wait for.
+pub async fn settle(d: Duration) {
+    tokio::time::sleep(d).await;
+}
+
+fn git_commit(repo: &std::path::Path) -> String {
+    let run = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(repo)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let commit = run(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let dirty = run(&["status", "--porcelain", "--", "src", "Cargo.toml", "Cargo.lock"])
+        .is_some_and(|s| !s.is_empty());
+    if dirty { format!("{commit}+dirty") } else { commit }
+}
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .and_then(|r| r.split_once(':'))
+                    .map(|(_, m)| m.trim().to_string())
+            })
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0 / 1024.0);
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+        .unwrap_or_default();
+    format!("{cpus} CPUs ({model}), {mem_gib:.0} GiB, load {load} at start")
+}

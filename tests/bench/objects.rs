@@ -1,0 +1,352 @@
+//! The benchmark's Kubernetes objects: an ArtemisCluster for test bed cluster "c", queues
+//! created and deleted in bulk, capture subscriptions, and one watch that sees every queue's
+//! state as soon as the API server has it (no polling LISTs of our own).
+//!
+//! The harness counts its own API requests, so the API server's totals can be reported less
+//! what the harness itself asked for.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+use artemis_studio_operator::api::queue::ArtemisQueue;
+use artemis_studio_operator::api::{ArtemisCaptureSubscription, ArtemisCluster};
+
+/// The harness's own API requests (to subtract from the API server's totals).
+#[derive(Default)]
+pub struct HarnessRequests {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+}
+
+impl HarnessRequests {
+    pub fn read(&self, n: u64) {
+        self.reads.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn write(&self, n: u64) {
+        self.writes.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn get(&self) -> (f64, f64) {
+        (
+            self.reads.load(Ordering::Relaxed) as f64,
+            self.writes.load(Ordering::Relaxed) as f64,
+        )
+    }
+}
+
+pub struct Objects {
+    pub client: Client,
+    pub ns: String,
+    pub harness: Arc<HarnessRequests>,
+    /// Requests in flight when creating or deleting many objects.
+    pub concurrency: usize,
+}
+
+/// What the watch knows of one queue.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct QueueState {
+    /// Ready=True for the current generation (observedGeneration = generation).
+    pub ready: bool,
+    /// First seen in that state.
+    pub since: Option<Instant>,
+    pub generation: i64,
+    pub deleted: bool,
+}
+
+/// Every queue of the namespace, as the watch last saw it.
+#[derive(Clone)]
+pub struct QueueWatch {
+    states: Arc<Mutex<HashMap<String, QueueState>>>,
+    changed: Arc<Notify>,
+    task: Arc<tokio::task::JoinHandle<()>>,
+}
+
+fn ready_now(q: &ArtemisQueue) -> bool {
+    let generation = q.metadata.generation;
+    q.status.as_ref().is_some_and(|s| {
+        s.observed_generation == generation
+            && s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+    })
+}
+
+impl QueueWatch {
+    pub fn start(o: &Objects) -> QueueWatch {
+        let api: Api<ArtemisQueue> = Api::namespaced(o.client.clone(), &o.ns);
+        let states: Arc<Mutex<HashMap<String, QueueState>>> = Arc::default();
+        let changed = Arc::new(Notify::new());
+        let (s, c, harness) = (states.clone(), changed.clone(), o.harness.clone());
+        let task = tokio::spawn(async move {
+            let mut events = watcher(api, watcher::Config::default()).boxed();
+            while let Some(event) = events.next().await {
+                let now = Instant::now();
+                let update = |q: &ArtemisQueue, deleted: bool| {
+                    let Ok(mut map) = s.lock() else { return };
+                    let entry = map.entry(q.name_any()).or_default();
+                    let ready = !deleted && ready_now(q);
+                    let generation = q.metadata.generation.unwrap_or(0);
+                    if ready != entry.ready || deleted != entry.deleted || generation != entry.generation {
+                        *entry = QueueState {
+                            ready,
+                            since: Some(now),
+                            generation,
+                            deleted,
+                        };
+                    }
+                };
+                match event {
+                    Ok(watcher::Event::Apply(q)) | Ok(watcher::Event::InitApply(q)) => update(&q, false),
+                    Ok(watcher::Event::Delete(q)) => update(&q, true),
+                    Ok(watcher::Event::Init) => harness.read(1),
+                    Ok(watcher::Event::InitDone) => {}
+                    Err(e) => {
+                        eprintln!("[bench] queue watch: {e}");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+                c.notify_waiters();
+            }
+        });
+        QueueWatch {
+            states,
+            changed,
+            task: Arc::new(task),
+        }
+    }
+
+    pub fn state(&self, name: &str) -> Option<QueueState> {
+        self.states.lock().ok()?.get(name).copied()
+    }
+
+    /// How many of `names` `done` does not hold for (yet).
+    pub fn pending(&self, names: &[String], done: impl Fn(&QueueState) -> bool) -> usize {
+        let Ok(map) = self.states.lock() else {
+            return names.len();
+        };
+        names.iter().filter(|n| !map.get(*n).is_some_and(&done)).count()
+    }
+
+    /// Wait until `done` holds for every name; returns the latest `since` among them (when the
+    /// last one got there).
+    pub async fn wait_all(
+        &self,
+        names: &[String],
+        timeout: Duration,
+        what: &str,
+        done: impl Fn(&QueueState) -> bool,
+    ) -> Result<Instant> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let notified = self.changed.notified();
+            {
+                let map = self.states.lock().map_err(|_| anyhow!("queue watch poisoned"))?;
+                let mut last = None::<Instant>;
+                let mut missing = 0;
+                for n in names {
+                    match map.get(n).filter(|s| done(s)) {
+                        Some(s) => last = last.max(s.since),
+                        None => missing += 1,
+                    }
+                }
+                if missing == 0 {
+                    return last.ok_or_else(|| anyhow!("no queue to wait for"));
+                }
+                if Instant::now() > deadline {
+                    bail!("{missing} of {} queues not {what} after {timeout:?}", names.len());
+                }
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(500), notified).await;
+        }
+    }
+}
+
+impl Drop for QueueWatch {
+    fn drop(&mut self) {
+        if Arc::strong_count(&self.task) == 1 {
+            self.task.abort();
+        }
+    }
+}
+
+impl Objects {
+    fn queues(&self) -> Api<ArtemisQueue> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// The credentials Secret and an ArtemisCluster `c` over `urls`, with the CRD's default
+    /// poll interval and request timeout; waits until it reports `live` live nodes.
+    pub async fn create_cluster(&self, urls: &[String], user: &(String, String), live: u32) -> Result<()> {
+        let secret: Secret = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "c-credentials"},
+            "stringData": {"username": user.0, "password": user.1}
+        }))?;
+        Api::<Secret>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &secret)
+            .await
+            .context("create the credentials Secret")?;
+        let brokers: Vec<Value> = urls.iter().map(|u| json!({"url": u})).collect();
+        let cluster: ArtemisCluster = serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCluster",
+            "metadata": {"name": "c"},
+            "spec": {"brokers": brokers, "credentials": {"secretName": "c-credentials"}}
+        }))?;
+        let api: Api<ArtemisCluster> = Api::namespaced(self.client.clone(), &self.ns);
+        api.create(&PostParams::default(), &cluster)
+            .await
+            .context("create the ArtemisCluster")?;
+        self.harness.write(2);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            self.harness.read(1);
+            let c = api.get("c").await?;
+            if c.status.as_ref().is_some_and(|s| s.live_nodes == live) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("ArtemisCluster c did not report {live} live nodes in 120 s");
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    pub async fn create_queue(&self, name: &str) -> Result<()> {
+        let q: ArtemisQueue = serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+            "metadata": {"name": name},
+            // Non-durable: a run that dies before its cleanup leaves nothing past a restart.
+            "spec": {"clusterRef": {"name": "c"}, "durable": false}
+        }))?;
+        self.harness.write(1);
+        self.queues()
+            .create(&PostParams::default(), &q)
+            .await
+            .with_context(|| format!("create ArtemisQueue {name}"))?;
+        Ok(())
+    }
+
+    pub async fn set_filter(&self, name: &str, filter: &str) -> Result<()> {
+        self.harness.write(1);
+        self.queues()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"filter": filter}})),
+            )
+            .await
+            .with_context(|| format!("set the filter of {name}"))?;
+        Ok(())
+    }
+
+    pub async fn delete_queue(&self, name: &str) -> Result<()> {
+        self.harness.write(1);
+        match self.queues().delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(e).with_context(|| format!("delete ArtemisQueue {name}")),
+        }
+    }
+
+    pub async fn create_queues(&self, names: &[String]) -> Result<()> {
+        stream::iter(names)
+            .map(|n| self.create_queue(n))
+            .buffer_unordered(self.concurrency)
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(())
+    }
+
+    pub async fn delete_queues(&self, names: &[String]) -> Result<()> {
+        stream::iter(names)
+            .map(|n| self.delete_queue(n))
+            .buffer_unordered(self.concurrency)
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(())
+    }
+
+    /// An ArtemisCaptureSubscription over one queue name pattern.
+    pub async fn create_subscription(&self, name: &str, pattern: &str) -> Result<()> {
+        let s: ArtemisCaptureSubscription = serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCaptureSubscription",
+            "metadata": {"name": name},
+            "spec": {"clusterRef": {"name": "c"}, "queues": pattern, "ringSize": 100}
+        }))?;
+        self.harness.write(1);
+        Api::<ArtemisCaptureSubscription>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &s)
+            .await
+            .with_context(|| format!("create ArtemisCaptureSubscription {name}"))?;
+        Ok(())
+    }
+
+    /// Wait until every subscription reports a tap on each of `nodes` nodes, none `PENDING`
+    /// (installed, or refused: either way the operator acted).
+    pub async fn wait_taps(&self, nodes: usize, timeout: Duration) -> Result<()> {
+        use artemis_studio_operator::api::capture::TapState;
+        let api: Api<ArtemisCaptureSubscription> = Api::namespaced(self.client.clone(), &self.ns);
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.harness.read(1);
+            let subs = api.list(&ListParams::default()).await?.items;
+            let done = subs.iter().all(|s| {
+                s.status.as_ref().is_some_and(|st| {
+                    st.taps.len() >= nodes && st.taps.iter().all(|t| t.state != TapState::Pending)
+                })
+            });
+            if done {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("capture taps not all installed after {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    /// Delete every subscription and wait until the operator released them (its sweep
+    /// removed their taps).
+    pub async fn delete_subscriptions(&self, timeout: Duration) -> Result<()> {
+        let api: Api<ArtemisCaptureSubscription> = Api::namespaced(self.client.clone(), &self.ns);
+        api.delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .context("delete the capture subscriptions")?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if api.list(&ListParams::default()).await?.items.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("capture subscriptions still present after {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    /// Last resort after a failed run: remove the finalizers of whatever is left so the
+    /// namespace can go (the broker side is cleaned by name prefix).
+    pub async fn strip_finalizers(&self) -> Result<()> {
+        let patch = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+        for q in self.queues().list(&ListParams::default()).await?.items {
+            let _ = self
+                .queues()
+                .patch(&q.name_any(), &PatchParams::default(), &patch)
+                .await;
+        }
+        let subs: Api<ArtemisCaptureSubscription> = Api::namespaced(self.client.clone(), &self.ns);
+        for s in subs.list(&ListParams::default()).await?.items {
+            let _ = subs.patch(&s.name_any(), &PatchParams::default(), &patch).await;
+        }
+        Ok(())
+    }
+}

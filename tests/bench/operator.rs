@@ -1,0 +1,163 @@
+//! The operator under test: the release binary as a deployment runs it (the chart's RBAC
+//! identity, one watched namespace, leader election off), started as a local process the way
+//! tests/integration/support.rs `spawn_operator` does; read through its `/metrics` and /proc.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use tokio::process::{Child, Command};
+
+use crate::metrics::OperatorCounts;
+
+pub struct Operator {
+    child: Child,
+    pid: u32,
+    port: u16,
+    http: reqwest::Client,
+}
+
+/// How the operator process is started.
+pub struct Launch<'a> {
+    pub binary: &'a Path,
+    pub kubeconfig: &'a str,
+    pub database_url: &'a str,
+    pub namespace: &'a str,
+    pub instance_id: &'a str,
+    pub log: PathBuf,
+    pub extra_env: &'a [(&'a str, &'a str)],
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+impl Operator {
+    /// Start the process and wait until `/readyz` answers 200.
+    pub async fn start(l: Launch<'_>) -> Result<Operator> {
+        let port = free_port()?;
+        let log = std::fs::File::create(&l.log).with_context(|| format!("create {}", l.log.display()))?;
+        let mut cmd = Command::new(l.binary);
+        cmd.args([
+            "run",
+            "--database-url",
+            l.database_url,
+            "--namespaces",
+            l.namespace,
+        ])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env("KUBECONFIG", l.kubeconfig)
+        .env("RUST_LOG", "warn")
+        .env("LEADER_ELECTION", "false")
+        .env("INSTANCE_ID", l.instance_id)
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .kill_on_drop(true);
+        for (k, v) in l.extra_env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("start {}", l.binary.display()))?;
+        let pid = child.id().ok_or_else(|| anyhow!("the operator exited at once"))?;
+        let mut op = Operator {
+            child,
+            pid,
+            port,
+            http: reqwest::Client::new(),
+        };
+        op.wait_ready().await?;
+        Ok(op)
+    }
+
+    async fn wait_ready(&mut self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("the operator exited ({status}) before it was ready; see its log");
+            }
+            let url = format!("http://127.0.0.1:{}/readyz", self.port);
+            if let Ok(r) = self.http.get(&url).send().await
+                && r.status().is_success()
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the operator was not ready after 120 s");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    pub async fn counts(&self) -> Result<OperatorCounts> {
+        let url = format!("http://127.0.0.1:{}/metrics", self.port);
+        let text = self
+            .http
+            .get(&url)
+            .send()
+            .await
+            .context("GET the operator's /metrics")?
+            .text()
+            .await?;
+        Ok(OperatorCounts::from_text(&text))
+    }
+
+    /// Resident set size, bytes (VmRSS of /proc/<pid>/status).
+    pub fn rss_bytes(&self) -> Result<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))?;
+        let kb = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| anyhow!("no VmRSS for pid {}", self.pid))?;
+        Ok(kb * 1024)
+    }
+
+    /// CPU time used so far (user + system), seconds.
+    pub fn cpu_seconds(&self) -> Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid))?;
+        // Fields after the command name (which may hold spaces) start after the last ')'.
+        let rest = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r)
+            .ok_or_else(|| anyhow!("unreadable /proc/{}/stat", self.pid))?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // utime and stime are fields 14 and 15 of stat: 12 and 13 after the name.
+        let ticks = |i: usize| -> Result<f64> {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<f64>().ok())
+                .ok_or_else(|| anyhow!("no field {i} in /proc/{}/stat", self.pid))
+        };
+        Ok((ticks(11)? + ticks(12)?) / clock_ticks())
+    }
+
+    /// SIGTERM (graceful: in-flight reconciles finish), then SIGKILL after 30 s.
+    pub async fn stop(mut self) -> Result<()> {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid.to_string()])
+            .status();
+        match tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await {
+            Ok(status) => {
+                status?;
+            }
+            Err(_) => {
+                self.child.kill().await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn clock_ticks() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<f64>().ok())
+        .filter(|t| *t > 0.0)
+        .unwrap_or(100.0)
+}

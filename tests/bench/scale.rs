@@ -1,0 +1,317 @@
+//! Scenario 2, scale: for each size, N ArtemisQueues created → all `Ready`, then a converged
+//! window, then all deleted → all gone; next to bare parallel Jolokia creating and destroying
+//! N queues on the same brokers in the same run (each queue one exec per node, the three nodes
+//! in parallel, `in_flight` queues at a time). Counts: Jolokia operations per queue (the
+//! operator's own metrics), API reads and writes per queue (the API server's, less the
+//! harness's own, and the operator's client-side count), and in the converged window Jolokia
+//! operations per node per poll, API LISTs and writes.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use serde_json::{Value, json};
+
+use crate::install::{Ctx, Install, settle};
+use crate::jolokia::Op;
+use crate::objects::QueueWatch;
+use crate::report::{Bar, Chart, Headline, Section, Table};
+use crate::stats::{self, Summary};
+
+/// One run at one size.
+#[derive(Default, Clone)]
+struct Run {
+    bare_create_rate: f64,
+    bare_delete_rate: f64,
+    /// Queues/s to all Ready and to all gone; NaN when it did not get there.
+    create_rate: f64,
+    delete_rate: f64,
+    not_ready: usize,
+    not_deleted: usize,
+    jolokia_per_create: f64,
+    jolokia_per_delete: f64,
+    api_reads_per_queue: f64,
+    api_writes_per_queue: f64,
+    op_api_reads_per_queue: f64,
+    op_api_writes_per_queue: f64,
+    /// Converged window.
+    polls: f64,
+    jolokia_per_node_per_poll: f64,
+    apiserver_lists: f64,
+    apiserver_writes: f64,
+    op_lists: f64,
+    op_writes: f64,
+}
+
+pub async fn run(ctx: &Ctx) -> Result<Section> {
+    let mut results: Vec<(usize, Vec<Run>)> = vec![];
+    for &n in &ctx.cfg.sizes {
+        let mut runs = vec![];
+        for r in 0..ctx.cfg.scale_repeats {
+            println!("bench: scale {n} queues, run {}/{}", r + 1, ctx.cfg.scale_repeats);
+            runs.push(one(ctx, n, r).await?);
+        }
+        results.push((n, runs));
+    }
+    Ok(section(ctx, &results))
+}
+
+async fn one(ctx: &Ctx, n: usize, repeat: usize) -> Result<Run> {
+    let mut run = Run::default();
+    // Bare parallel Jolokia first, then the operator, back to back.
+    ctx.jolokia.wait_up(crate::install::BROKERS_DOWN_LIMIT).await?;
+    let bare = ctx.queue_names(&format!("b{n}r{repeat}"), n);
+    let took = ctx
+        .jolokia
+        .many(Op::Create, &bare, ctx.cfg.in_flight, true)
+        .await?;
+    run.bare_create_rate = n as f64 / took.as_secs_f64();
+    let took = ctx
+        .jolokia
+        .many(Op::Delete, &bare, ctx.cfg.in_flight, true)
+        .await?;
+    run.bare_delete_rate = n as f64 / took.as_secs_f64();
+    ctx.clean_brokers().await;
+
+    let install = Install::up(ctx, &format!("s{n}r{repeat}"), &[]).await?;
+    let result = operator_run(ctx, &install, n, repeat, &mut run).await;
+    install.down(ctx).await;
+    result?;
+    Ok(run)
+}
+
+async fn operator_run(ctx: &Ctx, install: &Install, n: usize, repeat: usize, run: &mut Run) -> Result<()> {
+    let names = ctx.queue_names(&format!("s{n}r{repeat}"), n);
+    let watch = QueueWatch::start(&install.objects);
+    let o = &install.objects;
+    let wait = ctx.cfg.wait_for(n);
+    // Let the first polls pass, so the counts start from an idle operator.
+    settle(Duration::from_secs(3)).await;
+    let s0 = install.snapshot(ctx).await?;
+    let start = Instant::now();
+    o.create_queues(&names).await?;
+    match watch.wait_all(&names, wait, "Ready", |s| s.ready).await {
+        Ok(at) => run.create_rate = n as f64 / at.saturating_duration_since(start).as_secs_f64(),
+        Err(e) => {
+            run.create_rate = f64::NAN;
+            run.not_ready = watch.pending(&names, |s| s.ready);
+            eprintln!("[bench] {e:#}");
+        }
+    }
+    let s1 = install.snapshot(ctx).await?;
+    let created = s1.since(&s0);
+    let nf = n as f64;
+    run.jolokia_per_create = created.operator.jolokia() / nf;
+    run.api_reads_per_queue = created.apiserver_reads() / nf;
+    run.api_writes_per_queue = created.apiserver_writes() / nf;
+    run.op_api_reads_per_queue = created.operator_reads() / nf;
+    run.op_api_writes_per_queue = created.operator_writes() / nf;
+
+    // The converged window: nothing to do but poll.
+    settle(Duration::from_secs(ctx.cfg.converged_seconds)).await;
+    let s2 = install.snapshot(ctx).await?;
+    let idle = s2.since(&s1);
+    let nodes = ctx.jolokia.nodes.len() as f64;
+    run.polls = idle.operator.polls;
+    run.jolokia_per_node_per_poll = if idle.operator.polls > 0.0 {
+        idle.operator.jolokia() / idle.operator.polls / nodes
+    } else {
+        f64::NAN
+    };
+    run.apiserver_lists = idle.apiserver_lists();
+    run.apiserver_writes = idle.apiserver_writes();
+    run.op_lists = idle.operator.api(&["list"]);
+    run.op_writes = idle.operator_writes();
+
+    let start = Instant::now();
+    o.delete_queues(&names).await?;
+    match watch.wait_all(&names, wait, "deleted", |s| s.deleted).await {
+        Ok(at) => run.delete_rate = nf / at.saturating_duration_since(start).as_secs_f64(),
+        Err(e) => {
+            run.delete_rate = f64::NAN;
+            run.not_deleted = watch.pending(&names, |s| s.deleted);
+            eprintln!("[bench] {e:#}");
+        }
+    }
+    let s3 = install.snapshot(ctx).await?;
+    run.jolokia_per_delete = s3.since(&s2).operator.jolokia() / nf;
+    Ok(())
+}
+
+fn col(runs: &[Run], f: impl Fn(&Run) -> f64) -> Vec<f64> {
+    runs.iter().map(f).collect()
+}
+
+fn section(ctx: &Ctx, results: &[(usize, Vec<Run>)]) -> Section {
+    let mut s = Section::new(
+        "scale",
+        "2. Scale",
+        "N ArtemisQueues on cluster `c` (3 nodes), created through the API server (8 at a time) until all are `Ready`, then a converged window, then deleted until all are gone. Bare parallel: the same N queues created and destroyed with one bare Jolokia exec per node, the three nodes in parallel, 8 queues at a time, just before. Targets: create ≥ 100 queues/s and ≥ 0.5 × bare parallel; cost per queue flat from 100 to 5,000; converged: a small constant of Jolokia operations per node per poll, no API LIST, no API write.",
+    );
+    let mut rates = Table::new(&[
+        "queues",
+        "create/s operator",
+        "create/s bare parallel",
+        "create ratio",
+        "delete/s operator",
+        "delete/s bare parallel",
+        "delete ratio",
+    ]);
+    let mut cost = Table::new(&[
+        "queues",
+        "Jolokia ops per create",
+        "Jolokia ops per delete",
+        "API reads per queue (server / operator)",
+        "API writes per queue (server / operator)",
+    ]);
+    let mut idle = Table::new(&[
+        "queues",
+        "converged window: polls",
+        "Jolokia ops per node per poll",
+        "API LISTs (server / operator)",
+        "API writes (server / operator)",
+    ]);
+    let mut bars = vec![];
+    let mut json_sizes = vec![];
+    for (n, runs) in results {
+        let create_ratio = Summary::of(&stats::ratios(
+            &col(runs, |r| r.create_rate),
+            &col(runs, |r| r.bare_create_rate),
+        ));
+        let delete_ratio = Summary::of(&stats::ratios(
+            &col(runs, |r| r.delete_rate),
+            &col(runs, |r| r.bare_delete_rate),
+        ));
+        let create_rate = Summary::of(&col(runs, |r| r.create_rate));
+        let failed: usize = runs.iter().map(|r| r.not_ready).sum();
+        let failed_del: usize = runs.iter().map(|r| r.not_deleted).sum();
+        let mut rate_cell = stats::show(create_rate, 1);
+        if failed > 0 {
+            rate_cell.push_str(&format!(" ({failed} never Ready)"));
+        }
+        let mut del_cell = stats::show(Summary::of(&col(runs, |r| r.delete_rate)), 1);
+        if failed_del > 0 {
+            del_cell.push_str(&format!(" ({failed_del} never gone)"));
+        }
+        rates.row(vec![
+            n.to_string(),
+            rate_cell,
+            stats::show(Summary::of(&col(runs, |r| r.bare_create_rate)), 1),
+            stats::show(create_ratio, 2),
+            del_cell,
+            stats::show(Summary::of(&col(runs, |r| r.bare_delete_rate)), 1),
+            stats::show(delete_ratio, 2),
+        ]);
+        let pair = |a: &dyn Fn(&Run) -> f64, b: &dyn Fn(&Run) -> f64, d: usize| {
+            format!(
+                "{} / {}",
+                stats::show(Summary::of(&col(runs, a)), d),
+                stats::show(Summary::of(&col(runs, b)), d)
+            )
+        };
+        cost.row(vec![
+            n.to_string(),
+            stats::show(Summary::of(&col(runs, |r| r.jolokia_per_create)), 1),
+            stats::show(Summary::of(&col(runs, |r| r.jolokia_per_delete)), 1),
+            pair(&|r| r.api_reads_per_queue, &|r| r.op_api_reads_per_queue, 2),
+            pair(&|r| r.api_writes_per_queue, &|r| r.op_api_writes_per_queue, 2),
+        ]);
+        idle.row(vec![
+            n.to_string(),
+            stats::show(Summary::of(&col(runs, |r| r.polls)), 0),
+            stats::show(Summary::of(&col(runs, |r| r.jolokia_per_node_per_poll)), 1),
+            pair(&|r| r.apiserver_lists, &|r| r.op_lists, 0),
+            pair(&|r| r.apiserver_writes, &|r| r.op_writes, 0),
+        ]);
+        if let Some(r) = create_ratio {
+            bars.push(Bar {
+                label: format!("{n} queues: create, operator / bare"),
+                value: r,
+            });
+        }
+        if let Some(r) = delete_ratio {
+            bars.push(Bar {
+                label: format!("{n} queues: delete, operator / bare"),
+                value: r,
+            });
+        }
+        let met_rate = create_rate.map(|c| c.median >= 100.0 && failed == 0);
+        s.headlines.push(Headline {
+            what: format!("{n} queues: create rate, queues/s (operator / bare parallel)"),
+            measured: format!(
+                "{} / {} = {}",
+                stats::show(create_rate, 1),
+                stats::show(Summary::of(&col(runs, |r| r.bare_create_rate)), 1),
+                stats::show(create_ratio, 2)
+            ),
+            target: "≥ 100/s and ≥ 0.5×".into(),
+            met: match (met_rate, create_ratio) {
+                (Some(rate), Some(ratio)) => Some(rate && ratio.median >= 0.5),
+                _ => Some(false),
+            },
+        });
+        s.headlines.push(Headline {
+            what: format!("{n} queues: Jolokia ops per create / API writes per queue (operator)"),
+            measured: format!(
+                "{} / {}",
+                stats::show(Summary::of(&col(runs, |r| r.jolokia_per_create)), 1),
+                stats::show(Summary::of(&col(runs, |r| r.op_api_writes_per_queue)), 2)
+            ),
+            target: "flat in N (bare: 3 ops)".into(),
+            met: None,
+        });
+        let lists = Summary::of(&col(runs, |r| r.op_lists));
+        let writes = Summary::of(&col(runs, |r| r.op_writes));
+        s.headlines.push(Headline {
+            what: format!(
+                "{n} queues converged, {} s: Jolokia ops per node per poll; operator API LISTs; writes",
+                ctx.cfg.converged_seconds
+            ),
+            measured: format!(
+                "{}; {}; {}",
+                stats::show(Summary::of(&col(runs, |r| r.jolokia_per_node_per_poll)), 1),
+                stats::show(lists, 0),
+                stats::show(writes, 0)
+            ),
+            target: "small constant; 0; 0".into(),
+            met: match (lists, writes) {
+                (Some(l), Some(w)) => Some(l.max == 0.0 && w.max == 0.0),
+                _ => None,
+            },
+        });
+        json_sizes.push(json!({
+            "queues": n,
+            "runs": runs.iter().map(run_json).collect::<Vec<_>>(),
+            "createRatio": stats::json(create_ratio),
+            "deleteRatio": stats::json(delete_ratio),
+        }));
+    }
+    s.tables = vec![rates, cost, idle];
+    s.chart = Some(Chart {
+        title: "Scale: operator queues/s over bare parallel Jolokia queues/s".into(),
+        axis: "× bare parallel".into(),
+        bars,
+        target: Some((0.5, "target 0.5×".into())),
+    });
+    s.notes.push("API server figures are every client's requests for the operator's API group, Secrets and Events (the API server's `apiserver_request_total`), less the harness's own; other users of the shared API server (e.g. a concurrent integration test run) add to them. The operator's own client-side count (`artemis_studio_api_requests_total`) is next to them.".into());
+    s.notes.push(format!(
+        "Converged window: {} s after all were Ready; Jolokia ops per node per poll include the poll itself (identity and inventory: 8 operations per node).",
+        ctx.cfg.converged_seconds
+    ));
+    s.json = json!({"sizes": json_sizes});
+    s
+}
+
+fn run_json(r: &Run) -> Value {
+    let num = |x: f64| if x.is_finite() { json!(x) } else { Value::Null };
+    json!({
+        "bareCreatePerSecond": num(r.bare_create_rate), "bareDeletePerSecond": num(r.bare_delete_rate),
+        "createPerSecond": num(r.create_rate), "deletePerSecond": num(r.delete_rate),
+        "neverReady": r.not_ready, "neverDeleted": r.not_deleted,
+        "jolokiaOpsPerCreate": num(r.jolokia_per_create), "jolokiaOpsPerDelete": num(r.jolokia_per_delete),
+        "apiServerReadsPerQueue": num(r.api_reads_per_queue), "apiServerWritesPerQueue": num(r.api_writes_per_queue),
+        "operatorApiReadsPerQueue": num(r.op_api_reads_per_queue), "operatorApiWritesPerQueue": num(r.op_api_writes_per_queue),
+        "converged": {"polls": num(r.polls), "jolokiaOpsPerNodePerPoll": num(r.jolokia_per_node_per_poll),
+            "apiServerLists": num(r.apiserver_lists), "apiServerWrites": num(r.apiserver_writes),
+            "operatorLists": num(r.op_lists), "operatorWrites": num(r.op_writes)},
+    })
+}
