@@ -209,12 +209,7 @@ pub enum Verdict {
 /// Judge one tap on one node. Without `settings` only the queue and the divert (which the
 /// inventory holds) are judged; a node that is not drained is judged again with fresh settings
 /// reads, the whole install (ADR-0066 D2).
-pub fn assess(
-    tap: &TapSpec,
-    inv: &NodeInventory,
-    settings: Option<&EffectiveSettings>,
-    drained: bool,
-) -> Verdict {
+pub fn assess(tap: &TapSpec, inv: &NodeInventory, settings: Option<&EffectiveSettings>) -> Verdict {
     let address = &tap.name.address;
     if !inv.addresses.contains_key(address) {
         return Verdict::AddressAbsent;
@@ -265,7 +260,7 @@ pub fn assess(
     parts.sort();
     if parts.is_empty() {
         Verdict::Installed {
-            drained: drained && queue.is_some(),
+            drained: queue.is_some_and(|q| q.consumer_count > 0),
         }
     } else {
         Verdict::Missing(parts)
@@ -424,7 +419,7 @@ mod tests {
             roles: json!([{"name": "amq", "consume": true, "browse": true, "send": true}]),
         };
         assert_eq!(
-            assess(&tap, &inv, Some(&s), false),
+            assess(&tap, &inv, Some(&s)),
             Verdict::Missing(vec![
                 Part::SecuritySetting,
                 Part::AddressSettings,
@@ -440,14 +435,11 @@ mod tests {
         let mut inv = inv_with("orders.in");
         installed(&mut inv, &tap, 0);
         assert_eq!(
-            assess(&tap, &inv, Some(&good_settings(&tap)), false),
+            assess(&tap, &inv, Some(&good_settings(&tap))),
             Verdict::Installed { drained: false }
         );
         installed(&mut inv, &tap, 1);
-        assert_eq!(
-            assess(&tap, &inv, None, true),
-            Verdict::Installed { drained: true }
-        );
+        assert_eq!(assess(&tap, &inv, None), Verdict::Installed { drained: true });
     }
 
     #[test]
@@ -458,7 +450,7 @@ mod tests {
         installed(&mut inv, &tap, 1);
         inv.queues.remove(&tap.name.capture_queue());
         assert_eq!(
-            assess(&tap, &inv, Some(&good_settings(&tap)), false),
+            assess(&tap, &inv, Some(&good_settings(&tap))),
             Verdict::Missing(vec![Part::Queue])
         );
     }
@@ -477,7 +469,7 @@ mod tests {
             },
         );
         assert!(matches!(
-            assess(&tap, &inv, None, true),
+            assess(&tap, &inv, None),
             Verdict::Refused {
                 kind: RefusalKind::ExclusiveDivertPresent,
                 ..
@@ -501,7 +493,7 @@ mod tests {
         tap.filter = Some("region = 'eu'".into());
         tap.ring_size = 5;
         assert_eq!(
-            assess(&tap, &inv, None, true),
+            assess(&tap, &inv, None),
             Verdict::Missing(vec![Part::QueueRingSize, Part::DivertUpdate])
         );
     }
