@@ -532,14 +532,26 @@ async fn taps_of_a_subscription_deleted_while_no_operator_ran_are_swept_at_start
     // The same installation starts again: its first passes sweep the orphan, nothing else.
     let op = bed.start_operator_on(&[&ns], &db, &instance).await;
     let f = Fixture { bed, ns, admin, op };
-    let removes = wait_until("the orphan is swept", Duration::from_secs(90), || async {
-        let rows = f.capture_audit_rows("capture.remove").await;
-        let done = rows.first().is_some_and(|r| r.0 != "pending");
-        done.then_some(rows)
-    })
+    // Swept from every node (a node that timed out on this busy machine is swept by a later pass).
+    let brokers = f.bed.cluster_brokers("c");
+    wait_until(
+        "the orphan is swept from every node",
+        Duration::from_secs(120),
+        || async {
+            for b in &brokers {
+                if divert_names(&f.bed, b).await.contains(&ours.divert()) {
+                    return None;
+                }
+            }
+            Some(())
+        },
+    )
     .await;
-    assert_eq!(removes.len(), 1, "{removes:?}");
-    assert_eq!(removes[0].0, "succeeded", "{removes:?}");
+    let removes = f.capture_audit_rows("capture.remove").await;
+    assert!(
+        removes.iter().any(|r| r.0 == "succeeded"),
+        "audited removal: {removes:?}"
+    );
     for b in f.bed.cluster_brokers("c") {
         let names = divert_names(&f.bed, &b).await;
         assert!(!names.contains(&ours.divert()), "our orphan swept on {}", b.name);
