@@ -485,7 +485,7 @@ pub async fn create_cluster(
         "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCluster",
         "metadata": {"name": name},
         "spec": {"brokers": brokers, "credentials": {"secretName": format!("{name}-credentials")},
-                 "pollIntervalSeconds": 2, "requestTimeoutSeconds": 3}
+                 "pollIntervalSeconds": 2, "requestTimeoutSeconds": 10}
     }))
     .expect("cluster json");
     Api::namespaced(client.clone(), ns)
