@@ -365,6 +365,84 @@ impl BrokerManagement {
         Ok(out)
     }
 
+    /// The loss counters of capture queues (each an ANYCAST queue on its own address), one bulk
+    /// request: per queue, MessagesAdded, MessagesAcknowledged, MessagesKilled, MessagesExpired,
+    /// MessageCount and the address's RoutedMessageCount. None for a queue that is not there.
+    pub async fn capture_counters(&self, queues: &[String]) -> Result<Vec<Option<[i64; 6]>>, BrokerError> {
+        const QUEUE: [&str; 5] = [
+            "MessagesAdded",
+            "MessagesAcknowledged",
+            "MessagesKilled",
+            "MessagesExpired",
+            "MessageCount",
+        ];
+        let requests: Vec<JolokiaRequest> = queues
+            .iter()
+            .flat_map(|q| {
+                [
+                    JolokiaRequest::read_many(mbean::queue(&self.broker_name, q, "anycast", q), &QUEUE),
+                    JolokiaRequest::read(mbean::address(&self.broker_name, q), "RoutedMessageCount"),
+                ]
+            })
+            .collect();
+        let results = self.client.bulk(&requests).await?;
+        let mut it = results.into_iter();
+        let mut out = vec![];
+        for _ in queues {
+            let (Some(q), Some(a)) = (it.next(), it.next()) else {
+                return Err(BrokerError::BadResponse("short bulk response".into()));
+            };
+            let (Ok(q), Ok(a)) = (q, a) else {
+                out.push(None);
+                continue;
+            };
+            let n = |k: &str| q.get(k).and_then(Value::as_i64);
+            match (
+                n(QUEUE[0]),
+                n(QUEUE[1]),
+                n(QUEUE[2]),
+                n(QUEUE[3]),
+                n(QUEUE[4]),
+                a.as_i64(),
+            ) {
+                (Some(a0), Some(a1), Some(a2), Some(a3), Some(a4), Some(r)) => {
+                    out.push(Some([a0, a1, a2, a3, a4, r]))
+                }
+                _ => out.push(None),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The `host:port` of an acceptor that speaks AMQP without TLS (a dedicated AMQP acceptor
+    /// first), from the broker's acceptor MBeans; None when there is none.
+    pub async fn amqp_acceptor(&self) -> Result<Option<(String, u16)>, BrokerError> {
+        let pattern = format!("{},component=acceptors,name=*", mbean::broker(&self.broker_name));
+        let v = self
+            .client
+            .call(JolokiaRequest::read(pattern, "Parameters"))
+            .await?;
+        let mut best: Option<(bool, String, u16)> = None;
+        for params in v.as_object().into_iter().flat_map(|m| m.values()) {
+            let p = params.get("Parameters").unwrap_or(params);
+            let get = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or("");
+            let protocols = get("protocols").to_ascii_uppercase();
+            let ssl = get("sslEnabled").eq_ignore_ascii_case("true");
+            let speaks_amqp = protocols.is_empty() || protocols.split(',').any(|x| x.trim() == "AMQP");
+            let Ok(port) = get("port").parse::<u16>() else {
+                continue;
+            };
+            if ssl || !speaks_amqp {
+                continue;
+            }
+            let dedicated = protocols == "AMQP";
+            if best.as_ref().is_none_or(|(d, _, _)| dedicated && !d) {
+                best = Some((dedicated, get("host").to_string(), port));
+            }
+        }
+        Ok(best.map(|(_, h, p)| (h, p)))
+    }
+
     /// Several filtered listings in one bulk request (ADR-0057: each a broker-side filtered
     /// lookup, never a full listing).
     pub async fn list_many(

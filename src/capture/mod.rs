@@ -8,6 +8,8 @@
 //!   runs only while this process holds the cluster's Postgres advisory lock, so passes never
 //!   overlap and clusters spread across replicas.
 
+pub mod drain;
+pub mod loss;
 pub mod names;
 pub mod pass;
 pub mod plan;
@@ -30,11 +32,90 @@ fn presence_prefix(instance: &str) -> String {
     format!("artemis-studio capture-worker {instance} ")
 }
 
-/// A cluster this process serves: its lock and what it keeps between passes.
+/// A cluster this process serves: its lock, what it keeps between passes, and its drains
+/// (they run only where the cluster's lock is held).
 struct Served {
     lock: ClusterLock,
     state: pass::ClusterState,
+    /// Per subscription: one rate cap shared by all its drains (ADR-0062 D9).
+    caps: BTreeMap<String, Arc<std::sync::Mutex<drain::RateCap>>>,
 }
+
+impl Served {
+    async fn stop_drains(&mut self) {
+        let all = std::mem::take(&mut *self.state.drains.lock().await);
+        for (_, d) in all {
+            d.stop(DRAIN_GRACE).await;
+        }
+    }
+
+    async fn release(mut self) {
+        self.stop_drains().await;
+        self.lock.release().await;
+    }
+
+    /// Start the drains the pass asks for, stop the others (a removed tap, a node no longer
+    /// live, an endpoint that changed).
+    async fn converge_drains(
+        &mut self,
+        ctx: &Context,
+        health: &drain::DrainHealth,
+        targets: Vec<pass::DrainTarget>,
+    ) {
+        let wanted: BTreeMap<drain::DrainKey, pass::DrainTarget> =
+            targets.into_iter().map(|t| (t.key.clone(), t)).collect();
+        let mut drains = self.state.drains.lock().await;
+        let stale: Vec<drain::DrainKey> = drains
+            .iter()
+            .filter(|(k, h)| wanted.get(*k).is_none_or(|t| t.url != h.url))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in stale {
+            if let Some(h) = drains.remove(&k) {
+                h.stop(DRAIN_GRACE).await;
+            }
+        }
+        for (k, t) in wanted {
+            let cap = self
+                .caps
+                .entry(t.tap.subscription.clone())
+                .or_insert_with(|| {
+                    Arc::new(std::sync::Mutex::new(drain::RateCap::new(
+                        t.max_ingest_per_second,
+                    )))
+                })
+                .clone();
+            if let Ok(mut c) = cap.lock() {
+                c.set_rate(t.max_ingest_per_second);
+            }
+            if drains.contains_key(&k) {
+                continue;
+            }
+            let subscription = match ctx.store.subscription_key(&k.cluster, &t.tap.subscription).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "capture: cannot register the subscription; drain not started");
+                    continue;
+                }
+            };
+            let spec = drain::DrainSpec {
+                key: k.clone(),
+                tap: t.tap.clone(),
+                subscription,
+                url: t.url.clone(),
+                username: t.username.clone(),
+                password: t.password.clone(),
+                max_body_bytes: t.max_body_bytes,
+                rate_cap: cap,
+                container_id: format!("artemis-studio-capture-{}", uuid::Uuid::new_v4().simple()),
+            };
+            drains.insert(k, drain::spawn(ctx.store.clone(), health.clone(), spec));
+        }
+    }
+}
+
+/// How long a stopping drain may take to commit and settle the batch in hand.
+const DRAIN_GRACE: Duration = Duration::from_secs(10);
 
 /// Run capture until shutdown: reflectors of subscriptions and clusters (every replica), and a
 /// pass per served cluster every `ctx.capture_pass_interval`, or soon after a subscription
@@ -98,6 +179,31 @@ pub async fn run(ctx: Arc<Context>) {
     }
 }
 
+/// Retention per subscription (by age and by size), by dropping whole day partitions; and the
+/// next day's partition made ahead.
+async fn retention(ctx: &Context, cluster_key: &str, subs: &[Arc<ArtemisCaptureSubscription>]) {
+    for s in subs.iter().filter(|s| s.metadata.deletion_timestamp.is_none()) {
+        let result = async {
+            let key = ctx.store.subscription_key(cluster_key, &s.name_any()).await?;
+            ctx.store.ensure_partitions(&key).await?;
+            let r = &s.spec.retention;
+            ctx.store
+                .enforce_retention(&key, chrono::Duration::hours(r.max_age_hours.into()), r.max_bytes)
+                .await
+        }
+        .await;
+        match result {
+            Ok(dropped) if !dropped.is_empty() => {
+                tracing::info!(subscription = %s.name_any(), ?dropped, "capture retention dropped partitions")
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(subscription = %s.name_any(), error = %e, "capture retention not enforced this pass")
+            }
+        }
+    }
+}
+
 async fn worker(
     ctx: Arc<Context>,
     subs: Vec<reflector::Store<ArtemisCaptureSubscription>>,
@@ -105,6 +211,7 @@ async fn worker(
     changed: Arc<tokio::sync::Notify>,
 ) {
     let holder = ctx.process_id.clone();
+    let health = drain::DrainHealth::default();
     // Presence: this process counts as one capture worker for as long as it lives.
     let mut presence = None;
     let mut served: BTreeMap<String, Served> = BTreeMap::new();
@@ -140,7 +247,7 @@ async fn worker(
             .collect::<Vec<_>>()
         {
             if let Some(s) = served.remove(&gone) {
-                s.lock.release().await;
+                s.release().await;
             }
         }
         let workers = ctx
@@ -166,6 +273,8 @@ async fn worker(
                             Served {
                                 lock,
                                 state: pass::ClusterState::default(),
+
+                                caps: BTreeMap::new(),
                             },
                         );
                     }
@@ -181,7 +290,10 @@ async fn worker(
             };
             if !s.lock.still_held().await {
                 tracing::warn!(cluster = %cluster_key, "capture: lock connection lost; no longer serving this cluster");
-                served.remove(cluster_key);
+                if let Some(mut s) = served.remove(cluster_key) {
+                    // The lock is gone: another replica may serve the cluster now.
+                    s.stop_drains().await;
+                }
                 continue;
             }
             let mine: Vec<Arc<ArtemisCaptureSubscription>> = all_subs
@@ -190,7 +302,16 @@ async fn worker(
                 .cloned()
                 .collect();
             let started = chrono::Utc::now();
-            let outcome = pass::run(&ctx, &s.state, cluster, &mine, &holder).await;
+            let view = pass::DrainView {
+                health: &health,
+                within: ctx.capture_pass_interval * 3 + Duration::from_secs(5),
+            };
+            let mut outcome = pass::run(&ctx, &s.state, cluster, &mine, &holder, &view).await;
+            if let Ok(p) = &mut outcome {
+                s.converge_drains(&ctx, &health, std::mem::take(&mut p.drains))
+                    .await;
+                retention(&ctx, cluster_key, &mine).await;
+            }
             let (commands, result) = match &outcome {
                 Ok(p) => (p.commands, "ok".to_string()),
                 Err(e) => {
@@ -225,7 +346,7 @@ async fn worker(
             && let Some(s) = served.remove(&k)
         {
             tracing::info!(cluster = %k, "capture: releasing this cluster to another replica");
-            s.lock.release().await;
+            s.release().await;
         }
         tokio::select! {
             _ = tokio::time::sleep(ctx.capture_pass_interval) => {}

@@ -12,6 +12,7 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use tokio::sync::Mutex;
 
+use super::drain::{DrainHealth, DrainKey};
 use super::names::TapName;
 use super::plan::{self, Part, Subscription, TapSpec, Verdict};
 use crate::api::capture::{
@@ -22,6 +23,7 @@ use crate::broker::{BrokerError, BrokerManagement};
 use crate::controllers::{Context, conditions, key};
 use crate::fanout::{self, NodeFailure, NodeReport, Target};
 use crate::store::capture::{TapInstall, TapKey};
+use crate::store::captured::{LossAt, TapTotals};
 use crate::store::{AuditIntent, CommandVerdict, StoreError, outcome_detail};
 use crate::topology::{self, Topology, TopologyMemory};
 
@@ -39,13 +41,38 @@ pub enum PassError {
 #[derive(Default)]
 pub struct ClusterState {
     pub memory: Arc<Mutex<TopologyMemory>>,
+    /// Jolokia endpoint → `amqp://host:port` of its broker's AMQP acceptor (read once).
+    pub amqp: Mutex<BTreeMap<String, String>>,
+    /// The drains of this cluster (they run only while its lock is held).
+    pub drains: Mutex<BTreeMap<DrainKey, super::drain::DrainHandle>>,
 }
 
 /// What one pass did.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct PassSummary {
     /// Audited broker commands (install and remove).
     pub commands: i32,
+    /// The drains that should run now: one per installed capture queue per live node.
+    pub drains: Vec<DrainTarget>,
+}
+
+/// A capture queue on a live node that a drain should consume.
+#[derive(Clone)]
+pub struct DrainTarget {
+    pub key: DrainKey,
+    pub tap: TapName,
+    pub url: String,
+    pub username: String,
+    pub password: String,
+    pub max_body_bytes: usize,
+    pub max_ingest_per_second: u32,
+}
+
+/// What the pass knows of this process's drains.
+pub struct DrainView<'a> {
+    pub health: &'a DrainHealth,
+    /// A drain silent longer than this is not draining.
+    pub within: Duration,
 }
 
 /// What the pass found for one tap on one node, for status.
@@ -56,7 +83,11 @@ struct Found {
     message: String,
 }
 
-const NOT_DRAINED: &str = "installed, not drained: nothing consumes the capture queue, so copies wait in the ring (oldest overwritten first) and this node is not covered. The operator's own drain into Postgres is capture part 2, not built yet: until then a tap is HEALTHY only while a consumer (with the capture role) is attached to its queue (ADR-0066 D2)";
+fn not_drained(why: &str) -> String {
+    format!(
+        "installed, not drained ({why}): copies wait in the ring (oldest overwritten first) and this node is not covered until the drain runs (ADR-0066 D2)"
+    )
+}
 
 fn view(s: &ArtemisCaptureSubscription) -> Subscription {
     Subscription {
@@ -77,6 +108,7 @@ pub async fn run(
     cluster: &ArtemisCluster,
     subs: &[Arc<ArtemisCaptureSubscription>],
     holder: &str,
+    drains: &DrainView<'_>,
 ) -> Result<PassSummary, PassError> {
     let ns = cluster.namespace().unwrap_or_default();
     let cluster_key = key(&ns, &cluster.name_any());
@@ -119,6 +151,8 @@ pub async fn run(
     let mut installs: BTreeMap<TapName, BTreeMap<String, Vec<Part>>> = BTreeMap::new();
     let mut sweeps: BTreeMap<TapName, BTreeMap<String, (bool, bool)>> = BTreeMap::new();
     let mut installed_unrecorded: Vec<(TapName, String, Option<String>)> = vec![];
+    // (tap, node) whose capture queue exists: drained, and their loss counters read.
+    let mut drain_targets: Vec<(TapName, String)> = vec![];
     for node in &topology.nodes {
         let (Some(m), Some(inv)) = (&node.active, &node.inventory) else {
             let why = node
@@ -144,9 +178,15 @@ pub async fn run(
             }
             continue;
         };
+        let drain_key = |n: &TapName| DrainKey {
+            cluster: cluster_key.clone(),
+            node: node.node_id.clone(),
+            capture_queue: n.capture_queue(),
+        };
+        let drain_of = |n: &TapName| drains.health.draining(&drain_key(n), drains.within);
         let mut verdicts: BTreeMap<&TapName, Verdict> = desired
             .iter()
-            .map(|(n, t)| (n, plan::assess(t, inv, None)))
+            .map(|(n, t)| (n, plan::assess(t, inv, None, drain_of(n).is_ok())))
             .collect();
         // ADR-0066 D2: a node not being drained gets the whole install checked, settings too.
         let recheck: Vec<&TapName> = verdicts
@@ -161,7 +201,7 @@ pub async fn run(
                 Ok(settings) => {
                     for (n, s) in recheck.iter().zip(settings.iter()) {
                         if let Some(t) = desired.get(*n) {
-                            verdicts.insert(*n, plan::assess(t, inv, Some(s)));
+                            verdicts.insert(*n, plan::assess(t, inv, Some(s), drain_of(n).is_ok()));
                         }
                     }
                 }
@@ -220,17 +260,18 @@ pub async fn run(
                             node.active_endpoint().map(str::to_string),
                         ));
                     }
+                    drain_targets.push((name.clone(), node.node_id.clone()));
                     if drained {
                         Found {
                             state: TapState::Healthy,
                             refusal: None,
-                            message: "being drained: a consumer is attached to the capture queue".into(),
+                            message: "being drained into Postgres".into(),
                         }
                     } else {
                         Found {
                             state: TapState::Degraded,
                             refusal: None,
-                            message: NOT_DRAINED.into(),
+                            message: not_drained(&drain_of(name).err().unwrap_or_default()),
                         }
                     }
                 }
@@ -292,10 +333,15 @@ pub async fn run(
         summary.commands += 1;
         for o in outcomes {
             let f = if o.outcome == Outcome::Applied {
+                drain_targets.push((tap.clone(), o.node.clone()));
                 Found {
                     state: TapState::Degraded,
                     refusal: None,
-                    message: format!("{}; {NOT_DRAINED}", o.message),
+                    message: format!(
+                        "{}; {}",
+                        o.message,
+                        not_drained("its drain starts after this pass")
+                    ),
                 }
             } else {
                 Found {
@@ -326,16 +372,147 @@ pub async fn run(
                 tap.subscription
             ),
         };
+        // The drain goes first: a consumer re-attaching to a queue the sweep just removed could
+        // have the broker auto-create an ordinary queue in its place.
+        for node in nodes.keys() {
+            let k = DrainKey {
+                cluster: cluster_key.clone(),
+                node: node.clone(),
+                capture_queue: tap.capture_queue(),
+            };
+            let handle = state.drains.lock().await.remove(&k);
+            if let Some(h) = handle {
+                h.stop(Duration::from_secs(10)).await;
+            }
+        }
         remove(&scope, sub, &tap, &nodes, &reason).await?;
         summary.commands += 1;
     }
 
+    // Loss counters of every capture queue that existed, and the drains that should run.
+    read_loss(ctx, &cluster_key, &topology, &drain_targets).await;
+    for (tap, node) in &drain_targets {
+        let (Some(spec), Some(n)) = (desired.get(tap), topology.find(node)) else {
+            continue;
+        };
+        let (Some(sub), Some(m)) = (subs_by_name.get(&tap.subscription), &n.active) else {
+            continue;
+        };
+        let Some(url) = amqp_url(state, m).await else {
+            continue;
+        };
+        summary.drains.push(DrainTarget {
+            key: DrainKey {
+                cluster: cluster_key.clone(),
+                node: node.clone(),
+                capture_queue: spec.name.capture_queue(),
+            },
+            tap: tap.clone(),
+            url,
+            username: access.credentials.username.clone(),
+            password: access.credentials.password.clone(),
+            max_body_bytes: sub.spec.max_body_bytes as usize,
+            max_ingest_per_second: sub.spec.max_ingest_per_second,
+        });
+    }
+
     // Status and finalizers, from what is true after the writes.
     let records = ctx.store.open_taps(&cluster_key, instance).await?;
+    let totals = ctx.store.capture_totals(&cluster_key).await?;
     for s in subs {
-        write_status(ctx, &ns, s, &topology, &desired, &found, &records).await?;
+        let stored = Stored {
+            records: &records,
+            totals: &totals,
+        };
+        write_status(ctx, &ns, s, &topology, &desired, &found, &stored).await?;
     }
     Ok(summary)
+}
+
+/// The AMQP endpoint of a node's active broker: its AMQP acceptor's port, on the Jolokia
+/// endpoint's host when the acceptor listens on every interface.
+async fn amqp_url(state: &ClusterState, m: &BrokerManagement) -> Option<String> {
+    let endpoint = m.client().url().to_string();
+    if let Some(u) = state.amqp.lock().await.get(&endpoint) {
+        return Some(u.clone());
+    }
+    let (host, port) = match m.amqp_acceptor().await {
+        Ok(Some(found)) => found,
+        Ok(None) => {
+            tracing::warn!(%endpoint, "capture: the broker has no plain AMQP acceptor; its taps cannot be drained");
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!(%endpoint, error = %e, "capture: cannot read the broker's acceptors");
+            return None;
+        }
+    };
+    let jolokia_host = reqwest::Url::parse(&endpoint)
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_string))
+        .unwrap_or_else(|| "localhost".into());
+    let host = if host.is_empty() || host == "0.0.0.0" || host == "::" || host == "[::]" {
+        jolokia_host
+    } else {
+        host
+    };
+    let url = format!("amqp://{host}:{port}");
+    state.amqp.lock().await.insert(endpoint, url.clone());
+    Some(url)
+}
+
+/// Read every existing capture queue's counters (one bulk request per node) and add what was
+/// lost since the last read to `capture_loss` (CAPTURE-NOTES; counters reset with the broker).
+async fn read_loss(ctx: &Context, cluster_key: &str, topology: &Topology, taps: &[(TapName, String)]) {
+    let mut by_node: BTreeMap<&str, Vec<&TapName>> = BTreeMap::new();
+    for (t, n) in taps {
+        by_node.entry(n.as_str()).or_default().push(t);
+    }
+    for (node, taps) in by_node {
+        let Some(m) = topology.find(node).and_then(|n| n.active.as_ref()) else {
+            continue;
+        };
+        let queues: Vec<String> = taps.iter().map(|t| t.capture_queue()).collect();
+        let reads = match m.capture_counters(&queues).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(%node, error = %e, "capture: loss counters unreadable this pass");
+                continue;
+            }
+        };
+        for ((tap, queue), read) in taps.iter().zip(&queues).zip(reads) {
+            let Some([added, acked, killed, expired, count, routed]) = read else {
+                continue;
+            };
+            let now = super::loss::CounterRead {
+                messages_added: added,
+                messages_acknowledged: acked,
+                messages_killed: killed,
+                messages_expired: expired,
+                message_count: count,
+                address_routed: routed,
+            }
+            .counters();
+            let at = LossAt {
+                cluster: cluster_key,
+                subscription: &tap.subscription,
+                node,
+                source_address: &tap.address,
+            };
+            let result = async {
+                let before = ctx.store.last_counters(&at, queue).await?;
+                let d = super::loss::delta(before.as_ref(), &now);
+                ctx.store.add_loss(&at, "ring_overwrite", d.ring).await?;
+                ctx.store.add_loss(&at, "address_full", d.address).await?;
+                ctx.store.add_loss(&at, "broker_restart", d.reset).await?;
+                ctx.store.save_counters(&at, queue, &now).await
+            }
+            .await;
+            if let Err(e) = result {
+                tracing::warn!(%node, error = %e, "capture: loss not recorded this pass");
+            }
+        }
+    }
 }
 
 /// ADR-0062 D8: the capture queue must be restricted to the operator's role. A broker that
@@ -623,6 +800,12 @@ async fn finish(
     Ok(())
 }
 
+/// What Postgres holds of a cluster's taps after the pass.
+struct Stored<'a> {
+    records: &'a [crate::store::capture::TapRecord],
+    totals: &'a [TapTotals],
+}
+
 /// Status of one subscription after the pass (written only when it changed), and its
 /// finalizer released once no tap of it remains.
 async fn write_status(
@@ -632,8 +815,9 @@ async fn write_status(
     topology: &Topology,
     desired: &BTreeMap<TapName, TapSpec>,
     found: &BTreeMap<(TapName, String), Found>,
-    records: &[crate::store::capture::TapRecord],
+    stored: &Stored<'_>,
 ) -> Result<(), PassError> {
+    let (records, totals) = (stored.records, stored.totals);
     let name = s.name_any();
     let api: Api<ArtemisCaptureSubscription> = Api::namespaced(ctx.client.clone(), ns);
     let generation = s.metadata.generation;
@@ -701,6 +885,9 @@ async fn write_status(
                     .iter()
                     .find(|r| r.node == node.node_id && r.source_address == tap.address)
                     .map(|r| r.installed_at.to_rfc3339());
+                let t = totals.iter().find(|t| {
+                    t.subscription == name && t.node == node.node_id && t.source_address == tap.address
+                });
                 status.taps.push(TapStatus {
                     address: tap.address.clone(),
                     node: node.node_id.clone(),
@@ -709,7 +896,8 @@ async fn write_status(
                     message: f.map(|f| f.message.clone()),
                     capture_queue: Some(tap.capture_queue()),
                     coverage_start: coverage,
-                    ..Default::default()
+                    captured: t.map(|t| t.captured.max(0) as u64).unwrap_or(0),
+                    dropped_estimate: t.map(|t| t.lost.max(0) as u64).unwrap_or(0),
                 });
             }
         }
@@ -783,9 +971,13 @@ async fn write_status(
             generation,
         );
     }
-    status.captured = old.captured;
-    status.dropped_estimate = old.dropped_estimate;
+    // Over every tap this subscription ever had, not only today's addresses.
+    let mine_totals = totals.iter().filter(|t| t.subscription == name);
+    status.captured = mine_totals.clone().map(|t| t.captured.max(0) as u64).sum();
+    status.dropped_estimate = mine_totals.map(|t| t.lost.max(0) as u64).sum();
     let unchanged = old.taps == status.taps
+        && old.captured == status.captured
+        && old.dropped_estimate == status.dropped_estimate
         && old.addresses == status.addresses
         && old.instance_id == status.instance_id
         && old.observed_generation == status.observed_generation

@@ -209,7 +209,12 @@ pub enum Verdict {
 /// Judge one tap on one node. Without `settings` only the queue and the divert (which the
 /// inventory holds) are judged; a node that is not drained is judged again with fresh settings
 /// reads, the whole install (ADR-0066 D2).
-pub fn assess(tap: &TapSpec, inv: &NodeInventory, settings: Option<&EffectiveSettings>) -> Verdict {
+pub fn assess(
+    tap: &TapSpec,
+    inv: &NodeInventory,
+    settings: Option<&EffectiveSettings>,
+    drained: bool,
+) -> Verdict {
     let address = &tap.name.address;
     if !inv.addresses.contains_key(address) {
         return Verdict::AddressAbsent;
@@ -260,7 +265,7 @@ pub fn assess(tap: &TapSpec, inv: &NodeInventory, settings: Option<&EffectiveSet
     parts.sort();
     if parts.is_empty() {
         Verdict::Installed {
-            drained: queue.is_some_and(|q| q.consumer_count > 0),
+            drained: drained && queue.is_some(),
         }
     } else {
         Verdict::Missing(parts)
@@ -419,7 +424,7 @@ mod tests {
             roles: json!([{"name": "amq", "consume": true, "browse": true, "send": true}]),
         };
         assert_eq!(
-            assess(&tap, &inv, Some(&s)),
+            assess(&tap, &inv, Some(&s), false),
             Verdict::Missing(vec![
                 Part::SecuritySetting,
                 Part::AddressSettings,
@@ -435,11 +440,14 @@ mod tests {
         let mut inv = inv_with("orders.in");
         installed(&mut inv, &tap, 0);
         assert_eq!(
-            assess(&tap, &inv, Some(&good_settings(&tap))),
+            assess(&tap, &inv, Some(&good_settings(&tap)), false),
             Verdict::Installed { drained: false }
         );
         installed(&mut inv, &tap, 1);
-        assert_eq!(assess(&tap, &inv, None), Verdict::Installed { drained: true });
+        assert_eq!(
+            assess(&tap, &inv, None, true),
+            Verdict::Installed { drained: true }
+        );
     }
 
     #[test]
@@ -450,7 +458,7 @@ mod tests {
         installed(&mut inv, &tap, 1);
         inv.queues.remove(&tap.name.capture_queue());
         assert_eq!(
-            assess(&tap, &inv, Some(&good_settings(&tap))),
+            assess(&tap, &inv, Some(&good_settings(&tap)), false),
             Verdict::Missing(vec![Part::Queue])
         );
     }
@@ -469,7 +477,7 @@ mod tests {
             },
         );
         assert!(matches!(
-            assess(&tap, &inv, None),
+            assess(&tap, &inv, None, true),
             Verdict::Refused {
                 kind: RefusalKind::ExclusiveDivertPresent,
                 ..
@@ -493,7 +501,7 @@ mod tests {
         tap.filter = Some("region = 'eu'".into());
         tap.ring_size = 5;
         assert_eq!(
-            assess(&tap, &inv, None),
+            assess(&tap, &inv, None, true),
             Verdict::Missing(vec![Part::QueueRingSize, Part::DivertUpdate])
         );
     }

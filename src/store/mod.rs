@@ -2,6 +2,7 @@
 //! first broker write, outcome after).
 
 pub mod capture;
+pub mod captured;
 
 use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};

@@ -5,13 +5,13 @@ use serde_json::json;
 
 use crate::report::Section;
 
-/// STUB: capture drain not built yet.
+/// STUB: the drain exists now; this scenario is not written yet.
 pub fn stub() -> Section {
     let mut s = Section::new(
         "capture",
         "3. Capture (stub)",
-        "**Not measured: capture drain not built yet.** When capture part 2 (the drain into Postgres) lands, this scenario measures producer throughput (1 KiB, one producer) on an address with no tap vs. with a tap (target ≥ 0.9), ingest into Postgres vs. a bare AMQP consumer that discards on the same capture queue (target ≥ 0.8), and loss reported vs. actual when the rate cap or the ring bites.",
+        "**Not measured yet: this scenario is a stub.** It is to measure producer throughput (1 KiB, one producer) on an address with no tap vs. with a tap (target ≥ 0.9), ingest into Postgres vs. a bare AMQP consumer that discards on the same capture queue (target ≥ 0.8), and loss reported vs. actual when the rate cap or the ring bites.",
     );
-    s.json = json!({"status": "not built", "reason": "capture drain not built yet"});
+    s.json = json!({"status": "not built", "reason": "scenario not written yet"});
     s
 }

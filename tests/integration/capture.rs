@@ -150,6 +150,40 @@ impl Fixture {
         .expect("audit rows")
     }
 
+    /// Wait until the subscription has `n` captured rows; (original address, source message ID,
+    /// node, body) of each.
+    pub async fn wait_rows(
+        &self,
+        subscription: &str,
+        n: usize,
+    ) -> Vec<(String, Option<String>, String, Option<String>)> {
+        let pool = self.op.store.pool().clone();
+        let ns = self.ns.clone();
+        let rows = wait_until(
+            &format!("{n} captured rows of {subscription}"),
+            Duration::from_secs(60),
+            || {
+                let pool = pool.clone();
+                let ns = ns.clone();
+                async move {
+                    let rows: Vec<(String, Option<String>, String, Option<String>)> = sqlx::query_as(
+                        "SELECT original_address, source_message_id, node, body_text FROM captured_message \
+                     WHERE cluster LIKE $1 AND subscription = $2 ORDER BY captured_at",
+                    )
+                    .bind(format!("{ns}/%"))
+                    .bind(subscription)
+                    .fetch_all(&pool)
+                    .await
+                    .ok()?;
+                    (rows.len() >= n).then_some(rows)
+                }
+            },
+        )
+        .await;
+        assert_eq!(rows.len(), n, "exactly {n} rows: {rows:?}");
+        rows
+    }
+
     pub fn tap(&self, address: &str, subscription: &str) -> TapName {
         TapName::new(&self.op.ctx.instance_id, address, subscription)
     }
@@ -171,8 +205,8 @@ async fn a_tap_is_installed_on_every_node_a_second_pass_writes_nothing_and_delet
     broker_queue(&f.bed, &address).await;
     f.subscribe("orders", json!({"queues": format!("cap.{id}.#"), "ringSize": 50, "expiryDelaySeconds": 120, "maxBufferBytes": 4194304})).await;
     let s = f
-        .wait_subscription("orders", "3 taps installed, not drained", |s| {
-            taps_in(s, TapState::Degraded) == 3
+        .wait_subscription("orders", "3 taps installed and drained", |s| {
+            taps_in(s, TapState::Healthy) == 3
         })
         .await;
     let status = s.status.clone().expect("status");
@@ -190,7 +224,7 @@ async fn a_tap_is_installed_on_every_node_a_second_pass_writes_nothing_and_delet
         .expect("Ready");
     assert_eq!(
         (ready.status.as_str(), ready.reason.as_str()),
-        ("False", "NotDrained")
+        ("True", "Draining")
     );
     assert!(
         s.finalizers()
@@ -259,32 +293,20 @@ async fn a_tap_is_installed_on_every_node_a_second_pass_writes_nothing_and_delet
         installs.len()
     );
 
-    // Attach a consumer to one node's capture queue: that node's tap is being drained.
+    // What producers send to the source address is copied into Postgres; the application's
+    // queue keeps every message.
     let c1 = f.bed.broker("c1");
-    let consumer =
-        crate::support::amqp_consumer(&f.bed, "c1", &format!("{queue}::{queue}"), &format!("drain-{id}"))
-            .await;
-    let s = f
-        .wait_subscription("orders", "one tap healthy", |s| {
-            taps_in(s, TapState::Healthy) == 1
-        })
-        .await;
-    assert_eq!(taps_in(&s, TapState::Degraded), 2);
-    // What producers send to the source address is copied; the application's queue keeps it.
     crate::support::send_messages(&f.bed, "c1", &address, 3).await;
-    let mut consumer = consumer;
-    for _ in 0..3 {
-        let d = tokio::time::timeout(
-            Duration::from_secs(20),
-            consumer.receiver.recv::<fe2o3_amqp::types::primitives::Value>(),
-        )
-        .await
-        .expect("a captured copy within 20 s")
-        .expect("receive");
-        consumer.receiver.accept(&d).await.expect("accept");
-    }
+    let rows = f.wait_rows("orders", 3).await;
+    assert!(
+        rows.iter().all(|r| r.0 == address),
+        "original address from the install record: {rows:?}"
+    );
     assert_eq!(queue_attr(&f.bed, &c1, &address, "MessageCount").await, json!(3));
-    drop(consumer);
+    f.wait_subscription("orders", "status counts 3 captured", |s| {
+        s.status.as_ref().is_some_and(|st| st.captured == 3)
+    })
+    .await;
 
     // Delete: the pass removes every object of the tap, then releases the finalizer.
     f.subscriptions()
@@ -349,7 +371,7 @@ async fn an_exclusive_divert_refuses_that_node_and_installs_nothing_there() {
     f.subscribe("excl", json!({"queues": address})).await;
     let s = f
         .wait_subscription("excl", "c2 refused, the others installed", |s| {
-            taps_in(s, TapState::Refused) == 1 && taps_in(s, TapState::Degraded) == 2
+            taps_in(s, TapState::Refused) == 1 && taps_in(s, TapState::Healthy) == 2
         })
         .await;
     let refused = s
@@ -511,7 +533,7 @@ async fn taps_of_a_subscription_deleted_while_no_operator_ran_are_swept_at_start
     }
     f.subscribe("orders", json!({"queues": address})).await;
     f.wait_subscription("orders", "3 taps installed", |s| {
-        taps_in(s, TapState::Degraded) == 3
+        taps_in(s, TapState::Healthy) == 3
     })
     .await;
     let ours = f.tap(&address, "orders");
@@ -599,19 +621,33 @@ async fn taps_of_a_subscription_deleted_while_no_operator_ran_are_swept_at_start
 
 #[tokio::test]
 async fn a_broker_restart_loses_only_the_ring_queue_and_the_next_pass_recreates_it_with_a_coverage_gap() {
+    // The HA cluster's plain node is restarted (cluster c's brokers stay warm for the others).
     let _exclusive = crate::support::brokers_exclusive().await;
-    let f = fixture("cap-restart", None).await;
+    let restore_bed = TestBed::get();
+    let _restore = crate::support::RestoreHa(&restore_bed);
+    let bed = TestBed::get();
+    let ns = bed.fresh_namespace("cap-restart").await;
+    let op = bed.start_operator(&ns).await;
+    let admin = bed.kube_admin().await;
+    let urls: Vec<String> = bed.cluster_brokers("ha").into_iter().map(|b| b.jolokia).collect();
+    crate::support::create_cluster(&admin, &ns, "ha", &urls, Some(bed.broker_user())).await;
+    crate::support::wait_cluster_condition(&admin, &ns, "ha", "Ready", "True").await;
+    let f = Fixture { bed, ns, admin, op };
     let id = short_id();
     let address = format!("cap.{id}.restart");
-    broker_queue(&f.bed, &address).await;
-    f.subscribe("restart", json!({"queues": address})).await;
+    queue_on(&f.bed, &["ha1", "ha2"], &address).await;
+    f.subscribe(
+        "restart",
+        json!({"clusterRef": {"name": "ha"}, "queues": address}),
+    )
+    .await;
     let before = f
-        .wait_subscription("restart", "3 taps installed", |s| {
-            taps_in(s, TapState::Degraded) == 3
+        .wait_subscription("restart", "2 taps installed", |s| {
+            taps_in(s, TapState::Healthy) == 2
         })
         .await;
-    let c3 = f.bed.broker("c3");
-    let node = crate::cluster_core::node_id_of(&f.bed, "c3").await;
+    let ha2 = f.bed.broker("ha2");
+    let node = crate::cluster_core::node_id_of(&f.bed, "ha2").await;
     let start_of = |s: &ArtemisCaptureSubscription| {
         s.status.as_ref().and_then(|st| {
             st.taps
@@ -625,18 +661,18 @@ async fn a_broker_restart_loses_only_the_ring_queue_and_the_next_pass_recreates_
     struct Start<'a>(&'a TestBed);
     impl Drop for Start<'_> {
         fn drop(&mut self) {
-            self.0.broker_action("start", "c3");
+            self.0.broker_action("start", "ha2");
         }
     }
     let guard = Start(&f.bed);
-    f.bed.broker_action("stop", "c3");
-    f.bed.broker_action("start", "c3");
+    f.bed.broker_action("stop", "ha2");
+    f.bed.broker_action("start", "ha2");
     std::mem::forget(guard);
     // The restarted broker kept the divert (and the settings); not the non-durable queue, which
     // the next pass re-creates: a new coverage start, later than the first.
     let after = f
-        .wait_subscription("restart", "c3's tap re-created", |s| {
-            start_of(s).is_some_and(|t| t > first_start) && taps_in(s, TapState::Degraded) == 3
+        .wait_subscription("restart", "ha2's tap re-created", |s| {
+            start_of(s).is_some_and(|t| t > first_start) && taps_in(s, TapState::Healthy) == 2
         })
         .await;
     assert!(start_of(&after) > Some(first_start.clone()));
@@ -656,7 +692,7 @@ async fn a_broker_restart_loses_only_the_ring_queue_and_the_next_pass_recreates_
     assert_eq!(
         queue_attr(
             &f.bed,
-            &c3,
+            &ha2,
             &f.tap(&address, "restart").capture_queue(),
             "Durable"
         )
@@ -760,21 +796,9 @@ async fn after_a_failover_the_producer_is_never_refused_and_the_next_pass_rebuil
         .await;
     let tap = f.tap(&address, "proof");
     let queue = tap.capture_queue();
-    f.wait_subscription("proof", "2 taps installed", |s| {
-        taps_in(s, TapState::Degraded) == 2
-    })
-    .await;
-    // Drained on the primary: HEALTHY.
-    let drain = crate::support::amqp_consumer(
-        &f.bed,
-        "ha1",
-        &format!("{queue}::{queue}"),
-        &format!("drain-a-{id}"),
-    )
-    .await;
     let before = f
-        .wait_subscription("proof", "the pair's tap healthy", |s| {
-            coverage_of(s, &pair).is_some_and(|(st, _)| st == TapState::Healthy)
+        .wait_subscription("proof", "both taps drained", |s| {
+            taps_in(s, TapState::Healthy) == 2
         })
         .await;
     let first_start = coverage_of(&before, &pair)
@@ -783,7 +807,8 @@ async fn after_a_failover_the_producer_is_never_refused_and_the_next_pass_rebuil
     amqp_send(&f.bed, "ha1", &address, 10, "before")
         .await
         .expect("the producer sends to the primary");
-    drop(drain);
+    // The cluster balances the address's messages over ha1 and ha2: both nodes' taps drain them.
+    f.wait_rows("proof", 10).await;
 
     // No operator runs between the promotion and the next pass: the window stays open.
     let Fixture { bed, ns, admin, op } = f;
@@ -821,58 +846,77 @@ async fn after_a_failover_the_producer_is_never_refused_and_the_next_pass_rebuil
         .await
         .expect("every send to the promoted backup is accepted");
 
-    // The operator returns: its next pass rebuilds the tap on the backup; until a drain attaches
-    // it is DEGRADED, and the node's coverage starts at the new tap, not at the subscription.
+    // The operator returns: its next pass rebuilds the ring queue on the backup (only the queue:
+    // the divert and the settings replicated), the drain attaches, and the node's coverage
+    // starts at the new tap, not at the subscription.
     let op = bed.start_operator_on(&[&ns], &db, &instance).await;
     let f = Fixture { bed, ns, admin, op };
-    let rebuilt = f
-        .wait_subscription("proof", "the pair's tap rebuilt, not drained", |s| {
-            coverage_of(s, &pair)
-                .is_some_and(|(st, c)| st == TapState::Degraded && c.as_deref() > Some(first_start.as_str()))
-        })
-        .await;
-    let ready = rebuilt
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Degraded").cloned())
-        .expect("Degraded condition");
-    assert_eq!(ready.status, "True");
-    assert_eq!(queue_attr(&f.bed, &ha1b, &queue, "RingSize").await, json!(10000));
-    let mut drain = crate::support::amqp_consumer(
-        &f.bed,
-        "ha1b",
-        &format!("{queue}::{queue}"),
-        &format!("drain-b-{id}"),
-    )
-    .await;
-    f.wait_subscription("proof", "the pair's tap healthy again", |s| {
-        coverage_of(s, &pair).is_some_and(|(st, _)| st == TapState::Healthy)
+    f.wait_subscription("proof", "the pair's tap rebuilt and drained", |s| {
+        coverage_of(s, &pair)
+            .is_some_and(|(st, c)| st == TapState::Healthy && c.as_deref() > Some(first_start.as_str()))
     })
     .await;
+    let parts: Vec<String> = sqlx::query_scalar::<_, Value>(
+        "SELECT params->'parts'->$1 FROM audit_event WHERE command = 'capture.install' ORDER BY id DESC LIMIT 1",
+    )
+    .bind(&pair)
+    .fetch_one(f.op.store.pool())
+    .await
+    .map(|v| serde_json::from_value(v).unwrap_or_default())
+    .expect("parts");
+    assert_eq!(parts, vec!["ring queue".to_string()]);
+    assert_eq!(queue_attr(&f.bed, &ha1b, &queue, "RingSize").await, json!(10000));
     amqp_send(&f.bed, "ha1b", &address, 3, "after")
         .await
         .expect("send after the rebuild");
-    for _ in 0..3 {
-        let d = tokio::time::timeout(
-            Duration::from_secs(20),
-            drain.receiver.recv::<fe2o3_amqp::types::primitives::Value>(),
-        )
-        .await
-        .expect("a captured copy on the backup within 20 s")
-        .expect("receive");
-        drain.receiver.accept(&d).await.expect("accept");
-    }
-    drop(drain);
-    let rows: Vec<(Option<String>,)> =
+    // Every copy drained is stored once: the 10 before, the 3 after (and whatever of the 20 sent
+    // in the window reached a capture queue), never twice.
+    let pool = f.op.store.pool().clone();
+    let bodies: Vec<String> = wait_until("the 3 sent after the rebuild are captured", Duration::from_secs(60), || {
+        let pool = pool.clone();
+        async move {
+            let b: Vec<String> = sqlx::query_scalar(
+                "SELECT body_text FROM captured_message WHERE subscription = 'proof' AND body_text IS NOT NULL",
+            )
+            .fetch_all(&pool)
+            .await
+            .ok()?;
+            (b.iter().filter(|x| x.starts_with("after")).count() == 3).then_some(b)
+        }
+    })
+    .await;
+    let mut unique = bodies.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), bodies.len(), "no copy stored twice: {bodies:?}");
+    assert_eq!(bodies.iter().filter(|b| b.starts_with("before")).count(), 10);
+    // A gap between the primary's coverage and the backup's.
+    let sessions: Vec<(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "SELECT started_at, confirmed_until FROM capture_coverage WHERE node = $1 AND subscription = 'proof' ORDER BY started_at",
+    )
+    .bind(&pair)
+    .fetch_all(f.op.store.pool())
+    .await
+    .expect("coverage");
+    assert!(sessions.len() >= 2, "{sessions:?}");
+    assert!(
+        sessions[sessions.len() - 1].0 > sessions[0].1,
+        "the window is a gap: {sessions:?}"
+    );
+    let records: Vec<(Option<String>,)> =
         sqlx::query_as("SELECT removal_reason FROM capture_tap WHERE node = $1 ORDER BY id")
             .bind(&pair)
             .fetch_all(f.op.store.pool())
             .await
             .expect("records");
-    assert_eq!(rows.len(), 2, "two incarnations on the pair's node: {rows:?}");
+    assert_eq!(
+        records.len(),
+        2,
+        "two incarnations on the pair's node: {records:?}"
+    );
     assert!(
-        rows[0].0.as_deref().unwrap_or("").contains("failover"),
-        "{rows:?}"
+        records[0].0.as_deref().unwrap_or("").contains("failover"),
+        "{records:?}"
     );
     // Leave nothing behind for the restore: the subscription's taps go with it.
     f.subscriptions()
@@ -934,9 +978,9 @@ async fn two_processes_of_one_installation_never_overlap_a_pass_and_serve_differ
         .await;
     f.subscribe("on-ha", json!({"clusterRef": {"name": "ha"}, "queues": address}))
         .await;
-    f.wait_subscription("on-c", "3 taps", |s| taps_in(s, TapState::Degraded) == 3)
+    f.wait_subscription("on-c", "3 taps", |s| taps_in(s, TapState::Healthy) == 3)
         .await;
-    f.wait_subscription("on-ha", "2 taps", |s| taps_in(s, TapState::Degraded) == 2)
+    f.wait_subscription("on-ha", "2 taps", |s| taps_in(s, TapState::Healthy) == 2)
         .await;
 
     // Each process takes its share: the clusters end up served by different processes.
@@ -994,4 +1038,203 @@ async fn two_processes_of_one_installation_never_overlap_a_pass_and_serve_differ
     })
     .await;
     drop(b);
+}
+
+/// The Artemis CLI `producer` (a real Core JMS client) sends `n` text messages to an anycast
+/// address.
+fn core_produce(bed: &TestBed, broker: &str, address: &str, n: usize) {
+    let home = bed.var("TESTBED_ARTEMIS_HOME");
+    let (u, p) = bed.broker_user();
+    let core = bed.var(&format!("TESTBED_{}_CORE", broker.to_uppercase()));
+    let out = std::process::Command::new(format!("{home}/bin/artemis"))
+        .args([
+            "producer",
+            "--url",
+            &core,
+            "--user",
+            &u,
+            "--password",
+            &p,
+            "--destination",
+            &format!("queue://{address}"),
+            "--message-count",
+            &n.to_string(),
+            "--message-size",
+            "64",
+            "--silent",
+        ])
+        .output()
+        .expect("run the Artemis CLI producer");
+    assert!(
+        out.status.success(),
+        "artemis producer: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn amqp_and_core_producers_are_stored_exactly_once_with_their_source_ids_and_truncated_bodies() {
+    let _shared = brokers_shared().await;
+    let f = fixture("cap-store", None).await;
+    let id = short_id();
+    let address = format!("cap.{id}.store");
+    broker_queue(&f.bed, &address).await;
+    f.subscribe("store", json!({"queues": address, "maxBodyBytes": 6}))
+        .await;
+    f.wait_subscription("store", "3 taps drained", |s| taps_in(s, TapState::Healthy) == 3)
+        .await;
+    amqp_send(&f.bed, "c1", &address, 5, "amqp-message")
+        .await
+        .expect("AMQP producer");
+    core_produce(&f.bed, "c1", &address, 5);
+    let rows = f.wait_rows("store", 10).await;
+    assert!(rows.iter().all(|r| r.0 == address), "{rows:?}");
+    let mut sources: Vec<&str> = rows.iter().filter_map(|r| r.1.as_deref()).collect();
+    assert_eq!(
+        sources.len(),
+        10,
+        "every copy carries its source message ID (AMQP and Core): {rows:?}"
+    );
+    sources.sort();
+    sources.dedup();
+    assert_eq!(sources.len(), 10);
+    // Bodies are cut at maxBodyBytes, and say so with the original size.
+    let cut: Vec<(Option<String>, i32, bool)> = sqlx::query_as(
+        "SELECT body_text, body_size, body_truncated FROM captured_message WHERE subscription = 'store' AND body_text LIKE 'amqp%'",
+    )
+    .fetch_all(f.op.store.pool())
+    .await
+    .expect("bodies");
+    assert_eq!(cut.len(), 5, "{cut:?}");
+    assert!(
+        cut.iter().all(|(t, size, truncated)| *truncated
+            && t.as_deref().is_some_and(|t| t.len() <= 6)
+            && *size > 6),
+        "{cut:?}"
+    );
+    // No second row for any of them after later passes (and drains) ran.
+    f.later_passes(2).await;
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM captured_message WHERE subscription = 'store'")
+        .fetch_one(f.op.store.pool())
+        .await
+        .expect("count");
+    assert_eq!(n, 10);
+    f.subscriptions()
+        .delete("store", &DeleteParams::default())
+        .await
+        .expect("delete");
+}
+
+#[tokio::test]
+async fn a_firehose_hits_its_rate_cap_and_reports_the_drops_while_a_quiet_subscription_keeps_everything() {
+    let _shared = brokers_shared().await;
+    let f = fixture("cap-rate", None).await;
+    let id = short_id();
+    let (hot, calm) = (format!("cap.{id}.hot"), format!("cap.{id}.calm"));
+    broker_queue(&f.bed, &hot).await;
+    broker_queue(&f.bed, &calm).await;
+    f.subscribe("fire", json!({"queues": hot, "maxIngestPerSecond": 1}))
+        .await;
+    f.subscribe("quiet", json!({"queues": calm})).await;
+    for s in ["fire", "quiet"] {
+        f.wait_subscription(s, "3 taps drained", |s| taps_in(s, TapState::Healthy) == 3)
+            .await;
+    }
+    crate::support::send_messages(&f.bed, "c1", &hot, 30).await;
+    crate::support::send_messages(&f.bed, "c1", &calm, 5).await;
+    f.wait_rows("quiet", 5).await;
+    // Stored + dropped by the rate cap = sent: every drop is counted, none is silent.
+    let pool = f.op.store.pool().clone();
+    let (stored, capped) = wait_until("fire's 30 copies stored or counted", Duration::from_secs(60), || {
+        let pool = pool.clone();
+        async move {
+            let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM captured_message WHERE subscription = 'fire'")
+                .fetch_one(&pool)
+                .await
+                .ok()?;
+            let capped: i64 = sqlx::query_scalar(
+                "SELECT COALESCE(sum(messages), 0)::bigint FROM capture_loss WHERE subscription = 'fire' AND cause = 'rate_cap'",
+            )
+            .fetch_one(&pool)
+            .await
+            .ok()?;
+            (stored + capped == 30).then_some((stored, capped))
+        }
+    })
+    .await;
+    assert!(
+        capped > 0 && stored < 30,
+        "the cap bit: stored {stored}, dropped {capped}"
+    );
+    // Status (written by a later pass) says the same: what was stored, and at least the
+    // rate-cap drops as estimated loss.
+    f.wait_subscription("fire", "status reports what was stored and dropped", |s| {
+        s.status
+            .as_ref()
+            .is_some_and(|st| st.captured == stored as u64 && st.dropped_estimate >= capped as u64)
+    })
+    .await;
+    for s in ["fire", "quiet"] {
+        f.subscriptions()
+            .delete(s, &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+}
+
+#[tokio::test]
+async fn retention_drops_whole_day_partitions_older_than_the_max_age() {
+    let _shared = brokers_shared().await;
+    let f = fixture("cap-retain", None).await;
+    let id = short_id();
+    let address = format!("cap.{id}.retain");
+    broker_queue(&f.bed, &address).await;
+    f.subscribe(
+        "retain",
+        json!({"queues": address, "retention": {"maxAgeHours": 24}}),
+    )
+    .await;
+    f.wait_subscription("retain", "3 taps drained", |s| taps_in(s, TapState::Healthy) == 3)
+        .await;
+    crate::support::send_messages(&f.bed, "c1", &address, 1).await;
+    f.wait_rows("retain", 1).await;
+    // A day partition from ten days ago, with a row in it.
+    let sub_id: i64 = sqlx::query_scalar("SELECT id FROM capture_subscription WHERE subscription = 'retain'")
+        .fetch_one(f.op.store.pool())
+        .await
+        .expect("subscription id");
+    let day = (chrono::Utc::now() - chrono::Duration::days(10)).date_naive();
+    let next = day + chrono::Duration::days(1);
+    let old = format!("captured_message_s{sub_id}_{}", day.format("%Y%m%d"));
+    sqlx::query(&format!(
+        "CREATE TABLE {old} PARTITION OF captured_message_s{sub_id} FOR VALUES FROM ('{day}T00:00:00Z') TO ('{next}T00:00:00Z')"
+    ))
+    .execute(f.op.store.pool())
+    .await
+    .expect("old partition");
+    sqlx::query(&format!(
+        "INSERT INTO captured_message (cluster, subscription, subscription_id, node, original_address, capture_queue, body_size, captured_at) \
+         VALUES ('{}/c', 'retain', {sub_id}, 'n', '{address}', 'q', 0, '{day}T12:00:00Z')",
+        f.ns
+    ))
+    .execute(f.op.store.pool())
+    .await
+    .expect("old row");
+    f.later_passes(2).await;
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_class WHERE relname = $1)")
+        .bind(&old)
+        .fetch_one(f.op.store.pool())
+        .await
+        .expect("exists");
+    assert!(!exists, "the old day partition was dropped whole");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM captured_message WHERE subscription = 'retain'")
+        .fetch_one(f.op.store.pool())
+        .await
+        .expect("rows");
+    assert_eq!(left, 1, "today's row is kept");
+    f.subscriptions()
+        .delete("retain", &DeleteParams::default())
+        .await
+        .expect("delete");
 }

@@ -1,0 +1,369 @@
+//! Captured messages, coverage and loss in Postgres (ADR-0062 D4, D9, D10). Inserts are batched
+//! (one `INSERT … SELECT FROM UNNEST` per batch, never a row per round trip); a redelivered copy
+//! never becomes a second row; retention drops whole day partitions of one subscription.
+
+use chrono::{DateTime, Datelike, Duration, NaiveDate, Utc};
+
+use super::{Store, StoreError};
+
+/// One captured copy, ready to store.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CapturedRow {
+    pub node: String,
+    pub original_address: String,
+    pub capture_queue: String,
+    pub source_message_id: Option<String>,
+    pub message_id: Option<String>,
+    pub correlation_id: Option<String>,
+    pub reply_to: Option<String>,
+    pub properties: serde_json::Value,
+    pub headers: serde_json::Value,
+    pub body_text: Option<String>,
+    pub body_binary: Option<Vec<u8>>,
+    pub body_size: i32,
+    pub body_truncated: bool,
+    pub routed_at: Option<DateTime<Utc>>,
+}
+
+/// Where a loss happened.
+#[derive(Clone, Copy, Debug)]
+pub struct LossAt<'a> {
+    pub cluster: &'a str,
+    pub subscription: &'a str,
+    pub node: &'a str,
+    pub source_address: &'a str,
+}
+
+/// Stored and lost at one tap on one node.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct TapTotals {
+    pub subscription: String,
+    pub node: String,
+    pub source_address: String,
+    pub captured: i64,
+    pub lost: i64,
+}
+
+/// A capture queue's loss counters as read from the broker (see `capture::loss`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct QueueCounters {
+    pub ring_evicted: i64,
+    pub address_dropped: i64,
+    pub messages_added: i64,
+    pub message_count: i64,
+}
+
+/// Which subscription a batch belongs to.
+#[derive(Clone, Debug)]
+pub struct SubscriptionKey {
+    pub cluster: String,
+    pub subscription: String,
+    pub id: i64,
+}
+
+fn day_name(sub_id: i64, day: NaiveDate) -> String {
+    format!(
+        "captured_message_s{sub_id}_{:04}{:02}{:02}",
+        day.year(),
+        day.month(),
+        day.day()
+    )
+}
+
+impl Store {
+    /// The partition key of one (cluster, subscription), created on first use.
+    pub async fn subscription_key(
+        &self,
+        cluster: &str,
+        subscription: &str,
+    ) -> Result<SubscriptionKey, StoreError> {
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO capture_subscription (cluster, subscription) VALUES ($1, $2) \
+             ON CONFLICT (cluster, subscription) DO UPDATE SET cluster = EXCLUDED.cluster RETURNING id",
+        )
+        .bind(cluster)
+        .bind(subscription)
+        .fetch_one(self.pool())
+        .await?;
+        Ok(SubscriptionKey {
+            cluster: cluster.into(),
+            subscription: subscription.into(),
+            id,
+        })
+    }
+
+    /// The subscription's partition and its day partitions for today and the next day (made
+    /// ahead, so an insert never waits on DDL at midnight).
+    pub async fn ensure_partitions(&self, key: &SubscriptionKey) -> Result<(), StoreError> {
+        let id = key.id;
+        // Identifiers and bounds here are numbers and dates this code formats, never input.
+        // Two drains may race to create the same partition: "already exists" is success.
+        let tolerate = |r: Result<sqlx::postgres::PgQueryResult, sqlx::Error>| match r {
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P07") => Ok(()),
+            r => r.map(|_| ()),
+        };
+        tolerate(
+            sqlx::query(&format!(
+                "CREATE TABLE IF NOT EXISTS captured_message_s{id} PARTITION OF captured_message \
+                 FOR VALUES IN ({id}) PARTITION BY RANGE (captured_at)"
+            ))
+            .execute(self.pool())
+            .await,
+        )?;
+        let today = Utc::now().date_naive();
+        for day in [today, today + Duration::days(1)] {
+            let next = day + Duration::days(1);
+            tolerate(
+                sqlx::query(&format!(
+                    "CREATE TABLE IF NOT EXISTS {} PARTITION OF captured_message_s{id} \
+                     FOR VALUES FROM ('{day}T00:00:00Z') TO ('{next}T00:00:00Z')",
+                    day_name(id, day)
+                ))
+                .execute(self.pool())
+                .await,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Store a batch in one statement, in one transaction; returns the rows inserted. A copy
+    /// already stored (same node, capture queue and source message ID — a redelivery after a
+    /// drain died between commit and settle) is skipped.
+    pub async fn insert_captured(
+        &self,
+        key: &SubscriptionKey,
+        rows: &[CapturedRow],
+    ) -> Result<u64, StoreError> {
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        let col = |f: &dyn Fn(&CapturedRow) -> Option<String>| rows.iter().map(f).collect::<Vec<_>>();
+        let node = col(&|r| Some(r.node.clone()));
+        let address = col(&|r| Some(r.original_address.clone()));
+        let queue = col(&|r| Some(r.capture_queue.clone()));
+        let source = col(&|r| r.source_message_id.clone());
+        let message_id = col(&|r| r.message_id.clone());
+        let correlation = col(&|r| r.correlation_id.clone());
+        let reply_to = col(&|r| r.reply_to.clone());
+        let properties = col(&|r| Some(r.properties.to_string()));
+        let headers = col(&|r| Some(r.headers.to_string()));
+        let text = col(&|r| r.body_text.clone());
+        let binary: Vec<Option<Vec<u8>>> = rows.iter().map(|r| r.body_binary.clone()).collect();
+        let size: Vec<i32> = rows.iter().map(|r| r.body_size).collect();
+        let truncated: Vec<bool> = rows.iter().map(|r| r.body_truncated).collect();
+        let routed: Vec<Option<DateTime<Utc>>> = rows.iter().map(|r| r.routed_at).collect();
+        let result = sqlx::query(
+            "INSERT INTO captured_message (cluster, subscription, subscription_id, node, original_address, \
+             capture_queue, source_message_id, message_id, correlation_id, reply_to, properties, headers, \
+             body_text, body_binary, body_size, body_truncated, routed_at) \
+             SELECT $1, $2, $3, t.node, t.address, t.queue, t.source, t.message_id, t.correlation, t.reply_to, \
+             t.properties::jsonb, t.headers::jsonb, t.text, t.bin, t.size, t.truncated, t.routed \
+             FROM UNNEST($4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], \
+             $11::text[], $12::text[], $13::text[], $14::bytea[], $15::int[], $16::bool[], $17::timestamptz[]) \
+             AS t(node, address, queue, source, message_id, correlation, reply_to, properties, headers, text, \
+             bin, size, truncated, routed) \
+             WHERE t.source IS NULL OR NOT EXISTS (SELECT 1 FROM captured_message m \
+             WHERE m.subscription_id = $3 AND m.cluster = $1 AND m.subscription = $2 AND m.node = t.node \
+             AND m.capture_queue = t.queue AND m.source_message_id = t.source \
+             AND m.captured_at > now() - interval '1 day')",
+        )
+        .bind(&key.cluster)
+        .bind(&key.subscription)
+        .bind(key.id)
+        .bind(node)
+        .bind(address)
+        .bind(queue)
+        .bind(source)
+        .bind(message_id)
+        .bind(correlation)
+        .bind(reply_to)
+        .bind(properties)
+        .bind(headers)
+        .bind(text)
+        .bind(binary)
+        .bind(size)
+        .bind(truncated)
+        .bind(routed)
+        .execute(self.pool())
+        .await?;
+        Ok(result.rows_affected())
+    }
+
+    /// A drain session starts: coverage for this node begins now.
+    pub async fn coverage_start(
+        &self,
+        key: &SubscriptionKey,
+        node: &str,
+        source_address: &str,
+        capture_queue: &str,
+    ) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(
+            "INSERT INTO capture_coverage (cluster, subscription, node, source_address, capture_queue) \
+             VALUES ($1, $2, $3, $4, $5) RETURNING id",
+        )
+        .bind(&key.cluster)
+        .bind(&key.subscription)
+        .bind(node)
+        .bind(source_address)
+        .bind(capture_queue)
+        .fetch_one(self.pool())
+        .await?)
+    }
+
+    /// The session was alive until now, and stored `messages` more.
+    pub async fn coverage_confirm(
+        &self,
+        key: &SubscriptionKey,
+        id: i64,
+        messages: u64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE capture_coverage SET confirmed_until = now(), messages = messages + $4 \
+             WHERE cluster = $1 AND subscription = $2 AND id = $3",
+        )
+        .bind(&key.cluster)
+        .bind(&key.subscription)
+        .bind(id)
+        .bind(messages as i64)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// The session ended (the drain stopped); coverage ends at its last confirmation.
+    pub async fn coverage_end(&self, key: &SubscriptionKey, id: i64) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE capture_coverage SET ended_at = confirmed_until WHERE cluster = $1 AND subscription = $2 AND id = $3",
+        )
+        .bind(&key.cluster)
+        .bind(&key.subscription)
+        .bind(id)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// Count `messages` more lost to `cause` at this tap and node.
+    pub async fn add_loss(&self, at: &LossAt<'_>, cause: &str, messages: u64) -> Result<(), StoreError> {
+        if messages == 0 {
+            return Ok(());
+        }
+        sqlx::query(
+            "INSERT INTO capture_loss (cluster, subscription, node, source_address, cause, messages) \
+             VALUES ($1, $2, $3, $4, $5, $6) \
+             ON CONFLICT (cluster, subscription, node, source_address, cause) DO UPDATE \
+             SET messages = capture_loss.messages + EXCLUDED.messages, updated_at = now()",
+        )
+        .bind(at.cluster)
+        .bind(at.subscription)
+        .bind(at.node)
+        .bind(at.source_address)
+        .bind(cause)
+        .bind(messages as i64)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// Per (subscription, node, source address): messages stored and estimated lost, for status.
+    pub async fn capture_totals(&self, cluster: &str) -> Result<Vec<TapTotals>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT s.subscription, s.node, s.source_address, \
+               COALESCE((SELECT sum(messages) FROM capture_coverage c WHERE c.cluster = $1 AND c.subscription = s.subscription \
+                 AND c.node = s.node AND c.source_address = s.source_address), 0)::bigint AS captured, \
+               COALESCE((SELECT sum(messages) FROM capture_loss l WHERE l.cluster = $1 AND l.subscription = s.subscription \
+                 AND l.node = s.node AND l.source_address = s.source_address), 0)::bigint AS lost \
+             FROM (SELECT DISTINCT subscription, node, source_address FROM capture_coverage WHERE cluster = $1 \
+                   UNION SELECT DISTINCT subscription, node, source_address FROM capture_loss WHERE cluster = $1) s",
+        )
+        .bind(cluster)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// The last counters read for a capture queue (None: never read).
+    pub async fn last_counters(
+        &self,
+        at: &LossAt<'_>,
+        capture_queue: &str,
+    ) -> Result<Option<QueueCounters>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT ring_evicted, address_dropped, messages_added, message_count FROM capture_counter \
+             WHERE cluster = $1 AND subscription = $2 AND node = $3 AND capture_queue = $4",
+        )
+        .bind(at.cluster)
+        .bind(at.subscription)
+        .bind(at.node)
+        .bind(capture_queue)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+
+    pub async fn save_counters(
+        &self,
+        at: &LossAt<'_>,
+        capture_queue: &str,
+        c: &QueueCounters,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO capture_counter (cluster, subscription, node, capture_queue, ring_evicted, address_dropped, \
+             messages_added, message_count) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             ON CONFLICT (cluster, subscription, node, capture_queue) DO UPDATE SET ring_evicted = EXCLUDED.ring_evicted, \
+             address_dropped = EXCLUDED.address_dropped, messages_added = EXCLUDED.messages_added, \
+             message_count = EXCLUDED.message_count, read_at = now()",
+        )
+        .bind(at.cluster)
+        .bind(at.subscription)
+        .bind(at.node)
+        .bind(capture_queue)
+        .bind(c.ring_evicted)
+        .bind(c.address_dropped)
+        .bind(c.messages_added)
+        .bind(c.message_count)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// Retention (ADR-0062 Consequences: a time bound and a size bound): drop this
+    /// subscription's day partitions older than `max_age`, then its oldest ones while it holds
+    /// more than `max_bytes` (today's partition is never dropped). Returns the partitions dropped.
+    pub async fn enforce_retention(
+        &self,
+        key: &SubscriptionKey,
+        max_age: Duration,
+        max_bytes: Option<u64>,
+    ) -> Result<Vec<String>, StoreError> {
+        let parent = format!("captured_message_s{}", key.id);
+        let mut parts: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT c.relname::text, pg_total_relation_size(c.oid) FROM pg_inherits i \
+             JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent \
+             WHERE p.relname = $1 ORDER BY c.relname",
+        )
+        .bind(&parent)
+        .fetch_all(self.pool())
+        .await?;
+        let today = day_name(key.id, Utc::now().date_naive());
+        let oldest_kept = day_name(key.id, (Utc::now() - max_age).date_naive());
+        let mut dropped = vec![];
+        let mut total: i64 = parts.iter().map(|(_, s)| *s).sum();
+        // Names sort by day: yyyymmdd.
+        while let Some((name, size)) = parts.first().cloned() {
+            let too_old = name < oldest_kept;
+            let too_big = max_bytes.is_some_and(|m| total > m as i64);
+            if name >= today || !(too_old || too_big) {
+                break;
+            }
+            sqlx::query(&format!("ALTER TABLE {parent} DETACH PARTITION {name}"))
+                .execute(self.pool())
+                .await?;
+            sqlx::query(&format!("DROP TABLE {name}"))
+                .execute(self.pool())
+                .await?;
+            total -= size;
+            dropped.push(name);
+            parts.remove(0);
+        }
+        Ok(dropped)
+    }
+}
