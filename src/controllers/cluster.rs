@@ -385,6 +385,7 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
         }
     }
 
+    conditions::kstatus(&mut status.conditions, &[], status.observed_generation);
     // Status is written only when something a user acts on changed (lastPollTime alone is not:
     // no API write per poll; the poll metrics show the cadence).
     let changed = {

@@ -8,6 +8,93 @@ use crate::api::{Condition, NodeOutcome, Outcome};
 pub const READY: &str = "Ready";
 pub const DEGRADED: &str = "Degraded";
 pub const DIVERGED: &str = "Diverged";
+/// kstatus (Flux, `kstatus`-based tools): "abnormal-true" conditions, False when all is well.
+pub const RECONCILING: &str = "Reconciling";
+pub const STALLED: &str = "Stalled";
+
+/// Ready=False reasons that no retry resolves: a person must change the spec, the Secret, the
+/// broker or the permissions (or lift the dry run or pause). Anything else is still converging.
+const NEEDS_A_PERSON: &[&str] = &[
+    "InvalidSpec",
+    "ClusterNotFound",
+    "CredentialsMissing",
+    "SecretMissing",
+    "SecretKeyMissing",
+    "SecretUnreadable",
+    "CredentialsRefused",
+    "OriginRefused",
+    "NotJolokia",
+    "InvalidTls",
+    "NoEndpoints",
+    "DryRun",
+    "Paused",
+    "DryRunDelete",
+    "PausedDelete",
+    "DeleteRefused",
+    "DeleteBlocked",
+    "BulkCapExceeded",
+    "Refused",
+    "NodesRefused",
+    "ResourceConflict",
+    "CloseFailed",
+    "AwaitingConfirmation",
+    "Failed",
+];
+
+/// A node refusal that retrying can clear (the broker was slow or away); every other refusal
+/// waits for a person.
+fn transient(kind: Option<crate::api::RefusalKind>) -> bool {
+    use crate::api::RefusalKind as R;
+    matches!(
+        kind,
+        None | Some(R::Unreachable | R::Timeout | R::BadResponse | R::NotConverging)
+    )
+}
+
+/// Reconciling and Stalled, derived from Ready (and the per-node outcomes) just before a status
+/// is written, so Flux's and kstatus's health agrees with Ready: Ready=True → both False;
+/// Ready=False for a reason only a person can fix (or every failed live node refused for good)
+/// → Stalled=True; otherwise → Reconciling=True.
+pub fn kstatus(conditions: &mut Vec<Condition>, nodes: &[NodeOutcome], generation: Option<i64>) {
+    let ready = conditions.iter().find(|c| c.type_ == READY).cloned();
+    let refused_for_good = {
+        let failed: Vec<&NodeOutcome> = nodes.iter().filter(|n| n.outcome == Outcome::Failed).collect();
+        !failed.is_empty() && failed.iter().all(|n| !transient(n.refusal))
+    };
+    let (reconciling, stalled) = match &ready {
+        Some(r) if r.status == "True" => (None, None),
+        Some(r) if NEEDS_A_PERSON.contains(&r.reason.as_str()) || refused_for_good => {
+            (None, Some((r.reason.clone(), r.message.clone())))
+        }
+        Some(r) => (Some((r.reason.clone(), r.message.clone())), None),
+        None => (
+            Some(("Pending".to_string(), "not reconciled yet".to_string())),
+            None,
+        ),
+    };
+    match reconciling {
+        Some((reason, message)) => set(conditions, RECONCILING, true, &reason, message, generation),
+        None => set(
+            conditions,
+            RECONCILING,
+            false,
+            "Settled",
+            "nothing left to do until the spec or the brokers change",
+            generation,
+        ),
+    }
+    match stalled {
+        Some((reason, message)) => set(conditions, STALLED, true, &reason, message, generation),
+        None => set(
+            conditions,
+            STALLED,
+            false,
+            "Progressing",
+            "nothing needs a person",
+            generation,
+        ),
+    }
+}
 
 /// Set (or replace) the condition of `type_`.
 pub fn set(
@@ -129,5 +216,85 @@ pub fn from_outcomes(
             diverged.join(", "),
             generation,
         );
+    }
+}
+
+#[cfg(test)]
+mod kstatus_tests {
+    use super::*;
+    use crate::api::RefusalKind;
+
+    fn node(outcome: Outcome, refusal: Option<RefusalKind>) -> NodeOutcome {
+        NodeOutcome {
+            node: "n".into(),
+            endpoint: None,
+            outcome,
+            refusal,
+            message: String::new(),
+            detail: vec![],
+            last_command: None,
+        }
+    }
+
+    fn status_of(c: &[Condition], t: &str) -> (String, String) {
+        c.iter()
+            .find(|c| c.type_ == t)
+            .map(|c| (c.status.clone(), c.reason.clone()))
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn ready_means_neither_reconciling_nor_stalled() {
+        let mut c = vec![];
+        set(&mut c, READY, true, "OnEveryLiveNode", "ok", Some(1));
+        kstatus(&mut c, &[node(Outcome::Applied, None)], Some(1));
+        assert_eq!(status_of(&c, RECONCILING).0, "False");
+        assert_eq!(status_of(&c, STALLED).0, "False");
+    }
+
+    #[test]
+    fn a_timeout_is_reconciling_a_refusal_is_stalled() {
+        let mut c = vec![];
+        set(&mut c, READY, false, "NotOnEveryLiveNode", "n: slow", Some(1));
+        kstatus(
+            &mut c,
+            &[node(Outcome::Failed, Some(RefusalKind::Timeout))],
+            Some(1),
+        );
+        assert_eq!(
+            status_of(&c, RECONCILING),
+            ("True".into(), "NotOnEveryLiveNode".into())
+        );
+        assert_eq!(status_of(&c, STALLED).0, "False");
+        kstatus(
+            &mut c,
+            &[node(Outcome::Failed, Some(RefusalKind::RoutingTypeImmutable))],
+            Some(1),
+        );
+        assert_eq!(status_of(&c, RECONCILING).0, "False");
+        assert_eq!(
+            status_of(&c, STALLED),
+            ("True".into(), "NotOnEveryLiveNode".into())
+        );
+    }
+
+    #[test]
+    fn reasons_a_person_must_fix_are_stalled() {
+        for reason in [
+            "InvalidSpec",
+            "CredentialsRefused",
+            "DryRun",
+            "Paused",
+            "ClusterNotFound",
+        ] {
+            let mut c = vec![];
+            set(&mut c, READY, false, reason, "x", Some(2));
+            kstatus(&mut c, &[], Some(2));
+            assert_eq!(status_of(&c, STALLED), ("True".into(), reason.into()), "{reason}");
+        }
+        let mut c = vec![];
+        set(&mut c, READY, false, "ClusterNotReady", "x", Some(2));
+        kstatus(&mut c, &[], Some(2));
+        assert_eq!(status_of(&c, RECONCILING).0, "True");
     }
 }

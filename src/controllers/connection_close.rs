@@ -151,11 +151,37 @@ fn describe(t: &CloseTarget) -> String {
     }
 }
 
+/// Ready, Reconciling and Stalled from the phase (Flux, kstatus; `Complete`/`Failed` stay for
+/// `kubectl wait`): Completed is Ready; Failed, and a close waiting for its confirmation, need a
+/// person; Pending and Closing are on their way.
+fn with_phase_conditions(status: &ConnectionCloseStatus) -> ConnectionCloseStatus {
+    let mut status = status.clone();
+    let generation = status.observed_generation;
+    let message = status.message.clone().unwrap_or_default();
+    let (ready, reason) = match status.phase {
+        ClosePhase::Completed => (true, "Closed"),
+        ClosePhase::Failed => (false, "CloseFailed"),
+        ClosePhase::AwaitingConfirmation => (false, "AwaitingConfirmation"),
+        ClosePhase::Pending | ClosePhase::Closing => (false, "Closing"),
+    };
+    conditions::set(
+        &mut status.conditions,
+        conditions::READY,
+        ready,
+        reason,
+        message,
+        generation,
+    );
+    conditions::kstatus(&mut status.conditions, &[], generation);
+    status
+}
+
 async fn write(
     ctx: &Context,
     o: &ConnectionClose,
     status: &ConnectionCloseStatus,
 ) -> Result<(), ReconcileError> {
+    let status = &with_phase_conditions(status);
     let api: Api<ConnectionClose> = Api::namespaced(ctx.client.clone(), &o.namespace().unwrap_or_default());
     let patch =
         json!({"apiVersion": "artemis-studio.io/v1alpha1", "kind": "ConnectionClose", "status": status});
@@ -177,7 +203,7 @@ async fn write_if_unchanged(
 ) -> Result<bool, ReconcileError> {
     let api: Api<ConnectionClose> = Api::namespaced(ctx.client.clone(), &o.namespace().unwrap_or_default());
     let mut next = o.clone();
-    next.status = Some(status.clone());
+    next.status = Some(with_phase_conditions(status));
     next.metadata.managed_fields = None;
     match api
         .replace_status(&o.name_any(), &PostParams::default(), &next)

@@ -512,6 +512,12 @@ where
         + std::fmt::Debug,
     S: StatusConditions,
 {
+    // Flux/kstatus conditions follow Ready and the nodes, whatever the kind's pass decided.
+    let mut status = status.clone();
+    let nodes = status.nodes().to_vec();
+    let generation = status.observed_generation();
+    conditions::kstatus(status.conditions_mut(), &nodes, generation);
+    let status = &status;
     let (mut a, mut b) = (old.cloned().unwrap_or_default(), status.clone());
     let same_conditions =
         conditions::comparable(a.conditions_mut()) == conditions::comparable(b.conditions_mut());

@@ -148,6 +148,10 @@ async fn a_queue_is_created_on_every_node_and_reapplying_is_already_without_audi
     let name = format!("orders.{}", short_id());
     f.create(&name, json!({"routingType": "ANYCAST"})).await;
     let q = f.wait_for(&name, "Ready", ready).await;
+    // kstatus agrees: neither reconciling nor stalled.
+    for t in ["Reconciling", "Stalled"] {
+        assert_eq!(condition(&q, t).map(|c| c.0).as_deref(), Some("False"), "{t}");
+    }
     // The command applied on all three nodes: its audit row says so, per node.
     let rows = f.audit_rows("queue.").await;
     assert_eq!(rows.len(), 1, "{rows:?}");
@@ -388,6 +392,15 @@ async fn a_dry_run_never_changes_the_broker() {
     let q = f
         .wait_for(&name, "WOULD_APPLY x3", |q| all(q, Outcome::WouldApply))
         .await;
+    // For Flux/kstatus a dry run waits for a person: Stalled, not Reconciling.
+    assert_eq!(
+        condition(&q, "Stalled").map(|c| (c.0, c.1)),
+        Some(("True".into(), "DryRun".into()))
+    );
+    assert_eq!(
+        condition(&q, "Reconciling").map(|c| c.0).as_deref(),
+        Some("False")
+    );
     assert!(
         q.status
             .expect("status")
