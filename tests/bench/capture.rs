@@ -1,17 +1,368 @@
-//! Scenario 3, capture: NOT BUILT. It needs the drain into Postgres (capture part 2), which
-//! does not exist yet; what it will measure is issue 16's list below.
+//! Scenario 3, capture, on cluster "c" (issue 16):
+//! (a) one producer's throughput (1 KiB durable AMQP messages, each awaited) to an address with
+//!     no tap, then with a tap — same run, same producer; target ≥ 0.9;
+//! (b) ingest: the operator's drain into Postgres vs. a bare AMQP consumer that discards (manual
+//!     credit in batches of 200, accept per batch — the drain minus the database), each over a
+//!     ring preloaded with the same copies (the operator is SIGSTOPped while they are produced);
+//!     target ≥ 0.8;
+//! (c) loss reported vs. actual when the ring bites (ring of 100, the drain paused meanwhile):
+//!     actual = sent − stored, reported = the sum of `capture_loss`.
 
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use fe2o3_amqp::link::receiver::CreditMode;
+use fe2o3_amqp::types::messaging::{Body, Header, Message, Outcome};
+use fe2o3_amqp::types::primitives::Value as AmqpValue;
+use fe2o3_amqp::{Connection, Receiver, Sender, Session};
 use serde_json::json;
 
-use crate::report::Section;
+use crate::install::{Ctx, Install};
+use crate::jolokia::Op;
+use crate::report::{Headline, Section, Table};
+use crate::stats::Summary;
 
-/// STUB: the drain exists now; this scenario is not written yet.
-pub fn stub() -> Section {
+struct Measured {
+    messages: usize,
+    produce_bare: Vec<f64>,
+    produce_tapped: Vec<f64>,
+    ingest_messages: usize,
+    ingest_drain: f64,
+    ingest_bare: f64,
+    loss_sent: i64,
+    loss_stored: i64,
+    loss_reported: i64,
+}
+
+pub async fn run(ctx: &Ctx) -> Result<Section> {
+    let install = Install::up(ctx, "capture", &[("CAPTURE_PASS_SECONDS", "2")]).await?;
+    let result = measure(ctx, &install).await;
+    // The taps go with their subscriptions (the operator sweeps them), then the rest.
+    let _ = install
+        .objects
+        .delete_subscriptions(Duration::from_secs(120))
+        .await;
+    install.down(ctx).await;
+    Ok(section(&result?))
+}
+
+fn amqp_url(ctx: &Ctx, broker: &str) -> Result<String> {
+    let (u, p) = ctx.bed.broker_user()?;
+    let url = ctx.bed.var(&format!("TESTBED_{}_AMQP", broker.to_uppercase()))?;
+    Ok(url.replacen("amqp://", &format!("amqp://{u}:{p}@"), 1))
+}
+
+/// One producer sends `n` durable 1 KiB messages, each awaited; messages per second.
+async fn produce(url: &str, address: &str, n: usize) -> Result<f64> {
+    let mut connection = Connection::open(format!("bench-producer-{}", uuid::Uuid::new_v4().simple()), url)
+        .await
+        .context("AMQP connect")?;
+    let mut session = Session::begin(&mut connection).await?;
+    let mut sender = Sender::attach(&mut session, "bench-tx", address).await?;
+    let body = "x".repeat(1024);
+    let start = Instant::now();
+    for i in 0..n {
+        let message = Message::builder()
+            .header(Header {
+                durable: true,
+                ..Default::default()
+            })
+            .value(body.clone())
+            .build();
+        match sender.send(message).await {
+            Ok(Outcome::Accepted(_)) => {}
+            Ok(other) => bail!("message {i} not accepted: {other:?}"),
+            Err(e) => bail!("message {i}: {e}"),
+        }
+    }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    let _ = sender.close().await;
+    let _ = session.end().await;
+    let _ = connection.close().await;
+    Ok(rate)
+}
+
+/// A bare consumer over `queue` (FQQN), discarding: copies per second from its first copy to
+/// its `n`-th.
+async fn consume_bare(url: &str, queue: &str, n: usize) -> Result<f64> {
+    let mut connection =
+        Connection::open(format!("bench-bare-{}", uuid::Uuid::new_v4().simple()), url).await?;
+    let mut session = Session::begin(&mut connection).await?;
+    let mut receiver = Receiver::builder()
+        .name("bench-bare-rx")
+        .source(format!("{queue}::{queue}"))
+        .credit_mode(CreditMode::Manual)
+        .attach(&mut session)
+        .await?;
+    let mut got = 0;
+    let mut first: Option<Instant> = None;
+    while got < n {
+        receiver.set_credit(200).await?;
+        let mut batch = vec![];
+        let d = tokio::time::timeout(Duration::from_secs(30), receiver.recv::<Body<AmqpValue>>())
+            .await
+            .map_err(|_| anyhow!("the bare consumer got {got} of {n}"))??;
+        first.get_or_insert_with(Instant::now);
+        batch.push(d);
+        while batch.len() < 200 {
+            match tokio::time::timeout(Duration::from_millis(20), receiver.recv::<Body<AmqpValue>>()).await {
+                Ok(d) => batch.push(d?),
+                Err(_) => break,
+            }
+        }
+        receiver.accept_all(&batch).await?;
+        got += batch.len();
+    }
+    let took = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+    let _ = receiver.close().await;
+    let _ = session.end().await;
+    let _ = connection.close().await;
+    Ok((n - 1) as f64 / took.max(1e-6))
+}
+
+async fn wait_healthy(install: &Install, subscription: &str, nodes: usize) -> Result<()> {
+    use artemis_studio_operator::api::capture::{ArtemisCaptureSubscription, TapState};
+    let api: kube::Api<ArtemisCaptureSubscription> =
+        kube::Api::namespaced(install.objects.client.clone(), &install.objects.ns);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        install.objects.harness.read(1);
+        let s = api.get(subscription).await?;
+        let healthy = s.status.as_ref().map_or(0, |st| {
+            st.taps.iter().filter(|t| t.state == TapState::Healthy).count()
+        });
+        if healthy == nodes {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{subscription}: {healthy} of {nodes} taps drained after 180 s");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn create_subscription(install: &Install, name: &str, address: &str, ring: u64) -> Result<()> {
+    use artemis_studio_operator::api::capture::ArtemisCaptureSubscription;
+    let s: ArtemisCaptureSubscription = serde_json::from_value(json!({
+        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCaptureSubscription",
+        "metadata": {"name": name},
+        "spec": {"clusterRef": {"name": "c"}, "queues": address, "ringSize": ring,
+                 "maxIngestPerSecond": 1_000_000}
+    }))?;
+    install.objects.harness.write(1);
+    kube::Api::<ArtemisCaptureSubscription>::namespaced(install.objects.client.clone(), &install.objects.ns)
+        .create(&kube::api::PostParams::default(), &s)
+        .await
+        .with_context(|| format!("create ArtemisCaptureSubscription {name}"))?;
+    Ok(())
+}
+
+async fn measure(ctx: &Ctx, install: &Install) -> Result<Measured> {
+    let m = ctx.cfg.capture_messages;
+    let repeats = ctx.cfg.capture_repeats;
+    let nodes = ctx.jolokia.nodes.len();
+    let c1 = ctx
+        .jolokia
+        .nodes
+        .first()
+        .cloned()
+        .ok_or_else(|| anyhow!("no node"))?;
+    let url = amqp_url(ctx, &c1.name)?;
+    let pool = sqlx::PgPool::connect(&install.database_url(ctx)?).await?;
+    let p = ctx.prefix("cap");
+    let (source, lossy) = (format!("{p}src"), format!("{p}lossy"));
+    for a in [&source, &lossy] {
+        ctx.jolokia.parallel(Op::Create, a).await?;
+    }
+
+    // (a) the producer, without a tap (one warm-up round first), then with one.
+    produce(&url, &source, m / 4 + 1).await?;
+    let mut produce_bare = vec![];
+    for _ in 0..repeats {
+        produce_bare.push(produce(&url, &source, m).await?);
+    }
+    let ingest_messages = m * 2;
+    create_subscription(install, "bench-tap", &source, (ingest_messages * 2) as u64).await?;
+    wait_healthy(install, "bench-tap", nodes).await?;
+    let mut produce_tapped = vec![];
+    for _ in 0..repeats {
+        produce_tapped.push(produce(&url, &source, m).await?);
+    }
+
+    // (b) ingest: a bare ring beside the operator's, fed by a divert of its own; both preloaded
+    // with the same copies while the operator is stopped (SIGSTOP).
+    let bare = format!("{p}bare");
+    let exec = |op: &str, args: serde_json::Value| json!({"type": "exec", "mbean": c1.mbean, "operation": op, "arguments": args});
+    let queue_config = json!({"name": bare, "address": bare, "routing-type": "ANYCAST", "durable": false,
+        "ring-size": ingest_messages * 2, "auto-create-address": true});
+    ctx.jolokia
+        .post(
+            &c1,
+            &exec(
+                "createQueue(java.lang.String,boolean)",
+                json!([queue_config.to_string(), false]),
+            ),
+        )
+        .await?;
+    ctx.jolokia
+        .post(
+            &c1,
+            &exec(
+                "createDivert(java.lang.String,java.lang.String,java.lang.String,java.lang.String,boolean,java.lang.String,java.lang.String)",
+                json!([format!("{bare}.divert"), format!("{bare}.divert"), source, bare, false, null, null]),
+            ),
+        )
+        .await?;
+    let stored = |pool: sqlx::PgPool| async move {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM captured_message WHERE subscription = 'bench-tap'")
+            .fetch_one(&pool)
+            .await
+    };
+    let before = stored(pool.clone()).await?;
+    let paused_at = chrono::Utc::now();
+    install.operator.signal("STOP")?;
+    let produced = produce(&url, &source, ingest_messages).await;
+    install.operator.signal("CONT")?;
+    produced?;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while stored(pool.clone()).await? < before + ingest_messages as i64 {
+        if Instant::now() > deadline {
+            bail!("the drain did not store {ingest_messages} copies within 300 s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // From the first batch's commit to the last: copies per second after the first batch.
+    let (n, span): (i64, f64) = sqlx::query_as(
+        "SELECT count(*), EXTRACT(EPOCH FROM max(captured_at) - min(captured_at))::float8 \
+         FROM captured_message WHERE subscription = 'bench-tap' AND captured_at > $1",
+    )
+    .bind(paused_at)
+    .fetch_one(&pool)
+    .await?;
+    let first_batch: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM captured_message WHERE subscription = 'bench-tap' AND captured_at = \
+         (SELECT min(captured_at) FROM captured_message WHERE subscription = 'bench-tap' AND captured_at > $1)",
+    )
+    .bind(paused_at)
+    .fetch_one(&pool)
+    .await?;
+    let ingest_drain = (n - first_batch) as f64 / span.max(1e-6);
+    let ingest_bare = consume_bare(&url, &bare, ingest_messages).await?;
+
+    // (c) loss when the ring bites.
+    create_subscription(install, "bench-lossy", &lossy, 100).await?;
+    wait_healthy(install, "bench-lossy", nodes).await?;
+    let loss_sent = m as i64;
+    install.operator.signal("STOP")?;
+    let produced = produce(&url, &lossy, m).await;
+    install.operator.signal("CONT")?;
+    produced?;
+    let counts = |pool: sqlx::PgPool| async move {
+        let stored: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM captured_message WHERE subscription = 'bench-lossy'")
+                .fetch_one(&pool)
+                .await?;
+        let reported: i64 = sqlx::query_scalar(
+            "SELECT COALESCE(sum(messages), 0)::bigint FROM capture_loss WHERE subscription = 'bench-lossy'",
+        )
+        .fetch_one(&pool)
+        .await?;
+        Ok::<_, sqlx::Error>((stored, reported))
+    };
+    // Settled when stored + reported has not moved for 10 s (or accounts for every copy).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut last = (-1, -1);
+    let mut still_since = Instant::now();
+    let (loss_stored, loss_reported) = loop {
+        let now = counts(pool.clone()).await?;
+        if now.0 + now.1 == loss_sent || (now == last && still_since.elapsed() > Duration::from_secs(10)) {
+            break now;
+        }
+        if now != last {
+            last = now;
+            still_since = Instant::now();
+        }
+        if Instant::now() > deadline {
+            break now;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    pool.close().await;
+    Ok(Measured {
+        messages: m,
+        produce_bare,
+        produce_tapped,
+        ingest_messages,
+        ingest_drain,
+        ingest_bare,
+        loss_sent,
+        loss_stored,
+        loss_reported,
+    })
+}
+
+fn section(r: &Measured) -> Section {
     let mut s = Section::new(
         "capture",
-        "3. Capture (stub)",
-        "**Not measured yet: this scenario is a stub.** It is to measure producer throughput (1 KiB, one producer) on an address with no tap vs. with a tap (target ≥ 0.9), ingest into Postgres vs. a bare AMQP consumer that discards on the same capture queue (target ≥ 0.8), and loss reported vs. actual when the rate cap or the ring bites.",
+        "3. Capture",
+        "On cluster c, node c1. (a) One AMQP producer sends durable 1 KiB messages, each awaited, to an address without a tap and then with one (after a warm-up round); the ratio is with ÷ without. (b) The same copies preloaded in the operator's capture ring (the operator SIGSTOPped while they were produced) and in a bare ring fed by a divert of the harness's own: the drain's ingest into Postgres (from its first batch's commit to its last, in `captured_at`) vs. a bare AMQP consumer that discards (manual credit, 200 at a time, accept per batch). (c) A ring of 100 and the drain paused while the producer sends: copies actually lost (sent − stored) vs. the loss the operator reports in `capture_loss`.",
     );
-    s.json = json!({"status": "not built", "reason": "scenario not written yet"});
+    let bare = Summary::of(&r.produce_bare);
+    let tapped = Summary::of(&r.produce_tapped);
+    let produce_ratio = match (bare, tapped) {
+        (Some(b), Some(t)) => t.median / b.median,
+        _ => f64::NAN,
+    };
+    let ingest_ratio = r.ingest_drain / r.ingest_bare;
+    let actual = r.loss_sent - r.loss_stored;
+    let loss_ratio = r.loss_reported as f64 / (actual as f64).max(1.0);
+    let mut t = Table::new(&["measure", "value", "baseline", "ratio", "target"]);
+    t.row(vec![
+        format!("producer msg/s, {} msgs per round", r.messages),
+        tapped.map_or("-".into(), |x| x.show(0)),
+        bare.map_or("-".into(), |x| x.show(0)),
+        format!("{produce_ratio:.2}"),
+        "≥ 0.9".into(),
+    ]);
+    t.row(vec![
+        format!("ingest copies/s, {} preloaded", r.ingest_messages),
+        format!("{:.0}", r.ingest_drain),
+        format!("{:.0} (bare consumer)", r.ingest_bare),
+        format!("{ingest_ratio:.2}"),
+        "≥ 0.8".into(),
+    ]);
+    t.row(vec![
+        format!("loss reported, {} sent into a ring of 100", r.loss_sent),
+        format!("{}", r.loss_reported),
+        format!("{actual} (sent − stored)"),
+        format!("{loss_ratio:.3}"),
+        "1.0".into(),
+    ]);
+    s.tables.push(t);
+    s.headlines.push(Headline {
+        what: "producer throughput with a tap ÷ without".into(),
+        measured: format!("{produce_ratio:.2}"),
+        target: "≥ 0.9".into(),
+        met: Some(produce_ratio >= 0.9),
+    });
+    s.headlines.push(Headline {
+        what: "capture ingest into Postgres ÷ a bare discarding consumer".into(),
+        measured: format!("{ingest_ratio:.2}"),
+        target: "≥ 0.8".into(),
+        met: Some(ingest_ratio >= 0.8),
+    });
+    s.headlines.push(Headline {
+        what: "loss reported ÷ actual when the ring bites".into(),
+        measured: format!("{loss_ratio:.3}"),
+        target: "1.0".into(),
+        met: Some((loss_ratio - 1.0).abs() <= 0.01),
+    });
+    s.notes.push("The drain's rate is measured from the commit of its first batch, so it excludes the attach and the first batch; the bare consumer's from its first copy. One run of (b) and (c): no spread.".into());
+    s.json = json!({
+        "messages": r.messages,
+        "producer": {"withoutTap": r.produce_bare, "withTap": r.produce_tapped, "ratio": produce_ratio},
+        "ingest": {"copies": r.ingest_messages, "drainPerSecond": r.ingest_drain, "barePerSecond": r.ingest_bare, "ratio": ingest_ratio},
+        "loss": {"sent": r.loss_sent, "stored": r.loss_stored, "reported": r.loss_reported, "actual": actual, "ratio": loss_ratio},
+    });
     s
 }

@@ -59,6 +59,9 @@ pub struct Config {
     /// Scenario 4: queues and capture subscriptions at idle.
     pub footprint_queues: usize,
     pub footprint_subscriptions: usize,
+    /// Scenario 3: messages per producer round (and twice as many preloaded for ingest), rounds.
+    pub capture_messages: usize,
+    pub capture_repeats: usize,
     /// Queues in flight: bare Jolokia (each fanned out to every node) and the harness's API
     /// creates and deletes.
     pub in_flight: usize,
@@ -107,6 +110,8 @@ impl Config {
             idle_seconds: env_or("ARTEMIS_STUDIO_BENCH_IDLE_SECONDS", 60)?,
             footprint_queues: env_or("ARTEMIS_STUDIO_BENCH_FOOTPRINT_QUEUES", 1000)?,
             footprint_subscriptions: env_or("ARTEMIS_STUDIO_BENCH_FOOTPRINT_SUBSCRIPTIONS", 10)?,
+            capture_messages: env_or("ARTEMIS_STUDIO_BENCH_CAPTURE_MESSAGES", 2000)?,
+            capture_repeats: env_or("ARTEMIS_STUDIO_BENCH_CAPTURE_REPEATS", 3)?,
             in_flight: env_or("ARTEMIS_STUDIO_BENCH_IN_FLIGHT", 8)?,
             wait_ms_per_queue: env_or("ARTEMIS_STUDIO_BENCH_WAIT_MS_PER_QUEUE", 500)?,
         })
@@ -116,6 +121,7 @@ impl Config {
         json!({
             "fanoutRepeats": self.fanout_repeats, "sizes": self.sizes, "scaleRepeats": self.scale_repeats,
             "convergedSeconds": self.converged_seconds, "idleSeconds": self.idle_seconds,
+            "captureMessages": self.capture_messages, "captureRepeats": self.capture_repeats,
             "footprintQueues": self.footprint_queues, "footprintSubscriptions": self.footprint_subscriptions,
             "inFlight": self.in_flight, "operator": self.operator_bin.display().to_string(),
         })

@@ -211,6 +211,13 @@ impl Install {
         })
     }
 
+    /// The URL of this installation's database.
+    pub fn database_url(&self, ctx: &Ctx) -> Result<String> {
+        let admin = ctx.bed.var("TESTBED_DATABASE_URL")?;
+        let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
+        Ok(format!("{base}/{}", self.db))
+    }
+
     pub async fn snapshot(&self, ctx: &Ctx) -> Result<Snapshot> {
         Ok(Snapshot {
             operator: self.operator.counts().await?,

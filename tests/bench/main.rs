@@ -80,7 +80,7 @@ async fn run(config: Config) -> Result<bool> {
                 let result = match s {
                     Scenario::Fanout => fanout::run(&ctx).await,
                     Scenario::Scale => scale::run(&ctx).await,
-                    Scenario::Capture => Ok(capture::stub()),
+                    Scenario::Capture => capture::run(&ctx).await,
                     Scenario::Footprint => footprint::run(&ctx).await,
                 };
                 match result {

@@ -135,6 +135,17 @@ impl Operator {
         Ok((ticks(11)? + ticks(12)?) / clock_ticks())
     }
 
+    /// Send a signal by name (`STOP` pauses the whole process, `CONT` resumes it).
+    pub fn signal(&self, name: &str) -> Result<()> {
+        let status = std::process::Command::new("kill")
+            .args([&format!("-{name}"), &self.pid.to_string()])
+            .status()?;
+        if !status.success() {
+            bail!("kill -{name} {} failed", self.pid);
+        }
+        Ok(())
+    }
+
     /// SIGTERM (graceful: in-flight reconciles finish), then SIGKILL after 30 s.
     pub async fn stop(mut self) -> Result<()> {
         let _ = std::process::Command::new("kill")
