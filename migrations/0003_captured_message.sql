@@ -68,8 +68,9 @@ CREATE TABLE capture_coverage (
 CREATE INDEX capture_coverage_node ON capture_coverage (cluster, subscription, node, started_at);
 
 -- Estimated loss per subscription, node and cause, cumulative: ring_overwrite, address_full,
--- rate_cap, broker_restart (what a capture queue held when its counters reset). Never silently
--- zero: a cause with no loss is simply absent.
+-- rate_cap, broker_restart (what a capture queue held when its counters reset), failover_window
+-- (copies routed while a node had the divert but no capture queue: a source-side upper bound).
+-- Never silently zero: a cause with no loss is simply absent.
 CREATE TABLE capture_loss (
     cluster        TEXT NOT NULL,
     subscription   TEXT NOT NULL,

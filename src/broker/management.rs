@@ -368,7 +368,14 @@ impl BrokerManagement {
     /// The loss counters of capture queues (each an ANYCAST queue on its own address), one bulk
     /// request: per queue, MessagesAdded, MessagesAcknowledged, MessagesKilled, MessagesExpired,
     /// MessageCount and the address's RoutedMessageCount. None for a queue that is not there.
-    pub async fn capture_counters(&self, queues: &[String]) -> Result<Vec<Option<[i64; 6]>>, BrokerError> {
+    /// The address's RoutedMessageCount is reported as MessagesAdded (no drop is claimed) when
+    /// the capture address has remote bindings (see below).
+    /// With them, in the same request, each `(queue, source address)`'s source
+    /// RoutedMessageCount (the baseline of a failover-window estimate, `capture::pass`).
+    pub async fn capture_counters(
+        &self,
+        taps: &[(String, String)],
+    ) -> Result<Vec<(Option<[i64; 6]>, Option<i64>)>, BrokerError> {
         const QUEUE: [&str; 5] = [
             "MessagesAdded",
             "MessagesAcknowledged",
@@ -376,24 +383,38 @@ impl BrokerManagement {
             "MessagesExpired",
             "MessageCount",
         ];
-        let requests: Vec<JolokiaRequest> = queues
+        let requests: Vec<JolokiaRequest> = taps
             .iter()
-            .flat_map(|q| {
+            .flat_map(|(q, source)| {
                 [
                     JolokiaRequest::read_many(mbean::queue(&self.broker_name, q, "anycast", q), &QUEUE),
                     JolokiaRequest::read(mbean::address(&self.broker_name, q), "RoutedMessageCount"),
+                    JolokiaRequest::read(mbean::address(&self.broker_name, source), "RoutedMessageCount"),
+                    JolokiaRequest::read(mbean::address(&self.broker_name, q), "BindingNames"),
                 ]
             })
             .collect();
         let results = self.client.bulk(&requests).await?;
         let mut it = results.into_iter();
         let mut out = vec![];
-        for _ in queues {
-            let (Some(q), Some(a)) = (it.next(), it.next()) else {
+        for _ in taps {
+            let (Some(q), Some(a), Some(source), Some(bindings)) =
+                (it.next(), it.next(), it.next(), it.next())
+            else {
                 return Err(BrokerError::BadResponse("short bulk response".into()));
             };
+            let source = source.ok().and_then(|v| v.as_i64());
+            // In a cluster whose connection covers the capture prefix, the other nodes' capture
+            // queues (each with its drain as a consumer) are remote bindings of this capture
+            // address, and copies are load-balanced to them: routed here, added there. Then
+            // RoutedMessageCount − MessagesAdded is not a drop count, and is not used.
+            let shared = bindings
+                .as_ref()
+                .ok()
+                .and_then(Value::as_array)
+                .is_none_or(|b| b.len() > 1);
             let (Ok(q), Ok(a)) = (q, a) else {
-                out.push(None);
+                out.push((None, source));
                 continue;
             };
             let n = |k: &str| q.get(k).and_then(Value::as_i64);
@@ -406,12 +427,37 @@ impl BrokerManagement {
                 a.as_i64(),
             ) {
                 (Some(a0), Some(a1), Some(a2), Some(a3), Some(a4), Some(r)) => {
-                    out.push(Some([a0, a1, a2, a3, a4, r]))
+                    let routed = if shared { a0 } else { r };
+                    out.push((Some([a0, a1, a2, a3, a4, routed]), source))
                 }
-                _ => out.push(None),
+                _ => out.push((None, source)),
             }
         }
         Ok(out)
+    }
+
+    /// The broker's uptime in milliseconds and, per address, its RoutedMessageCount (counted
+    /// since this broker became active), in one bulk request; None for an address not there.
+    pub async fn source_routed(
+        &self,
+        addresses: &[String],
+    ) -> Result<(Option<i64>, Vec<Option<i64>>), BrokerError> {
+        let mut requests = vec![JolokiaRequest::read(
+            mbean::broker(&self.broker_name),
+            "UptimeMillis",
+        )];
+        requests.extend(
+            addresses
+                .iter()
+                .map(|a| JolokiaRequest::read(mbean::address(&self.broker_name, a), "RoutedMessageCount")),
+        );
+        let results = self.client.bulk(&requests).await?;
+        if results.len() != requests.len() {
+            return Err(BrokerError::BadResponse("short bulk response".into()));
+        }
+        let mut it = results.into_iter().map(|r| r.ok().and_then(|v| v.as_i64()));
+        let uptime = it.next().flatten();
+        Ok((uptime, it.collect()))
     }
 
     /// The `host:port` of an acceptor that speaks AMQP without TLS (a dedicated AMQP acceptor

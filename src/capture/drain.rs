@@ -23,6 +23,10 @@ use crate::store::captured::{CapturedRow, LossAt, SubscriptionKey};
 /// to the ring (CAPTURE-NOTES: delivering messages do not count toward the ring size).
 pub const BATCH: u32 = 200;
 
+/// How often an idle drain confirms in Postgres that its coverage interval is still open: the
+/// precision of a coverage gap's end when the operator dies.
+const COVERAGE_CONFIRM: Duration = Duration::from_secs(5);
+
 /// One drain: a capture queue on one node.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DrainKey {
@@ -166,7 +170,19 @@ impl Drop for DrainHandle {
 pub fn spawn(store: Store, health: DrainHealth, spec: DrainSpec) -> DrainHandle {
     let (stop, stopped) = watch::channel(false);
     let url = spec.url.clone();
-    let task = tokio::spawn(run(store, health, spec, stopped));
+    let task = tokio::spawn(async move {
+        let drains = &crate::telemetry::capture::metrics().drains;
+        drains.inc();
+        // Counted down however the task ends (stopped, or aborted with its handle).
+        struct Running<'a>(&'a prometheus_client::metrics::gauge::Gauge);
+        impl Drop for Running<'_> {
+            fn drop(&mut self) {
+                self.0.dec();
+            }
+        }
+        let _running = Running(drains);
+        run(store, health, spec, stopped).await
+    });
     DrainHandle {
         url,
         stop,
@@ -249,14 +265,20 @@ async fn batches(
     stopped: &mut watch::Receiver<bool>,
 ) -> Result<(), String> {
     let mut last_confirm = Instant::now();
+    // Credit is granted again only after a batch used it: an idle drain sends nothing to the
+    // broker and touches the database once per COVERAGE_CONFIRM.
+    let mut needs_credit = true;
     loop {
         if *stopped.borrow() {
             return Ok(());
         }
-        receiver
-            .set_credit(BATCH)
-            .await
-            .map_err(|e| format!("credit: {e}"))?;
+        if needs_credit {
+            receiver
+                .set_credit(BATCH)
+                .await
+                .map_err(|e| format!("credit: {e}"))?;
+            needs_credit = false;
+        }
         let mut batch = vec![];
         // The first copy (or an idle heartbeat), then whatever follows within a short linger.
         tokio::select! {
@@ -272,7 +294,7 @@ async fn batches(
         }
         if batch.is_empty() {
             health.set(&spec.key, true, None);
-            if last_confirm.elapsed() > Duration::from_secs(5) {
+            if last_confirm.elapsed() > COVERAGE_CONFIRM {
                 store
                     .coverage_confirm(&spec.subscription, coverage, 0)
                     .await
@@ -281,6 +303,7 @@ async fn batches(
             }
             continue;
         }
+        needs_credit = true;
         let allowed = spec
             .rate_cap
             .lock()
@@ -296,8 +319,12 @@ async fn batches(
         // credit): the ring absorbs, the producer never waits.
         let mut wait = Duration::from_millis(200);
         let stored = loop {
+            let started = Instant::now();
             match store.insert_captured(&spec.subscription, &rows).await {
-                Ok(n) => break n,
+                Ok(n) => {
+                    record_batch(spec, &rows, n, capped, started.elapsed());
+                    break n;
+                }
                 Err(e) => {
                     tracing::warn!(queue = %spec.key.capture_queue, node = %spec.key.node, error = %e, held = batch.len(), "capture: batch not stored; held unsettled and retried");
                     health.set(
@@ -313,6 +340,12 @@ async fn batches(
                 }
             }
         };
+        if let Ok(marker) = std::env::var("ARTEMIS_STUDIO_TEST_PAUSE_AFTER_INSERT") {
+            // A test-only pause point: the crash window between commit and settle (a SIGKILL
+            // here must not make a second row of any copy redelivered to the next drain).
+            let _ = std::fs::write(&marker, stored.to_string());
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
         receiver
             .accept_all(&batch)
             .await
@@ -328,6 +361,27 @@ async fn batches(
         last_confirm = Instant::now();
         health.set(&spec.key, true, None);
     }
+}
+
+/// The metrics of one committed batch.
+fn record_batch(spec: &DrainSpec, rows: &[CapturedRow], stored: u64, capped: u64, took: Duration) {
+    let m = crate::telemetry::capture::metrics();
+    let labels = crate::telemetry::capture::SubscriptionLabels {
+        cluster: spec.key.cluster.clone(),
+        subscription: spec.tap.subscription.clone(),
+    };
+    m.stored.get_or_create(&labels).inc_by(stored);
+    m.batch_size
+        .get_or_create(&labels)
+        .observe((rows.len() as u64 + capped) as f64);
+    m.insert_seconds
+        .get_or_create(&labels)
+        .observe(took.as_secs_f64());
+    if let Some(oldest) = rows.iter().filter_map(|r| r.routed_at).min() {
+        let lag = (chrono::Utc::now() - oldest).num_milliseconds().max(0) as f64 / 1000.0;
+        m.drain_lag_seconds.get_or_create(&labels).set(lag);
+    }
+    m.dropped(&spec.key.cluster, &spec.tap.subscription, "rate_cap", capped);
 }
 
 fn urlencode(s: &str) -> String {

@@ -39,6 +39,8 @@ struct Served {
     state: pass::ClusterState,
     /// Per subscription: one rate cap shared by all its drains (ADR-0062 D9).
     caps: BTreeMap<String, Arc<std::sync::Mutex<drain::RateCap>>>,
+    /// When retention last ran for this cluster (it runs every RETENTION_PASSES passes).
+    retained_at: Option<std::time::Instant>,
 }
 
 impl Served {
@@ -113,6 +115,9 @@ impl Served {
         }
     }
 }
+
+/// Retention (and making the next day's partition) runs once per this many passes.
+const RETENTION_PASSES: u32 = 10;
 
 /// How long a stopping drain may take to commit and settle the batch in hand.
 const DRAIN_GRACE: Duration = Duration::from_secs(10);
@@ -273,8 +278,8 @@ async fn worker(
                             Served {
                                 lock,
                                 state: pass::ClusterState::default(),
-
                                 caps: BTreeMap::new(),
+                                retained_at: None,
                             },
                         );
                     }
@@ -310,7 +315,14 @@ async fn worker(
             if let Ok(p) = &mut outcome {
                 s.converge_drains(&ctx, &health, std::mem::take(&mut p.drains))
                     .await;
-                retention(&ctx, cluster_key, &mine).await;
+                // Retention works on whole day partitions: every RETENTION_PASSES passes is
+                // plenty, and keeps DDL off the busy path.
+                if s.retained_at
+                    .is_none_or(|t| t.elapsed() >= ctx.capture_pass_interval * RETENTION_PASSES)
+                {
+                    retention(&ctx, cluster_key, &mine).await;
+                    s.retained_at = Some(std::time::Instant::now());
+                }
             }
             let (commands, result) = match &outcome {
                 Ok(p) => (p.commands, "ok".to_string()),

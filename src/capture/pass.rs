@@ -23,8 +23,8 @@ use crate::broker::{BrokerError, BrokerManagement};
 use crate::controllers::{Context, conditions, key};
 use crate::fanout::{self, NodeFailure, NodeReport, Target};
 use crate::store::capture::{TapInstall, TapKey};
-use crate::store::captured::{LossAt, TapTotals};
-use crate::store::{AuditIntent, CommandVerdict, StoreError, outcome_detail};
+use crate::store::captured::{LossAt, QueueCounters, TapTotals};
+use crate::store::{AuditIntent, StoreError};
 use crate::topology::{self, Topology, TopologyMemory};
 
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +45,45 @@ pub struct ClusterState {
     pub amqp: Mutex<BTreeMap<String, String>>,
     /// The drains of this cluster (they run only while its lock is held).
     pub drains: Mutex<BTreeMap<DrainKey, super::drain::DrainHandle>>,
+    /// The last counters of each capture queue (node, queue), as saved in Postgres: a pass
+    /// writes only what changed, so an idle tap costs one bulk read per node and no writes.
+    pub counters: Mutex<BTreeMap<(String, String), QueueCounters>>,
+    /// Per (node, source address): the source's RoutedMessageCount when the capture queue was
+    /// last seen there — the baseline of a failover-window estimate.
+    pub source_marks: Mutex<BTreeMap<(String, String), SourceMark>>,
+}
+
+/// A source address's routed count, read while its capture queue existed.
+#[derive(Clone, Debug)]
+pub struct SourceMark {
+    /// The broker (Jolokia endpoint) it was read on.
+    pub endpoint: String,
+    pub routed: i64,
+    pub at: std::time::Instant,
+}
+
+/// CAPTURE-NOTES (measured on 2.40): copies a node's divert routes while the node has no capture
+/// queue (a promoted backup before the next pass, a restarted broker) vanish, and no broker
+/// counter records them. Estimated from the source side: what the source address routed since
+/// the last read with the capture queue there, on the same broker with no restart between; or,
+/// without such a read, everything it routed since this broker became active (its counters
+/// start then). An upper bound: a copy routed just before the queue vanished counts too.
+pub fn window_estimate(
+    mark: Option<&SourceMark>,
+    endpoint: &str,
+    uptime_ms: Option<i64>,
+    routed: i64,
+) -> u64 {
+    let same_incarnation = |m: &SourceMark| {
+        m.endpoint == endpoint
+            && uptime_ms.is_some_and(|u| u128::from(u.max(0) as u64) > m.at.elapsed().as_millis())
+            && routed >= m.routed
+    };
+    let lost = match mark {
+        Some(m) if same_incarnation(m) => routed - m.routed,
+        _ => routed,
+    };
+    u64::try_from(lost.max(0)).unwrap_or(0)
 }
 
 /// What one pass did.
@@ -325,6 +364,8 @@ pub async fn run(
         topology: &topology,
         timeout,
     };
+    // Before a capture queue is re-created under an existing divert: the window's loss.
+    record_window_loss(ctx, state, &cluster_key, &topology, &installs).await;
     // Installs: one audited command per tap, on the nodes that lack something.
     for (tap, parts_by_node) in installs {
         let Some(spec) = desired.get(&tap) else { continue };
@@ -390,7 +431,7 @@ pub async fn run(
     }
 
     // Loss counters of every capture queue that existed, and the drains that should run.
-    read_loss(ctx, &cluster_key, &topology, &drain_targets).await;
+    read_loss(ctx, state, &cluster_key, &topology, &drain_targets).await;
     for (tap, node) in &drain_targets {
         let (Some(spec), Some(n)) = (desired.get(tap), topology.find(node)) else {
             continue;
@@ -461,9 +502,75 @@ async fn amqp_url(state: &ClusterState, m: &BrokerManagement) -> Option<String> 
     Some(url)
 }
 
+/// For each node about to get a capture queue under a divert it already has (the failover or
+/// restart window), estimate the copies lost in the window from the source side and add them to
+/// `capture_loss` as `failover_window` (see [`window_estimate`]). One bulk read per such node.
+async fn record_window_loss(
+    ctx: &Context,
+    state: &ClusterState,
+    cluster_key: &str,
+    topology: &Topology,
+    installs: &BTreeMap<TapName, BTreeMap<String, Vec<Part>>>,
+) {
+    let mut by_node: BTreeMap<&str, Vec<&TapName>> = BTreeMap::new();
+    for (tap, nodes) in installs {
+        for (node, parts) in nodes {
+            if parts.contains(&Part::Queue) && !parts.contains(&Part::Divert) {
+                by_node.entry(node.as_str()).or_default().push(tap);
+            }
+        }
+    }
+    for (node, taps) in by_node {
+        let Some(m) = topology.find(node).and_then(|n| n.active.as_ref()) else {
+            continue;
+        };
+        let addresses: Vec<String> = taps.iter().map(|t| t.address.clone()).collect();
+        let (uptime, routed) = match m.source_routed(&addresses).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(%node, error = %e, "capture: the window's loss cannot be estimated (source counters unreadable)");
+                continue;
+            }
+        };
+        let endpoint = m.client().url().to_string();
+        for (tap, routed) in taps.iter().zip(routed) {
+            let Some(routed) = routed else { continue };
+            let mark = state
+                .source_marks
+                .lock()
+                .await
+                .get(&(node.to_string(), tap.address.clone()))
+                .cloned();
+            let lost = window_estimate(mark.as_ref(), &endpoint, uptime, routed);
+            tracing::info!(%node, address = %tap.address, subscription = %tap.subscription, lost, "capture: copies routed while the node had the divert and no capture queue (estimate)");
+            let at = LossAt {
+                cluster: cluster_key,
+                subscription: &tap.subscription,
+                node,
+                source_address: &tap.address,
+            };
+            if let Err(e) = ctx.store.add_loss(&at, "failover_window", lost).await {
+                tracing::warn!(%node, error = %e, "capture: the window's loss not recorded");
+            }
+            crate::telemetry::capture::metrics().dropped(
+                cluster_key,
+                &tap.subscription,
+                "failover_window",
+                lost,
+            );
+        }
+    }
+}
+
 /// Read every existing capture queue's counters (one bulk request per node) and add what was
 /// lost since the last read to `capture_loss` (CAPTURE-NOTES; counters reset with the broker).
-async fn read_loss(ctx: &Context, cluster_key: &str, topology: &Topology, taps: &[(TapName, String)]) {
+async fn read_loss(
+    ctx: &Context,
+    state: &ClusterState,
+    cluster_key: &str,
+    topology: &Topology,
+    taps: &[(TapName, String)],
+) {
     let mut by_node: BTreeMap<&str, Vec<&TapName>> = BTreeMap::new();
     for (t, n) in taps {
         by_node.entry(n.as_str()).or_default().push(t);
@@ -473,17 +580,33 @@ async fn read_loss(ctx: &Context, cluster_key: &str, topology: &Topology, taps: 
             continue;
         };
         let queues: Vec<String> = taps.iter().map(|t| t.capture_queue()).collect();
-        let reads = match m.capture_counters(&queues).await {
+        let pairs: Vec<(String, String)> = taps
+            .iter()
+            .map(|t| (t.capture_queue(), t.address.clone()))
+            .collect();
+        let reads = match m.capture_counters(&pairs).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(%node, error = %e, "capture: loss counters unreadable this pass");
                 continue;
             }
         };
-        for ((tap, queue), read) in taps.iter().zip(&queues).zip(reads) {
+        let endpoint = m.client().url().to_string();
+        for ((tap, queue), (read, source_routed)) in taps.iter().zip(&queues).zip(reads) {
             let Some([added, acked, killed, expired, count, routed]) = read else {
                 continue;
             };
+            // The capture queue is there: the source side's baseline for a later window.
+            if let Some(routed) = source_routed {
+                state.source_marks.lock().await.insert(
+                    (node.to_string(), tap.address.clone()),
+                    SourceMark {
+                        endpoint: endpoint.clone(),
+                        routed,
+                        at: std::time::Instant::now(),
+                    },
+                );
+            }
             let now = super::loss::CounterRead {
                 messages_added: added,
                 messages_acknowledged: acked,
@@ -499,13 +622,26 @@ async fn read_loss(ctx: &Context, cluster_key: &str, topology: &Topology, taps: 
                 node,
                 source_address: &tap.address,
             };
+            let memo = (node.to_string(), queue.clone());
             let result = async {
-                let before = ctx.store.last_counters(&at, queue).await?;
+                let before = match state.counters.lock().await.get(&memo) {
+                    Some(c) => Some(*c),
+                    None => ctx.store.last_counters(&at, queue).await?,
+                };
+                if before.as_ref() == Some(&now) {
+                    return Ok(());
+                }
                 let d = super::loss::delta(before.as_ref(), &now);
                 ctx.store.add_loss(&at, "ring_overwrite", d.ring).await?;
                 ctx.store.add_loss(&at, "address_full", d.address).await?;
                 ctx.store.add_loss(&at, "broker_restart", d.reset).await?;
-                ctx.store.save_counters(&at, queue, &now).await
+                ctx.store.save_counters(&at, queue, &now).await?;
+                let m = crate::telemetry::capture::metrics();
+                m.dropped(cluster_key, &tap.subscription, "ring_overwrite", d.ring);
+                m.dropped(cluster_key, &tap.subscription, "address_full", d.address);
+                m.dropped(cluster_key, &tap.subscription, "broker_restart", d.reset);
+                state.counters.lock().await.insert(memo.clone(), now);
+                Ok::<(), StoreError>(())
             }
             .await;
             if let Err(e) = result {
@@ -778,24 +914,11 @@ async fn finish(
     audit_id: i64,
     outcomes: &[NodeOutcome],
 ) -> Result<(), PassError> {
-    let verdict = CommandVerdict::of(outcomes);
-    ctx.metrics
-        .commands
-        .get_or_create(&crate::telemetry::CommandLabels {
-            command: command.to_string(),
-            verdict: format!("{verdict:?}").to_lowercase(),
-        })
-        .inc();
-    ctx.store
-        .audit_outcome(audit_id, verdict, &outcome_detail(outcomes))
-        .await?;
+    // As a management command ends, minus the write evidence: capture's writes say nothing
+    // about the credentials' authority over queues (ADR-0049).
+    let verdict = crate::controllers::command::record_outcome(ctx, command, audit_id, outcomes).await?;
     if let Some(s) = sub {
-        let summary = crate::controllers::command::describe(command, outcomes);
-        let (warning, reason) = match verdict {
-            CommandVerdict::Succeeded => (false, "Applied"),
-            _ => (true, "Failed"),
-        };
-        ctx.event(s.as_ref(), warning, reason, command, summary).await;
+        crate::controllers::command::announce(ctx, s.as_ref(), command, verdict, outcomes).await;
     }
     Ok(())
 }
@@ -975,6 +1098,7 @@ async fn write_status(
     let mine_totals = totals.iter().filter(|t| t.subscription == name);
     status.captured = mine_totals.clone().map(|t| t.captured.max(0) as u64).sum();
     status.dropped_estimate = mine_totals.map(|t| t.lost.max(0) as u64).sum();
+    conditions::kstatus(&mut status.conditions, &[], generation);
     let unchanged = old.taps == status.taps
         && old.captured == status.captured
         && old.dropped_estimate == status.dropped_estimate
@@ -991,4 +1115,37 @@ async fn write_status(
         .await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::{SourceMark, window_estimate};
+    use std::time::{Duration, Instant};
+
+    fn mark(endpoint: &str, routed: i64) -> SourceMark {
+        SourceMark {
+            endpoint: endpoint.into(),
+            routed,
+            at: Instant::now() - Duration::from_secs(10),
+        }
+    }
+
+    #[test]
+    fn the_same_broker_counts_from_its_last_read_with_the_queue() {
+        let m = mark("http://a", 100);
+        assert_eq!(window_estimate(Some(&m), "http://a", Some(3_600_000), 130), 30);
+    }
+
+    #[test]
+    fn a_promoted_backup_or_a_restart_counts_everything_since_it_became_active() {
+        let m = mark("http://a", 100);
+        // Another broker (the backup) took over the node.
+        assert_eq!(window_estimate(Some(&m), "http://b", Some(3_600_000), 20), 20);
+        // The same endpoint restarted after the read (uptime shorter than the read's age).
+        assert_eq!(window_estimate(Some(&m), "http://a", Some(2_000), 150), 150);
+        // Counters went down.
+        assert_eq!(window_estimate(Some(&m), "http://a", Some(3_600_000), 40), 40);
+        // Nothing known before.
+        assert_eq!(window_estimate(None, "http://a", Some(3_600_000), 7), 7);
+    }
 }

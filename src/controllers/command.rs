@@ -73,7 +73,25 @@ pub async fn finish<K>(
 where
     K: Resource<DynamicType = ()>,
 {
-    let verdict = CommandVerdict::of(&nodes);
+    let verdict = record_outcome(ctx, command, audit_id, &nodes).await?;
+    report_evidence(ctx, cluster_ns, cluster_name, command, &nodes).await?;
+    announce(ctx, obj, command, verdict, &nodes).await;
+    Ok(CommandResult {
+        audit_id,
+        nodes,
+        verdict,
+    })
+}
+
+/// The first half of every command's end, management or capture: its verdict counted, the
+/// per-node outcomes counted, and the audit row completed with them.
+pub async fn record_outcome(
+    ctx: &Context,
+    command: &str,
+    audit_id: i64,
+    nodes: &[NodeOutcome],
+) -> Result<CommandVerdict, crate::store::StoreError> {
+    let verdict = CommandVerdict::of(nodes);
     ctx.metrics
         .commands
         .get_or_create(&crate::telemetry::CommandLabels {
@@ -81,7 +99,7 @@ where
             verdict: format!("{verdict:?}").to_lowercase(),
         })
         .inc();
-    for n in &nodes {
+    for n in nodes {
         ctx.metrics
             .node_outcomes
             .get_or_create(&crate::telemetry::OutcomeLabels {
@@ -90,20 +108,27 @@ where
             .inc();
     }
     ctx.store
-        .audit_outcome(audit_id, verdict, &outcome_detail(&nodes))
+        .audit_outcome(audit_id, verdict, &outcome_detail(nodes))
         .await?;
-    report_evidence(ctx, cluster_ns, cluster_name, command, &nodes).await?;
-    let summary = describe(command, &nodes);
+    Ok(verdict)
+}
+
+/// The Event a human sees for a finished command on its object.
+pub async fn announce<K>(
+    ctx: &Context,
+    obj: &K,
+    command: &str,
+    verdict: CommandVerdict,
+    nodes: &[NodeOutcome],
+) where
+    K: Resource<DynamicType = ()>,
+{
     let (warning, reason) = match verdict {
         CommandVerdict::Succeeded => (false, "Applied"),
         _ => (true, "Failed"),
     };
-    ctx.event(obj, warning, reason, command, summary).await;
-    Ok(CommandResult {
-        audit_id,
-        nodes,
-        verdict,
-    })
+    ctx.event(obj, warning, reason, command, describe(command, nodes))
+        .await;
 }
 
 /// ADR-0049: only real writes are evidence. An APPLIED node proves writes work; an

@@ -1,5 +1,6 @@
 //! The operator's own HTTP surface: `/healthz`, `/readyz` and `/metrics` (Prometheus text).
 
+pub mod capture;
 pub mod jolokia;
 pub mod kube_api;
 
@@ -125,6 +126,7 @@ impl Default for Metrics {
         );
         // Jolokia traffic is counted process-wide (the transport has no handle to this struct).
         jolokia::metrics().register(&mut registry);
+        capture::metrics().register(&mut registry);
         let kube_api = kube_api::ApiMetrics::default();
         kube_api.register(&mut registry);
         registry.register(

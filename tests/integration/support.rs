@@ -160,6 +160,19 @@ impl TestBed {
         assert!(status.success(), "testbed broker {action} {name} failed");
     }
 
+    /// A throwaway Postgres server (its own data dir and port) this test may stop and start;
+    /// destroyed when dropped. The shared server never stops.
+    pub fn scratch_postgres(&self, name: &str) -> ScratchPostgres {
+        let mut sp = ScratchPostgres {
+            script: self.var("TESTBED_SCRIPT"),
+            name: name.to_string(),
+            url: String::new(),
+        };
+        let port = sp.run("start");
+        sp.url = format!("postgres://postgres@127.0.0.1:{}/postgres", port.trim());
+        sp
+    }
+
     /// Restore the replicated pair (primary active, backup in sync) after a failover test.
     pub fn ha_restore(&self) {
         let status = std::process::Command::new(self.var("TESTBED_SCRIPT"))
@@ -663,4 +676,46 @@ pub async fn wait_ready(http: &reqwest::Client, port: u16) {
         }
     })
     .await;
+}
+
+/// A Postgres server of one test (see [`TestBed::scratch_postgres`]).
+pub struct ScratchPostgres {
+    script: String,
+    name: String,
+    /// `postgres://…/postgres` on this server.
+    pub url: String,
+}
+
+impl ScratchPostgres {
+    fn run(&self, action: &str) -> String {
+        let out = std::process::Command::new(&self.script)
+            .args(["scratch-postgres", action, &self.name])
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("run the testbed script");
+        assert!(
+            out.status.success(),
+            "testbed scratch-postgres {action} {} failed",
+            self.name
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+
+    /// Stop it as a crash would (immediate shutdown: every connection cut).
+    pub fn stop(&self) {
+        self.run("stop");
+    }
+
+    /// Start it again, on the same port and data.
+    pub fn start(&self) {
+        self.run("start");
+    }
+}
+
+impl Drop for ScratchPostgres {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(&self.script)
+            .args(["scratch-postgres", "destroy", &self.name])
+            .status();
+    }
 }
