@@ -544,6 +544,23 @@ async fn the_operator_runs_under_the_charts_service_account() {
         },
     )
     .await;
+    // GitOps: the operator never writes a spec (only status and finalizers), so the objects a
+    // repository applied stay at the generation it applied.
+    let q = queues.get(&name).await.expect("get ArtemisQueue");
+    assert_eq!(
+        q.metadata.generation,
+        Some(1),
+        "the queue's spec was never written"
+    );
+    let cluster_now = Api::<artemis_studio_operator::api::ArtemisCluster>::namespaced(admin.clone(), &ns)
+        .get("c")
+        .await
+        .expect("get ArtemisCluster");
+    assert_eq!(
+        cluster_now.metadata.generation,
+        Some(1),
+        "the cluster's spec was never written"
+    );
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin.clone(), &ns);
     wait_until("an Event of the queue's command", Duration::from_secs(30), || {
         let events = events.clone();
