@@ -61,6 +61,16 @@ pub async fn divert_names(bed: &TestBed, broker: &Broker) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// A capture queue's counter summed over cluster c's nodes (the cluster load-balances copies
+/// over every node's capture queue).
+async fn total_on_cluster_c(bed: &TestBed, queue: &str, attribute: &str) -> i64 {
+    let mut n = 0;
+    for b in bed.cluster_brokers("c") {
+        n += queue_attr(bed, &b, queue, attribute).await.as_i64().unwrap_or(0);
+    }
+    n
+}
+
 pub async fn queue_attr(bed: &TestBed, broker: &Broker, queue: &str, attribute: &str) -> Value {
     let (_, body) = jolokia_raw(
         broker,
@@ -1237,27 +1247,7 @@ async fn retention_drops_whole_day_partitions_older_than_the_max_age() {
     crate::support::send_messages(&f.bed, "c1", &address, 1).await;
     f.wait_rows("retain", 1).await;
     // A day partition from ten days ago, with a row in it.
-    let sub_id: i64 = sqlx::query_scalar("SELECT id FROM capture_subscription WHERE subscription = 'retain'")
-        .fetch_one(f.op.store.pool())
-        .await
-        .expect("subscription id");
-    let day = (chrono::Utc::now() - chrono::Duration::days(10)).date_naive();
-    let next = day + chrono::Duration::days(1);
-    let old = format!("captured_message_s{sub_id}_{}", day.format("%Y%m%d"));
-    sqlx::query(&format!(
-        "CREATE TABLE {old} PARTITION OF captured_message_s{sub_id} FOR VALUES FROM ('{day}T00:00:00Z') TO ('{next}T00:00:00Z')"
-    ))
-    .execute(f.op.store.pool())
-    .await
-    .expect("old partition");
-    sqlx::query(&format!(
-        "INSERT INTO captured_message (cluster, subscription, subscription_id, node, original_address, capture_queue, body_size, captured_at) \
-         VALUES ('{}/c', 'retain', {sub_id}, 'n', '{address}', 'q', 0, '{day}T12:00:00Z')",
-        f.ns
-    ))
-    .execute(f.op.store.pool())
-    .await
-    .expect("old row");
+    let old = old_day_partition(&f, "retain", &address, 10).await;
     // Retention runs every tenth pass (20 s here): wait for the partition to go.
     wait_until(
         "the old day partition is dropped whole",
@@ -1326,19 +1316,9 @@ async fn a_batch_redelivered_after_a_sigkill_between_commit_and_settle_makes_no_
     )
     .await;
     assert!(committed >= 1, "a committed batch: {committed}");
-    // The cluster spreads the address's messages over its nodes: each node's tap copies those
-    // routed there, so the counts are summed over the nodes.
-    let brokers = bed.cluster_brokers("c");
-    let sum = |attribute: &'static str| {
-        let (bed, brokers, queue) = (&bed, &brokers, tap.capture_queue());
-        async move {
-            let mut n = 0;
-            for b in brokers {
-                n += queue_attr(bed, b, &queue, attribute).await.as_i64().unwrap_or(0);
-            }
-            n
-        }
-    };
+    // The cluster load-balances copies over the nodes' capture queues: counts are summed.
+    let queue = tap.capture_queue();
+    let sum = |attribute: &'static str| total_on_cluster_c(&bed, &queue, attribute);
     assert_eq!(
         sum("MessagesAcknowledged").await,
         0,
@@ -1351,19 +1331,8 @@ async fn a_batch_redelivered_after_a_sigkill_between_commit_and_settle_makes_no_
     // The next drain gets the copies again (the committed ones too) and settles every one.
     let op = bed.start_operator_on(&[&ns], &db, &instance).await;
     let f = Fixture { bed, ns, admin, op };
-    let sum = |attribute: &'static str| {
-        let (f, brokers, queue) = (&f, &brokers, tap.capture_queue());
-        async move {
-            let mut n = 0;
-            for b in brokers {
-                n += queue_attr(&f.bed, b, &queue, attribute)
-                    .await
-                    .as_i64()
-                    .unwrap_or(0);
-            }
-            n
-        }
-    };
+    let queue = tap.capture_queue();
+    let sum = |attribute: &'static str| total_on_cluster_c(&f.bed, &queue, attribute);
     wait_until(
         "every copy settled by the next drains",
         Duration::from_secs(120),
@@ -1418,20 +1387,8 @@ async fn postgres_stopped_under_load_never_refuses_the_producer_and_reports_the_
     let sent = 10 + during as i64;
     let tap = f.tap(&address, "orders");
     // The cluster load-balances copies over the nodes' capture queues: counts are summed.
-    let brokers = f.bed.cluster_brokers("c");
-    let sum = |attribute: &'static str| {
-        let (f, brokers, queue) = (&f, &brokers, tap.capture_queue());
-        async move {
-            let mut n = 0;
-            for b in brokers {
-                n += queue_attr(&f.bed, b, &queue, attribute)
-                    .await
-                    .as_i64()
-                    .unwrap_or(0);
-            }
-            n
-        }
-    };
+    let queue = tap.capture_queue();
+    let sum = |attribute: &'static str| total_on_cluster_c(&f.bed, &queue, attribute);
     // (A copy forwarded to another node's capture queue may still be on its way.)
     wait_until(
         "every copy reached a capture queue",
