@@ -18,6 +18,23 @@ pub enum Command {
     Crd,
     /// Run the controllers (kubeconfig from KUBECONFIG or in-cluster).
     Run(Box<RunArgs>),
+    /// Read what was captured or what the operator did (the same commands as `kubectl artemis`).
+    #[command(flatten)]
+    Read(Box<crate::reading::ReadCommand>),
+}
+
+/// `kubectl artemis …`: the reading commands as a kubectl plugin (a binary named
+/// `kubectl-artemis` on PATH).
+#[derive(Parser, Debug)]
+#[command(
+    name = "kubectl-artemis",
+    bin_name = "kubectl artemis",
+    version,
+    about = "Read what Artemis Studio Operator captured and did: capture tail|search|requests, audit"
+)]
+pub struct PluginCli {
+    #[command(subcommand)]
+    pub command: crate::reading::ReadCommand,
 }
 
 #[derive(clap::Args, Debug)]
@@ -184,7 +201,7 @@ mod tests {
         argv.extend_from_slice(args);
         match Cli::try_parse_from(argv).expect("parse").command {
             Command::Run(r) => *r,
-            Command::Crd => panic!("parsed as crd"),
+            other => panic!("parsed as {other:?}"),
         }
     }
 

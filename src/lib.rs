@@ -10,6 +10,7 @@ mod config_contract;
 pub mod controllers;
 pub mod fanout;
 pub mod leader;
+pub mod reading;
 pub mod store;
 pub mod telemetry;
 pub mod topology;

@@ -15,6 +15,7 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Crd => print!("{}", artemis_studio_operator::api::crds_yaml()?),
         Command::Run(args) => run(*args).await?,
+        Command::Read(cmd) => artemis_studio_operator::reading::run(*cmd, std::io::stdout().lock()).await?,
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 
 pub mod capture;
 pub mod captured;
+pub mod reading;
 
 use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};

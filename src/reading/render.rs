@@ -1,0 +1,412 @@
+//! How answers are printed: a table for people, JSON lines or a YAML stream for tools. Every
+//! document carries its kind; a message carries its origin and the claim it makes, and a
+//! captured and a sampled row are never rendered alike (ADR-0062 D10).
+
+use std::io::Write;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+
+use super::coverage::{CoverageVerdict, TapCoverage, Window};
+use super::requests::{Exchange, ReplyVerdict};
+use crate::store::reading::{AuditRecord, StoredMessage};
+
+/// What a captured row claims, and no more (ADR-0062 D5, D10).
+pub const CAPTURED_CLAIM: &str = "captured: routed to this address (stored by the tap drained on this node); \
+     not evidence of delivery to any queue bound there, nor of where the message is now";
+/// What a sampled row claims (ADR-0062 D3; ADR-0060's permanent statement).
+pub const SAMPLED_CLAIM: &str = "SAMPLED: a browse saw this message on this queue; messages consumed \
+     between browses are never seen, so an absence proves nothing";
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Columns for a person.
+    #[default]
+    Table,
+    /// One JSON document per line.
+    Json,
+    /// A YAML stream (`---` before each document).
+    Yaml,
+}
+
+/// One message as printed.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageDoc<'a> {
+    #[serde(flatten)]
+    pub row: &'a StoredMessage,
+    pub claim: &'static str,
+}
+
+/// The coverage of a window, per tap, with the subscriptions that only sample.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CoverageDoc {
+    pub window: Window,
+    /// Every tap complete over the window, and at least one tap.
+    pub complete: bool,
+    pub taps: Vec<TapCoverage>,
+    pub sampled_subscriptions: Vec<String>,
+    pub statement: String,
+}
+
+impl CoverageDoc {
+    pub fn new(window: Window, taps: Vec<TapCoverage>, sampled_subscriptions: Vec<String>) -> Self {
+        let complete = !taps.is_empty() && taps.iter().all(|t| t.verdict == CoverageVerdict::Complete);
+        let statement = if taps.is_empty() && sampled_subscriptions.is_empty() {
+            "nothing was captured in this window: no tap was installed or drained".to_string()
+        } else if complete && sampled_subscriptions.is_empty() {
+            "complete: every tap drained over the whole window and no loss was counted; every message routed to these addresses on these nodes in the window is here".to_string()
+        } else {
+            let mut parts = vec![];
+            let short = taps
+                .iter()
+                .filter(|t| t.verdict != CoverageVerdict::Complete)
+                .count();
+            if short > 0 {
+                parts.push(format!(
+                    "NOT complete: {short} of {} taps had gaps, loss or no drain in this window (below)",
+                    taps.len()
+                ));
+            }
+            if !sampled_subscriptions.is_empty() {
+                parts.push(format!(
+                    "subscriptions {} only sample: never complete",
+                    sampled_subscriptions.join(", ")
+                ));
+            }
+            if parts.is_empty() {
+                parts.push("complete for the captured taps".into());
+            }
+            parts.join("; ")
+        };
+        CoverageDoc {
+            window,
+            complete,
+            taps,
+            sampled_subscriptions,
+            statement,
+        }
+    }
+}
+
+/// Every document an answer is made of.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "kind")]
+pub enum Document<'a> {
+    /// A tail began: what it shows and what it claims.
+    TailStarted {
+        cluster: String,
+        subscription: String,
+        mode: String,
+        at: DateTime<Utc>,
+        claim: &'static str,
+    },
+    Message(MessageDoc<'a>),
+    Coverage(CoverageDoc),
+    Exchange(&'a Exchange),
+    Audit(&'a AuditRecord),
+    /// More rows match: ask again with `--after`.
+    NextPage {
+        #[serde(rename = "after")]
+        after_row: i64,
+    },
+}
+
+fn time(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+fn clip(s: &str, width: usize) -> String {
+    let flat: String = s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    if flat.chars().count() <= width {
+        flat
+    } else {
+        let mut out: String = flat.chars().take(width.saturating_sub(1)).collect();
+        out.push('…');
+        out
+    }
+}
+
+fn short_node(node: &str) -> String {
+    node.chars().take(8).collect()
+}
+
+fn body(row: &StoredMessage) -> String {
+    let shown = if row.body_binary {
+        format!("<binary, {} bytes>", row.body_size)
+    } else {
+        row.body_text.clone().unwrap_or_default()
+    };
+    if row.body_truncated {
+        format!("{shown} [cut, {} bytes]", row.body_size)
+    } else {
+        shown
+    }
+}
+
+/// Prints documents in one format; the table heads are written once.
+pub struct Printer<W: Write> {
+    out: W,
+    format: Format,
+    message_head: bool,
+}
+
+impl<W: Write> Printer<W> {
+    pub fn new(out: W, format: Format) -> Self {
+        Printer {
+            out,
+            format,
+            message_head: false,
+        }
+    }
+
+    pub fn into_inner(self) -> W {
+        self.out
+    }
+
+    pub fn print(&mut self, doc: &Document<'_>) -> std::io::Result<()> {
+        match self.format {
+            Format::Json => {
+                serde_json::to_writer(&mut self.out, doc)?;
+                writeln!(self.out)?;
+            }
+            Format::Yaml => {
+                let text = serde_yaml::to_string(doc).map_err(std::io::Error::other)?;
+                write!(self.out, "---\n{text}")?;
+            }
+            Format::Table => self.table(doc)?,
+        }
+        self.out.flush()
+    }
+
+    fn table(&mut self, doc: &Document<'_>) -> std::io::Result<()> {
+        let o = &mut self.out;
+        match doc {
+            Document::TailStarted {
+                cluster,
+                subscription,
+                mode,
+                at,
+                ..
+            } => {
+                writeln!(o, "tailing {subscription} (cluster {cluster}) from {}", time(*at))?;
+                if mode == "sample" {
+                    writeln!(o, "# {SAMPLED_CLAIM}")?;
+                } else {
+                    writeln!(o, "# {CAPTURED_CLAIM}")?;
+                }
+            }
+            Document::Message(m) => {
+                if !self.message_head {
+                    self.message_head = true;
+                    writeln!(
+                        o,
+                        "{:<8} {:<24} {:<9} {:<8} {:<24} {:<14} {:<30} BODY",
+                        "ROW", "AT", "ORIGIN", "NODE", "ADDRESS", "CORRELATION", "PROPERTIES"
+                    )?;
+                }
+                let r = m.row;
+                // A sampled row is marked in its origin and its row number (ADR-0062 D10).
+                let (row, origin) = if r.sampled() {
+                    (format!("~{}", r.row_id), "~SAMPLED")
+                } else {
+                    (r.row_id.to_string(), "captured")
+                };
+                writeln!(
+                    o,
+                    "{:<8} {:<24} {:<9} {:<8} {:<24} {:<14} {:<30} {}",
+                    row,
+                    time(r.captured_at),
+                    origin,
+                    short_node(&r.node),
+                    clip(&r.original_address, 24),
+                    clip(r.correlation_id.as_deref().unwrap_or("-"), 14),
+                    clip(&r.properties.to_string(), 30),
+                    clip(&body(r), 60)
+                )?;
+            }
+            Document::Coverage(c) => {
+                writeln!(
+                    o,
+                    "coverage {} → {}: {}",
+                    time(c.window.from),
+                    time(c.window.to),
+                    c.statement
+                )?;
+                for t in &c.taps {
+                    let mut notes: Vec<String> = t
+                        .gaps
+                        .iter()
+                        .map(|g| {
+                            format!(
+                                "gap {} → {} ({}s)",
+                                time(g.from),
+                                time(g.to),
+                                (g.to - g.from).num_seconds()
+                            )
+                        })
+                        .collect();
+                    notes.extend(t.lost.iter().map(|l| {
+                        format!(
+                            "lost≈{} {} (last grew {}{})",
+                            l.messages,
+                            l.cause,
+                            time(l.last_grew_at),
+                            if l.in_window { ", in this window" } else { "" }
+                        )
+                    }));
+                    writeln!(
+                        o,
+                        "  {:<20} {:<8} {:<24} {:<12} {}",
+                        clip(&t.subscription, 20),
+                        short_node(&t.node),
+                        clip(&t.address, 24),
+                        format!("{:?}", t.verdict).to_uppercase(),
+                        notes.join("; ")
+                    )?;
+                }
+                if !c.sampled_subscriptions.is_empty() {
+                    writeln!(o, "# {SAMPLED_CLAIM}")?;
+                }
+                if !c.taps.is_empty() {
+                    writeln!(o, "# {CAPTURED_CLAIM}")?;
+                }
+            }
+            Document::Exchange(x) => {
+                if !self.message_head {
+                    self.message_head = true;
+                    writeln!(
+                        o,
+                        "{:<8} {:<24} {:<22} {:<24} {:<8} REASON",
+                        "REQUEST", "AT", "VERDICT", "REPLY TO", "LATENCY"
+                    )?;
+                }
+                let verdict = match x.verdict {
+                    ReplyVerdict::Replied => "REPLIED",
+                    ReplyVerdict::NoReplyCaptured => "NO_REPLY_CAPTURED",
+                    ReplyVerdict::ReplyNotCapturable => "REPLY_NOT_CAPTURABLE",
+                };
+                let latency = x.latency_ms.map_or("-".to_string(), |ms| format!("{ms}ms"));
+                writeln!(
+                    o,
+                    "{:<8} {:<24} {:<22} {:<24} {:<8} {}",
+                    x.request_row,
+                    time(x.requested_at),
+                    verdict,
+                    clip(&x.reply_to, 24),
+                    latency,
+                    x.reason
+                )?;
+            }
+            Document::Audit(a) => {
+                if !self.message_head {
+                    self.message_head = true;
+                    writeln!(
+                        o,
+                        "{:<6} {:<24} {:<22} {:<30} {:<10} {:<20} NODES",
+                        "ID", "AT", "COMMAND", "TARGET", "OUTCOME", "ACTOR"
+                    )?;
+                }
+                writeln!(
+                    o,
+                    "{:<6} {:<24} {:<22} {:<30} {:<10} {:<20} {}",
+                    a.id,
+                    time(a.occurred_at),
+                    clip(&a.command, 22),
+                    clip(&a.target, 30),
+                    a.outcome,
+                    clip(&a.actor, 20),
+                    node_outcomes(a)
+                )?;
+            }
+            Document::NextPage { after_row } => {
+                writeln!(o, "# more rows match: ask again with --after {after_row}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `node=OUTCOME(refusal)` per node of an audit row, or its reason when it has no nodes.
+pub fn node_outcomes(a: &AuditRecord) -> String {
+    let Some(detail) = &a.outcome_detail else {
+        return "-".into();
+    };
+    if let Some(nodes) = detail.get("nodes").and_then(|n| n.as_array()) {
+        return nodes
+            .iter()
+            .map(|n| {
+                let node = n.get("node").and_then(|v| v.as_str()).unwrap_or("?");
+                let outcome = n.get("outcome").and_then(|v| v.as_str()).unwrap_or("?");
+                match n.get("refusal").and_then(|v| v.as_str()) {
+                    Some(r) => format!("{}={outcome}({r})", short_node(node)),
+                    None => format!("{}={outcome}", short_node(node)),
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+    }
+    detail
+        .get("reason")
+        .and_then(|r| r.as_str())
+        .map_or_else(|| detail.to_string(), str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(origin: &str) -> StoredMessage {
+        StoredMessage {
+            row_id: 7,
+            cluster: "ns/c".into(),
+            subscription: "s".into(),
+            node: "0123456789".into(),
+            original_address: "orders".into(),
+            capture_queue: "q".into(),
+            source_message_id: None,
+            message_id: None,
+            correlation_id: None,
+            reply_to: None,
+            properties: serde_json::json!({"region": "eu"}),
+            headers: serde_json::json!({}),
+            body_text: Some("hello".into()),
+            body_binary: false,
+            body_size: 5,
+            body_truncated: false,
+            routed_at: None,
+            captured_at: DateTime::from_timestamp(1_800_000_000, 0).expect("time"),
+            origin: origin.into(),
+        }
+    }
+
+    fn printed(format: Format, r: &StoredMessage) -> String {
+        let claim = if r.sampled() {
+            SAMPLED_CLAIM
+        } else {
+            CAPTURED_CLAIM
+        };
+        let mut p = Printer::new(vec![], format);
+        p.print(&Document::Message(MessageDoc { row: r, claim }))
+            .expect("print");
+        String::from_utf8(p.into_inner()).expect("utf8")
+    }
+
+    #[test]
+    fn a_sampled_row_is_never_rendered_like_a_captured_one_in_any_format() {
+        let (c, s) = (row("captured"), row("sampled"));
+        for format in [Format::Table, Format::Json, Format::Yaml] {
+            let (pc, ps) = (printed(format, &c), printed(format, &s));
+            assert_ne!(pc, ps, "{format:?}");
+            assert!(ps.contains("SAMPLED"), "{format:?}: {ps}");
+            assert!(!pc.contains("SAMPLED"), "{format:?}: {pc}");
+        }
+        let json: serde_json::Value =
+            serde_json::from_str(printed(Format::Json, &s).trim()).expect("json line");
+        assert_eq!(json["kind"], "Message");
+        assert_eq!(json["origin"], "sampled");
+        assert_eq!(json["claim"], SAMPLED_CLAIM);
+        assert!(printed(Format::Table, &s).contains("~7"));
+    }
+}
