@@ -199,7 +199,7 @@ impl Fixture {
     }
 }
 
-fn taps_in(s: &ArtemisCaptureSubscription, state: TapState) -> usize {
+pub fn taps_in(s: &ArtemisCaptureSubscription, state: TapState) -> usize {
     s.status
         .as_ref()
         .map(|st| st.taps.iter().filter(|t| t.state == state).count())

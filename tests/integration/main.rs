@@ -13,6 +13,7 @@ mod divert;
 mod leader;
 mod loops;
 mod queue;
+mod reading;
 mod safety;
 mod scale;
 mod smoke;
