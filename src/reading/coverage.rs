@@ -33,6 +33,18 @@ pub enum CoverageVerdict {
     NotDrained,
 }
 
+impl CoverageVerdict {
+    /// As printed and serialised.
+    pub fn label(self) -> &'static str {
+        match self {
+            CoverageVerdict::Complete => "COMPLETE",
+            CoverageVerdict::Gaps => "GAPS",
+            CoverageVerdict::Lossy => "LOSSY",
+            CoverageVerdict::NotDrained => "NOT_DRAINED",
+        }
+    }
+}
+
 /// Estimated loss of one cause at a tap (cumulative since the subscription began).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -56,6 +68,8 @@ pub struct TapCoverage {
     pub verdict: CoverageVerdict,
     /// The parts of the window with no drain, oldest first.
     pub gaps: Vec<Window>,
+    /// When the first drain in the window began (None: never drained in it).
+    pub first_drained: Option<DateTime<Utc>>,
     pub lost: Vec<Loss>,
 }
 
@@ -143,6 +157,7 @@ pub fn assess(
                 address: k.2,
                 verdict,
                 gaps,
+                first_drained: list.first().map(|(start, _)| *start),
                 lost,
             }
         })

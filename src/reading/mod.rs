@@ -245,11 +245,16 @@ impl Source {
 
 /// Run one reading command, printing to `out`.
 pub async fn run<W: Write>(cmd: ReadCommand, out: W) -> Result<(), ReadError> {
-    match cmd {
+    let result = match cmd {
         ReadCommand::Capture(CaptureCommand::Tail(a)) => tail(a, out).await,
         ReadCommand::Capture(CaptureCommand::Search(a)) => search(a, out).await,
         ReadCommand::Capture(CaptureCommand::Requests(a)) => requests_on(a, out).await,
         ReadCommand::Audit(a) => audit(a, out).await,
+    };
+    match result {
+        // The reader went away (`| head`): not an error.
+        Err(ReadError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
     }
 }
 

@@ -8,7 +8,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
 use super::coverage::{CoverageVerdict, TapCoverage, Window};
-use super::requests::{Exchange, ReplyVerdict};
+use super::requests::{Exchange, LatencyBasis, ReplyVerdict};
 use crate::store::reading::{AuditRecord, StoredMessage};
 
 /// What a captured row claims, and no more (ADR-0062 D5, D10).
@@ -239,12 +239,16 @@ impl<W: Write> Printer<W> {
                         .gaps
                         .iter()
                         .map(|g| {
-                            format!(
-                                "gap {} → {} ({}s)",
-                                time(g.from),
-                                time(g.to),
-                                (g.to - g.from).num_seconds()
-                            )
+                            if g.from == c.window.from && t.first_drained.is_some_and(|f| f >= g.to) {
+                                format!("not drained before {}", time(g.to))
+                            } else {
+                                format!(
+                                    "gap {} → {} ({}s)",
+                                    time(g.from),
+                                    time(g.to),
+                                    (g.to - g.from).num_seconds()
+                                )
+                            }
                         })
                         .collect();
                     notes.extend(t.lost.iter().map(|l| {
@@ -262,7 +266,7 @@ impl<W: Write> Printer<W> {
                         clip(&t.subscription, 20),
                         short_node(&t.node),
                         clip(&t.address, 24),
-                        format!("{:?}", t.verdict).to_uppercase(),
+                        t.verdict.label(),
                         notes.join("; ")
                     )?;
                 }
@@ -287,7 +291,11 @@ impl<W: Write> Printer<W> {
                     ReplyVerdict::NoReplyCaptured => "NO_REPLY_CAPTURED",
                     ReplyVerdict::ReplyNotCapturable => "REPLY_NOT_CAPTURABLE",
                 };
-                let latency = x.latency_ms.map_or("-".to_string(), |ms| format!("{ms}ms"));
+                let latency = match (x.latency_ms, x.latency_basis) {
+                    (Some(ms), Some(LatencyBasis::Routed)) => format!("{ms}ms"),
+                    (Some(ms), _) => format!("~{ms}ms"),
+                    (None, _) => "-".to_string(),
+                };
                 writeln!(
                     o,
                     "{:<8} {:<24} {:<22} {:<24} {:<8} {}",

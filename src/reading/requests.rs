@@ -23,6 +23,17 @@ pub enum ReplyVerdict {
     ReplyNotCapturable,
 }
 
+/// What a latency is measured between.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum LatencyBasis {
+    /// Both messages carry the time they were routed (an ingress timestamp or a creation time
+    /// set by the client).
+    Routed,
+    /// At least one does not: the times the rows were stored, accurate to a drain batch.
+    Captured,
+}
+
 /// One request and what became of it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -38,6 +49,7 @@ pub struct Exchange {
     pub reply_row: Option<i64>,
     pub replied_at: Option<DateTime<Utc>>,
     pub latency_ms: Option<i64>,
+    pub latency_basis: Option<LatencyBasis>,
     /// Why, for a human.
     pub reason: String,
 }
@@ -128,6 +140,13 @@ pub fn correlate(
             reply_row: reply.map(|r| r.row_id),
             replied_at: reply.map(|r| when(r)),
             latency_ms: reply.map(|r| (when(r) - when(q)).num_milliseconds()),
+            latency_basis: reply.map(|r| {
+                if r.routed_at.is_some() && q.routed_at.is_some() {
+                    LatencyBasis::Routed
+                } else {
+                    LatencyBasis::Captured
+                }
+            }),
             reason,
         });
     }
