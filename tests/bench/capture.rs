@@ -25,7 +25,11 @@ use crate::stats::Summary;
 struct Measured {
     messages: usize,
     produce_bare: Vec<f64>,
+    /// A divert of the harness's own on c1 into a local ring (no drain, no cluster forwarding).
+    produce_local_divert: Vec<f64>,
     produce_tapped: Vec<f64>,
+    /// The operator's tap with the operator SIGSTOPped (no drain or Postgres work meanwhile).
+    produce_tapped_stopped: Vec<f64>,
     ingest_messages: usize,
     ingest_drain: f64,
     ingest_bare: f64,
@@ -182,11 +186,57 @@ async fn measure(ctx: &Ctx, install: &Install) -> Result<Measured> {
         produce_bare.push(produce(&url, &source, m).await?);
     }
     let ingest_messages = m * 2;
+    // (a′) the suspects apart: a divert into a local ring on c1 alone — the broker's divert and
+    // ring cost without the operator's drain, Postgres or the cluster's forwarding of copies.
+    let local = format!("{p}local");
+    let on_c1 = |op: &str, args: serde_json::Value| json!({"type": "exec", "mbean": c1.mbean, "operation": op, "arguments": args});
+    let local_queue = json!({"name": local, "address": local, "routing-type": "ANYCAST", "durable": false,
+        "ring-size": m * 2, "auto-create-address": true});
+    ctx.jolokia
+        .post(
+            &c1,
+            &on_c1(
+                "createQueue(java.lang.String,boolean)",
+                json!([local_queue.to_string(), false]),
+            ),
+        )
+        .await?;
+    ctx.jolokia
+        .post(
+            &c1,
+            &on_c1(
+                "createDivert(java.lang.String,java.lang.String,java.lang.String,java.lang.String,boolean,java.lang.String,java.lang.String)",
+                json!([format!("{local}.divert"), format!("{local}.divert"), source, local, false, null, null]),
+            ),
+        )
+        .await?;
+    let mut produce_local_divert = vec![];
+    for _ in 0..repeats {
+        produce_local_divert.push(produce(&url, &source, m).await?);
+    }
+    ctx.jolokia
+        .post(
+            &c1,
+            &on_c1(
+                "destroyDivert(java.lang.String)",
+                json!([format!("{local}.divert")]),
+            ),
+        )
+        .await?;
     create_subscription(install, "bench-tap", &source, (ingest_messages * 2) as u64).await?;
     wait_healthy(install, "bench-tap", nodes).await?;
     let mut produce_tapped = vec![];
     for _ in 0..repeats {
         produce_tapped.push(produce(&url, &source, m).await?);
+    }
+    // (a″) the same tap with the operator stopped: the broker's side of a tap alone (divert,
+    // ring, and the cluster forwarding copies to the other nodes' drained capture queues).
+    let mut produce_tapped_stopped = vec![];
+    for _ in 0..repeats {
+        install.operator.signal("STOP")?;
+        let rate = produce(&url, &source, m).await;
+        install.operator.signal("CONT")?;
+        produce_tapped_stopped.push(rate?);
     }
 
     // (b) ingest: a bare ring beside the operator's, fed by a divert of its own; both preloaded
@@ -291,7 +341,9 @@ async fn measure(ctx: &Ctx, install: &Install) -> Result<Measured> {
     Ok(Measured {
         messages: m,
         produce_bare,
+        produce_local_divert,
         produce_tapped,
+        produce_tapped_stopped,
         ingest_messages,
         ingest_drain,
         ingest_bare,
@@ -305,13 +357,17 @@ fn section(r: &Measured) -> Section {
     let mut s = Section::new(
         "capture",
         "3. Capture",
-        "On cluster c, node c1. (a) One AMQP producer sends durable 1 KiB messages, each awaited, to an address without a tap and then with one (after a warm-up round); the ratio is with ÷ without. (b) The same copies preloaded in the operator's capture ring (the operator SIGSTOPped while they were produced) and in a bare ring fed by a divert of the harness's own: the drain's ingest into Postgres (from its first batch's commit to its last, in `captured_at`) vs. a bare AMQP consumer that discards (manual credit, 200 at a time, accept per batch). (c) A ring of 100 and the drain paused while the producer sends: copies actually lost (sent − stored) vs. the loss the operator reports in `capture_loss`.",
+        "On cluster c, node c1. (a) One AMQP producer sends durable 1 KiB messages, each awaited, to an address without a tap and then with one (after a warm-up round); the ratio is with ÷ without. Two suspects apart, each ÷ without: a divert of the harness's own into a local ring on c1 alone (the broker's divert and ring, nothing else), and the operator's tap with the operator SIGSTOPped (the broker's side of a tap, including the cluster forwarding copies to the other nodes' drained capture queues, without the drain's and Postgres's CPU). (b) The same copies preloaded in the operator's capture ring (the operator SIGSTOPped while they were produced) and in a bare ring fed by a divert of the harness's own: the drain's ingest into Postgres (from its first batch's commit to its last, in `captured_at`) vs. a bare AMQP consumer that discards (manual credit, 200 at a time, accept per batch). (c) A ring of 100 and the drain paused while the producer sends: copies actually lost (sent − stored) vs. the loss the operator reports in `capture_loss`.",
     );
     let bare = Summary::of(&r.produce_bare);
     let tapped = Summary::of(&r.produce_tapped);
     let produce_ratio = match (bare, tapped) {
         (Some(b), Some(t)) => t.median / b.median,
         _ => f64::NAN,
+    };
+    let ratio_to_bare = |v: &[f64]| match (bare, Summary::of(v)) {
+        (Some(b), Some(x)) => (x.show(0), format!("{:.2}", x.median / b.median)),
+        _ => ("-".into(), "-".into()),
     };
     let ingest_ratio = r.ingest_drain / r.ingest_bare;
     let actual = r.loss_sent - r.loss_stored;
@@ -323,6 +379,22 @@ fn section(r: &Measured) -> Section {
         bare.map_or("-".into(), |x| x.show(0)),
         format!("{produce_ratio:.2}"),
         "≥ 0.9".into(),
+    ]);
+    let (local, local_ratio) = ratio_to_bare(&r.produce_local_divert);
+    t.row(vec![
+        "  suspect: a divert into a local ring on c1 only (no drain, no forwarding)".into(),
+        local,
+        bare.map_or("-".into(), |x| x.show(0)),
+        local_ratio,
+        "-".into(),
+    ]);
+    let (stopped, stopped_ratio) = ratio_to_bare(&r.produce_tapped_stopped);
+    t.row(vec![
+        "  suspect: the tap with the operator SIGSTOPped (broker side only)".into(),
+        stopped,
+        bare.map_or("-".into(), |x| x.show(0)),
+        stopped_ratio,
+        "-".into(),
     ]);
     t.row(vec![
         format!("ingest copies/s, {} preloaded", r.ingest_messages),
