@@ -3,6 +3,7 @@
 
 pub mod capture;
 pub mod captured;
+pub mod sampled;
 
 use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
