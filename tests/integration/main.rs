@@ -14,6 +14,7 @@ mod leader;
 mod loops;
 mod queue;
 mod safety;
+mod sampling;
 mod scale;
 mod smoke;
 mod support;
