@@ -506,3 +506,42 @@ async fn switching_capture_to_sample_removes_the_taps_and_back_installs_them() {
     f.delete_and_wait("switch").await;
     no_tap_on_any_node(&f, &address, "switch").await;
 }
+
+#[tokio::test]
+async fn an_operator_restart_never_stores_a_sampled_message_twice() {
+    let _shared = brokers_shared().await;
+    let f = fixture("samp-restart", None).await;
+    let id = short_id();
+    let address = format!("samp.{id}.restart");
+    broker_queue(&f.bed, &address).await;
+    send_messages(&f.bed, "c1", &address, 3).await;
+    f.subscribe(
+        "again",
+        json!({"queues": address, "mode": "Sample", "sampleIntervalSeconds": 1}),
+    )
+    .await;
+    f.wait_subscription("again", "3 sampled", |s| {
+        s.status.as_ref().is_some_and(|st| st.sampled == 3)
+    })
+    .await;
+    assert_eq!(f.rows_of("again").await.len(), 3);
+
+    // The operator stops and starts again on the same database and instance ID: the high-water
+    // marks are in Postgres, so the messages still on the queue are not stored again.
+    let instance = f.op.ctx.instance_id.clone();
+    let Fixture { bed, ns, admin, op } = f;
+    let db = op.db.clone();
+    drop(op);
+    let op = bed.start_operator_on(&[&ns], &db, &instance).await;
+    let f = Fixture { bed, ns, admin, op };
+    f.later_browses("again", 6).await;
+    assert_eq!(f.rows_of("again").await.len(), 3, "nothing stored twice");
+    assert_eq!(counters(&f.bed, &address).await, [3, 0, 3, 0]);
+    send_messages(&f.bed, "c1", &address, 1).await;
+    f.wait_subscription("again", "4 sampled", |s| {
+        s.status.as_ref().is_some_and(|st| st.sampled == 4)
+    })
+    .await;
+    assert_eq!(f.rows_of("again").await.len(), 4);
+    f.delete_and_wait("again").await;
+}
