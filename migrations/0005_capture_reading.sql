@@ -5,5 +5,3 @@ ALTER TABLE captured_message ADD COLUMN row_id BIGSERIAL;
 CREATE INDEX captured_message_address ON captured_message (cluster, original_address, captured_at);
 CREATE INDEX captured_message_correlation
     ON captured_message (cluster, correlation_id) WHERE correlation_id IS NOT NULL;
--- TEMPORARY until the sampling migration (0004) lands: the subscription's mode.
-ALTER TABLE capture_subscription ADD COLUMN IF NOT EXISTS mode TEXT NOT NULL DEFAULT 'capture';

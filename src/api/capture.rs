@@ -26,6 +26,7 @@ use super::common::{ClusterRef, Condition, RefusalKind};
     category = "artemis",
     doc = "Complete message capture for the addresses of the matching queues: a non-exclusive divert into a ring queue per node, drained into Postgres. It changes broker routing (a divert, a ring queue, an address setting and a security setting per captured address on every live node) and retains application payload in Postgres; creating one is its own permission (capture-writer).",
     printcolumn(name = "Cluster", type_ = "string", json_path = ".spec.clusterRef.name"),
+    printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mode"),
     printcolumn(name = "Queues", type_ = "string", json_path = ".spec.queues"),
     printcolumn(
         name = "Ready",
@@ -34,10 +35,35 @@ use super::common::{ClusterRef, Condition, RefusalKind};
     ),
     printcolumn(name = "Captured", type_ = "integer", json_path = ".status.captured"),
     printcolumn(name = "Dropped", type_ = "integer", json_path = ".status.droppedEstimate"),
+    printcolumn(
+        name = "Sampled",
+        type_ = "integer",
+        json_path = ".status.sampled",
+        description = "messages a browse saw (mode Sample): never complete"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ArtemisCaptureSubscriptionSpec {
+    /// Capture (the default): a tap per captured address on every live node (a divert into a
+    /// ring queue, with its address and security settings), drained into Postgres; complete
+    /// within a node's covered window. Sample: the operator installs NO tap and writes nothing
+    /// to any broker; every sampleIntervalSeconds it browses (never consumes) each matching
+    /// queue on every live node and stores the messages it had not seen before, as rows marked
+    /// origin=sampled. A browse sees only what is still on the queue at that instant (at most
+    /// the first 200 messages of each queue, bodies as the broker's management preview gives
+    /// them, truncated at its management-message-attribute-size-limit): messages consumed
+    /// between two browses are never seen, and a sampled tail is never complete (ADR-0062 D3,
+    /// D10). Switching to Sample removes this subscription's taps at the next pass; switching
+    /// to Capture installs them.
+    #[serde(default)]
+    pub mode: CaptureMode,
+    /// Mode Sample only: seconds between two browses of each matching queue (at least 1). A
+    /// shorter interval sees more of a busy queue and costs the brokers more; it never sees
+    /// everything.
+    #[serde(default = "default_sample_interval")]
+    #[schemars(range(min = 1))]
+    pub sample_interval_seconds: u32,
     /// The ArtemisCluster to act on. Immutable.
     #[x_kube(validation = Rule::new("self == oldSelf").message("clusterRef is immutable: create a new object for another cluster"))]
     pub cluster_ref: ClusterRef,
@@ -78,6 +104,32 @@ pub struct ArtemisCaptureSubscriptionSpec {
     /// How long captured messages are kept in Postgres.
     #[serde(default)]
     pub retention: CaptureRetention,
+}
+
+/// How a subscription records messages.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum CaptureMode {
+    /// A tap (divert into a ring queue) per captured address per live node, drained into
+    /// Postgres: every message routed there while the node is covered.
+    #[default]
+    Capture,
+    /// Browse each matching queue every sampleIntervalSeconds: only what is still on the queue
+    /// when the browse runs; nothing is installed on any broker.
+    Sample,
+}
+
+impl CaptureMode {
+    /// As stored in `capture_subscription.mode`.
+    pub fn as_db(self) -> &'static str {
+        match self {
+            CaptureMode::Capture => "capture",
+            CaptureMode::Sample => "sample",
+        }
+    }
+}
+
+fn default_sample_interval() -> u32 {
+    10
 }
 
 fn default_ring_size() -> i64 {
@@ -154,6 +206,39 @@ pub struct ArtemisCaptureSubscriptionStatus {
     /// over taps.
     #[serde(default)]
     pub dropped_estimate: u64,
+    /// The mode this status describes (Capture or Sample).
+    #[serde(default)]
+    pub mode: Option<CaptureMode>,
+    /// Mode Sample: one entry per matching queue per live node, with what its browses stored.
+    /// Empty in mode Capture.
+    #[serde(default)]
+    pub sampled_queues: Vec<SampledQueueStatus>,
+    /// Messages stored by sampling so far (rows marked origin=sampled), summed over queues and
+    /// nodes. What a browse saw, never a count of what was sent.
+    #[serde(default)]
+    pub sampled: u64,
+}
+
+/// What sampling saw of one queue on one node (mode Sample).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SampledQueueStatus {
+    /// Logical node: the broker node ID.
+    pub node: String,
+    /// The browsed queue.
+    pub queue: String,
+    /// The queue's address.
+    pub address: String,
+    /// Whether the latest browse of this queue on this node succeeded.
+    pub browsing: bool,
+    /// Messages stored from this queue's browses on this node (each at most once).
+    pub sampled: u64,
+    /// When the latest successful browse ran (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_browse: Option<String>,
+    /// Why the latest browse failed, when it did, with the next action.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]

@@ -460,6 +460,65 @@ impl BrokerManagement {
         Ok((uptime, it.collect()))
     }
 
+    /// Sampling (ADR-0062 D3): browse each queue's first `depth` messages with
+    /// `QueueControl.browse(int page, int pageSize)` — a browse never consumes, acknowledges or
+    /// moves a message (QueueControlImpl iterates `queue.browserIterator()` under the
+    /// management lock) — and read each distinct address's effective
+    /// `managementMessageAttributeSizeLimit` (the length at which the broker cuts a body or
+    /// property preview), all in ONE bulk request. One result per target, in order.
+    pub async fn browse_queues(
+        &self,
+        targets: &[BrowseTarget],
+        depth: i32,
+    ) -> Result<Vec<Browse>, BrokerError> {
+        let mut addresses: Vec<&str> = targets.iter().map(|t| t.address.as_str()).collect();
+        addresses.sort_unstable();
+        addresses.dedup();
+        let mut requests: Vec<JolokiaRequest> = targets
+            .iter()
+            .map(|t| {
+                JolokiaRequest::exec(
+                    mbean::queue(&self.broker_name, &t.address, &t.routing_type, &t.queue),
+                    "browse(int,int)",
+                    vec![json!(1), json!(depth)],
+                )
+            })
+            .collect();
+        requests.extend(addresses.iter().map(|a| {
+            JolokiaRequest::exec(
+                self.broker(),
+                "getAddressSettingsAsJSON(java.lang.String)",
+                vec![json!(a)],
+            )
+        }));
+        let results = self.client.bulk(&requests).await?;
+        if results.len() != requests.len() {
+            return Err(BrokerError::BadResponse("short bulk response".into()));
+        }
+        let mut it = results.into_iter();
+        let browsed: Vec<Result<Value, BrokerError>> = it.by_ref().take(targets.len()).collect();
+        let limits: std::collections::BTreeMap<&str, Option<i64>> = addresses
+            .iter()
+            .zip(it)
+            .map(|(a, r)| (*a, r.ok().as_ref().and_then(preview_limit)))
+            .collect();
+        Ok(targets
+            .iter()
+            .zip(browsed)
+            .map(|(t, r)| Browse {
+                messages: r.and_then(|v| match v {
+                    Value::Array(a) => Ok(a),
+                    Value::Null => Ok(vec![]),
+                    other => Err(BrokerError::BadResponse(format!(
+                        "browse did not return an array: {}",
+                        other.to_string().chars().take(80).collect::<String>()
+                    ))),
+                }),
+                preview_limit: limits.get(t.address.as_str()).copied().flatten(),
+            })
+            .collect())
+    }
+
     /// The `host:port` of an acceptor that speaks AMQP without TLS (a dedicated AMQP acceptor
     /// first), from the broker's acceptor MBeans; None when there is none.
     pub async fn amqp_acceptor(&self) -> Result<Option<(String, u16)>, BrokerError> {
@@ -620,6 +679,34 @@ impl BrokerManagement {
                 .await?,
         )
     }
+}
+
+/// A queue to browse (sampling).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct BrowseTarget {
+    pub queue: String,
+    pub address: String,
+    /// ANYCAST or MULTICAST, as the inventory reports it.
+    pub routing_type: String,
+}
+
+/// One queue's browse: the messages as the broker's CompositeData (as Jolokia renders it), and
+/// the preview limit that applied to their bodies (None: unknown).
+#[derive(Clone, Debug)]
+pub struct Browse {
+    pub messages: Result<Vec<Value>, BrokerError>,
+    pub preview_limit: Option<i64>,
+}
+
+/// `managementMessageAttributeSizeLimit` from `getAddressSettingsAsJSON`'s string; the broker's
+/// default (256) when the document does not name it.
+fn preview_limit(v: &Value) -> Option<i64> {
+    let doc: Value = serde_json::from_str(v.as_str()?).ok()?;
+    Some(
+        doc.get("managementMessageAttributeSizeLimit")
+            .and_then(Value::as_i64)
+            .unwrap_or(256),
+    )
 }
 
 /// Whether a node lets the operator restrict a capture queue (ADR-0062 D8).

@@ -4,6 +4,7 @@
 //! - `names`: ownership is in the name (D7); escaping; Artemis wildcards.
 //! - `plan`: pure judgement — captured addresses, what a tap lacks, orphans, refusals (D8).
 //! - `pass`: one pass over one cluster — install, heal, sweep, audit, status (D6, ADR-0066 D2).
+//! - `sample`: mode Sample — browse (never consume) matching queues, no tap (D3, D10).
 //! - [`run`]: the worker every replica runs (capture is not leader-only): per cluster, a pass
 //!   runs only while this process holds the cluster's Postgres advisory lock, so passes never
 //!   overlap and clusters spread across replicas.
@@ -13,6 +14,7 @@ pub mod loss;
 pub mod names;
 pub mod pass;
 pub mod plan;
+pub mod sample;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -360,12 +362,46 @@ async fn worker(
             tracing::info!(cluster = %k, "capture: releasing this cluster to another replica");
             s.release().await;
         }
-        tokio::select! {
-            _ = tokio::time::sleep(ctx.capture_pass_interval) => {}
-            _ = changed.notified() => {
-                // Let a burst of changes settle into one pass.
-                tokio::time::sleep(Duration::from_millis(300)).await;
+        // Until the next pass: the samples that fall due (mode Sample), under the same locks.
+        let next_pass = tokio::time::Instant::now() + ctx.capture_pass_interval;
+        loop {
+            let all_subs: Vec<Arc<ArtemisCaptureSubscription>> =
+                subs.iter().flat_map(|s| s.state()).collect();
+            let mut wake = next_pass;
+            for (cluster_key, s) in &served {
+                let mine = of_cluster(&all_subs, cluster_key);
+                if let Some(due) = sample::next_due(&s.state, &mine).await {
+                    wake = wake.min(tokio::time::Instant::from_std(due));
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(wake) => {}
+                _ = changed.notified() => {
+                    // Let a burst of changes settle into one pass.
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    break;
+                }
+            }
+            if tokio::time::Instant::now() >= next_pass {
+                break;
+            }
+            for (cluster_key, s) in served.iter_mut() {
+                let mine = of_cluster(&all_subs, cluster_key);
+                if mine.iter().any(|x| sample::is_sampling(x)) && s.lock.still_held().await {
+                    sample::sample_due(&ctx, &s.state, cluster_key, &mine).await;
+                }
             }
         }
     }
+}
+
+/// The subscriptions that name this cluster (`namespace/name`).
+fn of_cluster(
+    all: &[Arc<ArtemisCaptureSubscription>],
+    cluster_key: &str,
+) -> Vec<Arc<ArtemisCaptureSubscription>> {
+    all.iter()
+        .filter(|x| key(&x.namespace().unwrap_or_default(), &x.spec.cluster_ref.name) == cluster_key)
+        .cloned()
+        .collect()
 }

@@ -16,7 +16,8 @@ use super::drain::{DrainHealth, DrainKey};
 use super::names::TapName;
 use super::plan::{self, Part, Subscription, TapSpec, Verdict};
 use crate::api::capture::{
-    ArtemisCaptureSubscription, ArtemisCaptureSubscriptionStatus, CAPTURE_FINALIZER, TapState, TapStatus,
+    ArtemisCaptureSubscription, ArtemisCaptureSubscriptionStatus, CAPTURE_FINALIZER, CaptureMode, TapState,
+    TapStatus,
 };
 use crate::api::{ArtemisCluster, NodeOutcome, Outcome, RefusalKind};
 use crate::broker::{BrokerError, BrokerManagement};
@@ -51,6 +52,8 @@ pub struct ClusterState {
     /// Per (node, source address): the source's RoutedMessageCount when the capture queue was
     /// last seen there — the baseline of a failover-window estimate.
     pub source_marks: Mutex<BTreeMap<(String, String), SourceMark>>,
+    /// Mode Sample: the latest topology, when each subscription was sampled, browse outcomes.
+    pub sample: Mutex<super::sample::SampleState>,
 }
 
 /// A source address's routed count, read while its capture queue existed.
@@ -176,8 +179,23 @@ pub async fn run(
         .map_err(|p| PassError::Access(p.message))?;
     let timeout = access.request_timeout;
     let topology = topology::poll(&access, &state.memory).await;
+    // Sampling browses on this snapshot until the next pass.
+    state.sample.lock().await.topology = Some(topology.clone());
     let role = cluster.spec.capture_role.clone();
-    let views: Vec<Subscription> = subs.iter().map(|s| view(s)).collect();
+    // The reading commands label a tail by capture_subscription.mode: kept current here.
+    for s in subs.iter().filter(|s| s.metadata.deletion_timestamp.is_none()) {
+        let interval = (s.spec.mode == CaptureMode::Sample)
+            .then(|| i32::try_from(s.spec.sample_interval_seconds).unwrap_or(i32::MAX));
+        ctx.store
+            .record_subscription_mode(&cluster_key, &s.name_any(), s.spec.mode.as_db(), interval)
+            .await?;
+    }
+    // A subscription in mode Sample wants no tap: the sweep removes any it had (ADR-0062 D6).
+    let views: Vec<Subscription> = subs
+        .iter()
+        .filter(|s| !super::sample::is_sampling(s))
+        .map(|s| view(s))
+        .collect();
     let inventories: Vec<&crate::topology::inventory::NodeInventory> = topology
         .live_nodes()
         .filter_map(|n| n.inventory.as_deref())
@@ -404,6 +422,9 @@ pub async fn run(
         let sub = subs_by_name.get(&tap.subscription).copied();
         let reason = match sub {
             Some(s) if s.metadata.deletion_timestamp.is_some() => "subscription deleted".to_string(),
+            Some(s) if super::sample::is_sampling(s) => {
+                "the subscription switched to mode Sample: it browses, and installs no tap".to_string()
+            }
             Some(_) => {
                 "the subscription no longer captures this address (no queue it matches is bound there)"
                     .to_string()
@@ -457,13 +478,22 @@ pub async fn run(
         });
     }
 
+    // Mode Sample: browse what is due, on this pass's fresh topology.
+    super::sample::sample_due(ctx, state, &cluster_key, subs).await;
+
     // Status and finalizers, from what is true after the writes.
     let records = ctx.store.open_taps(&cluster_key, instance).await?;
     let totals = ctx.store.capture_totals(&cluster_key).await?;
+    let marks = ctx.store.sample_marks(&cluster_key).await?;
     for s in subs {
+        if super::sample::is_sampling(s) {
+            super::sample::write_status(ctx, &ns, state, s, &topology, &marks, &totals).await?;
+            continue;
+        }
         let stored = Stored {
             records: &records,
             totals: &totals,
+            marks: &marks,
         };
         write_status(ctx, &ns, s, &topology, &desired, &found, &stored).await?;
     }
@@ -927,6 +957,8 @@ async fn finish(
 struct Stored<'a> {
     records: &'a [crate::store::capture::TapRecord],
     totals: &'a [TapTotals],
+    /// What an earlier mode Sample stored stays counted.
+    marks: &'a [crate::store::sampled::SampleMark],
 }
 
 /// Status of one subscription after the pass (written only when it changed), and its
@@ -949,8 +981,17 @@ async fn write_status(
         observed_generation: generation,
         conditions: old.conditions.clone(),
         instance_id: Some(ctx.instance_id.clone()),
+        mode: Some(CaptureMode::Capture),
+        sampled: stored
+            .marks
+            .iter()
+            .filter(|m| m.subscription == name)
+            .map(|m| m.sampled.max(0) as u64)
+            .sum(),
         ..Default::default()
     };
+    // The claim of mode Sample does not describe a capturing subscription.
+    status.conditions.retain(|c| c.type_ != super::sample::SAMPLING);
     let mine: Vec<&TapName> = desired.keys().filter(|t| t.subscription == name).collect();
     status.addresses = mine.iter().map(|t| t.address.clone()).collect();
     let remaining: Vec<&crate::store::capture::TapRecord> =
@@ -1100,6 +1141,9 @@ async fn write_status(
     status.dropped_estimate = mine_totals.map(|t| t.lost.max(0) as u64).sum();
     conditions::kstatus(&mut status.conditions, &[], generation);
     let unchanged = old.taps == status.taps
+        && old.mode == status.mode
+        && old.sampled_queues == status.sampled_queues
+        && old.sampled == status.sampled
         && old.captured == status.captured
         && old.dropped_estimate == status.dropped_estimate
         && old.addresses == status.addresses

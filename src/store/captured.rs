@@ -134,59 +134,7 @@ impl Store {
         key: &SubscriptionKey,
         rows: &[CapturedRow],
     ) -> Result<u64, StoreError> {
-        if rows.is_empty() {
-            return Ok(0);
-        }
-        let col = |f: &dyn Fn(&CapturedRow) -> Option<String>| rows.iter().map(f).collect::<Vec<_>>();
-        let node = col(&|r| Some(r.node.clone()));
-        let address = col(&|r| Some(r.original_address.clone()));
-        let queue = col(&|r| Some(r.capture_queue.clone()));
-        let source = col(&|r| r.source_message_id.clone());
-        let message_id = col(&|r| r.message_id.clone());
-        let correlation = col(&|r| r.correlation_id.clone());
-        let reply_to = col(&|r| r.reply_to.clone());
-        let properties = col(&|r| Some(r.properties.to_string()));
-        let headers = col(&|r| Some(r.headers.to_string()));
-        let text = col(&|r| r.body_text.clone());
-        let binary: Vec<Option<Vec<u8>>> = rows.iter().map(|r| r.body_binary.clone()).collect();
-        let size: Vec<i32> = rows.iter().map(|r| r.body_size).collect();
-        let truncated: Vec<bool> = rows.iter().map(|r| r.body_truncated).collect();
-        let routed: Vec<Option<DateTime<Utc>>> = rows.iter().map(|r| r.routed_at).collect();
-        let result = sqlx::query(
-            "INSERT INTO captured_message (cluster, subscription, subscription_id, node, original_address, \
-             capture_queue, source_message_id, message_id, correlation_id, reply_to, properties, headers, \
-             body_text, body_binary, body_size, body_truncated, routed_at) \
-             SELECT $1, $2, $3, t.node, t.address, t.queue, t.source, t.message_id, t.correlation, t.reply_to, \
-             t.properties::jsonb, t.headers::jsonb, t.text, t.bin, t.size, t.truncated, t.routed \
-             FROM UNNEST($4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], \
-             $11::text[], $12::text[], $13::text[], $14::bytea[], $15::int[], $16::bool[], $17::timestamptz[]) \
-             AS t(node, address, queue, source, message_id, correlation, reply_to, properties, headers, text, \
-             bin, size, truncated, routed) \
-             WHERE t.source IS NULL OR NOT EXISTS (SELECT 1 FROM captured_message m \
-             WHERE m.subscription_id = $3 AND m.cluster = $1 AND m.subscription = $2 AND m.node = t.node \
-             AND m.capture_queue = t.queue AND m.source_message_id = t.source \
-             AND m.captured_at > now() - interval '1 day')",
-        )
-        .bind(&key.cluster)
-        .bind(&key.subscription)
-        .bind(key.id)
-        .bind(node)
-        .bind(address)
-        .bind(queue)
-        .bind(source)
-        .bind(message_id)
-        .bind(correlation)
-        .bind(reply_to)
-        .bind(properties)
-        .bind(headers)
-        .bind(text)
-        .bind(binary)
-        .bind(size)
-        .bind(truncated)
-        .bind(routed)
-        .execute(self.pool())
-        .await?;
-        Ok(result.rows_affected())
+        insert_rows(self.pool(), key, rows, Origin::Captured).await
     }
 
     /// A drain session starts: coverage for this node begins now.
@@ -366,4 +314,86 @@ impl Store {
         }
         Ok(dropped)
     }
+}
+
+/// Where a row came from (ADR-0062 D10: captured and sampled rows make different claims).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// Drained from a tap: complete within a covered window.
+    Captured,
+    /// Seen by a browse: only what was still on the queue then.
+    Sampled,
+}
+
+impl Origin {
+    pub fn as_db(self) -> &'static str {
+        match self {
+            Origin::Captured => "captured",
+            Origin::Sampled => "sampled",
+        }
+    }
+}
+
+/// Store a batch in one statement; returns the rows inserted. A copy already stored (same node,
+/// capture queue and source message ID) is skipped.
+pub(super) async fn insert_rows<'e>(
+    exec: impl sqlx::PgExecutor<'e>,
+    key: &SubscriptionKey,
+    rows: &[CapturedRow],
+    origin: Origin,
+) -> Result<u64, StoreError> {
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let col = |f: &dyn Fn(&CapturedRow) -> Option<String>| rows.iter().map(f).collect::<Vec<_>>();
+    let node = col(&|r| Some(r.node.clone()));
+    let address = col(&|r| Some(r.original_address.clone()));
+    let queue = col(&|r| Some(r.capture_queue.clone()));
+    let source = col(&|r| r.source_message_id.clone());
+    let message_id = col(&|r| r.message_id.clone());
+    let correlation = col(&|r| r.correlation_id.clone());
+    let reply_to = col(&|r| r.reply_to.clone());
+    let properties = col(&|r| Some(r.properties.to_string()));
+    let headers = col(&|r| Some(r.headers.to_string()));
+    let text = col(&|r| r.body_text.clone());
+    let binary: Vec<Option<Vec<u8>>> = rows.iter().map(|r| r.body_binary.clone()).collect();
+    let size: Vec<i32> = rows.iter().map(|r| r.body_size).collect();
+    let truncated: Vec<bool> = rows.iter().map(|r| r.body_truncated).collect();
+    let routed: Vec<Option<DateTime<Utc>>> = rows.iter().map(|r| r.routed_at).collect();
+    let result = sqlx::query(
+        "INSERT INTO captured_message (cluster, subscription, subscription_id, node, original_address, \
+         capture_queue, source_message_id, message_id, correlation_id, reply_to, properties, headers, \
+         body_text, body_binary, body_size, body_truncated, routed_at, origin) \
+         SELECT $1, $2, $3, t.node, t.address, t.queue, t.source, t.message_id, t.correlation, t.reply_to, \
+         t.properties::jsonb, t.headers::jsonb, t.text, t.bin, t.size, t.truncated, t.routed, $18 \
+         FROM UNNEST($4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], \
+         $11::text[], $12::text[], $13::text[], $14::bytea[], $15::int[], $16::bool[], $17::timestamptz[]) \
+         AS t(node, address, queue, source, message_id, correlation, reply_to, properties, headers, text, \
+         bin, size, truncated, routed) \
+         WHERE t.source IS NULL OR NOT EXISTS (SELECT 1 FROM captured_message m \
+         WHERE m.subscription_id = $3 AND m.cluster = $1 AND m.subscription = $2 AND m.node = t.node \
+         AND m.capture_queue = t.queue AND m.source_message_id = t.source \
+         AND m.captured_at > now() - interval '1 day')",
+    )
+    .bind(&key.cluster)
+    .bind(&key.subscription)
+    .bind(key.id)
+    .bind(node)
+    .bind(address)
+    .bind(queue)
+    .bind(source)
+    .bind(message_id)
+    .bind(correlation)
+    .bind(reply_to)
+    .bind(properties)
+    .bind(headers)
+    .bind(text)
+    .bind(binary)
+    .bind(size)
+    .bind(truncated)
+    .bind(routed)
+    .bind(origin.as_db())
+    .execute(exec)
+    .await?;
+    Ok(result.rows_affected())
 }

@@ -4,6 +4,7 @@
 pub mod capture;
 pub mod captured;
 pub mod reading;
+pub mod sampled;
 
 use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};

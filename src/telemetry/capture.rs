@@ -53,6 +53,9 @@ pub struct CaptureMetrics {
     pub drain_lag_seconds: Family<SubscriptionLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// Drains running in this process.
     pub drains: Gauge,
+    /// Messages a browse saw and stored (mode Sample, rows marked origin=sampled): what was
+    /// still on a queue when it was browsed, never a count of what was sent.
+    pub sampled: Family<SubscriptionLabels, Counter>,
 }
 
 impl CaptureMetrics {
@@ -64,6 +67,7 @@ impl CaptureMetrics {
             insert_seconds: Family::new_with_constructor(seconds_histogram),
             drain_lag_seconds: Family::default(),
             drains: Gauge::default(),
+            sampled: Family::default(),
         }
     }
 
@@ -97,6 +101,11 @@ impl CaptureMetrics {
             "capture_drains",
             "Capture drains running in this process",
             self.drains.clone(),
+        );
+        registry.register(
+            "capture_sampled",
+            "Messages stored by sampling (a browse saw them still on the queue; never complete), by subscription",
+            self.sampled.clone(),
         );
     }
 

@@ -15,6 +15,7 @@ mod loops;
 mod queue;
 mod reading;
 mod safety;
+mod sampling;
 mod scale;
 mod smoke;
 mod support;

@@ -1,0 +1,761 @@
+//! Sampling (ADR-0062 D3, D10): `mode: Sample` on an ArtemisCaptureSubscription. No tap is
+//! installed on any broker; every `sampleIntervalSeconds` each queue matching the subscription
+//! on every live node is BROWSED (`QueueControl.browse(page, pageSize)`: never consumes, never
+//! acknowledges, never moves a message) and each message newer than the per-(subscription, node,
+//! queue) high-water mark of the broker message ID is stored with origin 'sampled'.
+//!
+//! What a sampled row claims is weaker than a captured one, and the product says so wherever it
+//! shows one: a browse sees only what is still on the queue at that instant (at most the first
+//! [`SAMPLE_DEPTH`] messages, bodies as the broker's management preview gives them); messages
+//! consumed between two browses are never seen; a message ordered behind a newer one (a higher
+//! priority sent later) that only becomes visible after the newer one was stored falls below the
+//! high-water mark and is not stored either. A sampled tail is never complete.
+//!
+//! Runs with the capture pass, under the cluster's advisory lock (exactly one replica samples a
+//! cluster), on the live nodes and inventories of the latest pass's topology: one bulk Jolokia
+//! request per node per sample, whatever the number of queues and subscriptions (a queue matched
+//! by several subscriptions is browsed once).
+//!
+//! Audit: sampling writes nothing to any broker (only reads: `browse` and
+//! `getAddressSettingsAsJSON`), so it is not a command and writes no `audit_event` row
+//! (ADR-0049: one row per command, a command being a pass that sends a broker write).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use serde_json::{Map, Value, json};
+
+use super::names::wildcard_matches;
+use super::pass::ClusterState;
+use crate::api::CAPTURE_PREFIX;
+use crate::api::capture::{
+    ArtemisCaptureSubscription, ArtemisCaptureSubscriptionStatus, CaptureMode, SampledQueueStatus,
+};
+use crate::broker::management::{Browse, BrowseTarget};
+use crate::controllers::{Context, conditions};
+use crate::store::StoreError;
+use crate::store::captured::{CapturedRow, SubscriptionKey, TapTotals};
+use crate::store::sampled::{SampleAt, SampleMark};
+use crate::topology::Topology;
+use crate::topology::inventory::NodeInventory;
+
+/// The most messages one browse reads from the head of a queue (Artemis's own default
+/// management-browse-page-size).
+pub const SAMPLE_DEPTH: i32 = 200;
+
+/// The condition a subscription in mode Sample always carries: the claim it can make.
+pub const SAMPLING: &str = "Sampling";
+
+/// What the sampler keeps per cluster between samples (in [`ClusterState`]).
+#[derive(Default)]
+pub struct SampleState {
+    /// The latest pass's topology: which nodes are live and which queues they hold.
+    pub topology: Option<Topology>,
+    /// Per subscription: when it was last sampled.
+    pub last: BTreeMap<String, Instant>,
+    /// Per (subscription, node, queue): when the latest browse succeeded, or why it failed.
+    pub outcomes: BTreeMap<(String, String, String), Result<DateTime<Utc>, String>>,
+    /// Subscriptions whose partitions this process made (retention makes the next days').
+    pub partitioned: BTreeSet<String>,
+}
+
+/// A live (not deleting) subscription in mode Sample.
+pub fn is_sampling(s: &ArtemisCaptureSubscription) -> bool {
+    s.spec.mode == CaptureMode::Sample && s.metadata.deletion_timestamp.is_none()
+}
+
+fn interval(s: &ArtemisCaptureSubscription) -> Duration {
+    Duration::from_secs(u64::from(s.spec.sample_interval_seconds.max(1)))
+}
+
+/// The plain statement every sampled subscription carries.
+pub fn claim(interval_seconds: u32) -> String {
+    format!(
+        "sampled: a browse every {interval_seconds}s sees only what is still on the queue; messages consumed between browses are never seen (each browse reads at most the first {SAMPLE_DEPTH} messages of a queue). Never complete: use mode Capture for every message"
+    )
+}
+
+/// The queues a subscription samples on one node: its pattern over queue names (never one under
+/// the capture prefix, never a temporary queue), as capture matches them.
+pub fn sampled_queues(pattern: &str, inventory: &NodeInventory) -> Vec<BrowseTarget> {
+    inventory
+        .queues
+        .values()
+        .filter(|q| {
+            !q.name.starts_with(CAPTURE_PREFIX)
+                && !q.address.starts_with(CAPTURE_PREFIX)
+                && !q.temporary
+                && wildcard_matches(pattern, &q.name)
+        })
+        .map(|q| BrowseTarget {
+            queue: q.name.clone(),
+            address: q.address.clone(),
+            routing_type: q.routing_type.clone(),
+        })
+        .collect()
+}
+
+/// When the next sample of these subscriptions is due (None: none samples).
+pub async fn next_due(state: &ClusterState, subs: &[Arc<ArtemisCaptureSubscription>]) -> Option<Instant> {
+    let s = state.sample.lock().await;
+    subs.iter()
+        .filter(|x| is_sampling(x))
+        .map(|x| match s.last.get(&x.name_any()) {
+            Some(at) => *at + interval(x),
+            None => Instant::now(),
+        })
+        .min()
+}
+
+/// What one sample did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SampleSummary {
+    /// Bulk requests sent (one per live node with something to browse).
+    pub requests: usize,
+    pub browses: usize,
+    pub failed: usize,
+    pub stored: u64,
+}
+
+/// Sample every due subscription of one cluster: one bulk request per live node.
+pub async fn sample_due(
+    ctx: &Context,
+    state: &ClusterState,
+    cluster_key: &str,
+    subs: &[Arc<ArtemisCaptureSubscription>],
+) -> SampleSummary {
+    let mut summary = SampleSummary::default();
+    let now = Instant::now();
+    let (due, topology) = {
+        let s = state.sample.lock().await;
+        let due: Vec<Arc<ArtemisCaptureSubscription>> = subs
+            .iter()
+            .filter(|x| is_sampling(x))
+            .filter(|x| {
+                s.last
+                    .get(&x.name_any())
+                    .is_none_or(|at| now >= *at + interval(x))
+            })
+            .cloned()
+            .collect();
+        (due, s.topology.clone())
+    };
+    if due.is_empty() {
+        return summary;
+    }
+    {
+        let mut s = state.sample.lock().await;
+        for x in &due {
+            s.last.insert(x.name_any(), now);
+        }
+    }
+    // No topology yet (no pass got that far): the next one samples after its poll.
+    let Some(topology) = topology else {
+        return summary;
+    };
+    let marks: BTreeMap<(String, String, String), i64> = match ctx.store.sample_marks(cluster_key).await {
+        Ok(m) => m
+            .into_iter()
+            .map(|m| ((m.subscription, m.node, m.queue), m.high_water))
+            .collect(),
+        Err(e) => {
+            tracing::warn!(cluster = %cluster_key, error = %e, "sampling skipped: high-water marks unreadable");
+            return summary;
+        }
+    };
+    let mut keys: BTreeMap<String, SubscriptionKey> = BTreeMap::new();
+    for x in &due {
+        let name = x.name_any();
+        match ctx.store.subscription_key(cluster_key, &name).await {
+            Ok(k) => {
+                let fresh = state.sample.lock().await.partitioned.insert(name.clone());
+                if fresh && let Err(e) = ctx.store.ensure_partitions(&k).await {
+                    tracing::warn!(subscription = %name, error = %e, "sampling: partitions not made");
+                    state.sample.lock().await.partitioned.remove(&name);
+                }
+                keys.insert(name, k);
+            }
+            Err(e) => {
+                tracing::warn!(subscription = %name, error = %e, "sampling: subscription not registered")
+            }
+        }
+    }
+    // Per live node: each queue to browse once, and the subscriptions that want it.
+    let mut per_node = vec![];
+    for node in topology.live_nodes() {
+        let (Some(m), Some(inv)) = (&node.active, &node.inventory) else {
+            continue;
+        };
+        let mut wanted: BTreeMap<BrowseTarget, Vec<&Arc<ArtemisCaptureSubscription>>> = BTreeMap::new();
+        for x in &due {
+            for t in sampled_queues(&x.spec.queues, inv) {
+                wanted.entry(t).or_default().push(x);
+            }
+        }
+        if !wanted.is_empty() {
+            per_node.push((node.node_id.clone(), m.clone(), wanted));
+        }
+    }
+    let browses = futures::future::join_all(per_node.iter().map(|(_, m, wanted)| async move {
+        let targets: Vec<BrowseTarget> = wanted.keys().cloned().collect();
+        m.browse_queues(&targets, SAMPLE_DEPTH).await
+    }))
+    .await;
+    let metrics = crate::telemetry::capture::metrics();
+    for ((node, _, wanted), result) in per_node.iter().zip(browses) {
+        summary.requests += 1;
+        let results: Vec<Browse> = match result {
+            Ok(r) => r,
+            Err(e) => {
+                let why = format!("browse request failed: {e}");
+                tracing::warn!(%node, cluster = %cluster_key, error = %e, "sampling: browse request failed");
+                let mut s = state.sample.lock().await;
+                for (t, subs) in wanted {
+                    for x in subs {
+                        s.outcomes
+                            .insert((x.name_any(), node.clone(), t.queue.clone()), Err(why.clone()));
+                    }
+                }
+                summary.failed += wanted.len();
+                continue;
+            }
+        };
+        for ((t, subs), browse) in wanted.iter().zip(results) {
+            let messages = match browse.messages {
+                Ok(m) => m,
+                Err(e) => {
+                    summary.failed += 1;
+                    let why = format!("browse of {} refused: {e}", t.queue);
+                    let mut s = state.sample.lock().await;
+                    for x in subs {
+                        s.outcomes
+                            .insert((x.name_any(), node.clone(), t.queue.clone()), Err(why.clone()));
+                    }
+                    continue;
+                }
+            };
+            summary.browses += 1;
+            for x in subs {
+                let name = x.name_any();
+                let Some(key) = keys.get(&name) else { continue };
+                let mark = marks
+                    .get(&(name.clone(), node.clone(), t.queue.clone()))
+                    .copied()
+                    .unwrap_or(0);
+                let fresh = new_rows(
+                    node,
+                    t,
+                    &messages,
+                    mark,
+                    x.spec.max_body_bytes as usize,
+                    browse.preview_limit,
+                );
+                let high_water = fresh.iter().map(|(id, _)| *id).max().unwrap_or(mark).max(mark);
+                let rows: Vec<CapturedRow> = fresh.into_iter().map(|(_, r)| r).collect();
+                let at = SampleAt {
+                    node,
+                    queue: &t.queue,
+                    address: &t.address,
+                };
+                let outcome = match store(ctx, key, &at, &rows, high_water).await {
+                    Ok(n) => {
+                        summary.stored += n;
+                        metrics
+                            .sampled
+                            .get_or_create(&crate::telemetry::capture::SubscriptionLabels {
+                                cluster: cluster_key.to_string(),
+                                subscription: name.clone(),
+                            })
+                            .inc_by(n);
+                        Ok(Utc::now())
+                    }
+                    Err(e) => {
+                        tracing::warn!(%node, subscription = %name, error = %e, "sampling: rows not stored");
+                        Err(format!(
+                            "browsed, not stored (database: {e}); the next browse tries again"
+                        ))
+                    }
+                };
+                state
+                    .sample
+                    .lock()
+                    .await
+                    .outcomes
+                    .insert((name, node.clone(), t.queue.clone()), outcome);
+            }
+        }
+    }
+    tracing::debug!(cluster = %cluster_key, ?summary, "sampled");
+    summary
+}
+
+/// Store, making the day's partition once if the insert found none.
+async fn store(
+    ctx: &Context,
+    key: &SubscriptionKey,
+    at: &SampleAt<'_>,
+    rows: &[CapturedRow],
+    high_water: i64,
+) -> Result<u64, StoreError> {
+    match ctx.store.store_sample(key, at, rows, high_water).await {
+        Err(e) if e.to_string().contains("no partition") => {
+            ctx.store.ensure_partitions(key).await?;
+            ctx.store.store_sample(key, at, rows, high_water).await
+        }
+        r => r,
+    }
+}
+
+/// The browsed messages above the high-water mark, as rows (pure).
+pub fn new_rows(
+    node: &str,
+    target: &BrowseTarget,
+    messages: &[Value],
+    high_water: i64,
+    max_body: usize,
+    preview_limit: Option<i64>,
+) -> Vec<(i64, CapturedRow)> {
+    messages
+        .iter()
+        .filter_map(|m| {
+            let id = message_id(m)?;
+            (id > high_water).then(|| (id, row(node, target, max_body, preview_limit, m)))
+        })
+        .collect()
+}
+
+/// The broker message ID of a browsed message (`messageID`, a decimal string).
+pub fn message_id(m: &Value) -> Option<i64> {
+    match m.get("messageID")? {
+        Value::String(s) => s.parse().ok(),
+        Value::Number(n) => n.as_i64(),
+        _ => None,
+    }
+}
+
+/// The typed property maps of a browsed message (CompositeData item names).
+const PROPERTY_MAPS: [&str; 8] = [
+    "StringProperties",
+    "BooleanProperties",
+    "ByteProperties",
+    "ShortProperties",
+    "IntProperties",
+    "LongProperties",
+    "FloatProperties",
+    "DoubleProperties",
+];
+
+/// Body previews the broker gives instead of a body.
+const NO_BODY: [&str; 3] = ["[large message]", "... Large message ...", "[compressed]"];
+
+/// One browsed message as a row (pure). Original address: the browsed queue's address (from the
+/// inventory, not a header); capture queue: the browsed queue; source message ID: the broker's.
+/// Properties as the drain stores them (an AMQP message's application properties without the
+/// broker's `applicationProperties.` prefix; its other sections go to headers). The body is
+/// what the broker's preview holds, cut at `max_body`; truncation is flagged when either cut.
+pub fn row(
+    node: &str,
+    target: &BrowseTarget,
+    max_body: usize,
+    preview_limit: Option<i64>,
+    m: &Value,
+) -> CapturedRow {
+    let amqp = m.get("protocol").and_then(Value::as_str) == Some("AMQP");
+    let mut properties = Map::new();
+    let mut sections = Map::new();
+    for map in PROPERTY_MAPS {
+        for (k, v) in m.get(map).and_then(Value::as_object).into_iter().flatten() {
+            match k.strip_prefix("applicationProperties.") {
+                Some(app) => {
+                    properties.insert(app.to_string(), v.clone());
+                }
+                None if amqp => {
+                    sections.insert(k.clone(), v.clone());
+                }
+                None => {
+                    properties.insert(k.clone(), v.clone());
+                }
+            }
+        }
+    }
+    let text_of = |k: &str| -> Option<String> {
+        properties.get(k).or_else(|| sections.get(k)).and_then(|v| {
+            v.as_str()
+                .map(str::to_string)
+                .or_else(|| (!v.is_null()).then(|| v.to_string()))
+        })
+    };
+    let correlation_id = text_of("JMSCorrelationID").or_else(|| text_of("properties.correlationId"));
+    let reply_to = text_of("JMSReplyTo").or_else(|| text_of("properties.replyTo"));
+    let mut headers = Map::new();
+    for k in [
+        "protocol",
+        "type",
+        "durable",
+        "priority",
+        "expiration",
+        "redelivered",
+        "largeMessage",
+        "persistentSize",
+    ] {
+        if let Some(v) = m.get(k) {
+            headers.insert(k.into(), v.clone());
+        }
+    }
+    if !sections.is_empty() {
+        headers.insert("amqp".into(), Value::Object(sections));
+    }
+    headers.insert("sampled".into(), json!(true));
+    let large = m.get("largeMessage").and_then(Value::as_bool) == Some(true);
+    let limit = preview_limit.filter(|l| *l >= 0).map(|l| l as usize);
+    let (text, binary, size, cut_by_broker) = match (m.get("text"), m.get("BodyPreview")) {
+        (Some(Value::String(t)), _) if large || NO_BODY.contains(&t.as_str()) => {
+            (None, None, persistent(m), true)
+        }
+        (Some(Value::String(t)), _) => {
+            let (body, full_chars) = untruncate(t, limit);
+            let size = match full_chars {
+                // Cut by the broker: the prefix's bytes plus the characters it says are missing.
+                Some(missing) => body.len() + missing,
+                None => body.len(),
+            };
+            (Some(body), None, size, full_chars.is_some())
+        }
+        (_, Some(Value::Array(bytes))) if !large => {
+            // Java bytes are signed.
+            let b: Vec<u8> = bytes
+                .iter()
+                .filter_map(Value::as_i64)
+                .map(|x| x as i8 as u8)
+                .collect();
+            // A preview as long as the limit may have been cut: the full size is unknown, and
+            // the row says it may be truncated rather than claim a complete body.
+            let cut = limit.is_some_and(|l| b.len() >= l);
+            let n = b.len();
+            (None, Some(b), n, cut)
+        }
+        _ => (None, None, if large { persistent(m) } else { 0 }, large),
+    };
+    let truncated = cut_by_broker || size > max_body;
+    let text = text.map(|mut t| {
+        if t.len() > max_body {
+            let mut cut = max_body;
+            while !t.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            t.truncate(cut);
+        }
+        t
+    });
+    let binary = binary.map(|mut b| {
+        b.truncate(max_body);
+        b
+    });
+    CapturedRow {
+        node: node.into(),
+        original_address: target.address.clone(),
+        capture_queue: target.queue.clone(),
+        source_message_id: message_id(m).map(|id| id.to_string()),
+        message_id: m
+            .get("userID")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string),
+        correlation_id,
+        reply_to,
+        properties: Value::Object(properties),
+        headers: Value::Object(headers),
+        body_text: text,
+        body_binary: binary,
+        body_size: i32::try_from(size).unwrap_or(i32::MAX),
+        body_truncated: truncated,
+        routed_at: m
+            .get("timestamp")
+            .and_then(Value::as_i64)
+            .filter(|t| *t > 0)
+            .and_then(DateTime::from_timestamp_millis),
+    }
+}
+
+fn persistent(m: &Value) -> usize {
+    m.get("persistentSize")
+        .and_then(Value::as_i64)
+        .map(|n| n.max(0) as usize)
+        .unwrap_or(0)
+}
+
+/// A text preview the broker cut at `limit` characters ends with `, + N more`
+/// (`JsonUtil.truncateString`): the prefix, and N, when that is what this is.
+pub fn untruncate(text: &str, limit: Option<usize>) -> (String, Option<usize>) {
+    let Some(limit) = limit else {
+        return (text.to_string(), None);
+    };
+    if let Some(i) = text.rfind(", + ")
+        && let Some(n) = text[i + 4..].strip_suffix(" more")
+        && let Ok(missing) = n.parse::<usize>()
+        && text[..i].chars().count() == limit
+    {
+        return (text[..i].to_string(), Some(missing));
+    }
+    (text.to_string(), None)
+}
+
+/// Status of a subscription in mode Sample, written only when it changed: no taps; per node and
+/// matching queue, what its browses stored; Ready when the browses succeed; and the claim.
+pub async fn write_status(
+    ctx: &Context,
+    ns: &str,
+    state: &ClusterState,
+    s: &ArtemisCaptureSubscription,
+    topology: &Topology,
+    marks: &[SampleMark],
+    totals: &[TapTotals],
+) -> Result<(), kube::Error> {
+    let name = s.name_any();
+    let generation = s.metadata.generation;
+    let old = s.status.clone().unwrap_or_default();
+    let outcomes = state.sample.lock().await.outcomes.clone();
+    let mut status = ArtemisCaptureSubscriptionStatus {
+        observed_generation: generation,
+        conditions: old.conditions.clone(),
+        instance_id: Some(ctx.instance_id.clone()),
+        mode: Some(CaptureMode::Sample),
+        ..Default::default()
+    };
+    let mut addresses = BTreeSet::new();
+    for node in topology.live_nodes() {
+        let Some(inv) = &node.inventory else { continue };
+        for t in sampled_queues(&s.spec.queues, inv) {
+            let mark = marks
+                .iter()
+                .find(|m| m.subscription == name && m.node == node.node_id && m.queue == t.queue);
+            let outcome = outcomes.get(&(name.clone(), node.node_id.clone(), t.queue.clone()));
+            addresses.insert(t.address.clone());
+            status.sampled_queues.push(SampledQueueStatus {
+                node: node.node_id.clone(),
+                queue: t.queue.clone(),
+                address: t.address.clone(),
+                browsing: matches!(outcome, Some(Ok(_))),
+                sampled: mark.map(|m| m.sampled.max(0) as u64).unwrap_or(0),
+                last_browse: mark.map(|m| m.last_browse_at.to_rfc3339()),
+                message: match outcome {
+                    Some(Err(e)) => Some(e.clone()),
+                    None => Some("not browsed yet by this operator process".into()),
+                    Some(Ok(_)) => None,
+                },
+            });
+        }
+    }
+    status.addresses = addresses.into_iter().collect();
+    status.sampled = marks
+        .iter()
+        .filter(|m| m.subscription == name)
+        .map(|m| m.sampled.max(0) as u64)
+        .sum();
+    // What an earlier Capture mode stored and lost stays counted.
+    let mine = totals.iter().filter(|t| t.subscription == name);
+    status.captured = mine.clone().map(|t| t.captured.max(0) as u64).sum();
+    status.dropped_estimate = mine.map(|t| t.lost.max(0) as u64).sum();
+    let every = s.spec.sample_interval_seconds;
+    let total = status.sampled_queues.len();
+    let failed = status
+        .sampled_queues
+        .iter()
+        .filter(|q| {
+            !q.browsing
+                && q.message
+                    .as_deref()
+                    .is_some_and(|m| !m.starts_with("not browsed yet"))
+        })
+        .count();
+    let browsing = status.sampled_queues.iter().filter(|q| q.browsing).count();
+    let (ready, reason, message) = if total == 0 {
+        (
+            false,
+            "NoMatchingQueues",
+            format!(
+                "no queue matches {:?} on any live node: nothing to sample yet",
+                s.spec.queues
+            ),
+        )
+    } else if browsing == total {
+        (
+            true,
+            "Sampling",
+            format!(
+                "{total} queue browses succeed (no tap installed); {}",
+                claim(every)
+            ),
+        )
+    } else if failed > 0 {
+        (
+            false,
+            "BrowseFailed",
+            format!(
+                "{failed} of {total} queue browses failed (see sampledQueues[].message); {browsing} succeed"
+            ),
+        )
+    } else {
+        (
+            false,
+            "Pending",
+            format!(
+                "{} of {total} queues not browsed yet; {browsing} succeed",
+                total - browsing
+            ),
+        )
+    };
+    conditions::set(
+        &mut status.conditions,
+        conditions::READY,
+        ready,
+        reason,
+        message,
+        generation,
+    );
+    conditions::set(
+        &mut status.conditions,
+        conditions::DEGRADED,
+        failed > 0,
+        if failed > 0 { "BrowseFailed" } else { "AsExpected" },
+        if failed > 0 {
+            format!("{failed} queue browses failed")
+        } else {
+            "no browse failed".to_string()
+        },
+        generation,
+    );
+    conditions::set(
+        &mut status.conditions,
+        SAMPLING,
+        true,
+        "Sampled",
+        claim(every),
+        generation,
+    );
+    conditions::kstatus(&mut status.conditions, &[], generation);
+    let unchanged = old.taps == status.taps
+        && old.mode == status.mode
+        && old.sampled_queues == status.sampled_queues
+        && old.sampled == status.sampled
+        && old.captured == status.captured
+        && old.dropped_estimate == status.dropped_estimate
+        && old.addresses == status.addresses
+        && old.instance_id == status.instance_id
+        && old.observed_generation == status.observed_generation
+        && conditions::comparable(&old.conditions) == conditions::comparable(&status.conditions);
+    if !unchanged {
+        let api: Api<ArtemisCaptureSubscription> = Api::namespaced(ctx.client.clone(), ns);
+        api.patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target() -> BrowseTarget {
+        BrowseTarget {
+            queue: "orders.in".into(),
+            address: "orders".into(),
+            routing_type: "ANYCAST".into(),
+        }
+    }
+
+    /// As Artemis 2.40 answered `browse(int,int)` over Jolokia on the test bed: a Core text
+    /// message, an AMQP one, and a Core bytes one (signed Java bytes).
+    fn browsed() -> Vec<Value> {
+        vec![
+            json!({"address": "orders", "messageID": "109", "priority": 4, "type": 3, "protocol": "CORE",
+                   "userID": "ID:2d00e488", "durable": true, "largeMessage": false, "persistentSize": 432,
+                   "StringProperties": {"region": "eu", "JMSCorrelationID": "c-1"}, "LongProperties": {"n": 7},
+                   "IntProperties": null, "text": "hello \u{e9}", "timestamp": 1796086646490i64}),
+            json!({"address": "orders", "messageID": "116", "protocol": "AMQP", "userID": "ID:90c6:1",
+                   "StringProperties": {"properties.to": "orders", "applicationProperties.kind": "new"},
+                   "ByteProperties": {"messageAnnotations.x-opt-jms-msg-type": 5},
+                   "text": "amqp text", "timestamp": 1796086651799i64}),
+            json!({"address": "orders", "messageID": "95", "protocol": "CORE", "type": 4,
+                   "BodyPreview": [46, -61, -87, 46], "timestamp": 1796086640816i64}),
+        ]
+    }
+
+    #[test]
+    fn only_messages_above_the_high_water_mark_become_rows() {
+        let rows = new_rows("n1", &target(), &browsed(), 100, 1024, Some(256));
+        let ids: Vec<i64> = rows.iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids, vec![109, 116]);
+        assert!(new_rows("n1", &target(), &browsed(), 116, 1024, Some(256)).is_empty());
+    }
+
+    #[test]
+    fn a_row_says_where_the_browse_saw_it_and_what_it_held() {
+        let rows = new_rows("n1", &target(), &browsed(), 0, 1024, Some(256));
+        let core = &rows[0].1;
+        assert_eq!(
+            core.original_address, "orders",
+            "the queue's address, from the inventory"
+        );
+        assert_eq!(core.capture_queue, "orders.in", "the browsed queue");
+        assert_eq!(core.source_message_id.as_deref(), Some("109"));
+        assert_eq!(core.message_id.as_deref(), Some("ID:2d00e488"));
+        assert_eq!(core.correlation_id.as_deref(), Some("c-1"));
+        assert_eq!(core.properties["region"], "eu");
+        assert_eq!(core.properties["n"], 7);
+        assert_eq!(core.body_text.as_deref(), Some("hello é"));
+        assert!(!core.body_truncated);
+        let amqp = &rows[1].1;
+        assert_eq!(
+            amqp.properties,
+            json!({"kind": "new"}),
+            "application properties only"
+        );
+        assert_eq!(amqp.headers["amqp"]["properties.to"], "orders");
+        let bytes = &rows[2].1;
+        assert_eq!(bytes.body_binary.as_deref(), Some(&[46u8, 0xc3, 0xa9, 46][..]));
+        assert!(!bytes.body_truncated);
+    }
+
+    #[test]
+    fn a_body_the_broker_cut_is_flagged_with_its_full_size() {
+        let cut = format!("{}, + 44 more", "x".repeat(256));
+        let m = json!({"messageID": "1", "protocol": "CORE", "text": cut});
+        let r = row("n1", &target(), 65536, Some(256), &m);
+        assert!(r.body_truncated);
+        assert_eq!(r.body_text.as_deref().map(str::len), Some(256));
+        assert_eq!(r.body_size, 300);
+        // A body that merely ends like that, shorter than the limit, is not taken for a cut.
+        let m = json!({"messageID": "2", "text": "a, + 3 more"});
+        let r = row("n1", &target(), 65536, Some(256), &m);
+        assert!(!r.body_truncated);
+        assert_eq!(r.body_text.as_deref(), Some("a, + 3 more"));
+        // A bytes preview as long as the limit may have been cut.
+        let m = json!({"messageID": "3", "BodyPreview": vec![1; 256]});
+        assert!(row("n1", &target(), 65536, Some(256), &m).body_truncated);
+    }
+
+    #[test]
+    fn max_body_bytes_cuts_further_and_says_so() {
+        let m = json!({"messageID": "1", "text": "héllo world"});
+        let r = row("n1", &target(), 4, Some(256), &m);
+        assert!(r.body_truncated);
+        assert!(r.body_text.as_deref().is_some_and(|t| t.len() <= 4));
+        assert_eq!(r.body_size, "héllo world".len() as i32);
+    }
+
+    #[test]
+    fn the_claim_is_never_complete() {
+        let c = claim(10);
+        assert!(c.starts_with("sampled: a browse every 10s sees only what is still on the queue"));
+        assert!(c.contains("messages consumed between browses are never seen"));
+    }
+}
