@@ -573,3 +573,129 @@ async fn audit_tells_a_queues_create_filter_change_and_delete_with_every_nodes_o
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[tokio::test]
+async fn sampled_and_captured_rows_are_never_rendered_alike_and_a_sampled_tail_says_so_from_its_start() {
+    let _shared = brokers_shared().await;
+    let f = fixture("read-sample", None).await;
+    let id = short_id();
+    let (sampled, captured) = (format!("read.{id}.sampled"), format!("read.{id}.captured"));
+    broker_queue(&f.bed, &sampled).await;
+    broker_queue(&f.bed, &captured).await;
+    // Messages already sitting on the sampled queue (no consumer): a browse sees them.
+    let mut amqp = Amqp::open(&f.bed, "c1", &format!("sample-{id}")).await;
+    amqp.send(
+        &sampled,
+        (0..3).map(|i| text(&format!("resting {i}"), &[])).collect(),
+    )
+    .await;
+    f.subscribe(
+        "peek",
+        json!({"queues": sampled, "mode": "Sample", "sampleIntervalSeconds": 1}),
+    )
+    .await;
+    f.subscribe("all", json!({"queues": captured})).await;
+    f.wait_subscription("all", "3 taps drained", |s| taps_in(s, TapState::Healthy) == 3)
+        .await;
+    amqp.send(
+        &captured,
+        (0..3).map(|i| text(&format!("routed {i}"), &[])).collect(),
+    )
+    .await;
+    amqp.close().await;
+    wait_stored(&f, "peek", 3).await;
+    wait_stored(&f, "all", 3).await;
+
+    let docs = documents(
+        &f,
+        &[
+            "capture",
+            "search",
+            "--cluster",
+            "c",
+            "-n",
+            &f.ns,
+            "--since",
+            "1h",
+            "-o",
+            "json",
+        ],
+    )
+    .await;
+    let messages = of_kind(&docs, "Message");
+    assert_eq!(messages.len(), 6, "{docs:?}");
+    for m in &messages {
+        let body = m["bodyText"].as_str().unwrap_or_default();
+        if body.starts_with("resting") {
+            assert_eq!(m["origin"], "sampled", "{m}");
+            assert!(
+                m["claim"].as_str().is_some_and(|c| c.starts_with("SAMPLED")),
+                "{m}"
+            );
+        } else {
+            assert_eq!(m["origin"], "captured", "{m}");
+            assert!(
+                m["claim"].as_str().is_some_and(|c| c.starts_with("captured")),
+                "{m}"
+            );
+        }
+    }
+    let coverage = of_kind(&docs, "Coverage");
+    assert_eq!(
+        coverage[0]["sampledSubscriptions"],
+        json!(["peek"]),
+        "{}",
+        coverage[0]
+    );
+    assert_eq!(
+        coverage[0]["complete"], false,
+        "a sampled subscription is never complete"
+    );
+
+    let table = text_output(&f, &["capture", "search", "--cluster", "c", "-n", &f.ns]).await;
+    let line = |needle: &str| -> String {
+        table
+            .lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("{needle}: {table}"))
+            .to_string()
+    };
+    assert!(line("resting 0").contains("~SAMPLED"), "{table}");
+    assert!(
+        line("routed 0").contains("captured") && !line("routed 0").contains("SAMPLED"),
+        "{table}"
+    );
+    assert!(table.contains("only sample: never complete"), "{table}");
+
+    // A sampled tail states its sampling from its first line and in its coverage.
+    let tail = documents(
+        &f,
+        &[
+            "capture", "tail", "peek", "-n", &f.ns, "-o", "json", "--for", "2s", "--last", "3",
+        ],
+    )
+    .await;
+    assert_eq!(tail[0]["kind"], "TailStarted");
+    assert_eq!(tail[0]["mode"], "sample", "{:?}", tail[0]);
+    assert!(
+        tail[0]["claim"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("SAMPLED"))
+    );
+    assert!(
+        of_kind(&tail, "Message").iter().all(|m| m["origin"] == "sampled"),
+        "{tail:?}"
+    );
+    assert_eq!(of_kind(&tail, "Message").len(), 3, "--last 3: {tail:?}");
+    let tail_table = text_output(&f, &["capture", "tail", "peek", "-n", &f.ns, "--for", "1s"]).await;
+    assert!(
+        tail_table.lines().nth(1).is_some_and(|l| l.contains("SAMPLED")),
+        "{tail_table}"
+    );
+    for s in ["peek", "all"] {
+        f.subscriptions()
+            .delete(s, &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+}
