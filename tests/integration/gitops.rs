@@ -1,19 +1,28 @@
 //! GitOps on the real test bed: the Argo CD health scripts judge the status documents the
-//! controllers really wrote (read back from the API server as Argo CD reads them).
+//! controllers really wrote (read back from the API server as Argo CD reads them), and a prune
+//! of a whole namespace (what Argo CD or Flux does when an application goes) finishes without
+//! destroying anything the user did not ask to destroy, every broker write audited.
 
 #[path = "../common/argocd_lua.rs"]
 mod argocd_lua;
 
 use std::time::Duration;
 
-use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
-use kube::{Api, Client};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
 use serde_json::{Value, json};
 
 use artemis_studio_operator::api::ArtemisCluster;
+use artemis_studio_operator::api::queue::ArtemisQueue;
+use artemis_studio_operator::topology;
 
 use crate::queue::{condition, fixture, ready};
-use crate::support::{brokers_shared, send_messages, short_id, wait_until};
+use crate::support::{
+    TestBed, apply_manifests, brokers_shared, create_cluster, send_messages, short_id,
+    wait_cluster_condition, wait_until,
+};
 
 /// The object exactly as the API server returns it (no typed round trip), as Argo CD reads it.
 async fn read_back(client: &Client, ns: &str, kind: &str, plural: &str, name: &str) -> Value {
@@ -247,4 +256,235 @@ async fn argocd_health_scripts_judge_the_statuses_the_controllers_wrote() {
         },
     )
     .await;
+}
+
+/// A client configuration that acts as `user` in `groups` (impersonated by the admin).
+async fn impersonating(bed: &TestBed, user: &str, groups: &[&str]) -> Config {
+    let kc = Kubeconfig::read_from(bed.var("TESTBED_KUBECONFIG")).expect("read kubeconfig");
+    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig");
+    config.auth_info.impersonate = Some(user.to_string());
+    config.auth_info.impersonate_groups = Some(groups.iter().map(|g| g.to_string()).collect());
+    config
+}
+
+/// Messages of one queue summed over cluster c's live nodes, or None where it does not exist on
+/// every live node.
+async fn on_brokers(bed: &TestBed, queue: &str) -> Option<u64> {
+    let t = topology::poll(&bed.access("c", bed.broker_user()), &Default::default()).await;
+    let mut total = 0;
+    let mut live = 0;
+    for n in t.nodes.iter().filter(|n| n.is_live()) {
+        live += 1;
+        let q = n.inventory.as_ref()?.queues.get(queue)?;
+        total += q.message_count;
+    }
+    (live > 0).then_some(total)
+}
+
+/// Whether the queue exists on no live node of cluster c (every live node's inventory read).
+async fn absent_from_brokers(bed: &TestBed, queue: &str) -> bool {
+    let t = topology::poll(&bed.access("c", bed.broker_user()), &Default::default()).await;
+    t.nodes.iter().filter(|n| n.is_live()).all(|n| {
+        n.inventory
+            .as_ref()
+            .is_some_and(|i| !i.queues.contains_key(queue))
+    })
+}
+
+/// Argo CD or Flux pruning a whole namespace: the ArtemisCluster, its credentials Secret and
+/// three ArtemisQueues go in one namespace delete, and the namespace controller deletes them all
+/// at once (neither the Secret nor the cluster has a finalizer, so they may be gone before a
+/// queue's finalizer runs). The namespace must finish deleting; a queue the user marked Retain
+/// and a queue whose messages exceed the bulk cap (the user never accepted that loss) must stay
+/// on the brokers with their messages; the empty queue under the default policy (Delete) may be
+/// removed, and is removed only with its audit row; every broker write is audited.
+#[tokio::test]
+async fn a_namespace_prune_finishes_and_destroys_only_what_was_asked() {
+    let _b = brokers_shared().await;
+    let bed = TestBed::get();
+    let admin = bed.kube_admin().await;
+    crate::smoke::install_crds(&admin).await;
+    // The operator runs as its own release's ServiceAccount: RBAC from this checkout's chart,
+    // which no other test's apply can change under it.
+    let release_ns = bed.fresh_namespace("gitops-op").await;
+    let release = format!("prune-{}", short_id());
+    let rbac = bed
+        .helm_template(&release, &release_ns, &["--show-only", "templates/rbac.yaml"])
+        .expect("render RBAC");
+    apply_manifests(&admin, &rbac, "artemis-studio-gitops-tests").await;
+    let config = impersonating(
+        &bed,
+        &format!("system:serviceaccount:{release_ns}:{release}"),
+        &[
+            "system:serviceaccounts",
+            &format!("system:serviceaccounts:{release_ns}"),
+            "system:authenticated",
+        ],
+    )
+    .await;
+    let ns = bed.fresh_namespace("gitops-prune").await;
+    let db = bed.fresh_database().await;
+    let op = bed
+        .start_operator_as(&[&ns], &db, &format!("prune-{}", short_id()), config)
+        .await;
+
+    let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
+    create_cluster(&admin, &ns, "c", &urls, Some(bed.broker_user())).await;
+    Api::<ArtemisCluster>::namespaced(admin.clone(), &ns)
+        .patch(
+            "c",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"bulkCap": 2}})),
+        )
+        .await
+        .expect("set bulk cap");
+    wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
+
+    let id = short_id();
+    let queues: Api<ArtemisQueue> = Api::namespaced(admin.clone(), &ns);
+    // (object, broker queue, spec.deletion, messages)
+    let declared = [
+        ("empty", format!("prune.{id}.empty"), json!({}), 0usize),
+        ("full", format!("prune.{id}.full"), json!({}), 3),
+        ("kept", format!("prune.{id}.kept"), json!({"policy": "Retain"}), 1),
+    ];
+    for (object, queue, deletion, _) in &declared {
+        let q: ArtemisQueue = serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+            "metadata": {"name": object},
+            "spec": {"clusterRef": {"name": "c"}, "name": queue, "deletion": deletion}
+        }))
+        .expect("queue json");
+        queues
+            .create(&PostParams::default(), &q)
+            .await
+            .expect("create ArtemisQueue");
+    }
+    for (object, queue, _, messages) in &declared {
+        wait_until(
+            &format!("ArtemisQueue {object} Ready"),
+            Duration::from_secs(90),
+            || async { queues.get(object).await.ok().filter(ready) },
+        )
+        .await;
+        if *messages > 0 {
+            send_messages(&bed, "c1", queue, *messages).await;
+        }
+    }
+    // State on the brokers, as the operator saw it before the prune.
+    for (object, _, _, messages) in &declared {
+        wait_until(
+            &format!("{object}: the preview counts {messages} message(s)"),
+            Duration::from_secs(60),
+            || async {
+                let q = queues.get(object).await.ok()?;
+                (q.status?.delete_preview?.total_messages == *messages as u64).then_some(())
+            },
+        )
+        .await;
+    }
+
+    // The prune: the whole namespace at once.
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    namespaces
+        .delete(&ns, &DeleteParams::default())
+        .await
+        .expect("delete namespace");
+    wait_until(
+        &format!("namespace {ns} gone"),
+        Duration::from_secs(240),
+        || async {
+            namespaces
+                .get_opt(&ns)
+                .await
+                .ok()
+                .and_then(|n| n.is_none().then_some(()))
+        },
+    )
+    .await;
+
+    // What the user did not ask to destroy is on the brokers with its messages.
+    let (_, full, _, _) = &declared[1];
+    let (_, kept, _, _) = &declared[2];
+    assert_eq!(
+        on_brokers(&bed, full).await,
+        Some(3),
+        "the queue whose messages exceed the bulk cap"
+    );
+    assert_eq!(
+        on_brokers(&bed, kept).await,
+        Some(1),
+        "the queue with deletion policy Retain"
+    );
+
+    // Every broker write has its audit row: three creates, and a delete only where one was sent.
+    let rows: Vec<(String, String, String, String)> = sqlx::query_as(
+        "SELECT command, object_name, target, outcome FROM audit_event WHERE object_namespace = $1 ORDER BY id",
+    )
+    .bind(&ns)
+    .fetch_all(op.store.pool())
+    .await
+    .expect("audit rows");
+    println!("audit rows: {rows:#?}");
+    for (object, _, _, _) in &declared {
+        assert!(
+            rows.iter()
+                .any(|r| r.0 == "queue.apply" && r.1 == *object && r.3 == "succeeded"),
+            "{object}: its create is audited"
+        );
+    }
+    let deletes: Vec<&(String, String, String, String)> =
+        rows.iter().filter(|r| r.0 == "queue.delete").collect();
+    assert!(
+        deletes.iter().all(|r| r.1 == "empty"),
+        "only the empty queue under the default policy may be deleted: {deletes:?}"
+    );
+    let (_, empty, _, _) = &declared[0];
+    if absent_from_brokers(&bed, empty).await {
+        assert!(
+            deletes.iter().any(|r| r.3 == "succeeded"),
+            "the empty queue is gone from the brokers: its delete must be audited"
+        );
+        println!("the empty queue was deleted (its finalizer ran while the cluster and Secret existed)");
+    } else {
+        assert!(
+            deletes.is_empty(),
+            "the empty queue is still on the brokers, yet a delete was audited: {deletes:?}"
+        );
+        assert_eq!(on_brokers(&bed, empty).await, Some(0));
+        println!(
+            "the empty queue was left on the brokers (the cluster or its Secret was gone when its finalizer ran)"
+        );
+    }
+    // Positive evidence that the finalizers were released by the operator's delete, not by
+    // anything else: its cleanup ran for every queue (the namespace could not go otherwise),
+    // and nothing is left pending.
+    assert!(
+        rows.iter().all(|r| r.3 != "pending"),
+        "no command left pending: {rows:?}"
+    );
+
+    drop(op);
+    let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={release}"));
+    let _ = Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(admin.clone())
+        .delete_collection(&DeleteParams::default(), &lp)
+        .await;
+    let _ = Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(admin.clone())
+        .delete_collection(&DeleteParams::default(), &lp)
+        .await;
+    let _ = namespaces.delete(&release_ns, &DeleteParams::default()).await;
+    // The shared brokers: the two queues the prune rightly left are removed here.
+    for (_, queue, _, _) in &declared {
+        for b in bed.cluster_brokers("c") {
+            let _ = crate::capture::exec(
+                &bed,
+                &b,
+                "destroyQueue(java.lang.String,boolean)",
+                json!([queue, true]),
+            )
+            .await;
+        }
+    }
 }
