@@ -1152,16 +1152,7 @@ async fn release_if_namespace_deleted<K: TopologyObject>(
     why: &DereferenceError,
 ) -> Option<Result<Action, ReconcileError>> {
     let ns = obj.namespace().unwrap_or_default();
-    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(ctx.client.clone());
-    let deleting = match namespaces.get_opt(&ns).await {
-        Ok(Some(n)) => n.metadata.deletion_timestamp.is_some(),
-        Ok(None) => true,
-        Err(e) => {
-            tracing::warn!(error = %e, namespace = %ns, "cannot read the namespace of a blocked delete");
-            false
-        }
-    };
-    if !deleting {
+    if !super::namespace_being_deleted(&ctx.client, &ns).await {
         return None;
     }
     let message = format!(

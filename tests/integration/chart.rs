@@ -702,7 +702,8 @@ async fn the_operator_runs_under_the_charts_service_account() {
         ("pods", "list"),
         // An Event that repeats within the recorder's window is patched (its series count).
         ("events", "patch"),
-        // A blocked delete in a namespace being deleted (tests/integration/gitops.rs prunes one).
+        // A delete whose ArtemisCluster or Secret is gone, in a namespace being deleted (a queue,
+        // a divert or a capture subscription; tests/integration/gitops.rs prunes one).
         ("namespaces", "get"),
         // Arming a close of a connection that is there (ADR-0057 D5): a connection that is gone
         // completes without arming (tests/integration/close_once.rs arms real ones).

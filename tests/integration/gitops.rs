@@ -373,6 +373,52 @@ async fn a_namespace_prune_finishes_and_destroys_only_what_was_asked() {
             send_messages(&bed, "c1", queue, *messages).await;
         }
     }
+    // A divert from the kept queue's address into the full queue, and a capture subscription
+    // tapping the kept queue: their finalizers too must not hold the namespace.
+    let (_, full_queue, _, _) = &declared[1];
+    let (_, kept_queue, _, _) = &declared[2];
+    let diverts = Api::<artemis_studio_operator::api::ArtemisDivert>::namespaced(admin.clone(), &ns);
+    let divert = format!("prune-{id}");
+    diverts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisDivert",
+                "metadata": {"name": divert},
+                "spec": {"clusterRef": {"name": "c"}, "address": kept_queue, "forwardingAddress": full_queue,
+                         "deletion": {"policy": "Retain"}}
+            }))
+            .expect("divert json"),
+        )
+        .await
+        .expect("create ArtemisDivert");
+    let subs =
+        Api::<artemis_studio_operator::api::ArtemisCaptureSubscription>::namespaced(admin.clone(), &ns);
+    subs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCaptureSubscription",
+            "metadata": {"name": "tap"},
+            "spec": {"clusterRef": {"name": "c"}, "queues": kept_queue}
+        }))
+        .expect("subscription json"),
+    )
+    .await
+    .expect("create ArtemisCaptureSubscription");
+    wait_until(
+        "the divert and the subscription Ready",
+        Duration::from_secs(90),
+        || async {
+            let d = diverts.get(&divert).await.ok()?;
+            let s = subs.get("tap").await.ok()?;
+            let ready = |cs: &[artemis_studio_operator::api::Condition]| {
+                cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+            };
+            (ready(&d.status?.conditions) && ready(&s.status?.conditions)).then_some(())
+        },
+    )
+    .await;
+
     // State on the brokers, as the operator saw it before the prune.
     for (object, _, _, messages) in &declared {
         wait_until(
@@ -406,8 +452,7 @@ async fn a_namespace_prune_finishes_and_destroys_only_what_was_asked() {
     .await;
 
     // What the user did not ask to destroy is on the brokers with its messages.
-    let (_, full, _, _) = &declared[1];
-    let (_, kept, _, _) = &declared[2];
+    let (full, kept) = (full_queue, kept_queue);
     assert_eq!(
         on_brokers(&bed, full).await,
         Some(3),
@@ -475,9 +520,10 @@ async fn a_namespace_prune_finishes_and_destroys_only_what_was_asked() {
         .delete_collection(&DeleteParams::default(), &lp)
         .await;
     let _ = namespaces.delete(&release_ns, &DeleteParams::default()).await;
-    // The shared brokers: the two queues the prune rightly left are removed here.
+    // The shared brokers: what the prune rightly left is removed here.
     for (_, queue, _, _) in &declared {
         for b in bed.cluster_brokers("c") {
+            let _ = crate::capture::exec(&bed, &b, "destroyDivert(java.lang.String)", json!([divert])).await;
             let _ = crate::capture::exec(
                 &bed,
                 &b,
