@@ -6,7 +6,7 @@
 #[path = "common/argocd_lua.rs"]
 mod argocd_lua;
 
-use argocd_lua::{argocd_dir, health, script};
+use argocd_lua::{argocd_dir, argocd_fixtures, health, script};
 use artemis_studio_operator::api::{
     ArtemisCaptureSubscription, ArtemisCluster, ArtemisDivert, ArtemisQueue, ConnectionClose, NodeOutcome,
     Outcome, RefusalKind,
@@ -397,6 +397,41 @@ fn connection_close_health_follows_its_phase() {
         status(1, ClosePhase::Failed, "Failed: outcome unknown, not retried"),
     ));
     assert_eq!((s.as_str(), m.contains("not retried")), ("Degraded", true), "{m}");
+}
+
+/// Status documents the controllers really wrote on the test bed (tests/fixtures/argocd,
+/// recorded by tests/integration/gitops.rs, which asserts each verdict there) keep the verdict
+/// they got: a script change that judges a real status differently fails here, without a bed.
+/// Every kind has at least one.
+#[test]
+fn recorded_statuses_keep_their_verdicts() {
+    let mut kinds = std::collections::BTreeSet::new();
+    let mut files: Vec<_> = std::fs::read_dir(argocd_fixtures())
+        .expect("tests/fixtures/argocd")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    for path in files {
+        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("read fixture"))
+            .expect("fixture json");
+        let obj = &doc["object"];
+        let (status, message) = health(obj);
+        assert_eq!(
+            status,
+            doc["verdict"].as_str().expect("verdict"),
+            "{}: {message}",
+            path.display()
+        );
+        kinds.insert(obj["kind"].as_str().expect("kind").to_string());
+    }
+    for crd in artemis_studio_operator::api::all_crds() {
+        assert!(
+            kinds.contains(&crd.spec.names.kind),
+            "no recorded status of {}",
+            crd.spec.names.kind
+        );
+    }
 }
 
 /// Every kind has a script, and argocd-cm-patch.yaml carries each one verbatim under its

@@ -14,6 +14,13 @@ pub fn argocd_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/argocd")
 }
 
+/// tests/fixtures/argocd: objects the controllers wrote on the bed, with the verdict they got
+/// (recorded by tests/integration/gitops.rs with ARTEMIS_STUDIO_RECORD_ARGOCD=1).
+#[allow(dead_code)] // the integration tests write them, the unit test reads them
+pub fn argocd_fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/argocd")
+}
+
 /// deploy/argocd/health/<kind>.lua
 pub fn script(kind: &str) -> String {
     let path = argocd_dir().join("health").join(format!("{kind}.lua"));

@@ -41,15 +41,43 @@ async fn read_back(client: &Client, ns: &str, kind: &str, plural: &str, name: &s
     serde_json::to_value(obj).expect("object json")
 }
 
-/// Argo CD's verdict on the object as it is now; prints the status it judged.
-async fn verdict(client: &Client, ns: &str, kind: &str, plural: &str, name: &str) -> (String, String) {
+/// Argo CD's verdict on the object as it is now; prints the status it judged. With
+/// ARTEMIS_STUDIO_RECORD_ARGOCD=1 the object (without managedFields) and the verdict are saved
+/// as tests/fixtures/argocd/<fixture>.json, which tests/argocd_health.rs judges again without a
+/// bed.
+async fn verdict(
+    client: &Client,
+    ns: &str,
+    kind: &str,
+    plural: &str,
+    name: &str,
+    fixture: &str,
+) -> (String, String) {
     let obj = read_back(client, ns, kind, plural, name).await;
     let (status, message) = argocd_lua::health(&obj);
     println!(
         "{kind} {name}: {status} ({message})\n  status: {}",
         obj.get("status").unwrap_or(&Value::Null)
     );
+    record(fixture, &obj, &status);
     (status, message)
+}
+
+/// With ARTEMIS_STUDIO_RECORD_ARGOCD=1, save the object (without managedFields) and its verdict
+/// as tests/fixtures/argocd/<fixture>.json.
+fn record(fixture: &str, obj: &Value, status: &str) {
+    if std::env::var("ARTEMIS_STUDIO_RECORD_ARGOCD").as_deref() != Ok("1") {
+        return;
+    }
+    let mut recorded = obj.clone();
+    if let Some(meta) = recorded["metadata"].as_object_mut() {
+        meta.remove("managedFields");
+    }
+    let dir = argocd_lua::argocd_fixtures();
+    std::fs::create_dir_all(&dir).expect("fixtures dir");
+    let doc = json!({"verdict": status, "object": recorded});
+    let text = serde_json::to_string_pretty(&doc).expect("fixture json") + "\n";
+    std::fs::write(dir.join(format!("{fixture}.json")), text).expect("write fixture");
 }
 
 fn has_condition(obj: &Value, type_: &str, status: &str) -> bool {
@@ -76,6 +104,7 @@ async fn argocd_health_scripts_judge_the_statuses_the_controllers_wrote() {
     if c["status"]["observedGeneration"].as_i64() < c["metadata"]["generation"].as_i64() {
         let (s, m) = argocd_lua::health(&c);
         assert_eq!(s, "Progressing", "{m}");
+        record("cluster-generation-unobserved", &c, &s);
     }
     wait_until(
         "ArtemisCluster observes generation 2",
@@ -86,7 +115,15 @@ async fn argocd_health_scripts_judge_the_statuses_the_controllers_wrote() {
         },
     )
     .await;
-    let (s, m) = verdict(&admin, &ns, "ArtemisCluster", "artemisclusters", "c").await;
+    let (s, m) = verdict(
+        &admin,
+        &ns,
+        "ArtemisCluster",
+        "artemisclusters",
+        "c",
+        "cluster-ready",
+    )
+    .await;
     assert_eq!(s, "Healthy", "{m}");
 
     // ArtemisQueue: Progressing until the operator has written a status for it, then Healthy.
@@ -96,9 +133,10 @@ async fn argocd_health_scripts_judge_the_statuses_the_controllers_wrote() {
     if first.get("status").is_none() {
         let (s, m) = argocd_lua::health(&first);
         assert_eq!(s, "Progressing", "no status yet: {m}");
+        record("queue-no-status-yet", &first, &s);
     }
     f.wait_for(&ok, "Ready", ready).await;
-    let (s, m) = verdict(&admin, &ns, "ArtemisQueue", "artemisqueues", &ok).await;
+    let (s, m) = verdict(&admin, &ns, "ArtemisQueue", "artemisqueues", &ok, "queue-ready").await;
     assert_eq!(s, "Healthy", "{m}");
 
     // ArtemisDivert Ready: from the queue's address into a second queue.
@@ -125,7 +163,15 @@ async fn argocd_health_scripts_judge_the_statuses_the_controllers_wrote() {
         has_condition(&d, "Ready", "True").then_some(())
     })
     .await;
-    let (s, m) = verdict(&admin, &ns, "ArtemisDivert", "artemisdiverts", &divert).await;
+    let (s, m) = verdict(
+        &admin,
+        &ns,
+        "ArtemisDivert",
+        "artemisdiverts",
+        &divert,
+        "divert-ready",
+    )
+    .await;
     assert_eq!(s, "Healthy", "{m}");
 
     // ArtemisCaptureSubscription Ready: its tap on the queue's address installed and drained.
@@ -165,6 +211,7 @@ async fn argocd_health_scripts_judge_the_statuses_the_controllers_wrote() {
         "ArtemisCaptureSubscription",
         "artemiscapturesubscriptions",
         &sub,
+        "capture-subscription-ready",
     )
     .await;
     assert_eq!(s, "Healthy", "{m}");
@@ -201,7 +248,15 @@ async fn argocd_health_scripts_judge_the_statuses_the_controllers_wrote() {
         has_condition(&c, "Complete", "True").then_some(())
     })
     .await;
-    let (s, m) = verdict(&admin, &ns, "ConnectionClose", "connectioncloses", &close).await;
+    let (s, m) = verdict(
+        &admin,
+        &ns,
+        "ConnectionClose",
+        "connectioncloses",
+        &close,
+        "connection-close-complete",
+    )
+    .await;
     assert_eq!(s, "Healthy", "{m}");
 
     // ArtemisQueue with a refused delete: three messages above the bulk cap of 2.
@@ -225,7 +280,15 @@ async fn argocd_health_scripts_judge_the_statuses_the_controllers_wrote() {
         condition(q, "DeleteBlocked").is_some_and(|c| c.1 == "BulkCapExceeded")
     })
     .await;
-    let (s, m) = verdict(&admin, &ns, "ArtemisQueue", "artemisqueues", &full).await;
+    let (s, m) = verdict(
+        &admin,
+        &ns,
+        "ArtemisQueue",
+        "artemisqueues",
+        &full,
+        "queue-delete-refused",
+    )
+    .await;
     assert_eq!(s, "Degraded", "{m}");
     assert!(
         m.contains("BulkCapExceeded") && m.contains("allowMessageLoss"),
