@@ -495,6 +495,14 @@ async fn a_namespace_prune_finishes_and_destroys_only_what_was_asked() {
         .await;
     }
 
+    let tap_queues: Vec<String> = subs
+        .get("tap")
+        .await
+        .expect("get subscription")
+        .status
+        .map(|st| st.taps.into_iter().filter_map(|t| t.capture_queue).collect())
+        .unwrap_or_default();
+
     // The prune: the whole namespace at once.
     let namespaces: Api<Namespace> = Api::all(admin.clone());
     namespaces
@@ -583,7 +591,21 @@ async fn a_namespace_prune_finishes_and_destroys_only_what_was_asked() {
         .delete_collection(&DeleteParams::default(), &lp)
         .await;
     let _ = namespaces.delete(&release_ns, &DeleteParams::default()).await;
-    // The shared brokers: what the prune rightly left is removed here.
+    // The shared brokers: what the prune rightly left is removed here (the taps, if the
+    // subscription's finalizer was released with its cluster gone, too).
+    for b in bed.cluster_brokers("c") {
+        for tap in &tap_queues {
+            let divert = format!("{tap}.divert");
+            let _ = crate::capture::exec(&bed, &b, "destroyDivert(java.lang.String)", json!([divert])).await;
+            let _ = crate::capture::exec(
+                &bed,
+                &b,
+                "destroyQueue(java.lang.String,boolean)",
+                json!([tap, true]),
+            )
+            .await;
+        }
+    }
     for (_, queue, _, _) in &declared {
         for b in bed.cluster_brokers("c") {
             let _ = crate::capture::exec(&bed, &b, "destroyDivert(java.lang.String)", json!([divert])).await;
