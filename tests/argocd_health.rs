@@ -3,88 +3,18 @@
 //! from what the controllers write), and deploy/argocd/argocd-cm-patch.yaml carries exactly
 //! those scripts, one per kind.
 
-use std::path::{Path, PathBuf};
+#[path = "common/argocd_lua.rs"]
+mod argocd_lua;
 
+use argocd_lua::{argocd_dir, argocd_fixtures, health, script};
 use artemis_studio_operator::api::{
     ArtemisCaptureSubscription, ArtemisCluster, ArtemisDivert, ArtemisQueue, ConnectionClose, NodeOutcome,
     Outcome, RefusalKind,
 };
 use artemis_studio_operator::controllers::conditions;
 use kube::Resource;
-use mlua::{Lua, LuaOptions, StdLib, Value as LuaValue};
 use serde::Serialize;
 use serde_json::{Value, json};
-
-fn argocd_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/argocd")
-}
-
-fn script(kind: &str) -> String {
-    let path = argocd_dir().join("health").join(format!("{kind}.lua"));
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// JSON to Lua as Argo CD hands an object to a health script (no nulls: the API server prunes
-/// them from custom resources).
-fn to_lua(lua: &Lua, v: &Value) -> mlua::Result<LuaValue> {
-    Ok(match v {
-        Value::Null => LuaValue::Nil,
-        Value::Bool(b) => LuaValue::Boolean(*b),
-        Value::Number(n) => match n.as_i64() {
-            Some(i) => LuaValue::Integer(i),
-            None => LuaValue::Number(n.as_f64().unwrap_or(f64::NAN)),
-        },
-        Value::String(s) => LuaValue::String(lua.create_string(s)?),
-        Value::Array(items) => {
-            let t = lua.create_table()?;
-            for (i, x) in items.iter().enumerate() {
-                t.raw_set(i + 1, to_lua(lua, x)?)?;
-            }
-            LuaValue::Table(t)
-        }
-        Value::Object(fields) => {
-            let t = lua.create_table()?;
-            for (k, x) in fields.iter().filter(|(_, x)| !x.is_null()) {
-                t.raw_set(k.as_str(), to_lua(lua, x)?)?;
-            }
-            LuaValue::Table(t)
-        }
-    })
-}
-
-/// Run a kind's health script on an object; returns (status, message).
-fn health(obj: &Value) -> (String, String) {
-    let kind = obj["kind"].as_str().expect("kind");
-    // Only the libraries Argo CD opens for health scripts.
-    let lua = Lua::new_with(
-        StdLib::TABLE | StdLib::STRING | StdLib::MATH,
-        LuaOptions::default(),
-    )
-    .expect("lua");
-    lua.globals()
-        .set("obj", to_lua(&lua, obj).expect("to lua"))
-        .expect("set obj");
-    let hs: mlua::Table = lua
-        .load(script(kind))
-        .set_name(kind)
-        .eval()
-        .unwrap_or_else(|e| panic!("{kind}.lua failed: {e}"));
-    let status: String = hs.get("status").expect("hs.status");
-    let message: String = hs.get("message").expect("hs.message");
-    assert!(
-        [
-            "Healthy",
-            "Progressing",
-            "Degraded",
-            "Suspended",
-            "Missing",
-            "Unknown"
-        ]
-        .contains(&status.as_str()),
-        "{kind}: {status} is not an Argo CD health status"
-    );
-    (status, message)
-}
 
 /// An object of kind K as the API server returns it: metadata.generation and the status the
 /// controllers wrote.
@@ -467,6 +397,41 @@ fn connection_close_health_follows_its_phase() {
         status(1, ClosePhase::Failed, "Failed: outcome unknown, not retried"),
     ));
     assert_eq!((s.as_str(), m.contains("not retried")), ("Degraded", true), "{m}");
+}
+
+/// Status documents the controllers really wrote on the test bed (tests/fixtures/argocd,
+/// recorded by tests/integration/gitops.rs, which asserts each verdict there) keep the verdict
+/// they got: a script change that judges a real status differently fails here, without a bed.
+/// Every kind has at least one.
+#[test]
+fn recorded_statuses_keep_their_verdicts() {
+    let mut kinds = std::collections::BTreeSet::new();
+    let mut files: Vec<_> = std::fs::read_dir(argocd_fixtures())
+        .expect("tests/fixtures/argocd")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    for path in files {
+        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("read fixture"))
+            .expect("fixture json");
+        let obj = &doc["object"];
+        let (status, message) = health(obj);
+        assert_eq!(
+            status,
+            doc["verdict"].as_str().expect("verdict"),
+            "{}: {message}",
+            path.display()
+        );
+        kinds.insert(obj["kind"].as_str().expect("kind").to_string());
+    }
+    for crd in artemis_studio_operator::api::all_crds() {
+        assert!(
+            kinds.contains(&crd.spec.names.kind),
+            "no recorded status of {}",
+            crd.spec.names.kind
+        );
+    }
 }
 
 /// Every kind has a script, and argocd-cm-patch.yaml carries each one verbatim under its

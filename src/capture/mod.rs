@@ -211,6 +211,59 @@ async fn retention(ctx: &Context, cluster_key: &str, subs: &[Arc<ArtemisCaptureS
     }
 }
 
+/// A subscription being deleted whose ArtemisCluster is gone gets no pass (only a cluster this
+/// process can reach is served), so its finalizer waits for the cluster to come back. In a
+/// namespace being deleted (a GitOps prune of the whole namespace deletes the cluster, which has
+/// no finalizer, with the subscription) it never can: the finalizer is released and the taps
+/// still recorded are left on the brokers (bounded rings, ADR-0062 D2), with a warning naming
+/// them. Elsewhere the subscription keeps waiting for its cluster, as before.
+async fn release_orphaned_in_deleted_namespaces(
+    ctx: &Context,
+    subs: &[Arc<ArtemisCaptureSubscription>],
+    clusters: &BTreeMap<String, Arc<ArtemisCluster>>,
+) {
+    use kube::api::{Api, Patch, PatchParams};
+    for s in subs {
+        let ns = s.namespace().unwrap_or_default();
+        if s.metadata.deletion_timestamp.is_none()
+            || !s
+                .finalizers()
+                .iter()
+                .any(|f| f == crate::api::capture::CAPTURE_FINALIZER)
+            || clusters.contains_key(&key(&ns, &s.spec.cluster_ref.name))
+            || !crate::controllers::namespace_being_deleted(&ctx.client, &ns).await
+        {
+            continue;
+        }
+        let taps = s.status.as_ref().map_or(0, |st| st.taps.len());
+        tracing::warn!(
+            subscription = %key(&ns, &s.name_any()),
+            taps,
+            "capture: ArtemisCluster {} is gone and namespace {ns} is being deleted: finalizer released, its taps are left on the brokers",
+            s.spec.cluster_ref.name
+        );
+        let list: Vec<String> = s
+            .finalizers()
+            .iter()
+            .filter(|f| *f != crate::api::capture::CAPTURE_FINALIZER)
+            .cloned()
+            .collect();
+        let api: Api<ArtemisCaptureSubscription> = Api::namespaced(ctx.client.clone(), &ns);
+        if let Err(e) = api
+            .patch(
+                &s.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(
+                    serde_json::json!({"metadata": {"finalizers": list, "resourceVersion": s.resource_version()}}),
+                ),
+            )
+            .await
+        {
+            tracing::warn!(subscription = %s.name_any(), error = %e, "capture: cannot release the finalizer");
+        }
+    }
+}
+
 async fn worker(
     ctx: Arc<Context>,
     subs: Vec<reflector::Store<ArtemisCaptureSubscription>>,
@@ -245,6 +298,7 @@ async fn worker(
             Ok(c) => wanted.extend(c),
             Err(e) => tracing::warn!(error = %e, "capture: cannot read capture_tap"),
         }
+        release_orphaned_in_deleted_namespaces(&ctx, &all_subs, &all_clusters).await;
         // Only clusters this process can reach (the ArtemisCluster exists and is watched).
         wanted.retain(|c| all_clusters.contains_key(c));
         for gone in served

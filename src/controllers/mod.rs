@@ -445,6 +445,21 @@ fn truncate(mut s: String, max: usize) -> String {
 }
 
 /// Namespaced key of an object.
+/// Whether a namespace is being deleted (or is gone): nothing can be created in it any more, so
+/// a delete that waits for its ArtemisCluster or Secret to come back would wait forever. False
+/// when it cannot be read (the caller keeps waiting, as before).
+pub async fn namespace_being_deleted(client: &kube::Client, ns: &str) -> bool {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    match namespaces.get_opt(ns).await {
+        Ok(Some(n)) => n.metadata.deletion_timestamp.is_some(),
+        Ok(None) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, namespace = %ns, "cannot read the namespace of a blocked delete");
+            false
+        }
+    }
+}
+
 pub fn key(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}")
 }

@@ -1138,6 +1138,31 @@ async fn block<K: TopologyObject>(
     Err(ReconcileError::DeleteRefused(message))
 }
 
+/// A delete that cannot reach the brokers because the ArtemisCluster or its credentials Secret
+/// is gone, in a namespace being deleted (a GitOps prune of the whole namespace, which deletes
+/// the Secret and the cluster — neither has a finalizer — alongside the queues): nothing can be
+/// created there any more, so waiting for the cluster to be restored would hold the namespace
+/// `Terminating` forever. The object is released and the broker left as it is, as with
+/// `Retain`: nothing is destroyed that could not be checked (the bulk cap, consumers) first.
+/// `None` when the namespace is not being deleted (or cannot be read): the delete blocks.
+async fn release_if_namespace_deleted<K: TopologyObject>(
+    ctx: &Context,
+    obj: &K,
+    d: &K::Desired,
+    why: &DereferenceError,
+) -> Option<Result<Action, ReconcileError>> {
+    let ns = obj.namespace().unwrap_or_default();
+    if !super::namespace_being_deleted(&ctx.client, &ns).await {
+        return None;
+    }
+    let message = format!(
+        "{why}. Namespace {ns} is being deleted, so neither can come back: released without a broker write; {} is left on the brokers as it is",
+        K::audit_target(d)
+    );
+    tracing::warn!(kind = K::NOUN, object = %obj.name_any(), namespace = %ns, "{message}");
+    Some(release(ctx, obj, "NamespaceDeleted", message).await)
+}
+
 const RELEASE_HINT: &str =
     "To release this object and leave the broker as it is, set spec.deletion.policy: Retain";
 
@@ -1206,6 +1231,9 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
             .await;
         }
         Err(e) => {
+            if let Some(released) = release_if_namespace_deleted(&ctx, o, &d, &e).await {
+                return released;
+            }
             let m =
                 format!("{e}. The delete needs the cluster to reach the brokers: restore it. {RELEASE_HINT}");
             return block(&ctx, o, Some(&d), e.reason(), m, None, None).await;
@@ -1229,11 +1257,17 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
     let deref = match dereference(&ctx, o).and_then(|(rt, k)| with_topology(&ctx, rt, k)) {
         Ok(x) => x,
         Err(e) => {
+            if let Some(released) = release_if_namespace_deleted(&ctx, o, &d, &e).await {
+                return released;
+            }
             let m = format!("{e}. {RELEASE_HINT}");
             return block(&ctx, o, Some(&d), e.reason(), m, None, None).await;
         }
     };
     if let Err(e) = ensure_credentials(&ctx, &ns, &cluster).await {
+        if let Some(released) = release_if_namespace_deleted(&ctx, o, &d, &e).await {
+            return released;
+        }
         let m = format!("{e}. {RELEASE_HINT}");
         return block(&ctx, o, Some(&d), e.reason(), m, None, None).await;
     }

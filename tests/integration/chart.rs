@@ -232,15 +232,20 @@ async fn two_releases_name_their_cluster_wide_objects_apart() {
     );
 }
 
-/// A client that acts as `user` in `groups` (impersonated by the admin).
-async fn impersonating(bed: &TestBed, user: &str, groups: &[&str]) -> Client {
+/// A client configuration that acts as `user` in `groups` (impersonated by the admin).
+async fn impersonating_config(bed: &TestBed, user: &str, groups: &[&str]) -> Config {
     let kc = Kubeconfig::read_from(bed.var("TESTBED_KUBECONFIG")).expect("read kubeconfig");
     let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .expect("kubeconfig");
     config.auth_info.impersonate = Some(user.to_string());
     config.auth_info.impersonate_groups = Some(groups.iter().map(|g| g.to_string()).collect());
-    Client::try_from(config).expect("kube client")
+    config
+}
+
+/// A client that acts as `user` in `groups` (impersonated by the admin).
+async fn impersonating(bed: &TestBed, user: &str, groups: &[&str]) -> Client {
+    Client::try_from(impersonating_config(bed, user, groups).await).expect("kube client")
 }
 
 /// A person: `user`, member of no group but `system:authenticated`.
@@ -452,10 +457,13 @@ async fn only_their_own_roles_grant_connection_close_and_capture() {
 }
 
 /// The operator under the chart's own ServiceAccount (a fresh release, its identity
-/// impersonated as its token would authenticate) takes an ArtemisCluster to Ready, an
-/// ArtemisQueue through create → Ready → delete (its finalizer released), a ConnectionClose to
-/// completion and its deletion after `ttlSecondsAfterFinished`, and records its Events: the
-/// chart's ClusterRole, narrowed to the calls the controllers make, is enough for each flow.
+/// impersonated as its token would authenticate) runs each kind's create → Ready → delete flow:
+/// an ArtemisCluster to Ready, ArtemisQueues, an ArtemisDivert and an ArtemisCaptureSubscription
+/// (finalizers released), a ConnectionClose to completion and its deletion after
+/// `ttlSecondsAfterFinished`, and records its Events: the chart's ClusterRole is enough for each
+/// flow. And no more than enough: every (resource, verb) the operator's ClusterRole grants was
+/// used, as the operator's own `artemis_studio_api_requests_total` counted it, but for an
+/// allow-list of rare paths, each with its reason.
 #[tokio::test]
 async fn the_operator_runs_under_the_charts_service_account() {
     use artemis_studio_operator::api::{ArtemisQueue, ConnectionClose};
@@ -473,12 +481,16 @@ async fn the_operator_runs_under_the_charts_service_account() {
     apply_manifests(&admin, &rbac, MANAGER).await;
     let service_account = format!("system:serviceaccount:{release_ns}:{release}");
     let own_group = format!("system:serviceaccounts:{release_ns}");
-    let client = impersonating(
+    let config = impersonating_config(
         &bed,
         &service_account,
         &["system:serviceaccounts", &own_group, "system:authenticated"],
     )
     .await;
+    // Every API request the operator makes is counted by verb and resource, as the binary
+    // counts them (artemis_studio_api_requests_total).
+    let metrics = std::sync::Arc::new(artemis_studio_operator::telemetry::Metrics::default());
+    let client = artemis_studio_operator::telemetry::api_client_with(config, &metrics).expect("client");
 
     let db = bed.fresh_database().await;
     artemis_studio_operator::store::Store::migrate(&db)
@@ -487,14 +499,18 @@ async fn the_operator_runs_under_the_charts_service_account() {
     let store = artemis_studio_operator::store::Store::connect(&db)
         .await
         .expect("store");
-    let (ctx, reflectors) = controllers::Context::new(
+    let (mut ctx, reflectors) = controllers::Context::new(
         client.clone(),
         store,
         format!("chart-{}", short_id()),
         controllers::Namespaces::from_list(vec![ns.clone()]),
     );
+    ctx.metrics = metrics.clone();
+    ctx.capture_pass_interval = Duration::from_secs(2);
     let ctx = std::sync::Arc::new(ctx);
     let operator = tokio::spawn(controllers::run_all(ctx.clone(), reflectors));
+    // As the binary runs it: capture beside the controllers.
+    let capture = tokio::spawn(artemis_studio_operator::capture::run(ctx.clone()));
     struct Abort(tokio::task::JoinHandle<()>);
     impl Drop for Abort {
         fn drop(&mut self) {
@@ -502,6 +518,7 @@ async fn the_operator_runs_under_the_charts_service_account() {
         }
     }
     let _operator = Abort(operator);
+    let _capture = Abort(capture);
 
     // ArtemisCluster: reads its credentials Secret, writes status.
     let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
@@ -595,6 +612,27 @@ async fn the_operator_runs_under_the_charts_service_account() {
     )
     .await;
 
+    // ArtemisDivert and ArtemisCaptureSubscription: create → Ready → delete, on two queues.
+    let id = short_id();
+    let (src, fwd) = (format!("chart.{id}.src"), format!("chart.{id}.fwd"));
+    for (object, queue) in [("src", &src), ("fwd", &fwd)] {
+        let obj = json!({"clusterRef": {"name": "c"}, "name": queue});
+        create_dyn(&admin, &ns, "ArtemisQueue", "artemisqueues", object, obj).await;
+        wait_ready_dyn(&admin, &ns, "ArtemisQueue", "artemisqueues", object).await;
+    }
+    let divert = json!({"clusterRef": {"name": "c"}, "address": src, "forwardingAddress": fwd});
+    create_dyn(&admin, &ns, "ArtemisDivert", "artemisdiverts", "copy", divert).await;
+    wait_ready_dyn(&admin, &ns, "ArtemisDivert", "artemisdiverts", "copy").await;
+    let sub = json!({"clusterRef": {"name": "c"}, "queues": src});
+    let subscriptions = ("ArtemisCaptureSubscription", "artemiscapturesubscriptions");
+    create_dyn(&admin, &ns, subscriptions.0, subscriptions.1, "tap", sub).await;
+    wait_ready_dyn(&admin, &ns, subscriptions.0, subscriptions.1, "tap").await;
+    delete_and_wait_gone(&admin, &ns, subscriptions.0, subscriptions.1, "tap").await;
+    delete_and_wait_gone(&admin, &ns, "ArtemisDivert", "artemisdiverts", "copy").await;
+    for object in ["src", "fwd"] {
+        delete_and_wait_gone(&admin, &ns, "ArtemisQueue", "artemisqueues", object).await;
+    }
+
     // ConnectionClose: status read afresh and written, then deleted after its TTL.
     let closes: Api<ConnectionClose> = Api::namespaced(admin.clone(), &ns);
     let close: ConnectionClose = serde_json::from_value(json!({
@@ -624,7 +662,133 @@ async fn the_operator_runs_under_the_charts_service_account() {
     )
     .await;
 
+    // ArtemisCluster: deleting it is the API server's business (it has no finalizer).
+    Api::<artemis_studio_operator::api::ArtemisCluster>::namespaced(admin.clone(), &ns)
+        .delete("c", &DeleteParams::default())
+        .await
+        .expect("delete ArtemisCluster");
+
+    // Every (resource, verb) the chart's operator ClusterRole grants was used by these flows,
+    // as the operator's own request counter saw it, but for the allow-list.
+    let role = docs_of(&rbac, "ClusterRole")
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == format!("{release}-operator"))
+        .expect("the operator's ClusterRole");
+    let granted: BTreeSet<(String, String)> = role["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .flat_map(|rule| {
+            let resources: Vec<String> = rule["resources"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r.as_str().map(str::to_string))
+                .collect();
+            let verbs: Vec<String> = rule["verbs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect();
+            resources
+                .into_iter()
+                .flat_map(move |r| verbs.clone().into_iter().map(move |v| (r.clone(), v)))
+        })
+        .collect();
+    // Granted for rare paths these flows do not take, each with its reason.
+    let rare: BTreeSet<(&str, &str)> = [
+        // spec.discovery (broker pods by label); these flows name their brokers' URLs.
+        ("pods", "list"),
+        // An Event that repeats within the recorder's window is patched (its series count).
+        ("events", "patch"),
+        // A delete whose ArtemisCluster or Secret is gone, in a namespace being deleted (a queue,
+        // a divert or a capture subscription; tests/integration/gitops.rs prunes one).
+        ("namespaces", "get"),
+        // Arming a close of a connection that is there (ADR-0057 D5): a connection that is gone
+        // completes without arming (tests/integration/close_once.rs arms real ones).
+        ("connectioncloses/status", "update"),
+    ]
+    .into_iter()
+    .collect();
+    let mut unused = vec![];
+    for (resource, verb) in &granted {
+        let used = metrics.kube_api.count(verb, resource);
+        let allowed = rare.contains(&(resource.as_str(), verb.as_str()));
+        println!(
+            "{resource} {verb}: {used} request(s){}",
+            if allowed { " (rare path)" } else { "" }
+        );
+        if used == 0 && !allowed {
+            unused.push(format!("{resource} {verb}"));
+        }
+    }
+    assert!(
+        unused.is_empty(),
+        "the chart grants the operator verbs its flows never used (remove them, or allow-list them with the path that needs them): {unused:?}"
+    );
+    for (resource, verb) in &rare {
+        assert!(
+            granted.contains(&(resource.to_string(), verb.to_string())),
+            "{resource} {verb} is allow-listed but no longer granted: drop it from the list"
+        );
+    }
+
     delete_cluster_scoped(&admin, &release).await;
     delete_namespace(&admin, &ns).await;
     delete_namespace(&admin, &release_ns).await;
+}
+
+async fn create_dyn(
+    client: &Client,
+    ns: &str,
+    kind: &str,
+    plural: &str,
+    name: &str,
+    spec: serde_json::Value,
+) {
+    let obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "artemis-studio.io/v1alpha1", "kind": kind,
+        "metadata": {"name": name}, "spec": spec
+    }))
+    .expect("object json");
+    kind_api(client, ns, kind, plural)
+        .create(&PostParams::default(), &obj)
+        .await
+        .unwrap_or_else(|e| panic!("create {kind} {name}: {e}"));
+}
+
+async fn wait_ready_dyn(client: &Client, ns: &str, kind: &str, plural: &str, name: &str) {
+    let api = kind_api(client, ns, kind, plural);
+    wait_until(
+        &format!("{kind} {name} Ready"),
+        Duration::from_secs(90),
+        || async {
+            let o = api.get(name).await.ok()?;
+            o.data["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+async fn delete_and_wait_gone(client: &Client, ns: &str, kind: &str, plural: &str, name: &str) {
+    let api = kind_api(client, ns, kind, plural);
+    api.delete(name, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("delete {kind} {name}: {e}"));
+    wait_until(
+        &format!("{kind} {name} deleted"),
+        Duration::from_secs(90),
+        || async {
+            api.get_opt(name)
+                .await
+                .ok()
+                .and_then(|o| o.is_none().then_some(()))
+        },
+    )
+    .await;
 }

@@ -10,6 +10,7 @@ mod close_once;
 mod cluster_core;
 mod connection_close;
 mod divert;
+mod gitops;
 mod leader;
 mod loops;
 mod queue;

@@ -183,7 +183,7 @@ impl TestBed {
     }
 }
 
-async fn config_from(path: &str) -> Config {
+pub async fn config_from(path: &str) -> Config {
     let kc = Kubeconfig::read_from(path).expect("read kubeconfig");
     Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
@@ -410,6 +410,20 @@ impl TestBed {
         db: &str,
         instance_id: &str,
     ) -> OperatorHandle {
+        self.install_operator_rbac().await;
+        let config = config_from(&self.var("TESTBED_OPERATOR_KUBECONFIG")).await;
+        self.start_operator_as(namespaces, db, instance_id, config).await
+    }
+
+    /// The operator under a given identity (e.g. a release's ServiceAccount, impersonated),
+    /// whose RBAC the caller installed.
+    pub async fn start_operator_as(
+        &self,
+        namespaces: &[&str],
+        db: &str,
+        instance_id: &str,
+        config: Config,
+    ) -> OperatorHandle {
         // The operator's logs go to the test's output (shown when it fails); RUST_LOG filters.
         let _ = tracing_subscriber::fmt()
             .with_env_filter(
@@ -417,10 +431,8 @@ impl TestBed {
             )
             .with_test_writer()
             .try_init();
-        self.install_operator_rbac().await;
         // The operator's API requests are counted as the binary counts them.
         let metrics = std::sync::Arc::new(artemis_studio_operator::telemetry::Metrics::default());
-        let config = config_from(&self.var("TESTBED_OPERATOR_KUBECONFIG")).await;
         let client = artemis_studio_operator::telemetry::api_client_with(config, &metrics).expect("client");
         artemis_studio_operator::store::Store::migrate(db)
             .await

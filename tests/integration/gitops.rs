@@ -1,0 +1,621 @@
+//! GitOps on the real test bed: the Argo CD health scripts judge the status documents the
+//! controllers really wrote (read back from the API server as Argo CD reads them), and a prune
+//! of a whole namespace (what Argo CD or Flux does when an application goes) finishes without
+//! destroying anything the user did not ask to destroy, every broker write audited.
+
+#[path = "../common/argocd_lua.rs"]
+mod argocd_lua;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use serde_json::{Value, json};
+
+use artemis_studio_operator::api::ArtemisCluster;
+use artemis_studio_operator::api::queue::ArtemisQueue;
+use artemis_studio_operator::topology;
+
+use crate::queue::{condition, fixture, ready};
+use crate::support::{
+    TestBed, apply_manifests, brokers_shared, create_cluster, send_messages, short_id,
+    wait_cluster_condition, wait_until,
+};
+
+/// The object exactly as the API server returns it (no typed round trip), as Argo CD reads it.
+async fn read_back(client: &Client, ns: &str, kind: &str, plural: &str, name: &str) -> Value {
+    let ar = kube::discovery::ApiResource {
+        group: "artemis-studio.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "artemis-studio.io/v1alpha1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
+    let obj = api
+        .get(name)
+        .await
+        .unwrap_or_else(|e| panic!("get {kind} {ns}/{name}: {e}"));
+    serde_json::to_value(obj).expect("object json")
+}
+
+/// Argo CD's verdict on the object as it is now; prints the status it judged. With
+/// ARTEMIS_STUDIO_RECORD_ARGOCD=1 the object (without managedFields) and the verdict are saved
+/// as tests/fixtures/argocd/<fixture>.json, which tests/argocd_health.rs judges again without a
+/// bed.
+async fn verdict(
+    client: &Client,
+    ns: &str,
+    kind: &str,
+    plural: &str,
+    name: &str,
+    fixture: &str,
+) -> (String, String) {
+    let obj = read_back(client, ns, kind, plural, name).await;
+    let (status, message) = argocd_lua::health(&obj);
+    println!(
+        "{kind} {name}: {status} ({message})\n  status: {}",
+        obj.get("status").unwrap_or(&Value::Null)
+    );
+    record(fixture, &obj, &status);
+    (status, message)
+}
+
+/// With ARTEMIS_STUDIO_RECORD_ARGOCD=1, save the object (without managedFields) and its verdict
+/// as tests/fixtures/argocd/<fixture>.json.
+fn record(fixture: &str, obj: &Value, status: &str) {
+    if std::env::var("ARTEMIS_STUDIO_RECORD_ARGOCD").as_deref() != Ok("1") {
+        return;
+    }
+    let mut recorded = obj.clone();
+    if let Some(meta) = recorded["metadata"].as_object_mut() {
+        meta.remove("managedFields");
+    }
+    let dir = argocd_lua::argocd_fixtures();
+    std::fs::create_dir_all(&dir).expect("fixtures dir");
+    let doc = json!({"verdict": status, "object": recorded});
+    let text = serde_json::to_string_pretty(&doc).expect("fixture json") + "\n";
+    std::fs::write(dir.join(format!("{fixture}.json")), text).expect("write fixture");
+}
+
+fn has_condition(obj: &Value, type_: &str, status: &str) -> bool {
+    obj["status"]["conditions"]
+        .as_array()
+        .is_some_and(|cs| cs.iter().any(|c| c["type"] == type_ && c["status"] == status))
+}
+
+/// Every kind, driven through the states the issue names, judged by its Lua script on the
+/// status the controllers wrote: ArtemisQueue (Progressing before its first status, Healthy when
+/// Ready, Degraded when its delete is refused), ArtemisDivert, ArtemisCluster and
+/// ArtemisCaptureSubscription Healthy when Ready, ConnectionClose Healthy when Complete.
+#[tokio::test]
+async fn argocd_health_scripts_judge_the_statuses_the_controllers_wrote() {
+    let _b = brokers_shared().await;
+    // A bulk cap of 2: three messages make a delete the operator refuses.
+    let f = fixture("gitops-health", Some(2)).await;
+    let (admin, ns) = (f.admin.clone(), f.ns.clone());
+    let id = short_id();
+
+    // ArtemisCluster: the fixture's bulkCap patch made generation 2 while Ready=True was still
+    // generation 1's: Progressing until the operator observes it, then Healthy.
+    let c = read_back(&admin, &ns, "ArtemisCluster", "artemisclusters", "c").await;
+    if c["status"]["observedGeneration"].as_i64() < c["metadata"]["generation"].as_i64() {
+        let (s, m) = argocd_lua::health(&c);
+        assert_eq!(s, "Progressing", "{m}");
+        record("cluster-generation-unobserved", &c, &s);
+    }
+    wait_until(
+        "ArtemisCluster observes generation 2",
+        Duration::from_secs(60),
+        || async {
+            let c = read_back(&admin, &ns, "ArtemisCluster", "artemisclusters", "c").await;
+            (c["status"]["observedGeneration"] == c["metadata"]["generation"]).then_some(())
+        },
+    )
+    .await;
+    let (s, m) = verdict(
+        &admin,
+        &ns,
+        "ArtemisCluster",
+        "artemisclusters",
+        "c",
+        "cluster-ready",
+    )
+    .await;
+    assert_eq!(s, "Healthy", "{m}");
+
+    // ArtemisQueue: Progressing until the operator has written a status for it, then Healthy.
+    let ok = format!("ok-{id}");
+    f.create(&ok, json!({"name": format!("gitops.{id}.ok")})).await;
+    let first = read_back(&admin, &ns, "ArtemisQueue", "artemisqueues", &ok).await;
+    if first.get("status").is_none() {
+        let (s, m) = argocd_lua::health(&first);
+        assert_eq!(s, "Progressing", "no status yet: {m}");
+        record("queue-no-status-yet", &first, &s);
+    }
+    f.wait_for(&ok, "Ready", ready).await;
+    let (s, m) = verdict(&admin, &ns, "ArtemisQueue", "artemisqueues", &ok, "queue-ready").await;
+    assert_eq!(s, "Healthy", "{m}");
+
+    // ArtemisDivert Ready: from the queue's address into a second queue.
+    let fwd = format!("fwd-{id}");
+    f.create(&fwd, json!({"name": format!("gitops.{id}.fwd")})).await;
+    f.wait_for(&fwd, "Ready", ready).await;
+    let diverts = kube::Api::<artemis_studio_operator::api::ArtemisDivert>::namespaced(admin.clone(), &ns);
+    let divert = format!("copy-{id}");
+    diverts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisDivert",
+                "metadata": {"name": divert},
+                "spec": {"clusterRef": {"name": "c"}, "address": format!("gitops.{id}.ok"),
+                         "forwardingAddress": format!("gitops.{id}.fwd")}
+            }))
+            .expect("divert json"),
+        )
+        .await
+        .expect("create ArtemisDivert");
+    wait_until("ArtemisDivert Ready", Duration::from_secs(90), || async {
+        let d = read_back(&admin, &ns, "ArtemisDivert", "artemisdiverts", &divert).await;
+        has_condition(&d, "Ready", "True").then_some(())
+    })
+    .await;
+    let (s, m) = verdict(
+        &admin,
+        &ns,
+        "ArtemisDivert",
+        "artemisdiverts",
+        &divert,
+        "divert-ready",
+    )
+    .await;
+    assert_eq!(s, "Healthy", "{m}");
+
+    // ArtemisCaptureSubscription Ready: its tap on the queue's address installed and drained.
+    let subs =
+        kube::Api::<artemis_studio_operator::api::ArtemisCaptureSubscription>::namespaced(admin.clone(), &ns);
+    let sub = format!("tap-{id}");
+    subs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCaptureSubscription",
+            "metadata": {"name": sub},
+            "spec": {"clusterRef": {"name": "c"}, "queues": format!("gitops.{id}.ok")}
+        }))
+        .expect("subscription json"),
+    )
+    .await
+    .expect("create ArtemisCaptureSubscription");
+    wait_until(
+        "ArtemisCaptureSubscription Ready",
+        Duration::from_secs(90),
+        || async {
+            let s = read_back(
+                &admin,
+                &ns,
+                "ArtemisCaptureSubscription",
+                "artemiscapturesubscriptions",
+                &sub,
+            )
+            .await;
+            has_condition(&s, "Ready", "True").then_some(())
+        },
+    )
+    .await;
+    let (s, m) = verdict(
+        &admin,
+        &ns,
+        "ArtemisCaptureSubscription",
+        "artemiscapturesubscriptions",
+        &sub,
+        "capture-subscription-ready",
+    )
+    .await;
+    assert_eq!(s, "Healthy", "{m}");
+
+    // ConnectionClose Complete: a connection that is not there is closed already (final).
+    let cluster: ArtemisCluster = Api::namespaced(admin.clone(), &ns)
+        .get("c")
+        .await
+        .expect("get ArtemisCluster");
+    let node = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.nodes.first())
+        .expect("a node")
+        .node_id
+        .clone();
+    let closes = kube::Api::<artemis_studio_operator::api::ConnectionClose>::namespaced(admin.clone(), &ns);
+    let close = format!("close-{id}");
+    closes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ConnectionClose",
+                "metadata": {"name": close},
+                "spec": {"clusterRef": {"name": "c"}, "confirm": "nobody",
+                         "target": {"node": node, "connectionId": format!("no-such-connection-{id}")}}
+            }))
+            .expect("close json"),
+        )
+        .await
+        .expect("create ConnectionClose");
+    wait_until("ConnectionClose Complete", Duration::from_secs(90), || async {
+        let c = read_back(&admin, &ns, "ConnectionClose", "connectioncloses", &close).await;
+        has_condition(&c, "Complete", "True").then_some(())
+    })
+    .await;
+    let (s, m) = verdict(
+        &admin,
+        &ns,
+        "ConnectionClose",
+        "connectioncloses",
+        &close,
+        "connection-close-complete",
+    )
+    .await;
+    assert_eq!(s, "Healthy", "{m}");
+
+    // ArtemisQueue with a refused delete: three messages above the bulk cap of 2.
+    let full = format!("full-{id}");
+    let full_queue = format!("gitops.{id}.full");
+    f.create(&full, json!({"name": full_queue})).await;
+    f.wait_for(&full, "Ready", ready).await;
+    send_messages(&f.bed, "c1", &full_queue, 3).await;
+    f.wait_for(&full, "the preview counts 3 messages", |q| {
+        q.status
+            .as_ref()
+            .and_then(|s| s.delete_preview.as_ref())
+            .is_some_and(|p| p.total_messages == 3)
+    })
+    .await;
+    f.queues()
+        .delete(&full, &DeleteParams::default())
+        .await
+        .expect("delete");
+    f.wait_for(&full, "DeleteBlocked BulkCapExceeded", |q| {
+        condition(q, "DeleteBlocked").is_some_and(|c| c.1 == "BulkCapExceeded")
+    })
+    .await;
+    let (s, m) = verdict(
+        &admin,
+        &ns,
+        "ArtemisQueue",
+        "artemisqueues",
+        &full,
+        "queue-delete-refused",
+    )
+    .await;
+    assert_eq!(s, "Degraded", "{m}");
+    assert!(
+        m.contains("BulkCapExceeded") && m.contains("allowMessageLoss"),
+        "{m}"
+    );
+
+    // Tidy the shared brokers: the subscription's taps and the refused queue go.
+    subs.delete(&sub, &DeleteParams::default())
+        .await
+        .expect("delete subscription");
+    f.queues()
+        .patch(
+            &full,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"deletion": {"allowMessageLoss": 3}}})),
+        )
+        .await
+        .expect("allow the loss");
+    f.wait_gone(&full).await;
+    wait_until(
+        "the subscription's taps removed",
+        Duration::from_secs(90),
+        || async {
+            subs.get_opt(&sub)
+                .await
+                .ok()
+                .and_then(|o| o.is_none().then_some(()))
+        },
+    )
+    .await;
+}
+
+/// A client configuration that acts as `user` in `groups` (impersonated by the admin).
+async fn impersonating(bed: &TestBed, user: &str, groups: &[&str]) -> Config {
+    let kc = Kubeconfig::read_from(bed.var("TESTBED_KUBECONFIG")).expect("read kubeconfig");
+    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig");
+    config.auth_info.impersonate = Some(user.to_string());
+    config.auth_info.impersonate_groups = Some(groups.iter().map(|g| g.to_string()).collect());
+    config
+}
+
+/// Messages of one queue summed over cluster c's live nodes, or None where it does not exist on
+/// every live node.
+async fn on_brokers(bed: &TestBed, queue: &str) -> Option<u64> {
+    let t = topology::poll(&bed.access("c", bed.broker_user()), &Default::default()).await;
+    let mut total = 0;
+    let mut live = 0;
+    for n in t.nodes.iter().filter(|n| n.is_live()) {
+        live += 1;
+        let q = n.inventory.as_ref()?.queues.get(queue)?;
+        total += q.message_count;
+    }
+    (live > 0).then_some(total)
+}
+
+/// Whether the queue exists on no live node of cluster c (every live node's inventory read).
+async fn absent_from_brokers(bed: &TestBed, queue: &str) -> bool {
+    let t = topology::poll(&bed.access("c", bed.broker_user()), &Default::default()).await;
+    t.nodes.iter().filter(|n| n.is_live()).all(|n| {
+        n.inventory
+            .as_ref()
+            .is_some_and(|i| !i.queues.contains_key(queue))
+    })
+}
+
+/// Argo CD or Flux pruning a whole namespace: the ArtemisCluster, its credentials Secret and
+/// three ArtemisQueues go in one namespace delete, and the namespace controller deletes them all
+/// at once (neither the Secret nor the cluster has a finalizer, so they may be gone before a
+/// queue's finalizer runs). The namespace must finish deleting; a queue the user marked Retain
+/// and a queue whose messages exceed the bulk cap (the user never accepted that loss) must stay
+/// on the brokers with their messages; the empty queue under the default policy (Delete) may be
+/// removed, and is removed only with its audit row; every broker write is audited.
+#[tokio::test]
+async fn a_namespace_prune_finishes_and_destroys_only_what_was_asked() {
+    let _b = brokers_shared().await;
+    let bed = TestBed::get();
+    let admin = bed.kube_admin().await;
+    crate::smoke::install_crds(&admin).await;
+    // The operator runs as its own release's ServiceAccount: RBAC from this checkout's chart,
+    // which no other test's apply can change under it.
+    let release_ns = bed.fresh_namespace("gitops-op").await;
+    let release = format!("prune-{}", short_id());
+    let rbac = bed
+        .helm_template(&release, &release_ns, &["--show-only", "templates/rbac.yaml"])
+        .expect("render RBAC");
+    apply_manifests(&admin, &rbac, "artemis-studio-gitops-tests").await;
+    let config = impersonating(
+        &bed,
+        &format!("system:serviceaccount:{release_ns}:{release}"),
+        &[
+            "system:serviceaccounts",
+            &format!("system:serviceaccounts:{release_ns}"),
+            "system:authenticated",
+        ],
+    )
+    .await;
+    let ns = bed.fresh_namespace("gitops-prune").await;
+    let db = bed.fresh_database().await;
+    let op = bed
+        .start_operator_as(&[&ns], &db, &format!("prune-{}", short_id()), config)
+        .await;
+
+    let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
+    create_cluster(&admin, &ns, "c", &urls, Some(bed.broker_user())).await;
+    Api::<ArtemisCluster>::namespaced(admin.clone(), &ns)
+        .patch(
+            "c",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"bulkCap": 2}})),
+        )
+        .await
+        .expect("set bulk cap");
+    wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
+
+    let id = short_id();
+    let queues: Api<ArtemisQueue> = Api::namespaced(admin.clone(), &ns);
+    // (object, broker queue, spec.deletion, messages)
+    let declared = [
+        ("empty", format!("prune.{id}.empty"), json!({}), 0usize),
+        ("full", format!("prune.{id}.full"), json!({}), 3),
+        ("kept", format!("prune.{id}.kept"), json!({"policy": "Retain"}), 1),
+    ];
+    for (object, queue, deletion, _) in &declared {
+        let q: ArtemisQueue = serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+            "metadata": {"name": object},
+            "spec": {"clusterRef": {"name": "c"}, "name": queue, "deletion": deletion}
+        }))
+        .expect("queue json");
+        queues
+            .create(&PostParams::default(), &q)
+            .await
+            .expect("create ArtemisQueue");
+    }
+    for (object, queue, _, messages) in &declared {
+        wait_until(
+            &format!("ArtemisQueue {object} Ready"),
+            Duration::from_secs(90),
+            || async { queues.get(object).await.ok().filter(ready) },
+        )
+        .await;
+        if *messages > 0 {
+            send_messages(&bed, "c1", queue, *messages).await;
+        }
+    }
+    // A divert from the kept queue's address into the full queue, and a capture subscription
+    // tapping the kept queue: their finalizers too must not hold the namespace.
+    let (_, full_queue, _, _) = &declared[1];
+    let (_, kept_queue, _, _) = &declared[2];
+    let diverts = Api::<artemis_studio_operator::api::ArtemisDivert>::namespaced(admin.clone(), &ns);
+    let divert = format!("prune-{id}");
+    diverts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisDivert",
+                "metadata": {"name": divert},
+                "spec": {"clusterRef": {"name": "c"}, "address": kept_queue, "forwardingAddress": full_queue,
+                         "deletion": {"policy": "Retain"}}
+            }))
+            .expect("divert json"),
+        )
+        .await
+        .expect("create ArtemisDivert");
+    let subs =
+        Api::<artemis_studio_operator::api::ArtemisCaptureSubscription>::namespaced(admin.clone(), &ns);
+    subs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCaptureSubscription",
+            "metadata": {"name": "tap"},
+            "spec": {"clusterRef": {"name": "c"}, "queues": kept_queue}
+        }))
+        .expect("subscription json"),
+    )
+    .await
+    .expect("create ArtemisCaptureSubscription");
+    wait_until(
+        "the divert and the subscription Ready",
+        Duration::from_secs(90),
+        || async {
+            let d = diverts.get(&divert).await.ok()?;
+            let s = subs.get("tap").await.ok()?;
+            let ready = |cs: &[artemis_studio_operator::api::Condition]| {
+                cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+            };
+            (ready(&d.status?.conditions) && ready(&s.status?.conditions)).then_some(())
+        },
+    )
+    .await;
+
+    // State on the brokers, as the operator saw it before the prune.
+    for (object, _, _, messages) in &declared {
+        wait_until(
+            &format!("{object}: the preview counts {messages} message(s)"),
+            Duration::from_secs(60),
+            || async {
+                let q = queues.get(object).await.ok()?;
+                (q.status?.delete_preview?.total_messages == *messages as u64).then_some(())
+            },
+        )
+        .await;
+    }
+
+    let tap_queues: Vec<String> = subs
+        .get("tap")
+        .await
+        .expect("get subscription")
+        .status
+        .map(|st| st.taps.into_iter().filter_map(|t| t.capture_queue).collect())
+        .unwrap_or_default();
+
+    // The prune: the whole namespace at once.
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    namespaces
+        .delete(&ns, &DeleteParams::default())
+        .await
+        .expect("delete namespace");
+    wait_until(
+        &format!("namespace {ns} gone"),
+        Duration::from_secs(240),
+        || async {
+            namespaces
+                .get_opt(&ns)
+                .await
+                .ok()
+                .and_then(|n| n.is_none().then_some(()))
+        },
+    )
+    .await;
+
+    // What the user did not ask to destroy is on the brokers with its messages.
+    let (full, kept) = (full_queue, kept_queue);
+    assert_eq!(
+        on_brokers(&bed, full).await,
+        Some(3),
+        "the queue whose messages exceed the bulk cap"
+    );
+    assert_eq!(
+        on_brokers(&bed, kept).await,
+        Some(1),
+        "the queue with deletion policy Retain"
+    );
+
+    // Every broker write has its audit row: three creates, and a delete only where one was sent.
+    let rows: Vec<(String, String, String, String)> = sqlx::query_as(
+        "SELECT command, object_name, target, outcome FROM audit_event WHERE object_namespace = $1 ORDER BY id",
+    )
+    .bind(&ns)
+    .fetch_all(op.store.pool())
+    .await
+    .expect("audit rows");
+    println!("audit rows: {rows:#?}");
+    for (object, _, _, _) in &declared {
+        assert!(
+            rows.iter()
+                .any(|r| r.0 == "queue.apply" && r.1 == *object && r.3 == "succeeded"),
+            "{object}: its create is audited"
+        );
+    }
+    let deletes: Vec<&(String, String, String, String)> =
+        rows.iter().filter(|r| r.0 == "queue.delete").collect();
+    assert!(
+        deletes.iter().all(|r| r.1 == "empty"),
+        "only the empty queue under the default policy may be deleted: {deletes:?}"
+    );
+    let (_, empty, _, _) = &declared[0];
+    if absent_from_brokers(&bed, empty).await {
+        assert!(
+            deletes.iter().any(|r| r.3 == "succeeded"),
+            "the empty queue is gone from the brokers: its delete must be audited"
+        );
+        println!("the empty queue was deleted (its finalizer ran while the cluster and Secret existed)");
+    } else {
+        assert!(
+            deletes.is_empty(),
+            "the empty queue is still on the brokers, yet a delete was audited: {deletes:?}"
+        );
+        assert_eq!(on_brokers(&bed, empty).await, Some(0));
+        println!(
+            "the empty queue was left on the brokers (the cluster or its Secret was gone when its finalizer ran)"
+        );
+    }
+    // Positive evidence that the finalizers were released by the operator's delete, not by
+    // anything else: its cleanup ran for every queue (the namespace could not go otherwise),
+    // and nothing is left pending.
+    assert!(
+        rows.iter().all(|r| r.3 != "pending"),
+        "no command left pending: {rows:?}"
+    );
+
+    drop(op);
+    let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={release}"));
+    let _ = Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(admin.clone())
+        .delete_collection(&DeleteParams::default(), &lp)
+        .await;
+    let _ = Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(admin.clone())
+        .delete_collection(&DeleteParams::default(), &lp)
+        .await;
+    let _ = namespaces.delete(&release_ns, &DeleteParams::default()).await;
+    // The shared brokers: what the prune rightly left is removed here (the taps, if the
+    // subscription's finalizer was released with its cluster gone, too).
+    for b in bed.cluster_brokers("c") {
+        for tap in &tap_queues {
+            let divert = format!("{tap}.divert");
+            let _ = crate::capture::exec(&bed, &b, "destroyDivert(java.lang.String)", json!([divert])).await;
+            let _ = crate::capture::exec(
+                &bed,
+                &b,
+                "destroyQueue(java.lang.String,boolean)",
+                json!([tap, true]),
+            )
+            .await;
+        }
+    }
+    for (_, queue, _, _) in &declared {
+        for b in bed.cluster_brokers("c") {
+            let _ = crate::capture::exec(&bed, &b, "destroyDivert(java.lang.String)", json!([divert])).await;
+            let _ = crate::capture::exec(
+                &bed,
+                &b,
+                "destroyQueue(java.lang.String,boolean)",
+                json!([queue, true]),
+            )
+            .await;
+        }
+    }
+}
