@@ -27,6 +27,9 @@ struct Measured {
     produce_bare: Vec<f64>,
     /// A divert of the harness's own on c1 into a local ring (no drain, no cluster forwarding).
     produce_local_divert: Vec<f64>,
+    /// The same divert, and its ring address also on c2 with a consumer attached there: the
+    /// cluster forwards copies to c2 (a remote binding), as it does for a tap.
+    produce_forwarded_divert: Vec<f64>,
     produce_tapped: Vec<f64>,
     /// The operator's tap with the operator SIGSTOPped (no drain or Postgres work meanwhile).
     produce_tapped_stopped: Vec<f64>,
@@ -223,6 +226,73 @@ async fn measure(ctx: &Ctx, install: &Install) -> Result<Measured> {
             ),
         )
         .await?;
+    // (a‴) the same, but the ring's address also has a queue on c2 with a consumer attached: a
+    // remote binding on c1, so the cluster load-balances copies to c2 (as with a tap's drains).
+    let fwd = format!("{p}fwd");
+    let c2 = ctx
+        .jolokia
+        .nodes
+        .get(1)
+        .cloned()
+        .ok_or_else(|| anyhow!("no second node"))?;
+    let fwd_queue = json!({"name": fwd, "address": fwd, "routing-type": "ANYCAST", "durable": false,
+        "ring-size": m * 2, "auto-create-address": true});
+    for node in [&c1, &c2] {
+        let create = json!({"type": "exec", "mbean": node.mbean, "operation": "createQueue(java.lang.String,boolean)",
+            "arguments": [fwd_queue.to_string(), false]});
+        ctx.jolokia.post(node, &create).await?;
+    }
+    let mut remote = Connection::open(
+        format!("bench-remote-{}", uuid::Uuid::new_v4().simple()),
+        amqp_url(ctx, &c2.name)?.as_str(),
+    )
+    .await?;
+    let mut remote_session = Session::begin(&mut remote).await?;
+    let remote_rx = Receiver::builder()
+        .name("bench-remote-rx")
+        .source(format!("{fwd}::{fwd}"))
+        .credit_mode(CreditMode::Manual)
+        .attach(&mut remote_session)
+        .await?;
+    // The remote binding with its consumer reaches c1 through the cluster: wait for it.
+    let address_mbean = format!("{},component=addresses,address=\"{fwd}\"", c1.mbean);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let read = json!({"type": "read", "mbean": address_mbean, "attribute": "BindingNames"});
+        let names = ctx.jolokia.post(&c1, &read).await?;
+        if names["value"].as_array().is_some_and(|a| a.len() > 1) {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("no remote binding for {fwd} on c1 after 60 s: {names}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    ctx.jolokia
+        .post(
+            &c1,
+            &on_c1(
+                "createDivert(java.lang.String,java.lang.String,java.lang.String,java.lang.String,boolean,java.lang.String,java.lang.String)",
+                json!([format!("{fwd}.divert"), format!("{fwd}.divert"), source, fwd, false, null, null]),
+            ),
+        )
+        .await?;
+    let mut produce_forwarded_divert = vec![];
+    for _ in 0..repeats {
+        produce_forwarded_divert.push(produce(&url, &source, m).await?);
+    }
+    ctx.jolokia
+        .post(
+            &c1,
+            &on_c1(
+                "destroyDivert(java.lang.String)",
+                json!([format!("{fwd}.divert")]),
+            ),
+        )
+        .await?;
+    let _ = remote_rx.close().await;
+    let _ = remote_session.end().await;
+    let _ = remote.close().await;
     create_subscription(install, "bench-tap", &source, (ingest_messages * 2) as u64).await?;
     wait_healthy(install, "bench-tap", nodes).await?;
     let mut produce_tapped = vec![];
@@ -342,6 +412,7 @@ async fn measure(ctx: &Ctx, install: &Install) -> Result<Measured> {
         messages: m,
         produce_bare,
         produce_local_divert,
+        produce_forwarded_divert,
         produce_tapped,
         produce_tapped_stopped,
         ingest_messages,
@@ -357,7 +428,7 @@ fn section(r: &Measured) -> Section {
     let mut s = Section::new(
         "capture",
         "3. Capture",
-        "On cluster c, node c1. (a) One AMQP producer sends durable 1 KiB messages, each awaited, to an address without a tap and then with one (after a warm-up round); the ratio is with ÷ without. Two suspects apart, each ÷ without: a divert of the harness's own into a local ring on c1 alone (the broker's divert and ring, nothing else), and the operator's tap with the operator SIGSTOPped (the broker's side of a tap, including the cluster forwarding copies to the other nodes' drained capture queues, without the drain's and Postgres's CPU). (b) The same copies preloaded in the operator's capture ring (the operator SIGSTOPped while they were produced) and in a bare ring fed by a divert of the harness's own: the drain's ingest into Postgres (from its first batch's commit to its last, in `captured_at`) vs. a bare AMQP consumer that discards (manual credit, 200 at a time, accept per batch). (c) A ring of 100 and the drain paused while the producer sends: copies actually lost (sent − stored) vs. the loss the operator reports in `capture_loss`.",
+        "On cluster c, node c1. (a) One AMQP producer sends durable 1 KiB messages, each awaited, to an address without a tap and then with one (after a warm-up round); the ratio is with ÷ without. Two suspects apart, each ÷ without: a divert of the harness's own into a local ring on c1 alone (the broker's divert and ring, nothing else), the same divert with its address also consumed on c2 (a remote binding: the cluster load-balances copies to c2, as it does to a tap's drained capture queues on the other nodes), and the operator's tap with the operator SIGSTOPped (the broker's side of a tap, including the cluster forwarding copies to the other nodes' drained capture queues, without the drain's and Postgres's CPU). (b) The same copies preloaded in the operator's capture ring (the operator SIGSTOPped while they were produced) and in a bare ring fed by a divert of the harness's own: the drain's ingest into Postgres (from its first batch's commit to its last, in `captured_at`) vs. a bare AMQP consumer that discards (manual credit, 200 at a time, accept per batch). (c) A ring of 100 and the drain paused while the producer sends: copies actually lost (sent − stored) vs. the loss the operator reports in `capture_loss`.",
     );
     let bare = Summary::of(&r.produce_bare);
     let tapped = Summary::of(&r.produce_tapped);
@@ -386,6 +457,14 @@ fn section(r: &Measured) -> Section {
         local,
         bare.map_or("-".into(), |x| x.show(0)),
         local_ratio,
+        "-".into(),
+    ]);
+    let (forwarded, forwarded_ratio) = ratio_to_bare(&r.produce_forwarded_divert);
+    t.row(vec![
+        "  suspect: the same divert, its address also consumed on c2 (the cluster forwards copies)".into(),
+        forwarded,
+        bare.map_or("-".into(), |x| x.show(0)),
+        forwarded_ratio,
         "-".into(),
     ]);
     let (stopped, stopped_ratio) = ratio_to_bare(&r.produce_tapped_stopped);
