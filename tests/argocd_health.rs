@@ -322,6 +322,18 @@ fn capture_subscription_health_reads_its_taps() {
         health(&sub(status(vec![tap(TapState::Healthy, None)], Some(true)))).0,
         "Healthy"
     );
+    // Mode Sample: no taps; browses that fail make it Degraded, not Progressing.
+    let mut failing = status(vec![], Some(false));
+    conditions::set(
+        &mut failing.conditions,
+        conditions::DEGRADED,
+        true,
+        "BrowseFailed",
+        "1 queue browses failed",
+        Some(1),
+    );
+    let (s, m) = health(&sub(failing));
+    assert_eq!((s.as_str(), m.contains("BrowseFailed")), ("Degraded", true), "{m}");
 }
 
 #[test]

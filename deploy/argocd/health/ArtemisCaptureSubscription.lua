@@ -28,6 +28,13 @@ for _, t in ipairs(obj.status.taps or {}) do
     return hs
   end
 end
+-- Mode Sample: browses that fail (Degraded BrowseFailed), with the operator's message.
+local degraded = condition("Degraded")
+if degraded ~= nil and degraded.status == "True" then
+  hs.status = "Degraded"
+  hs.message = tostring(degraded.reason) .. ": " .. tostring(degraded.message)
+  return hs
+end
 local ready = condition("Ready")
 if ready ~= nil and ready.status == "True" then
   hs.status = "Healthy"
