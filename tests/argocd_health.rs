@@ -333,7 +333,11 @@ fn capture_subscription_health_reads_its_taps() {
         Some(1),
     );
     let (s, m) = health(&sub(failing));
-    assert_eq!((s.as_str(), m.contains("BrowseFailed")), ("Degraded", true), "{m}");
+    assert_eq!(
+        (s.as_str(), m.contains("BrowseFailed")),
+        ("Degraded", true),
+        "{m}"
+    );
 }
 
 #[test]
