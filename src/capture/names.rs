@@ -93,6 +93,16 @@ impl TapName {
         )
     }
 
+    /// Where the divert sends its copies: the capture queue by its fully qualified name
+    /// (`address::queue`), so a copy goes to this node's capture queue only. Forwarded to the
+    /// bare address, the cluster would load-balance copies over the other nodes' capture queues
+    /// (their drains make them remote bindings with consumers) through the cluster bridge — a
+    /// store-and-forward hop on the producer's send (measured: 0.07× its throughput).
+    pub fn forwarding_address(&self) -> String {
+        let q = self.capture_queue();
+        format!("{q}::{q}")
+    }
+
     /// The divert (also its routing name: unique, so it never shares a routing group with an
     /// application's binding and takes a message away from it).
     pub fn divert(&self) -> String {

@@ -157,7 +157,7 @@ impl TapSpec {
             "name": d,
             "routing-name": d,
             "address": self.name.address,
-            "forwarding-address": self.name.capture_queue(),
+            "forwarding-address": self.name.forwarding_address(),
             "exclusive": false,
             "filter-string": self.filter,
             "routing-type": "ANYCAST",
@@ -246,7 +246,8 @@ pub fn assess(
         None => parts.push(Part::Divert),
         Some(d) => {
             let filter = d.filter.as_deref().filter(|f| !f.is_empty());
-            if d.forwarding_address != queue_name
+            // A divert to the bare address (an older install) is updated to the FQQN.
+            if d.forwarding_address != tap.name.forwarding_address()
                 || filter != tap.filter.as_deref().filter(|f| !f.is_empty())
                 || d.exclusive
             {
@@ -376,7 +377,7 @@ mod tests {
             DivertInfo {
                 name: tap.name.divert(),
                 address: tap.name.address.clone(),
-                forwarding_address: q,
+                forwarding_address: tap.name.forwarding_address(),
                 ..Default::default()
             },
         );

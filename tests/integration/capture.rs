@@ -263,7 +263,12 @@ async fn a_tap_is_installed_on_every_node_a_second_pass_writes_nothing_and_delet
         .await;
         let ours = &ours["value"];
         assert_eq!(ours["Exclusive"], false, "{ours}");
-        assert_eq!(ours["ForwardingAddress"], queue.as_str(), "{ours}");
+        // By FQQN: copies go to this node's capture queue, never over the cluster bridge.
+        assert_eq!(
+            ours["ForwardingAddress"],
+            tap.forwarding_address().as_str(),
+            "{ours}"
+        );
         assert_eq!(ours["RoutingName"], tap.divert().as_str(), "{ours}");
         // (3) a non-durable ring queue.
         assert_eq!(queue_attr(&f.bed, &b, &queue, "Durable").await, json!(false));
@@ -1114,6 +1119,13 @@ async fn amqp_and_core_producers_are_stored_exactly_once_with_their_source_ids_a
     core_produce(&f.bed, "c1", &address, 5);
     let rows = f.wait_rows("store", 10).await;
     assert!(rows.iter().all(|r| r.0 == address), "{rows:?}");
+    // Every copy stays on the node where the divert fired (the divert forwards by FQQN): the
+    // cluster never load-balances copies to the other nodes' capture queues.
+    let c1 = crate::cluster_core::node_id_of(&f.bed, "c1").await;
+    assert!(
+        rows.iter().all(|r| r.2 == c1),
+        "every row drained on c1 ({c1}): {rows:?}"
+    );
     let mut sources: Vec<&str> = rows.iter().filter_map(|r| r.1.as_deref()).collect();
     assert_eq!(
         sources.len(),
