@@ -19,8 +19,10 @@ use super::names::TapName;
 use crate::store::Store;
 use crate::store::captured::{CapturedRow, LossAt, SubscriptionKey};
 
-/// Most copies asked for (and held unsettled) at once: bounds how much the credit window adds
-/// to the ring (CAPTURE-NOTES: delivering messages do not count toward the ring size).
+/// Copies asked for at once. The next batch's credit goes out as soon as a batch is in hand, so
+/// the broker streams it while Postgres commits; at most two batches (400 copies) are in flight
+/// and unsettled at once, which bounds how much the credit window adds to the ring
+/// (CAPTURE-NOTES: delivering messages do not count toward the ring size).
 pub const BATCH: u32 = 200;
 
 /// How often an idle drain confirms in Postgres that its coverage interval is still open: the
@@ -266,18 +268,16 @@ async fn batches(
 ) -> Result<(), String> {
     let mut last_confirm = Instant::now();
     // Credit is granted again only after a batch used it: an idle drain sends nothing to the
-    // broker and touches the database once per COVERAGE_CONFIRM.
-    let mut needs_credit = true;
+    // broker and touches the database once per COVERAGE_CONFIRM. It is granted before the batch
+    // is committed (the broker streams the next batch meanwhile), never while a batch is held
+    // for a database that refuses: at most two batches are unsettled.
+    receiver
+        .set_credit(BATCH)
+        .await
+        .map_err(|e| format!("credit: {e}"))?;
     loop {
         if *stopped.borrow() {
             return Ok(());
-        }
-        if needs_credit {
-            receiver
-                .set_credit(BATCH)
-                .await
-                .map_err(|e| format!("credit: {e}"))?;
-            needs_credit = false;
         }
         let mut batch = vec![];
         // The first copy (or an idle heartbeat), then whatever follows within a short linger.
@@ -303,7 +303,10 @@ async fn batches(
             }
             continue;
         }
-        needs_credit = true;
+        receiver
+            .set_credit(BATCH)
+            .await
+            .map_err(|e| format!("credit: {e}"))?;
         let allowed = spec
             .rate_cap
             .lock()
@@ -320,7 +323,7 @@ async fn batches(
         let mut wait = Duration::from_millis(200);
         let stored = loop {
             let started = Instant::now();
-            match store.insert_captured(&spec.subscription, &rows).await {
+            match store.insert_captured(&spec.subscription, &rows, coverage).await {
                 Ok(n) => {
                     record_batch(spec, &rows, n, capped, started.elapsed());
                     break n;
@@ -357,7 +360,6 @@ async fn batches(
             source_address: &spec.tap.address,
         };
         let _ = store.add_loss(&at, "rate_cap", capped).await;
-        let _ = store.coverage_confirm(&spec.subscription, coverage, stored).await;
         last_confirm = Instant::now();
         health.set(&spec.key, true, None);
     }

@@ -126,15 +126,21 @@ impl Store {
         Ok(())
     }
 
-    /// Store a batch in one statement, in one transaction; returns the rows inserted. A copy
-    /// already stored (same node, capture queue and source message ID — a redelivery after a
-    /// drain died between commit and settle) is skipped.
+    /// Store a batch and confirm the drain's coverage session `coverage` (alive until now, this
+    /// many more stored) in one statement, one round trip, one transaction; returns the rows
+    /// inserted. A copy already stored (same node, capture queue and source message ID — a
+    /// redelivery after a drain died between commit and settle) is skipped.
     pub async fn insert_captured(
         &self,
         key: &SubscriptionKey,
         rows: &[CapturedRow],
+        coverage: i64,
     ) -> Result<u64, StoreError> {
-        insert_rows(self.pool(), key, rows, Origin::Captured).await
+        if rows.is_empty() {
+            self.coverage_confirm(key, coverage, 0).await?;
+            return Ok(0);
+        }
+        insert_rows(self.pool(), key, rows, Origin::Captured, Some(coverage)).await
     }
 
     /// A drain session starts: coverage for this node begins now.
@@ -335,12 +341,14 @@ impl Origin {
 }
 
 /// Store a batch in one statement; returns the rows inserted. A copy already stored (same node,
-/// capture queue and source message ID) is skipped.
+/// capture queue and source message ID) is skipped. With `coverage`, the same statement confirms
+/// that coverage session (alive until now, the rows inserted added to its count).
 pub(super) async fn insert_rows<'e>(
     exec: impl sqlx::PgExecutor<'e>,
     key: &SubscriptionKey,
     rows: &[CapturedRow],
     origin: Origin,
+    coverage: Option<i64>,
 ) -> Result<u64, StoreError> {
     if rows.is_empty() {
         return Ok(0);
@@ -360,8 +368,7 @@ pub(super) async fn insert_rows<'e>(
     let size: Vec<i32> = rows.iter().map(|r| r.body_size).collect();
     let truncated: Vec<bool> = rows.iter().map(|r| r.body_truncated).collect();
     let routed: Vec<Option<DateTime<Utc>>> = rows.iter().map(|r| r.routed_at).collect();
-    let result = sqlx::query(
-        "INSERT INTO captured_message (cluster, subscription, subscription_id, node, original_address, \
+    let insert = "INSERT INTO captured_message (cluster, subscription, subscription_id, node, original_address, \
          capture_queue, source_message_id, message_id, correlation_id, reply_to, properties, headers, \
          body_text, body_binary, body_size, body_truncated, routed_at, origin) \
          SELECT $1, $2, $3, t.node, t.address, t.queue, t.source, t.message_id, t.correlation, t.reply_to, \
@@ -373,27 +380,38 @@ pub(super) async fn insert_rows<'e>(
          WHERE t.source IS NULL OR NOT EXISTS (SELECT 1 FROM captured_message m \
          WHERE m.subscription_id = $3 AND m.cluster = $1 AND m.subscription = $2 AND m.node = t.node \
          AND m.capture_queue = t.queue AND m.source_message_id = t.source \
-         AND m.captured_at > now() - interval '1 day')",
-    )
-    .bind(&key.cluster)
-    .bind(&key.subscription)
-    .bind(key.id)
-    .bind(node)
-    .bind(address)
-    .bind(queue)
-    .bind(source)
-    .bind(message_id)
-    .bind(correlation)
-    .bind(reply_to)
-    .bind(properties)
-    .bind(headers)
-    .bind(text)
-    .bind(binary)
-    .bind(size)
-    .bind(truncated)
-    .bind(routed)
-    .bind(origin.as_db())
-    .execute(exec)
-    .await?;
-    Ok(result.rows_affected())
+         AND m.captured_at > now() - interval '1 day') RETURNING 1";
+    let confirm = if coverage.is_some() {
+        ", confirmed AS (UPDATE capture_coverage SET confirmed_until = now(), \
+         messages = messages + (SELECT count(*) FROM inserted) \
+         WHERE cluster = $1 AND subscription = $2 AND id = $19)"
+    } else {
+        ""
+    };
+    let sql = format!("WITH inserted AS ({insert}){confirm} SELECT count(*) FROM inserted");
+    let query = sqlx::query_scalar::<_, i64>(&sql)
+        .bind(&key.cluster)
+        .bind(&key.subscription)
+        .bind(key.id)
+        .bind(node)
+        .bind(address)
+        .bind(queue)
+        .bind(source)
+        .bind(message_id)
+        .bind(correlation)
+        .bind(reply_to)
+        .bind(properties)
+        .bind(headers)
+        .bind(text)
+        .bind(binary)
+        .bind(size)
+        .bind(truncated)
+        .bind(routed)
+        .bind(origin.as_db());
+    let query = match coverage {
+        Some(id) => query.bind(id),
+        None => query,
+    };
+    let inserted = query.fetch_one(exec).await?;
+    Ok(inserted as u64)
 }

@@ -80,7 +80,7 @@ impl Store {
         high_water: i64,
     ) -> Result<u64, StoreError> {
         let mut tx = self.pool().begin().await?;
-        let n = insert_rows(&mut *tx, key, rows, Origin::Sampled).await?;
+        let n = insert_rows(&mut *tx, key, rows, Origin::Sampled, None).await?;
         sqlx::query(
             "INSERT INTO capture_sample_mark (cluster, subscription, node, queue, address, high_water, sampled, browses) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, 1) \

@@ -52,7 +52,8 @@ pub struct Config {
     pub fanout_repeats: usize,
     /// Scenario 2: queue counts, and runs per count.
     pub sizes: Vec<usize>,
-    pub scale_repeats: usize,
+    /// Runs per size, one per entry of `sizes` (one value given: the same for every size).
+    pub scale_repeats: Vec<usize>,
     /// Seconds of the converged window (scenario 2) and the idle windows (scenario 4).
     pub converged_seconds: u64,
     pub idle_seconds: u64,
@@ -92,6 +93,24 @@ impl Config {
                     .with_context(|| format!("ARTEMIS_STUDIO_BENCH_SIZES: {s}"))
             })
             .collect::<Result<Vec<_>>>()?;
+        let repeats = std::env::var("ARTEMIS_STUDIO_BENCH_SCALE_REPEATS").unwrap_or_else(|_| "3".into());
+        let repeats = repeats
+            .split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| {
+                s.trim()
+                    .parse::<usize>()
+                    .with_context(|| format!("ARTEMIS_STUDIO_BENCH_SCALE_REPEATS: {s}"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let scale_repeats = match repeats.as_slice() {
+            [one] => vec![*one; sizes.len()],
+            many if many.len() == sizes.len() => many.to_vec(),
+            _ => anyhow::bail!(
+                "ARTEMIS_STUDIO_BENCH_SCALE_REPEATS: give one count, or one per size of ARTEMIS_STUDIO_BENCH_SIZES ({} sizes)",
+                sizes.len()
+            ),
+        };
         let run_id = format!("r{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
         Ok(Config {
             scenarios: Scenario::parse(&std::env::var("ARTEMIS_STUDIO_BENCH_SCENARIO").unwrap_or_default())?,
@@ -105,7 +124,7 @@ impl Config {
             repo,
             fanout_repeats: env_or("ARTEMIS_STUDIO_BENCH_FANOUT_REPEATS", 20)?,
             sizes,
-            scale_repeats: env_or("ARTEMIS_STUDIO_BENCH_SCALE_REPEATS", 3)?,
+            scale_repeats,
             converged_seconds: env_or("ARTEMIS_STUDIO_BENCH_CONVERGED_SECONDS", 60)?,
             idle_seconds: env_or("ARTEMIS_STUDIO_BENCH_IDLE_SECONDS", 60)?,
             footprint_queues: env_or("ARTEMIS_STUDIO_BENCH_FOOTPRINT_QUEUES", 1000)?,

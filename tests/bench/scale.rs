@@ -44,10 +44,10 @@ struct Run {
 
 pub async fn run(ctx: &Ctx) -> Result<Section> {
     let mut results: Vec<(usize, Vec<Run>)> = vec![];
-    for &n in &ctx.cfg.sizes {
+    for (&n, &repeats) in ctx.cfg.sizes.iter().zip(&ctx.cfg.scale_repeats) {
         let mut runs = vec![];
-        for r in 0..ctx.cfg.scale_repeats {
-            println!("bench: scale {n} queues, run {}/{}", r + 1, ctx.cfg.scale_repeats);
+        for r in 0..repeats {
+            println!("bench: scale {n} queues, run {}/{repeats}", r + 1);
             runs.push(one(ctx, n, r).await?);
         }
         results.push((n, runs));

@@ -70,6 +70,26 @@ async fn counters(bed: &TestBed, queue: &str) -> [i64; 4] {
     out
 }
 
+/// Asserts that the queue's counters reach `expected` (MessageCount, MessagesAcknowledged,
+/// MessagesAdded, DeliveringCount). Artemis updates MessageCount a moment after MessagesAdded (a
+/// read right after a send saw [2, 0, 3, 0]), so this polls for up to 15 s; a browse that consumed
+/// or held a message would leave the counters off for good and fail here.
+async fn assert_counters(bed: &TestBed, queue: &str, expected: [i64; 4], why: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = counters(bed, queue).await;
+        if now == expected {
+            return;
+        }
+        if std::time::Instant::now() > deadline {
+            panic!(
+                "{why}: MessageCount, MessagesAcknowledged, MessagesAdded, DeliveringCount of {queue} are {now:?}, expected {expected:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 impl Fixture {
     /// Successful browses sampling recorded for a subscription (its own counter).
     async fn browses(&self, subscription: &str) -> i64 {
@@ -162,8 +182,14 @@ async fn a_sampled_queue_shows_what_the_browse_saw_never_consumes_and_a_later_br
     // State already on the broker: the queue, made behind the operator's back, with messages.
     broker_queue(&f.bed, &address).await;
     send_messages(&f.bed, "c1", &address, 3).await;
-    let before = counters(&f.bed, &address).await;
-    assert_eq!(before, [3, 0, 3, 0]);
+    let before = [3, 0, 3, 0];
+    assert_counters(
+        &f.bed,
+        &address,
+        before,
+        "three messages on the queue before sampling",
+    )
+    .await;
 
     f.subscribe(
         "peek",
@@ -232,11 +258,7 @@ async fn a_sampled_queue_shows_what_the_browse_saw_never_consumes_and_a_later_br
 
     // Later browses (counted) never consume and never store a message twice.
     f.later_browses("peek", 6).await;
-    assert_eq!(
-        counters(&f.bed, &address).await,
-        before,
-        "MessageCount, MessagesAcknowledged, MessagesAdded, DeliveringCount unchanged by browsing"
-    );
+    assert_counters(&f.bed, &address, before, "unchanged by browsing").await;
     assert_eq!(f.rows_of("peek").await.len(), 3);
 
     // New messages: only they are added.
@@ -254,7 +276,7 @@ async fn a_sampled_queue_shows_what_the_browse_saw_never_consumes_and_a_later_br
         vec![Some("message 0".to_string()), Some("message 1".to_string())],
         "the second batch, once each"
     );
-    assert_eq!(counters(&f.bed, &address).await, [5, 0, 5, 0]);
+    assert_counters(&f.bed, &address, [5, 0, 5, 0], "five messages, none consumed").await;
 
     // No tap was ever installed, and sampling wrote no audit row (it writes nothing to a broker).
     no_tap_on_any_node(&f, &address, "peek").await;
@@ -536,7 +558,7 @@ async fn an_operator_restart_never_stores_a_sampled_message_twice() {
     let f = Fixture { bed, ns, admin, op };
     f.later_browses("again", 6).await;
     assert_eq!(f.rows_of("again").await.len(), 3, "nothing stored twice");
-    assert_eq!(counters(&f.bed, &address).await, [3, 0, 3, 0]);
+    assert_counters(&f.bed, &address, [3, 0, 3, 0], "three messages, none consumed").await;
     send_messages(&f.bed, "c1", &address, 1).await;
     f.wait_subscription("again", "4 sampled", |s| {
         s.status.as_ref().is_some_and(|st| st.sampled == 4)
