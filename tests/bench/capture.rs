@@ -18,7 +18,7 @@ use fe2o3_amqp::{Connection, Receiver, Sender, Session};
 use serde_json::json;
 
 use crate::install::{Ctx, Install};
-use crate::jolokia::Op;
+use crate::jolokia::{Node, Op};
 use crate::report::{Headline, Section, Table};
 use crate::stats::Summary;
 
@@ -87,6 +87,19 @@ async fn produce(url: &str, address: &str, n: usize) -> Result<f64> {
     let _ = session.end().await;
     let _ = connection.close().await;
     Ok(rate)
+}
+
+/// Every round starts from an empty source queue on c1: without this, the unconsumed messages of
+/// the earlier rounds piled up (2,000 more per round) and each later variant ran against a deeper
+/// queue than the baseline before it.
+async fn purge(ctx: &Ctx, c1: &Node, queue: &str) -> Result<()> {
+    let mbean = format!(
+        "{},component=addresses,address=\"{queue}\",subcomponent=queues,routing-type=\"anycast\",queue=\"{queue}\"",
+        c1.mbean
+    );
+    let purge = json!({"type": "exec", "mbean": mbean, "operation": "removeAllMessages()", "arguments": []});
+    ctx.jolokia.post(c1, &purge).await?;
+    Ok(())
 }
 
 /// A bare consumer over `queue` (FQQN), discarding: copies per second from its first copy to
@@ -186,6 +199,7 @@ async fn measure(ctx: &Ctx, install: &Install) -> Result<Measured> {
     produce(&url, &source, m / 4 + 1).await?;
     let mut produce_bare = vec![];
     for _ in 0..repeats {
+        purge(ctx, &c1, &source).await?;
         produce_bare.push(produce(&url, &source, m).await?);
     }
     let ingest_messages = m * 2;
@@ -215,6 +229,7 @@ async fn measure(ctx: &Ctx, install: &Install) -> Result<Measured> {
         .await?;
     let mut produce_local_divert = vec![];
     for _ in 0..repeats {
+        purge(ctx, &c1, &source).await?;
         produce_local_divert.push(produce(&url, &source, m).await?);
     }
     ctx.jolokia
@@ -280,6 +295,7 @@ async fn measure(ctx: &Ctx, install: &Install) -> Result<Measured> {
         .await?;
     let mut produce_forwarded_divert = vec![];
     for _ in 0..repeats {
+        purge(ctx, &c1, &source).await?;
         produce_forwarded_divert.push(produce(&url, &source, m).await?);
     }
     ctx.jolokia
@@ -291,6 +307,20 @@ async fn measure(ctx: &Ctx, install: &Install) -> Result<Measured> {
             ),
         )
         .await?;
+    // Copies still crossing the bridge would load the next variant's rounds: wait until c2's
+    // queue stops growing.
+    let added_on_c2 = json!({"type": "read", "attribute": "MessagesAdded",
+        "mbean": format!("{},component=addresses,address=\"{fwd}\",subcomponent=queues,routing-type=\"anycast\",queue=\"{fwd}\"", c2.mbean)});
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = ctx.jolokia.post(&c2, &added_on_c2).await?;
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = ctx.jolokia.post(&c2, &added_on_c2).await?;
+        if now == last || Instant::now() > deadline {
+            break;
+        }
+        last = now;
+    }
     let _ = remote_rx.close().await;
     let _ = remote_session.end().await;
     let _ = remote.close().await;
@@ -298,12 +328,14 @@ async fn measure(ctx: &Ctx, install: &Install) -> Result<Measured> {
     wait_healthy(install, "bench-tap", nodes).await?;
     let mut produce_tapped = vec![];
     for _ in 0..repeats {
+        purge(ctx, &c1, &source).await?;
         produce_tapped.push(produce(&url, &source, m).await?);
     }
     // (a″) the same tap with the operator stopped: the broker's side of a tap alone (divert,
     // ring, and the cluster forwarding copies to the other nodes' drained capture queues).
     let mut produce_tapped_stopped = vec![];
     for _ in 0..repeats {
+        purge(ctx, &c1, &source).await?;
         install.operator.signal("STOP")?;
         let rate = produce(&url, &source, m).await;
         install.operator.signal("CONT")?;
@@ -429,7 +461,7 @@ fn section(r: &Measured) -> Section {
     let mut s = Section::new(
         "capture",
         "3. Capture",
-        "On cluster c, node c1. (a) One AMQP producer sends durable 1 KiB messages, each awaited, to an address without a tap and then with one (after a warm-up round); the ratio is with ÷ without. Two suspects apart, each ÷ without: a divert of the harness's own into a local ring on c1 alone (the broker's divert and ring, nothing else), the same divert with its address also consumed on c2 (a remote binding: the cluster load-balances copies to c2, as it does to a tap's drained capture queues on the other nodes), and the operator's tap with the operator SIGSTOPped (the broker's side of a tap, including the cluster forwarding copies to the other nodes' drained capture queues, without the drain's and Postgres's CPU). (b) The same copies preloaded in the operator's capture ring (the operator SIGSTOPped while they were produced) and in a bare ring fed by a divert of the harness's own: the drain's ingest into Postgres (from its first batch's commit to its last, in `captured_at`) vs. a bare AMQP consumer that discards (manual credit, 200 at a time, accept per batch). (c) A ring of 100 and the drain paused while the producer sends: copies actually lost (sent − stored) vs. the loss the operator reports in `capture_loss`.",
+        "On cluster c, node c1. (a) One AMQP producer sends durable 1 KiB messages, each awaited, to an address without a tap and then with one (after a warm-up round; every round starts from an empty source queue); the ratio is with ÷ without. Two suspects apart, each ÷ without: a divert of the harness's own into a local ring on c1 alone (the broker's divert and ring, nothing else), the same divert with its address also consumed on c2 (a remote binding: the cluster load-balances copies to c2, as it does to a tap's drained capture queues on the other nodes), and the operator's tap with the operator SIGSTOPped (the broker's side of a tap, including the cluster forwarding copies to the other nodes' drained capture queues, without the drain's and Postgres's CPU). (b) The same copies preloaded in the operator's capture ring (the operator SIGSTOPped while they were produced) and in a bare ring fed by a divert of the harness's own: the drain's ingest into Postgres (from its first batch's commit to its last, in `captured_at`) vs. a bare AMQP consumer that discards (manual credit, 200 at a time, accept per batch). (c) A ring of 100 and the drain paused while the producer sends: copies actually lost (sent − stored) vs. the loss the operator reports in `capture_loss`.",
     );
     let bare = Summary::of(&r.produce_bare);
     let tapped = Summary::of(&r.produce_tapped);
