@@ -52,7 +52,11 @@ impl Operator {
         .env("RUST_LOG", "warn")
         .env("LEADER_ELECTION", "false")
         .env("INSTANCE_ID", l.instance_id)
-        .stdout(Stdio::null())
+        // The log (tracing writes to stdout) next to the report: the first place to look when a
+        // size does not converge.
+        .stdout(Stdio::from(
+            log.try_clone().with_context(|| format!("{}", l.log.display()))?,
+        ))
         .stderr(Stdio::from(log))
         .kill_on_drop(true);
         for (k, v) in l.extra_env {
