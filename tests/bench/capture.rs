@@ -89,15 +89,19 @@ async fn produce(url: &str, address: &str, n: usize) -> Result<f64> {
     Ok(rate)
 }
 
+/// The MBean of the anycast queue `queue` on its own address, on `node`.
+fn queue_mbean(node: &Node, queue: &str) -> String {
+    format!(
+        "{},component=addresses,address=\"{queue}\",subcomponent=queues,routing-type=\"anycast\",queue=\"{queue}\"",
+        node.mbean
+    )
+}
+
 /// Every round starts from an empty source queue on c1: without this, the unconsumed messages of
 /// the earlier rounds piled up (2,000 more per round) and each later variant ran against a deeper
 /// queue than the baseline before it.
 async fn purge(ctx: &Ctx, c1: &Node, queue: &str) -> Result<()> {
-    let mbean = format!(
-        "{},component=addresses,address=\"{queue}\",subcomponent=queues,routing-type=\"anycast\",queue=\"{queue}\"",
-        c1.mbean
-    );
-    let purge = json!({"type": "exec", "mbean": mbean, "operation": "removeAllMessages()", "arguments": []});
+    let purge = json!({"type": "exec", "mbean": queue_mbean(c1, queue), "operation": "removeAllMessages()", "arguments": []});
     ctx.jolokia.post(c1, &purge).await?;
     Ok(())
 }
@@ -310,7 +314,7 @@ async fn measure(ctx: &Ctx, install: &Install) -> Result<Measured> {
     // Copies still crossing the bridge would load the next variant's rounds: wait until c2's
     // queue stops growing.
     let added_on_c2 = json!({"type": "read", "attribute": "MessagesAdded",
-        "mbean": format!("{},component=addresses,address=\"{fwd}\",subcomponent=queues,routing-type=\"anycast\",queue=\"{fwd}\"", c2.mbean)});
+        "mbean": queue_mbean(&c2, &fwd)});
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut last = ctx.jolokia.post(&c2, &added_on_c2).await?;
     loop {

@@ -80,29 +80,21 @@ where
     }
 }
 
+/// A comma-separated list of counts from the environment (`default` when unset).
+fn env_list(key: &str, default: &str) -> Result<Vec<usize>> {
+    std::env::var(key)
+        .unwrap_or_else(|_| default.into())
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.trim().parse::<usize>().with_context(|| format!("{key}: {s}")))
+        .collect()
+}
+
 impl Config {
     pub fn from_env() -> Result<Config> {
         let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let sizes = std::env::var("ARTEMIS_STUDIO_BENCH_SIZES").unwrap_or_else(|_| "100,1000,5000".into());
-        let sizes = sizes
-            .split(',')
-            .filter(|s| !s.trim().is_empty())
-            .map(|s| {
-                s.trim()
-                    .parse::<usize>()
-                    .with_context(|| format!("ARTEMIS_STUDIO_BENCH_SIZES: {s}"))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let repeats = std::env::var("ARTEMIS_STUDIO_BENCH_SCALE_REPEATS").unwrap_or_else(|_| "3".into());
-        let repeats = repeats
-            .split(',')
-            .filter(|s| !s.trim().is_empty())
-            .map(|s| {
-                s.trim()
-                    .parse::<usize>()
-                    .with_context(|| format!("ARTEMIS_STUDIO_BENCH_SCALE_REPEATS: {s}"))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let sizes = env_list("ARTEMIS_STUDIO_BENCH_SIZES", "100,1000,5000")?;
+        let repeats = env_list("ARTEMIS_STUDIO_BENCH_SCALE_REPEATS", "3")?;
         let scale_repeats = match repeats.as_slice() {
             [one] => vec![*one; sizes.len()],
             many if many.len() == sizes.len() => many.to_vec(),
