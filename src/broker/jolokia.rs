@@ -108,7 +108,7 @@ impl JolokiaRequest {
 /// [`NodeBudget`]; single calls are coalesced with concurrent ones (`super::batch`).
 #[derive(Clone, Debug)]
 pub struct JolokiaClient {
-    http: reqwest::Client,
+    http: HttpClient,
     url: String,
     origin: String,
     credentials: Credentials,
@@ -124,23 +124,56 @@ pub fn default_origin(url: &str) -> String {
     }
 }
 
-/// The HTTP client shared by every endpoint of one cluster (TLS roots included).
-pub fn http_client(ca_pem: Option<&[u8]>) -> Result<reqwest::Client, BrokerError> {
+/// The HTTP client shared by every endpoint of one cluster, with the identity of what it trusts:
+/// two clients with different trust roots never share a POST (the coalescing key includes it).
+#[derive(Clone, Debug)]
+pub struct HttpClient {
+    client: reqwest::Client,
+    /// A process-local digest of the trust configuration (the CA bundle's bytes; 0: the system
+    /// roots only).
+    trust: u64,
+}
+
+impl HttpClient {
+    pub(crate) fn trust(&self) -> u64 {
+        self.trust
+    }
+}
+
+/// Why a cluster's TLS settings cannot make a client: always the user's to fix (`InvalidTls`).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TlsError {
+    #[error(
+        "the CA Secret's value is not a PEM certificate bundle (no '-----BEGIN CERTIFICATE-----' block could be read): put the CA certificate in PEM form under the key spec.tls.caKey names"
+    )]
+    NotPem,
+    #[error("the CA certificate could not be used: {0}")]
+    Unusable(String),
+}
+
+/// The HTTP client of one cluster: the system roots, plus the CA bundle when one is given (PEM,
+/// one or more certificates; anything else is refused, never silently ignored).
+pub fn http_client(ca_pem: Option<&[u8]>) -> Result<HttpClient, TlsError> {
     let mut b = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(5))
         .pool_max_idle_per_host(4);
     if let Some(pem) = ca_pem {
-        let cert = reqwest::Certificate::from_pem(pem)
-            .map_err(|e| BrokerError::BadResponse(format!("the CA certificate is not PEM: {e}")))?;
-        b = b.add_root_certificate(cert);
+        let certificates = reqwest::Certificate::from_pem_bundle(pem).map_err(|_| TlsError::NotPem)?;
+        if certificates.is_empty() {
+            return Err(TlsError::NotPem);
+        }
+        for c in certificates {
+            b = b.add_root_certificate(c);
+        }
     }
-    b.build()
-        .map_err(|e| BrokerError::BadResponse(format!("building the HTTP client: {e}")))
+    let client = b.build().map_err(|e| TlsError::Unusable(root_cause(&e)))?;
+    let trust = ca_pem.map_or(0, |pem| super::budget::registry().trust_hash(pem));
+    Ok(HttpClient { client, trust })
 }
 
 impl JolokiaClient {
     pub fn new(
-        http: reqwest::Client,
+        http: HttpClient,
         url: impl Into<String>,
         origin: Option<String>,
         credentials: Credentials,
@@ -170,6 +203,11 @@ impl JolokiaClient {
 
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// The identity of the trust roots this client's requests go out with.
+    pub(crate) fn trust(&self) -> u64 {
+        self.http.trust()
     }
 
     pub(crate) fn origin(&self) -> &str {
@@ -244,6 +282,7 @@ impl JolokiaClient {
         tracing::debug!(node = %self.node(), requests = requests.len(), first = ?requests.first().map(JolokiaRequest::kind), "jolokia");
         let send = self
             .http
+            .client
             .post(&self.url)
             .basic_auth(&self.credentials.username, Some(&self.credentials.password))
             .header("Origin", &self.origin)
@@ -328,6 +367,42 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     cur.to_string()
 }
 
+/// The value Jolokia puts where an attribute's value would be when a read with `ignoreErrors`
+/// could not read it, recognised by its structure, never by a word in it: Jolokia 2.0–2.2 (as
+/// Artemis 2.40 ships it) writes `"ERROR: <message> (class <exception class>)"`
+/// (`ValueFaultHandler.IGNORING_VALUE_FAULT_HANDLER`); later versions an object with `".error":
+/// true`, `error_type` and `error`. An ordinary string value — a filter such as
+/// `kind = 'TimeoutException'` — is never a fault.
+pub fn attribute_fault(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => {
+            let body = s.strip_prefix("ERROR: ")?.strip_suffix(')')?;
+            let (message, class) = body.rsplit_once(" (class ")?;
+            is_java_class_name(class).then(|| format!("{message} ({class})"))
+        }
+        Value::Object(o) if o.get(".error").and_then(Value::as_bool) == Some(true) => Some(format!(
+            "{} ({})",
+            o.get("error").and_then(Value::as_str).unwrap_or("no message"),
+            o.get("error_type")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown type")
+        )),
+        _ => None,
+    }
+}
+
+/// `a.b.C`, `a.b.C$D`: what `Class.toString()` prints after "class ".
+fn is_java_class_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.split('.').all(|part| {
+            let mut chars = part.chars();
+            chars
+                .next()
+                .is_some_and(|c| c.is_alphabetic() || c == '_' || c == '$')
+                && chars.all(|c| c.is_alphanumeric() || c == '_' || c == '$')
+        })
+}
+
 /// One element of a (bulk) response.
 fn element(v: Value) -> Result<Value, BrokerError> {
     let status = v.get("status").and_then(Value::as_u64).unwrap_or(0);
@@ -373,6 +448,40 @@ mod tests {
             default_origin("https://b-0.b.ns.svc:8161/console/jolokia"),
             "https://b-0.b.ns.svc"
         );
+    }
+
+    #[test]
+    fn an_attribute_fault_is_recognised_by_jolokias_structure_not_by_a_word() {
+        use serde_json::json;
+        // Jolokia 2.1/2.2 (Artemis 2.40) and later versions.
+        let old =
+            json!("ERROR: java.lang.IllegalStateException: boom (class java.lang.IllegalStateException)");
+        assert!(attribute_fault(&old).is_some_and(|m| m.contains("boom")));
+        let new =
+            json!({".error": true, "error_type": "javax.management.RuntimeMBeanException", "error": "boom"});
+        assert!(attribute_fault(&new).is_some());
+        // Ordinary values that merely mention errors or exceptions are values.
+        for v in [
+            json!("kind = 'TimeoutException'"),
+            json!("ERROR = 1"),
+            json!("type = 'ERROR: x (class y z)'"),
+            json!("java.lang.IllegalStateException: boom"),
+            json!({"error": "a property map, not a fault"}),
+            json!(3),
+        ] {
+            assert_eq!(attribute_fault(&v), None, "{v} is a value");
+        }
+    }
+
+    #[test]
+    fn a_ca_that_is_not_pem_is_refused_and_trust_is_part_of_identity() {
+        assert!(matches!(
+            http_client(Some(b"not a certificate")),
+            Err(TlsError::NotPem)
+        ));
+        assert!(matches!(http_client(Some(b"")), Err(TlsError::NotPem)));
+        let plain = http_client(None).expect("system roots");
+        assert_eq!(plain.trust(), 0);
     }
 
     #[test]

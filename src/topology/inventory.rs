@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use crate::broker::jolokia::attribute_fault;
 use crate::broker::{BrokerError, BrokerManagement, JolokiaRequest, mbean};
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -183,7 +184,11 @@ const ADDRESS_ATTRIBUTES: &[&str] = &["Address", "RoutingTypes", "QueueNames"];
 /// A typed attribute, or why it is not one (a wildcard read with `ignoreErrors` puts an
 /// attribute's error where its value would be: it must never read as false, 0 or a filter).
 fn attr<'v>(v: &'v Value, k: &str) -> Result<&'v Value, String> {
-    v.get(k).ok_or_else(|| format!("attribute {k} missing"))
+    let value = v.get(k).ok_or_else(|| format!("attribute {k} missing"))?;
+    match attribute_fault(value) {
+        Some(fault) => Err(format!("attribute {k} could not be read: {fault}")),
+        None => Ok(value),
+    }
 }
 fn s(v: &Value, k: &str) -> Result<String, String> {
     attr(v, k)?
@@ -195,10 +200,6 @@ fn opt_s(v: &Value, k: &str) -> Result<Option<String>, String> {
     match attr(v, k)? {
         Value::Null => Ok(None),
         Value::String(x) if x.is_empty() => Ok(None),
-        // Jolokia's ignoreErrors value for a failed attribute: "ERROR: <message> (<class>)".
-        Value::String(x) if x.starts_with("ERROR:") || x.contains("Exception") => {
-            Err(format!("attribute {k} could not be read: {x}"))
-        }
         Value::String(x) => Ok(Some(x.clone())),
         _ => Err(format!("attribute {k} is not a string")),
     }
@@ -217,7 +218,7 @@ fn i(v: &Value, k: &str) -> Result<i64, String> {
 fn optional_i(v: &Value, k: &str) -> Result<Option<i64>, String> {
     match v.get(k) {
         None => Ok(None),
-        Some(x) => x
+        Some(_) => attr(v, k)?
             .as_i64()
             .map(Some)
             .ok_or_else(|| format!("attribute {k} is not an integer")),
@@ -458,7 +459,18 @@ mod tests {
                 "MessageCount",
                 json!("javax.management.RuntimeMBeanException: boom"),
             ),
-            ("Filter", json!("java.lang.IllegalStateException: boom")),
+            (
+                "Filter",
+                json!("ERROR: boom (class java.lang.IllegalStateException)"),
+            ),
+            (
+                "Name",
+                json!("ERROR: boom (class java.lang.IllegalStateException)"),
+            ),
+            (
+                "Filter",
+                json!({".error": true, "error_type": "java.lang.IllegalStateException", "error": "boom"}),
+            ),
             ("ConsumerCount", Value::Null),
         ] {
             let mut attrs = queue_attrs();
@@ -475,6 +487,20 @@ mod tests {
         inv.add_queue(&attrs).expect("named");
         assert!(inv.queues.is_empty());
         assert!(inv.unreadable_queues.contains_key("q"));
+    }
+
+    #[test]
+    fn a_filter_that_mentions_an_exception_is_a_filter() {
+        let mut attrs = queue_attrs();
+        attrs["Filter"] = json!("kind = 'TimeoutException'");
+        let q = parse_queue(&attrs).expect("parse");
+        assert_eq!(q.filter.as_deref(), Some("kind = 'TimeoutException'"));
+        let d = parse_divert(&json!({
+            "UniqueName": "d", "Address": "a", "ForwardingAddress": "b", "Exclusive": false,
+            "Filter": "cause LIKE '%Exception%'", "RoutingType": "STRIP", "RoutingName": "d"
+        }))
+        .expect("parse divert");
+        assert_eq!(d.filter.as_deref(), Some("cause LIKE '%Exception%'"));
     }
 
     #[test]
