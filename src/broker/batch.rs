@@ -1,5 +1,5 @@
 //! Coalescing: single `JolokiaClient::call`s from concurrent tasks to the same endpoint (same
-//! URL, credentials, Origin and timeout) travel together in one bulk POST.
+//! URL, credentials, trust roots, Origin and timeout) travel together in one bulk POST.
 //!
 //! One batcher task per endpoint key receives `(request, reply)` pairs on a channel. It waits
 //! [`LINGER`] after the first request for others (or until [`MAX_BATCH`]), takes a permit from
@@ -39,8 +39,8 @@ pub const IDLE_EXIT: Duration = Duration::from_secs(60);
 
 /// One caller's request waiting for a batch.
 pub(crate) struct Pending {
-    /// The caller's client: same key as every other in the batch; the first one sends (its HTTP
-    /// client is current: TLS roots rotate with the cluster's access).
+    /// The caller's client: same key as every other in the batch (trust roots included); the
+    /// first one sends.
     client: JolokiaClient,
     request: JolokiaRequest,
     reply: oneshot::Sender<Result<Value, BrokerError>>,
@@ -53,6 +53,7 @@ fn key_of(client: &JolokiaClient) -> BatchKey {
         // part of the hashed credentials, as the exact URL is).
         node: client.node().to_string(),
         credentials: registry().credentials_hash(&credentials.username, &credentials.password, client.url()),
+        trust: client.trust(),
         origin: client.origin().to_string(),
         timeout: client.timeout(),
         runtime: tokio::runtime::Handle::current().id(),
@@ -253,7 +254,7 @@ mod tests {
 
     fn client(url: String) -> JolokiaClient {
         JolokiaClient::new(
-            reqwest::Client::new(),
+            crate::broker::jolokia::http_client(None).expect("client"),
             url,
             None,
             Credentials {
@@ -352,7 +353,7 @@ mod tests {
         let url = format!("{base}/jolokia");
         let a = client(url.clone());
         let b = JolokiaClient::new(
-            reqwest::Client::new(),
+            crate::broker::jolokia::http_client(None).expect("client"),
             url,
             None,
             Credentials {
@@ -368,6 +369,44 @@ mod tests {
         assert_eq!(ra.expect("a"), Value::from("a"));
         assert_eq!(rb.expect("b"), Value::from("b"));
         assert_eq!(seen.posts.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn clients_that_trust_different_roots_never_share_a_post() {
+        let (base, seen) = server().await;
+        let url = format!("{base}/jolokia");
+        let with_ca = |pem: Option<&[u8]>| {
+            JolokiaClient::new(
+                crate::broker::jolokia::http_client(pem).expect("client"),
+                url.clone(),
+                None,
+                Credentials {
+                    username: "u".into(),
+                    password: "p".into(),
+                },
+                Duration::from_secs(5),
+            )
+        };
+        let a = with_ca(Some(include_bytes!("../../tests/fixtures/tls/ca-a.pem")));
+        let b = with_ca(Some(include_bytes!("../../tests/fixtures/tls/ca-b.pem")));
+        let none = with_ca(None);
+        let (ra, rb, rn) = tokio::join!(
+            a.call(JolokiaRequest::read("a", "X")),
+            b.call(JolokiaRequest::read("b", "X")),
+            none.call(JolokiaRequest::read("n", "X"))
+        );
+        assert_eq!(ra.expect("a"), Value::from("a"));
+        assert_eq!(rb.expect("b"), Value::from("b"));
+        assert_eq!(rn.expect("n"), Value::from("n"));
+        assert_eq!(
+            seen.posts.load(Ordering::SeqCst),
+            3,
+            "one POST per trust configuration"
+        );
+        // The same CA is the same identity: those share.
+        let a2 = with_ca(Some(include_bytes!("../../tests/fixtures/tls/ca-a.pem")));
+        assert_eq!(key_of(&a), key_of(&a2));
+        assert_ne!(key_of(&a), key_of(&b));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -404,7 +443,7 @@ mod tests {
         use crate::broker::budget::MIN_IN_FLIGHT;
         let (base, _) = server().await;
         let c = JolokiaClient::new(
-            reqwest::Client::new(),
+            crate::broker::jolokia::http_client(None).expect("client"),
             format!("{base}/slow"),
             None,
             Credentials {

@@ -364,12 +364,14 @@ pub(crate) struct Registry {
 }
 
 /// What requests must share to travel in one POST: the endpoint, who asks (credentials, hashed),
-/// the Origin, the timeout, and the tokio runtime (the operator has one; tests have one per test,
+/// what the connection trusts (a cluster's CA: a request never goes out over another cluster's
+/// trust roots), the Origin, the timeout, and the tokio runtime (the operator has one; tests have one per test,
 /// and a batch sent from another test's runtime would die with it, connections included).
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub(crate) struct BatchKey {
     pub node: String,
     pub credentials: u64,
+    pub trust: u64,
     pub origin: String,
     pub timeout: Duration,
     pub runtime: tokio::runtime::Id,
@@ -388,6 +390,11 @@ impl Registry {
     /// Who asks, as a key: the credentials and the exact URL (which may carry user info).
     pub(crate) fn credentials_hash(&self, username: &str, password: &str, url: &str) -> u64 {
         self.hasher.hash_one((username, password, url))
+    }
+
+    /// What a client trusts, as a key (never 0: 0 is the system roots alone).
+    pub(crate) fn trust_hash(&self, ca_pem: &[u8]) -> u64 {
+        self.hasher.hash_one(("trust", ca_pem)).max(1)
     }
 }
 

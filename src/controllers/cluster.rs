@@ -50,14 +50,14 @@ pub struct AccessProblem {
     pub message: String,
 }
 
-/// The values of `keys` in one Secret, read with one GET.
+/// The values of `keys` in one Secret, read with one GET, and the Secret's resourceVersion.
 async fn secret_values(
     client: &kube::Client,
     ns: &str,
     name: &str,
     keys: &[&str],
     field: &str,
-) -> Result<Vec<Vec<u8>>, AccessProblem> {
+) -> Result<(Vec<Vec<u8>>, String), AccessProblem> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     let secret = secrets.get_opt(name).await.map_err(|e| AccessProblem {
         reason: "SecretUnreadable",
@@ -67,7 +67,8 @@ async fn secret_values(
         reason: "SecretMissing",
         message: format!("{field}: Secret {ns}/{name} does not exist: create it (e.g. kubectl -n {ns} create secret generic {name} --from-literal=username=… --from-literal=password=…)"),
     })?;
-    keys.iter()
+    let values = keys
+        .iter()
         .map(|key| {
             let value = secret
                 .data
@@ -81,7 +82,17 @@ async fn secret_values(
                 ),
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((values, secret.resource_version().unwrap_or_default()))
+}
+
+/// The Secrets a cluster's access is read from: the credentials, and the CA when TLS is set.
+pub fn secret_names(spec: &ArtemisClusterSpec) -> Vec<String> {
+    let mut names = vec![spec.credentials.secret_name.clone()];
+    if let Some(tls) = &spec.tls {
+        names.push(tls.ca_secret_name.clone());
+    }
+    names
 }
 
 /// Dereference a cluster's spec into something that can be polled.
@@ -92,10 +103,11 @@ pub async fn resolve_access(
 ) -> Result<ClusterAccess, AccessProblem> {
     let c = &spec.credentials;
     let keys = [c.username_key.as_str(), c.password_key.as_str()];
+    let mut secret_versions = std::collections::BTreeMap::new();
     // One value per key, in order (an absent key is an error above).
-    let mut values = secret_values(client, ns, &c.secret_name, &keys, "spec.credentials")
-        .await?
-        .into_iter();
+    let (values, version) = secret_values(client, ns, &c.secret_name, &keys, "spec.credentials").await?;
+    secret_versions.insert(c.secret_name.clone(), version);
+    let mut values = values.into_iter();
     let (username, password) = (
         values.next().unwrap_or_default(),
         values.next().unwrap_or_default(),
@@ -107,15 +119,35 @@ pub async fn resolve_access(
             .to_string(),
     };
     let ca = match &spec.tls {
-        Some(tls) => secret_values(client, ns, &tls.ca_secret_name, &[&tls.ca_key], "spec.tls")
-            .await?
-            .pop(),
+        Some(tls) => {
+            let (mut values, version) =
+                secret_values(client, ns, &tls.ca_secret_name, &[&tls.ca_key], "spec.tls").await?;
+            secret_versions.insert(tls.ca_secret_name.clone(), version);
+            values.pop()
+        }
         None => None,
     };
     let http = jolokia::http_client(ca.as_deref()).map_err(|e| AccessProblem {
         reason: "InvalidTls",
-        message: format!("spec.tls: {e}"),
+        message: format!("spec.tls.caSecretName: {e}"),
     })?;
+    let endpoints = endpoints(client, ns, spec).await?;
+    Ok(ClusterAccess {
+        http,
+        endpoints,
+        origin: spec.origin.clone(),
+        credentials,
+        request_timeout: Duration::from_secs(spec.request_timeout_seconds.into()),
+        secret_versions,
+    })
+}
+
+/// The endpoints to poll: the static list, and the pods discovery finds.
+async fn endpoints(
+    client: &kube::Client,
+    ns: &str,
+    spec: &ArtemisClusterSpec,
+) -> Result<Vec<String>, AccessProblem> {
     let mut endpoints: Vec<String> = spec.brokers.iter().map(|b| b.url.clone()).collect();
     if let Some(d) = &spec.discovery {
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -146,12 +178,18 @@ pub async fn resolve_access(
             message: "no endpoints: spec.brokers is empty and spec.discovery matched no running pod".into(),
         });
     }
-    Ok(ClusterAccess {
-        http,
-        endpoints,
-        origin: spec.origin.clone(),
-        credentials,
-        request_timeout: Duration::from_secs(spec.request_timeout_seconds.into()),
+    Ok(endpoints)
+}
+
+/// Whether the Secrets a runtime's access was read from are still as they were, by the Secret
+/// metadata the operator watches (a Secret it has not seen yet counts as unchanged: the command
+/// gate reads it fresh anyway).
+pub fn access_is_current(ctx: &Context, ns: &str, rt: &ClusterRuntime) -> bool {
+    rt.access.secret_versions.iter().all(|(name, version)| {
+        ctx.caches
+            .secrets
+            .get(ns, name)
+            .is_none_or(|s| s.metadata.resource_version.as_deref() == Some(version.as_str()))
     })
 }
 
@@ -200,6 +238,7 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
     if let (Some(rt), Some(t)) = (ctx.clusters.get(&k), ctx.topologies.get(&k))
         && rt.generation == generation
         && t.age() < poll_interval / 2
+        && access_is_current(&ctx, &ns, &rt)
     {
         return Ok(Action::requeue(poll_interval.saturating_sub(t.age())));
     }
@@ -253,6 +292,11 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
                 ),
             };
             let respecified = previous.as_ref().is_none_or(|p| p.generation != generation);
+            // New credentials or trust roots: every dependent is looked at now, and a node that
+            // failed under the old ones is retried at once instead of after its backoff.
+            let reauthorised = previous
+                .as_ref()
+                .is_some_and(|p| p.access.secret_versions != access.secret_versions);
             let rt = ClusterRuntime {
                 access,
                 memory,
@@ -376,9 +420,12 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
                     (merged, change)
                 })
                 .unwrap_or_default();
-            change.everything |= respecified;
+            change.everything |= respecified || reauthorised;
             ctx.clusters.put(&k, rt);
             drop(in_flight);
+            if reauthorised {
+                super::pipeline::retry_dependents_now(&ctx, &ns, &name);
+            }
             if !change.is_empty() {
                 super::pipeline::trigger_dependents(&ctx, &ns, &name, &change, None);
             }

@@ -17,11 +17,15 @@ use crate::broker::{BrokerError, BrokerManagement, Credentials, JolokiaClient, N
 /// How to reach one cluster's endpoints.
 #[derive(Clone, Debug)]
 pub struct ClusterAccess {
-    pub http: reqwest::Client,
+    pub http: crate::broker::jolokia::HttpClient,
     pub endpoints: Vec<String>,
     pub origin: Option<String>,
     pub credentials: Credentials,
     pub request_timeout: Duration,
+    /// The Secrets this access was read from (name → resourceVersion): a command compares them
+    /// with the Secrets as they are now and never sends with credentials or trust roots the
+    /// Secret no longer holds.
+    pub secret_versions: BTreeMap<String, String>,
 }
 
 /// One logical node: a broker node ID, with its endpoints.

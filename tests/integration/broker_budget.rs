@@ -23,7 +23,7 @@ async fn two_hundred_concurrent_calls_share_a_few_posts_within_the_budget() {
     // count here.
     let url = format!("{}?budget-test={}", broker.jolokia, short_id());
     let client = JolokiaClient::new(
-        reqwest::Client::new(),
+        artemis_studio_operator::broker::jolokia::http_client(None).expect("client"),
         url.clone(),
         None,
         Credentials { username, password },

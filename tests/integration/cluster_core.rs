@@ -29,7 +29,7 @@ pub async fn node_id_of(bed: &TestBed, broker: &str) -> String {
     let b = bed.broker(broker);
     let (u, p) = bed.broker_user();
     let client = JolokiaClient::new(
-        reqwest::Client::new(),
+        artemis_studio_operator::broker::jolokia::http_client(None).expect("client"),
         b.jolokia,
         None,
         artemis_studio_operator::broker::Credentials {

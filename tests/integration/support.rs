@@ -316,7 +316,7 @@ impl TestBed {
         user: (String, String),
     ) -> artemis_studio_operator::topology::ClusterAccess {
         artemis_studio_operator::topology::ClusterAccess {
-            http: reqwest::Client::new(),
+            http: artemis_studio_operator::broker::jolokia::http_client(None).expect("client"),
             endpoints: self
                 .cluster_brokers(cluster)
                 .into_iter()
@@ -328,6 +328,7 @@ impl TestBed {
                 password: user.1,
             },
             request_timeout: Duration::from_secs(5),
+            secret_versions: Default::default(),
         }
     }
 

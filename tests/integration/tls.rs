@@ -1,0 +1,303 @@
+//! Issue 22 item 4: trust is part of identity. Behind a TLS proxy the test starts (a private CA's
+//! certificate in front of c1's Jolokia), a cluster that trusts that CA and two others on the same
+//! URL and credentials — one trusting another CA, one whose CA Secret is not PEM — are polled by
+//! one operator at once: the trusting cluster reaches c1 at every poll, the other never does, and
+//! the one with a bad CA Secret says `InvalidTls`.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::json;
+
+use crate::support::{TestBed, brokers_shared, wait_cluster_condition, wait_until};
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("openssl runs");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A private CA and a certificate for localhost it signed; another CA that signed nothing here.
+fn certificates(dir: &Path) {
+    for ca in ["ca-a", "ca-b"] {
+        openssl(
+            dir,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-keyout",
+                &format!("{ca}.key"),
+                "-out",
+                &format!("{ca}.pem"),
+                "-subj",
+                &format!("/CN=artemis-studio {ca}"),
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ],
+        );
+    }
+    openssl(
+        dir,
+        &[
+            "req",
+            "-new",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ],
+    );
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("extensions file");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca-a.pem",
+            "-CAkey",
+            "ca-a.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            "server.pem",
+            "-extfile",
+            "server.ext",
+        ],
+    );
+}
+
+/// A TLS proxy on a free loopback port in front of `upstream` (host:port), serving the
+/// certificate the CA "a" signed. Returns its port.
+async fn tls_proxy(dir: &Path, upstream: String) -> u16 {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("server.pem"))
+        .expect("server certificate")
+        .map(|c| c.expect("certificate"))
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).expect("server key");
+    let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(Arc::new(
+        tokio_rustls::rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("protocol versions")
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .expect("server config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, upstream) = (acceptor.clone(), upstream.clone());
+            tokio::spawn(async move {
+                // A client that does not trust the certificate fails the handshake: nothing to do.
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let Ok(mut plain) = tokio::net::TcpStream::connect(&upstream).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+            });
+        }
+    });
+    port
+}
+
+async fn secret(admin: &kube::Client, ns: &str, name: &str, data: serde_json::Value) {
+    let s: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data
+    }))
+    .expect("secret json");
+    Api::<Secret>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &s)
+        .await
+        .expect("create secret");
+}
+
+#[tokio::test]
+async fn clusters_on_one_url_with_different_trust_never_share_a_connection() {
+    let _b = brokers_shared().await;
+    let bed = TestBed::get();
+    let dir = std::env::temp_dir().join(format!("artemis-studio-tls-{}", crate::support::short_id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    certificates(&dir);
+    let c1 = bed.broker("c1");
+    let upstream = reqwest::Url::parse(&c1.jolokia).expect("c1 url");
+    let port = tls_proxy(
+        &dir,
+        format!(
+            "{}:{}",
+            upstream.host_str().unwrap_or("localhost"),
+            upstream.port().unwrap_or(8161)
+        ),
+    )
+    .await;
+    let url = format!("https://localhost:{port}{}", upstream.path());
+
+    let ns = bed.fresh_namespace("tls").await;
+    let op = bed.start_operator(&ns).await;
+    let admin = bed.kube_admin().await;
+    let (user, password) = bed.broker_user();
+    secret(
+        &admin,
+        &ns,
+        "creds",
+        json!({"username": user, "password": password}),
+    )
+    .await;
+    let pem = |f: &str| std::fs::read_to_string(dir.join(f)).expect("pem");
+    secret(&admin, &ns, "ca-a", json!({"ca.crt": pem("ca-a.pem")})).await;
+    secret(&admin, &ns, "ca-b", json!({"ca.crt": pem("ca-b.pem")})).await;
+    secret(
+        &admin,
+        &ns,
+        "ca-bad",
+        json!({"ca.crt": "this is not a certificate"}),
+    )
+    .await;
+    let clusters: Api<artemis_studio_operator::api::ArtemisCluster> = Api::namespaced(admin.clone(), &ns);
+    for (name, ca) in [("trusts", "ca-a"), ("other", "ca-b"), ("bad", "ca-bad")] {
+        let c = serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCluster",
+            "metadata": {"name": name},
+            "spec": {"brokers": [{"url": url}], "credentials": {"secretName": "creds"},
+                     "tls": {"caSecretName": ca}, "origin": "http://localhost",
+                     "pollIntervalSeconds": 1, "requestTimeoutSeconds": 5}
+        }))
+        .expect("cluster json");
+        clusters
+            .create(&PostParams::default(), &c)
+            .await
+            .expect("create cluster");
+    }
+
+    // The CA Secret that is not PEM is named for what it is.
+    let bad = wait_cluster_condition(&admin, &ns, "bad", "Ready", "False").await;
+    let ready = bad
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .cloned()
+        .expect("Ready");
+    assert_eq!(ready.reason, "InvalidTls", "{ready:?}");
+    assert!(
+        ready.message.contains("spec.tls.caSecretName") && ready.message.contains("PEM"),
+        "{ready:?}"
+    );
+    wait_cluster_condition(&admin, &ns, "trusts", "Ready", "True").await;
+
+    // Fifteen polls of each, side by side on the same URL and credentials: every poll of the
+    // trusting cluster reached c1, no poll of the other did.
+    let (trusts, other) = (format!("{ns}/trusts"), format!("{ns}/other"));
+    let seen: std::sync::Mutex<(BTreeSet<String>, BTreeSet<String>)> = Default::default();
+    let (trusting_failures, other_successes) = (
+        std::sync::Mutex::new(Vec::<String>::new()),
+        std::sync::Mutex::new(0usize),
+    );
+    wait_until("15 polls of each cluster", Duration::from_secs(120), || async {
+        let mut s = seen.lock().expect("seen");
+        if let Some(t) = op.ctx.topologies.get(&trusts)
+            && s.0.insert(t.polled_at_utc.to_rfc3339())
+            && (!t.unreachable.is_empty() || t.live_nodes().count() == 0)
+        {
+            let why = t
+                .unreachable
+                .iter()
+                .map(|(u, e)| format!("{u}: {e}"))
+                .collect::<Vec<_>>();
+            trusting_failures.lock().expect("failures").push(why.join("; "));
+        }
+        if let Some(t) = op.ctx.topologies.get(&other)
+            && s.1.insert(t.polled_at_utc.to_rfc3339())
+            && t.live_nodes().count() > 0
+        {
+            *other_successes.lock().expect("successes") += 1;
+        }
+        (s.0.len() >= 15 && s.1.len() >= 15).then_some(())
+    })
+    .await;
+    // Commands' single calls are coalesced per endpoint: side by side, at the same instant, the
+    // two clusters' calls (through the access each resolved) never travel together.
+    let client_of = |k: &str| {
+        let rt = op.ctx.clusters.get(k).expect("runtime");
+        artemis_studio_operator::broker::JolokiaClient::new(
+            rt.access.http.clone(),
+            url.clone(),
+            rt.access.origin.clone(),
+            rt.access.credentials.clone(),
+            Duration::from_secs(5),
+        )
+    };
+    let (a, b) = (client_of(&trusts), client_of(&other));
+    let search = || {
+        artemis_studio_operator::broker::JolokiaRequest::search(
+            artemis_studio_operator::broker::mbean::broker_search_pattern(),
+        )
+    };
+    for round in 0..30 {
+        let (ra, rb) = tokio::join!(a.call(search()), b.call(search()));
+        assert!(
+            ra.is_ok(),
+            "round {round}: the trusting cluster's call failed: {ra:?}"
+        );
+        assert!(
+            rb.is_err(),
+            "round {round}: the other CA's call reached c1: {rb:?}"
+        );
+    }
+    let failures = trusting_failures.lock().expect("failures").clone();
+    assert!(
+        failures.is_empty(),
+        "the trusting cluster failed polls: {failures:?}"
+    );
+    assert_eq!(
+        *other_successes.lock().expect("successes"),
+        0,
+        "the other CA's cluster reached c1"
+    );
+    let other_status = wait_cluster_condition(&admin, &ns, "other", "Ready", "False").await;
+    let ready = other_status
+        .status
+        .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "Ready"))
+        .expect("Ready");
+    assert!(
+        ready.message.to_lowercase().contains("certificate") || ready.message.contains("UnknownIssuer"),
+        "{ready:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
