@@ -651,14 +651,35 @@ async fn close_address(
         write(ctx, o, &status).await?;
         return Ok(Action::await_change());
     }
-    if o.spec.confirm.as_deref() != Some(address) {
-        let message = format!(
-            "set spec.confirm to {address:?} to close about {total} consumer connection(s) of {address} on every live node"
-        );
+    // D4, D5: the same confirmation rule as a close by id — the address, given after the
+    // consequence was shown (or the documented annotation) — and the same compare-and-swap arm.
+    if let Err(missing) = confirmed(
+        o.spec.confirm.as_deref(),
+        Some(address),
+        generation,
+        status.shown_generation,
+        without_review(o),
+    ) {
+        let what = format!("about {total} consumer connection(s) of {address} on every live node");
+        let consequence = consequence(None);
+        let message = match missing {
+            ConfirmationMissing::NotGiven | ConfirmationMissing::Mismatch => {
+                format!("set spec.confirm to {address:?} to close {what}; {consequence}")
+            }
+            ConfirmationMissing::BeforeShown => format!(
+                "spec.confirm was set before the consequence was shown, so it does not count: {consequence}. To close {what}, remove spec.confirm and set it again; automation that confirms without review annotates the object {}: \"true\" (recorded in the audit row)",
+                crate::api::CONFIRM_WITHOUT_REVIEW_ANNOTATION
+            ),
+        };
         return await_confirmation(ctx, o, status, message).await;
     }
     status.phase = ClosePhase::Closing;
-    write(ctx, o, &status).await?;
+    status.armed_by = Some(ctx.process_id.clone());
+    status.armed_at = Some(now());
+    if !write_if_unchanged(ctx, o, &status).await? {
+        tracing::info!(close = %o.name_any(), "another writer changed the ConnectionClose first: not armed here");
+        return Ok(Action::requeue(Duration::from_secs(2)));
+    }
     let addr = address.to_string();
     let result = command::run(
         ctx,

@@ -411,3 +411,115 @@ async fn an_address_close_counts_every_connection_beyond_the_first_page() {
     drop(receivers);
     let _ = busy.close().await;
 }
+
+/// Issue 22 item 6: an address close by two operator processes is armed by one compare-and-swap
+/// and called once (one audit row, `armedBy` set).
+#[tokio::test]
+async fn two_operator_processes_close_an_address_exactly_once() {
+    let _b = brokers_shared().await;
+    let s = setup("cc-addr-two").await;
+    let client = format!("addr-twice-{}", short_id());
+    let _consumer = amqp_consumer(&s.bed, "c1", &s.queue, &client).await;
+    let base = 18_000 + (std::process::id() % 400) as u16;
+    let _a = s.bed.spawn_operator(&s.ns, &s.db, base, &[]);
+    let _b2 = s.bed.spawn_operator(&s.ns, &s.db, base + 400, &[]);
+    let http = reqwest::Client::new();
+    for port in [base, base + 400] {
+        wait_ready(&http, port).await;
+    }
+    crate::support::wait_cluster_condition(&s.admin, &s.ns, "c", "Ready", "True").await;
+    let c: ConnectionClose = serde_json::from_value(json!({
+        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ConnectionClose",
+        "metadata": {"name": "by-address", "annotations": {"artemis-studio.io/confirm-without-review": "true"}},
+        "spec": {"clusterRef": {"name": "c"}, "target": {"address": s.queue}, "confirm": s.queue}
+    }))
+    .expect("close json");
+    s.closes()
+        .create(&PostParams::default(), &c)
+        .await
+        .expect("create");
+    let c = s
+        .wait("by-address", "Completed", |c| {
+            phase(c) == Some(ClosePhase::Completed)
+        })
+        .await;
+    assert!(
+        c.status.as_ref().and_then(|st| st.armed_by.clone()).is_some(),
+        "armed by one named process: {:?}",
+        c.status
+    );
+    wait_until("the client is disconnected", Duration::from_secs(30), || async {
+        connection_of(&s.m, &client).await.is_none().then_some(())
+    })
+    .await;
+    let rows = s.audit().await;
+    let closes: Vec<_> = rows.iter().filter(|(c, _)| c == "connection.close").collect();
+    assert_eq!(closes.len(), 1, "one address close, by one process: {rows:?}");
+    let _ = s.m.destroy_queue(&s.queue, true).await;
+}
+
+/// Issue 22 item 6: an address close created with `confirm` already set (no review annotation)
+/// closes nothing on its first pass: it shows the consequence and waits; a confirmation given
+/// after that closes.
+#[tokio::test]
+async fn an_address_close_confirmed_before_the_consequence_was_shown_waits() {
+    let _b = brokers_shared().await;
+    let s = setup("cc-addr-review").await;
+    let client = format!("addr-review-{}", short_id());
+    let _consumer = amqp_consumer(&s.bed, "c1", &s.queue, &client).await;
+    let port = 18_900 + (std::process::id() % 90) as u16;
+    let _op = s.bed.spawn_operator(&s.ns, &s.db, port, &[]);
+    let c: ConnectionClose = serde_json::from_value(json!({
+        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ConnectionClose",
+        "metadata": {"name": "eager"},
+        "spec": {"clusterRef": {"name": "c"}, "target": {"address": s.queue}, "confirm": s.queue}
+    }))
+    .expect("close json");
+    s.closes()
+        .create(&PostParams::default(), &c)
+        .await
+        .expect("create");
+    // A pass ran (it wrote the preview and the consequence) and closed nothing.
+    let c = s
+        .wait(
+            "eager",
+            "awaiting a confirmation given after the consequence",
+            |c| {
+                phase(c) == Some(ClosePhase::AwaitingConfirmation)
+                    && c.status.as_ref().is_some_and(|st| st.shown_generation.is_some())
+            },
+        )
+        .await;
+    let message = c
+        .status
+        .as_ref()
+        .and_then(|st| st.message.clone())
+        .unwrap_or_default();
+    assert!(message.contains("before the consequence was shown"), "{message}");
+    assert!(
+        connection_of(&s.m, &client).await.is_some(),
+        "the client is still connected"
+    );
+    assert!(
+        !s.audit().await.iter().any(|(c, _)| c == "connection.close"),
+        "no close was sent"
+    );
+    // Confirmed again, after it was shown: now it closes.
+    for confirm in [serde_json::Value::Null, json!(s.queue)] {
+        s.closes()
+            .patch(
+                "eager",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"confirm": confirm}})),
+            )
+            .await
+            .expect("confirm");
+    }
+    s.wait("eager", "Completed", |c| phase(c) == Some(ClosePhase::Completed))
+        .await;
+    wait_until("the client is disconnected", Duration::from_secs(30), || async {
+        connection_of(&s.m, &client).await.is_none().then_some(())
+    })
+    .await;
+    let _ = s.m.destroy_queue(&s.queue, true).await;
+}
