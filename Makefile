@@ -6,7 +6,7 @@ export CARGO_TARGET_DIR ?= $(CACHE)/target
 
 # Regenerate crds/ and the chart's CRDs from the Rust types (a unit test fails when they drift).
 crds:
-	cargo run --quiet -- crd > crds/artemis-studio.io.yaml
+	cargo run --quiet --bin artemis-studio-operator -- crd > crds/artemis-studio.io.yaml
 	cp crds/artemis-studio.io.yaml charts/artemis-studio-operator/crds/artemis-studio.io.yaml
 
 test:

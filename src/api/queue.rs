@@ -95,6 +95,7 @@ pub struct ArtemisQueueSpec {
     pub consumer_priority: Option<i32>,
     /// Ring queue size; -1 for none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == -1 || self > 0").message("spec.ringSize: -1 (not a ring queue) or a positive number of messages"))]
     pub ring_size: Option<i64>,
     /// Rebalance message groups when a consumer is added.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -11,6 +11,10 @@ pub const DIVERGED: &str = "Diverged";
 /// kstatus (Flux, `kstatus`-based tools): "abnormal-true" conditions, False when all is well.
 pub const RECONCILING: &str = "Reconciling";
 pub const STALLED: &str = "Stalled";
+/// A write the broker accepted and did not apply; not re-sent: a person changes the spec.
+pub const NOT_CONVERGING: &str = "NotConverging";
+/// A delete that cannot finish; the finalizer stays.
+pub const DELETE_BLOCKED: &str = "DeleteBlocked";
 
 /// Ready=False reasons that no retry resolves: a person must change the spec, the Secret, the
 /// broker or the permissions (or lift the dry run or pause). Anything else is still converging.
@@ -42,13 +46,23 @@ const NEEDS_A_PERSON: &[&str] = &[
 ];
 
 /// A node refusal that retrying can clear (the broker was slow or away); every other refusal
-/// waits for a person.
+/// waits for a person (NOT_CONVERGING included: the write is not re-sent for this generation).
 fn transient(kind: Option<crate::api::RefusalKind>) -> bool {
     use crate::api::RefusalKind as R;
-    matches!(
-        kind,
-        None | Some(R::Unreachable | R::Timeout | R::BadResponse | R::NotConverging)
-    )
+    matches!(kind, None | Some(R::Unreachable | R::Timeout | R::BadResponse))
+}
+
+/// A condition besides Ready that only a person can clear: a write the broker did not apply, or
+/// a delete blocked for a reason no retry resolves.
+fn needs_a_person(conditions: &[Condition]) -> Option<(String, String)> {
+    conditions
+        .iter()
+        .find(|c| {
+            c.status == "True"
+                && (c.type_ == NOT_CONVERGING
+                    || (c.type_ == DELETE_BLOCKED && NEEDS_A_PERSON.contains(&c.reason.as_str())))
+        })
+        .map(|c| (c.reason.clone(), c.message.clone()))
 }
 
 /// Reconciling and Stalled, derived from Ready (and the per-node outcomes) just before a status
@@ -62,6 +76,7 @@ pub fn kstatus(conditions: &mut Vec<Condition>, nodes: &[NodeOutcome], generatio
         !failed.is_empty() && failed.iter().all(|n| !transient(n.refusal))
     };
     let (reconciling, stalled) = match &ready {
+        _ if needs_a_person(conditions).is_some() => (None, needs_a_person(conditions)),
         Some(r) if r.status == "True" => (None, None),
         Some(r) if NEEDS_A_PERSON.contains(&r.reason.as_str()) || refused_for_good => {
             (None, Some((r.reason.clone(), r.message.clone())))
@@ -296,5 +311,47 @@ mod kstatus_tests {
         set(&mut c, READY, false, "ClusterNotReady", "x", Some(2));
         kstatus(&mut c, &[], Some(2));
         assert_eq!(status_of(&c, RECONCILING).0, "True");
+    }
+
+    #[test]
+    fn a_write_the_broker_ignored_and_a_delete_a_person_must_unblock_are_stalled() {
+        let mut c = vec![];
+        set(&mut c, READY, false, "NotOnEveryLiveNode", "n: ignored", Some(2));
+        set(
+            &mut c,
+            NOT_CONVERGING,
+            true,
+            "BrokerDidNotApply",
+            "auto-delete",
+            Some(2),
+        );
+        kstatus(
+            &mut c,
+            &[node(Outcome::Failed, Some(RefusalKind::NotConverging))],
+            Some(2),
+        );
+        assert_eq!(
+            status_of(&c, STALLED),
+            ("True".into(), "BrokerDidNotApply".into())
+        );
+        assert_eq!(status_of(&c, RECONCILING).0, "False");
+        let mut c = vec![];
+        set(&mut c, READY, true, "OnEveryLiveNode", "ok", Some(2));
+        set(
+            &mut c,
+            DELETE_BLOCKED,
+            true,
+            "BulkCapExceeded",
+            "too many",
+            Some(2),
+        );
+        kstatus(&mut c, &[], Some(2));
+        assert_eq!(status_of(&c, STALLED), ("True".into(), "BulkCapExceeded".into()));
+        // A delete waiting for a node to come back is on its way.
+        let mut c = vec![];
+        set(&mut c, READY, true, "OnEveryLiveNode", "ok", Some(2));
+        set(&mut c, DELETE_BLOCKED, true, "NodesNotLive", "n down", Some(2));
+        kstatus(&mut c, &[], Some(2));
+        assert_eq!(status_of(&c, STALLED).0, "False");
     }
 }

@@ -247,6 +247,9 @@ impl TopologyObject for ArtemisDivert {
     fn claim(d: &DesiredDivert) -> String {
         format!("divert {}", d.name)
     }
+    fn addresses(d: &DesiredDivert) -> Vec<String> {
+        vec![d.spec.address.clone(), d.spec.forwarding_address.clone()]
+    }
     fn audit_target(d: &DesiredDivert) -> String {
         format!(
             "divert {} ({} -> {})",

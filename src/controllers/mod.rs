@@ -137,7 +137,13 @@ pub struct Caches {
     pub diverts: Cache<ArtemisDivert>,
     /// Capture subscriptions: a queue's delete preview names the taps on its address (ADR-0084 §5).
     pub subscriptions: Cache<ArtemisCaptureSubscription>,
+    /// Secrets' metadata only (never their data): a cluster's access is re-read when one of its
+    /// Secrets changes.
+    pub secrets: Cache<SecretMeta>,
 }
+
+/// A Secret as the operator watches it: metadata, no data.
+pub type SecretMeta = kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Secret>;
 
 /// The writers behind [`Caches`], driven by [`run_all`].
 pub struct Reflectors {
@@ -145,6 +151,7 @@ pub struct Reflectors {
     queues: Vec<reflector::store::Writer<ArtemisQueue>>,
     diverts: Vec<reflector::store::Writer<ArtemisDivert>>,
     subscriptions: Vec<reflector::store::Writer<ArtemisCaptureSubscription>>,
+    secrets: Vec<reflector::store::Writer<SecretMeta>>,
 }
 
 impl ReconcileError {
@@ -188,6 +195,39 @@ pub struct Context {
     pub written: WrittenStatus,
     /// How often a served cluster gets a capture pass (also soon after a subscription changes).
     pub capture_pass_interval: std::time::Duration,
+    /// One writer at a time per (cluster, address) in this process.
+    pub address_locks: AddressLocks,
+}
+
+/// Serialises, in one process, the commands that touch one address of one cluster: a queue
+/// delete (its preflight, the dependent diverts, the queue) and a divert write into or out of
+/// that address never interleave, so a delete's preflight and its writes see the same state
+/// (ADR-0084: no divert left forwarding into an address whose last queue is gone).
+#[derive(Clone, Default)]
+pub struct AddressLocks {
+    by_address: Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+}
+
+impl AddressLocks {
+    /// Hold every one of these addresses of `cluster` (taken in one order: no deadlock).
+    pub async fn hold(&self, cluster: &str, addresses: &[String]) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
+        let mut keys: Vec<String> = addresses.iter().map(|a| format!("{cluster}\u{0}{a}")).collect();
+        keys.sort();
+        keys.dedup();
+        let locks: Vec<Arc<tokio::sync::Mutex<()>>> = {
+            let mut m = self.by_address.lock().unwrap_or_else(|p| p.into_inner());
+            // Locks nobody holds or waits for are forgotten.
+            m.retain(|_, l| Arc::strong_count(l) > 1);
+            keys.iter()
+                .map(|k| m.entry(k.clone()).or_default().clone())
+                .collect()
+        };
+        let mut held = Vec::with_capacity(locks.len());
+        for l in locks {
+            held.push(l.lock_owned().await);
+        }
+        held
+    }
 }
 
 /// The last status this process wrote to each object, with the resourceVersion the write
@@ -238,6 +278,8 @@ impl WrittenStatus {
 /// `reconcile_on`), so no object polls on a timer.
 #[derive(Clone)]
 pub struct Triggers {
+    /// A cluster whose access changed (its Secret, seen by a command or by the Secret watch).
+    pub clusters: tokio::sync::broadcast::Sender<reflector::ObjectRef<ArtemisCluster>>,
     pub queues: tokio::sync::broadcast::Sender<reflector::ObjectRef<ArtemisQueue>>,
     pub diverts: tokio::sync::broadcast::Sender<reflector::ObjectRef<ArtemisDivert>>,
 }
@@ -247,6 +289,7 @@ impl Default for Triggers {
         // Enough for every object of a large installation at once; a receiver that lags is
         // told so and triggers everything of its kind (see `trigger_stream`).
         Triggers {
+            clusters: tokio::sync::broadcast::channel(1 << 10).0,
             queues: tokio::sync::broadcast::channel(1 << 16).0,
             diverts: tokio::sync::broadcast::channel(1 << 16).0,
         }
@@ -367,22 +410,25 @@ impl Context {
         let (queues, qw) = Cache::new(n);
         let (diverts, dw) = Cache::new(n);
         let (subscriptions, sw) = Cache::new(n);
+        let (secrets, secret_writers) = Cache::new(n);
+        let process_id = format!(
+            "{}/{}",
+            std::env::var("POD_NAME").unwrap_or_else(|_| "local".into()),
+            uuid::Uuid::new_v4().simple()
+        );
         let ctx = Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
-            store,
+            store: store.for_process(&process_id),
             instance_id,
-            process_id: format!(
-                "{}/{}",
-                std::env::var("POD_NAME").unwrap_or_else(|_| "local".into()),
-                uuid::Uuid::new_v4().simple()
-            ),
+            process_id,
             namespaces,
             caches: Caches {
                 clusters,
                 queues,
                 diverts,
                 subscriptions,
+                secrets,
             },
             topologies: TopologyCache::default(),
             clusters: cluster::ClusterRegistry::default(),
@@ -393,6 +439,7 @@ impl Context {
             concurrency: crate::cli::Concurrency::default(),
             written: WrittenStatus::default(),
             capture_pass_interval: std::time::Duration::from_secs(30),
+            address_locks: AddressLocks::default(),
         };
         (
             ctx,
@@ -401,6 +448,7 @@ impl Context {
                 queues: qw,
                 diverts: dw,
                 subscriptions: sw,
+                secrets: secret_writers,
             },
         )
     }
@@ -669,6 +717,37 @@ where
         + Sync
         + 'static,
 {
+    reflect_then(api, writer, |_: &K| {}).await
+}
+
+/// An ArtemisCluster deleted: its runtime and snapshot go at once (no write uses them again),
+/// and every dependent says so now instead of at its next resync.
+fn cluster_deleted(ctx: &Context, c: &ArtemisCluster) {
+    let (ns, name) = (
+        c.metadata.namespace.clone().unwrap_or_default(),
+        c.metadata.name.clone().unwrap_or_default(),
+    );
+    ctx.clusters.remove(&key(&ns, &name));
+    ctx.topologies.remove(&key(&ns, &name));
+    let everything = crate::topology::TopologyChange {
+        everything: true,
+        ..Default::default()
+    };
+    pipeline::trigger_dependents(ctx, &ns, &name, &everything, None);
+}
+
+/// Keep one reflector cache in sync until shutdown; `deleted` runs for each object the watch
+/// reports deleted, after the cache has dropped it.
+async fn reflect_then<K>(api: Api<K>, writer: reflector::store::Writer<K>, deleted: impl Fn(&K))
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
     use futures::StreamExt;
     use kube::runtime::WatchStreamExt;
     let stream = kube::runtime::watcher(api, kube::runtime::watcher::Config::default())
@@ -677,13 +756,66 @@ where
             // Caches hold what decisions need; managedFields only cost memory.
             o.meta_mut().managed_fields = None;
         });
+    let deleted = &deleted;
     reflector::reflector(writer, stream)
         .for_each(|r| async move {
-            if let Err(e) = r {
-                tracing::warn!(error = %e, kind = K::kind(&()).as_ref(), "cache watch");
+            match r {
+                Ok(kube::runtime::watcher::Event::Delete(o)) => deleted(&o),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, kind = K::kind(&()).as_ref(), "cache watch"),
             }
         })
         .await;
+}
+
+/// Keep the Secret metadata cache in sync and trigger, at once, every cluster whose access was
+/// read from a Secret that has changed since (rotated or revoked credentials, another CA).
+async fn watch_secrets(
+    ctx: Arc<Context>,
+    api: Api<SecretMeta>,
+    writer: reflector::store::Writer<SecretMeta>,
+) {
+    use futures::StreamExt;
+    use kube::runtime::WatchStreamExt;
+    // An Api of PartialObjectMeta makes metadata-only requests: Secret data never arrives.
+    let stream = kube::runtime::watcher(api, kube::runtime::watcher::Config::default())
+        .default_backoff()
+        .modify(|o: &mut SecretMeta| o.metadata.managed_fields = None);
+    reflector::reflector(writer, stream)
+        .applied_objects()
+        .for_each(|r| {
+            let ctx = ctx.clone();
+            async move {
+                match r {
+                    Ok(secret) => trigger_clusters_of(&ctx, &secret),
+                    Err(e) => tracing::warn!(error = %e, "Secret metadata watch"),
+                }
+            }
+        })
+        .await;
+}
+
+/// Trigger the clusters that read this Secret and hold an access older than it.
+fn trigger_clusters_of(ctx: &Context, secret: &SecretMeta) {
+    let ns = secret.metadata.namespace.clone().unwrap_or_default();
+    let name = secret.metadata.name.clone().unwrap_or_default();
+    for c in ctx.caches.clusters.state() {
+        if c.metadata.namespace.as_deref() != Some(ns.as_str())
+            || !cluster::secret_names(&c.spec).contains(&name)
+        {
+            continue;
+        }
+        let cluster_name = c.metadata.name.clone().unwrap_or_default();
+        let stale = ctx.clusters.get(&key(&ns, &cluster_name)).is_none_or(|rt| {
+            rt.access.secret_versions.get(&name) != secret.metadata.resource_version.as_ref()
+        });
+        if stale {
+            let _ = ctx
+                .triggers
+                .clusters
+                .send(reflector::ObjectRef::new(&cluster_name).within(&ns));
+        }
+    }
 }
 
 /// The API of one controller's scope: one namespace, or all.
@@ -715,6 +847,7 @@ pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
             caches.queues.wait_until_ready().await;
             caches.diverts.wait_until_ready().await;
             caches.subscriptions.wait_until_ready().await;
+            caches.secrets.wait_until_ready().await;
             ctx.metrics.set_ready();
             let scopes = ns.scopes();
             let closes = scopes.iter().map(|scope| {
@@ -734,7 +867,7 @@ pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
                     Wiring::new(
                         &client,
                         scope,
-                        futures::stream::pending().boxed(),
+                        trigger_stream(&ctx.triggers.clusters, scope.clone()),
                         ctx.concurrency.cluster,
                     ),
                 )
@@ -774,7 +907,10 @@ pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
             .apis::<ArtemisCluster>(&client)
             .into_iter()
             .zip(reflectors.clusters)
-            .map(|(a, w)| reflect(a, w));
+            .map(|(a, w)| {
+                let ctx = ctx.clone();
+                async move { reflect_then(a, w, |c: &ArtemisCluster| cluster_deleted(&ctx, c)).await }
+            });
         let q = ns
             .apis::<ArtemisQueue>(&client)
             .into_iter()
@@ -790,10 +926,39 @@ pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
             .into_iter()
             .zip(reflectors.subscriptions)
             .map(|(a, w)| reflect(a, w));
-        tokio::join!(join_all(c), join_all(q), join_all(d), join_all(s));
+        let secrets = ns
+            .apis::<SecretMeta>(&client)
+            .into_iter()
+            .zip(reflectors.secrets)
+            .map(|(a, w)| watch_secrets(ctx.clone(), a, w));
+        tokio::join!(
+            join_all(c),
+            join_all(q),
+            join_all(d),
+            join_all(s),
+            join_all(secrets)
+        );
     };
     tokio::select! {
         _ = controllers => {}
         _ = reflect_all => {}
+        _ = reap_abandoned_commands(ctx.clone()) => {}
+    }
+}
+
+/// Heartbeat this process and complete, as `unknown`, the `pending` audit rows of processes
+/// that stopped (killed inside a command): no row stays `pending` for ever (issue 22 item 5).
+async fn reap_abandoned_commands(ctx: Arc<Context>) {
+    loop {
+        match ctx.store.heartbeat_and_reap(&ctx.instance_id).await {
+            Ok(rows) => {
+                for r in rows {
+                    tracing::warn!(audit_id = r.id, command = %r.command, object_uid = %r.object_uid,
+                        "a command of an operator process that stopped has no outcome: recorded as unknown");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "audit heartbeat"),
+        }
+        tokio::time::sleep(crate::store::HEARTBEAT).await;
     }
 }

@@ -41,7 +41,7 @@ use crate::topology::inventory::NodeInventory;
 use crate::topology::{LogicalNode, Topology};
 
 pub const PAUSED: &str = "Paused";
-pub const DELETE_BLOCKED: &str = "DeleteBlocked";
+pub const DELETE_BLOCKED: &str = conditions::DELETE_BLOCKED;
 
 /// What one node needs, decided by a pure plan.
 #[derive(Clone, Debug, PartialEq)]
@@ -111,6 +111,8 @@ pub trait TopologyObject:
     fn claim(d: &Self::Desired) -> String;
     /// The broker object as the audit row names it.
     fn audit_target(d: &Self::Desired) -> String;
+    /// The addresses this object's commands touch (held one command at a time per process).
+    fn addresses(d: &Self::Desired) -> Vec<String>;
     fn apply_params(&self, d: &Self::Desired) -> Value;
     fn delete_params(&self, d: &Self::Desired) -> Value;
 
@@ -180,6 +182,8 @@ pub enum DereferenceError {
     ClusterNotReady(String, String),
     #[error("ArtemisCluster {0}: {1}")]
     CredentialsMissing(String, String),
+    #[error("ArtemisCluster {0}: {1}")]
+    CredentialsChanged(String, String),
 }
 
 impl DereferenceError {
@@ -188,6 +192,7 @@ impl DereferenceError {
             DereferenceError::ClusterNotFound(_) => "ClusterNotFound",
             DereferenceError::ClusterNotReady(..) => "ClusterNotReady",
             DereferenceError::CredentialsMissing(..) => "CredentialsMissing",
+            DereferenceError::CredentialsChanged(..) => "CredentialsChanged",
         }
     }
 }
@@ -257,8 +262,11 @@ pub fn dereference_cluster(
     })
 }
 
-/// Read the credentials Secret right before a command: a Secret deleted since the cluster was
-/// polled stops every write (its cached copy is never used on its own).
+/// Read the cluster's Secrets right before a command: a Secret deleted since the cluster was
+/// polled stops every write (its cached copy is never used on its own), and a Secret changed
+/// since (rotated or revoked credentials, another CA) stops this command and every other one on
+/// the old access: the runtime is dropped and the cluster re-polled with what the Secret holds
+/// now, which then triggers its dependents.
 pub async fn ensure_credentials(ctx: &Context, ns: &str, cluster: &str) -> Result<(), DereferenceError> {
     let k = key(ns, cluster);
     let c = ctx
@@ -275,13 +283,7 @@ pub async fn ensure_credentials(ctx: &Context, ns: &str, cluster: &str) -> Resul
             format!("cannot read Secret {ns}/{}: {e}", creds.secret_name),
         )
     })?;
-    let has = |key: &str| {
-        secret
-            .as_ref()
-            .and_then(|s| s.data.as_ref())
-            .is_some_and(|d| d.contains_key(key))
-    };
-    if secret.is_none() {
+    let Some(secret) = secret else {
         ctx.clusters.remove(&k);
         return Err(DereferenceError::CredentialsMissing(
             k,
@@ -290,7 +292,8 @@ pub async fn ensure_credentials(ctx: &Context, ns: &str, cluster: &str) -> Resul
                 creds.secret_name
             ),
         ));
-    }
+    };
+    let has = |key: &str| secret.data.as_ref().is_some_and(|d| d.contains_key(key));
     if !has(&creds.username_key) || !has(&creds.password_key) {
         return Err(DereferenceError::CredentialsMissing(
             k,
@@ -300,7 +303,80 @@ pub async fn ensure_credentials(ctx: &Context, ns: &str, cluster: &str) -> Resul
             ),
         ));
     }
-    Ok(())
+    let mut now = vec![(
+        creds.secret_name.clone(),
+        secret.metadata.resource_version.clone(),
+    )];
+    if let Some(tls) = &c.spec.tls
+        && tls.ca_secret_name != creds.secret_name
+    {
+        let ca = secrets.get_opt(&tls.ca_secret_name).await.map_err(|e| {
+            DereferenceError::CredentialsMissing(
+                k.clone(),
+                format!("cannot read Secret {ns}/{}: {e}", tls.ca_secret_name),
+            )
+        })?;
+        now.push((
+            tls.ca_secret_name.clone(),
+            ca.and_then(|s| s.metadata.resource_version),
+        ));
+    }
+    let Some(rt) = ctx.clusters.get(&k) else {
+        return Err(DereferenceError::ClusterNotReady(
+            k,
+            "it is being polled again".into(),
+        ));
+    };
+    let changed: Vec<String> = now
+        .into_iter()
+        .filter(|(name, version)| rt.access.secret_versions.get(name) != version.as_ref())
+        .map(|(name, _)| name)
+        .collect();
+    if changed.is_empty() {
+        return Ok(());
+    }
+    ctx.clusters.remove(&k);
+    let _ = ctx
+        .triggers
+        .clusters
+        .send(kube::runtime::reflector::ObjectRef::new(cluster).within(ns));
+    Err(DereferenceError::CredentialsChanged(
+        k,
+        format!(
+            "Secret {} changed since the last poll: nothing was sent with what it held before; the cluster is polled again with what it holds now",
+            changed.join(", ")
+        ),
+    ))
+}
+
+/// After a cluster's credentials or trust roots changed: every dependent is retried now (its
+/// failed nodes' backoff is forgotten: they may have failed for the old credentials).
+pub fn retry_dependents_now(ctx: &Context, ns: &str, cluster: &str) {
+    let everything = crate::topology::TopologyChange {
+        everything: true,
+        ..Default::default()
+    };
+    for q in ctx
+        .caches
+        .queues
+        .state()
+        .iter()
+        .filter(|o| o.namespace().as_deref() == Some(ns) && o.cluster_ref().name == cluster)
+    {
+        ctx.backoff
+            .reset(&format!("{}/nodes", q.uid().unwrap_or_default()));
+    }
+    for d in ctx
+        .caches
+        .diverts
+        .state()
+        .iter()
+        .filter(|o| o.namespace().as_deref() == Some(ns) && o.cluster_ref().name == cluster)
+    {
+        ctx.backoff
+            .reset(&format!("{}/nodes", d.uid().unwrap_or_default()));
+    }
+    trigger_dependents(ctx, ns, cluster, &everything, None);
 }
 
 /// The ArtemisDivert objects declaring diverts on the same broker cluster (from the cache).
@@ -527,9 +603,18 @@ fn intent<K: TopologyObject>(
     params: Value,
 ) -> AuditIntent {
     let ns = obj.namespace().unwrap_or_default();
+    // Kubernetes records who last wrote the spec, not who deleted the object: a delete's actor
+    // says exactly that much (the API server's audit log has the deleter).
+    let actor = match obj.meta().deletion_timestamp {
+        Some(_) => format!(
+            "unknown deleter (Kubernetes does not record who deleted; last spec writer: {})",
+            actor_of(obj.meta())
+        ),
+        None => actor_of(obj.meta()),
+    };
     AuditIntent {
         instance_id: ctx.instance_id.clone(),
-        actor: actor_of(obj.meta()),
+        actor,
         command: command.into(),
         cluster: key(&ns, &obj.cluster_ref().name),
         target: K::audit_target(d),
@@ -755,7 +840,7 @@ fn held_back(
     (o.outcome == Outcome::Failed && !retry_due).then(|| o.clone())
 }
 
-pub const NOT_CONVERGING: &str = "NotConverging";
+pub const NOT_CONVERGING: &str = conditions::NOT_CONVERGING;
 
 fn set_not_converging(conds: &mut Vec<Condition>, nodes: &[NodeOutcome], generation: Option<i64>) {
     let stuck: Vec<String> = nodes
@@ -946,6 +1031,8 @@ async fn write<K: TopologyObject>(
     last_audit_id: Option<i64>,
 ) -> Result<(Vec<NodeOutcome>, Option<i64>), ReconcileError> {
     let wanted: BTreeSet<String> = write_targets(&plan);
+    // The fresh reads, the writes and their verification see one state of these addresses.
+    let _held = ctx.address_locks.hold(&deref.cluster_key, &K::addresses(d)).await;
     let fresh = fresh_reads::<K>(deref, d, &wanted, false).await;
     let mut seen: BTreeMap<String, Arc<NodeInventory>> = fresh
         .iter()
@@ -1271,7 +1358,12 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
         let m = format!("{e}. {RELEASE_HINT}");
         return block(&ctx, o, Some(&d), e.reason(), m, None, None).await;
     }
-    // preflight: a fresh read of what the delete touches, on every live node.
+    // preflight: a fresh read of what the delete touches, on every live node — under the
+    // address's lock, so no divert write into it lands between this read and the delete.
+    let _held = ctx
+        .address_locks
+        .hold(&deref.cluster_key, &K::addresses(&d))
+        .await;
     let live: BTreeSet<String> = deref.topology.live_nodes().map(|n| n.node_id.clone()).collect();
     let fresh = fresh_reads::<K>(&deref, &d, &live, true).await;
     let fresh_ok: BTreeMap<String, Arc<NodeInventory>> = fresh

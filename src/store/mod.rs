@@ -28,6 +28,21 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 #[derive(Clone)]
 pub struct Store {
     pool: PgPool,
+    /// The operator process whose audit intents this store writes (None: a reading tool).
+    process_id: Option<String>,
+}
+
+/// How long a process may go without a heartbeat before its `pending` rows are completed as
+/// `unknown` by another (it heartbeats every [`HEARTBEAT`]).
+pub const PROCESS_GONE_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A `pending` row another process could never complete, now `unknown`.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct AbandonedCommand {
+    pub id: i64,
+    pub object_uid: String,
+    pub command: String,
 }
 
 /// Who asked for a command and on which object: written with the intent.
@@ -89,7 +104,10 @@ pub fn outcome_detail(nodes: &[NodeOutcome]) -> serde_json::Value {
 impl Store {
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let pool = PgPoolOptions::new().max_connections(8).connect(url).await?;
-        Ok(Store { pool })
+        Ok(Store {
+            pool,
+            process_id: None,
+        })
     }
 
     /// Apply the migrations on a dedicated connection that is closed afterwards (sqlx's
@@ -105,12 +123,53 @@ impl Store {
         &self.pool
     }
 
+    /// This store, writing audit intents as `process_id`'s.
+    pub fn for_process(&self, process_id: &str) -> Store {
+        Store {
+            pool: self.pool.clone(),
+            process_id: Some(process_id.to_string()),
+        }
+    }
+
+    /// Say this process is alive; then complete as `unknown` every `pending` row of a process
+    /// that is not (no heartbeat within [`PROCESS_GONE_AFTER`], or a row from before processes
+    /// were recorded). A process that was only cut off and comes back still records its own
+    /// outcome over it (an outcome is written by row id).
+    pub async fn heartbeat_and_reap(&self, instance_id: &str) -> Result<Vec<AbandonedCommand>, StoreError> {
+        let Some(me) = &self.process_id else {
+            return Ok(vec![]);
+        };
+        sqlx::query(
+            "INSERT INTO operator_process (process_id, instance_id) VALUES ($1, $2) \
+             ON CONFLICT (process_id) DO UPDATE SET heartbeat_at = now()",
+        )
+        .bind(me)
+        .bind(instance_id)
+        .execute(&self.pool)
+        .await?;
+        let rows = sqlx::query_as::<_, AbandonedCommand>(
+            "UPDATE audit_event a SET outcome = 'unknown', completed_at = now(), \
+             outcome_detail = jsonb_build_object('reason', \
+               'the operator process that sent this command (' || coalesce(a.process_id, 'an earlier binary') || \
+               ') stopped before recording its outcome: what each node did is not known; the object''s next command names this row and acts on what the broker shows then') \
+             WHERE a.outcome = 'pending' AND a.process_id IS DISTINCT FROM $1 \
+               AND NOT EXISTS (SELECT 1 FROM operator_process p WHERE p.process_id = a.process_id \
+                               AND p.heartbeat_at > now() - make_interval(secs => $2)) \
+             RETURNING a.id, a.object_uid, a.command",
+        )
+        .bind(me)
+        .bind(PROCESS_GONE_AFTER.as_secs_f64())
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows)
+    }
+
     /// Write the intent row before the first broker write; returns its id.
     pub async fn audit_intent(&self, i: &AuditIntent) -> Result<i64, StoreError> {
         let id: i64 = sqlx::query_scalar(
             "INSERT INTO audit_event (instance_id, actor, command, cluster, target, object_kind, \
-             object_namespace, object_name, object_uid, object_generation, params) \
-             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11) RETURNING id",
+             object_namespace, object_name, object_uid, object_generation, params, process_id) \
+             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12) RETURNING id",
         )
         .bind(&i.instance_id)
         .bind(&i.actor)
@@ -123,6 +182,7 @@ impl Store {
         .bind(&i.object_uid)
         .bind(i.object_generation)
         .bind(&i.params)
+        .bind(&self.process_id)
         .fetch_one(&self.pool)
         .await?;
         Ok(id)

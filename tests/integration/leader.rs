@@ -377,21 +377,43 @@ async fn a_leader_killed_mid_fan_out_is_finished_by_the_standby_without_a_second
     )
     .await;
     let pool = sqlx::PgPool::connect(&db).await.expect("audit database");
-    let rows: Vec<(String, String, Option<serde_json::Value>)> = sqlx::query_as(
-        "SELECT command, outcome, outcome_detail FROM audit_event WHERE object_name = $1 ORDER BY id",
+    // The dead leader's row does not stay pending: once its process stopped heartbeating, the
+    // live one records it as unknown (issue 22 item 5).
+    let rows: Vec<(String, String, Option<serde_json::Value>)> = wait_until(
+        "the dead leader's command recorded as unknown",
+        Duration::from_secs(90),
+        || {
+            let (pool, name) = (pool.clone(), name.clone());
+            async move {
+                let rows: Vec<(String, String, Option<serde_json::Value>)> = sqlx::query_as(
+                    "SELECT command, outcome, outcome_detail FROM audit_event WHERE object_name = $1 ORDER BY id",
+                )
+                .bind(&name)
+                .fetch_all(&pool)
+                .await
+                .ok()?;
+                rows.iter().all(|r| r.1 != "pending").then_some(rows)
+            }
+        },
     )
-    .bind(&name)
-    .fetch_all(&pool)
-    .await
-    .expect("audit rows");
+    .await;
     assert_eq!(
         rows.len(),
         2,
         "the dead leader's command and the standby's: {rows:?}"
     );
     assert_eq!(
-        rows[0].1, "pending",
-        "the killed command has no outcome: {rows:?}"
+        rows[0].1, "unknown",
+        "the killed command's outcome is not known: {rows:?}"
+    );
+    let reason = rows[0]
+        .2
+        .as_ref()
+        .and_then(|d| d["reason"].as_str())
+        .unwrap_or_default();
+    assert!(
+        reason.contains("stopped before recording its outcome"),
+        "{reason}"
     );
     assert_eq!(rows[1].1, "succeeded", "{rows:?}");
     // The standby wrote only the nodes the dead leader had not: each node got the queue once.

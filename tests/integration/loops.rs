@@ -89,6 +89,12 @@ async fn a_field_the_broker_ignores_is_written_once_then_named() {
         condition(&f.queues().get(&name).await.expect("get"), "NotConverging").expect("condition");
     assert_eq!(reason, "BrokerDidNotApply");
     assert!(message.contains("auto-delete"), "{message}");
+    // Only a person can act: kstatus says Stalled (issue 22 item 8).
+    let stalled = condition(&f.queues().get(&name).await.expect("get"), "Stalled").expect("Stalled");
+    assert_eq!(
+        (stalled.0.as_str(), stalled.1.as_str()),
+        ("True", "BrokerDidNotApply")
+    );
     // Several polls later (each a chance to loop): still one write for the change.
     polls(&f, 4).await;
     let rows = rows_of(&f, &name).await;

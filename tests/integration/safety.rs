@@ -322,6 +322,11 @@ async fn wildcard_and_capture_prefix_names_are_refused_at_admission() {
     assert!(m.contains("spec.address"), "{m}");
     let m = refused("artemis-studio.capture.x", json!({"clusterRef": {"name": "c"}})).await;
     assert!(m.contains("reserved for capture"), "{m}");
+    // Issue 22 item 8: a negative ring size is refused, naming the field and what it may be.
+    for size in [-5, 0] {
+        let m = refused("ring", json!({"clusterRef": {"name": "c"}, "ringSize": size})).await;
+        assert!(m.contains("spec.ringSize") && m.contains("-1"), "{m}");
+    }
     let diverts: Api<artemis_studio_operator::api::ArtemisDivert> = Api::namespaced(client.clone(), &ns);
     let d: artemis_studio_operator::api::ArtemisDivert = serde_json::from_value(json!({
         "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisDivert",

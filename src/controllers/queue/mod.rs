@@ -259,6 +259,9 @@ impl TopologyObject for ArtemisQueue {
     fn claim(d: &DesiredQueue) -> String {
         format!("queue {}", d.name)
     }
+    fn addresses(d: &DesiredQueue) -> Vec<String> {
+        vec![d.address.clone()]
+    }
     fn audit_target(d: &DesiredQueue) -> String {
         format!("queue {} (address {}, {})", d.name, d.address, d.routing_type)
     }
