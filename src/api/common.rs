@@ -94,6 +94,10 @@ pub enum RefusalKind {
     /// The broker accepted the write but a fresh read afterwards shows it did not take effect
     /// (e.g. `updateQueue` ignores `autoDelete`): not re-sent for this generation.
     NotConverging,
+    /// Another writer changed the broker object back after this generation's repair (another
+    /// operator installation, a script, broker.xml): not written again for this generation, and
+    /// not destroyed on delete while contested.
+    Contested,
     /// The broker answered something the operator cannot interpret.
     BadResponse,
 }

@@ -367,7 +367,8 @@ async fn worker(
                 health: &health,
                 within: ctx.capture_pass_interval * 3 + Duration::from_secs(5),
             };
-            let mut outcome = pass::run(&ctx, &s.state, cluster, &mine, &holder, &view).await;
+            let elsewhere = pass::claimed_elsewhere(&ctx, cluster_key, cluster, &all_subs, &all_clusters);
+            let mut outcome = pass::run(&ctx, &s.state, cluster, &mine, &holder, &view, &elsewhere).await;
             if let Ok(p) = &mut outcome {
                 s.converge_drains(&ctx, &health, std::mem::take(&mut p.drains))
                     .await;

@@ -143,6 +143,44 @@ fn view(s: &ArtemisCaptureSubscription) -> Subscription {
     }
 }
 
+/// ADR-0062 D7 across the ArtemisClusters of one installation: a tap's name carries the
+/// instance and the subscription's name, not its cluster, so a tap under our prefix whose
+/// subscription is not one of this cluster's may belong to another ArtemisCluster on the same
+/// brokers — that cluster's pass sweeps it, never this one's. Returns subscription name → the
+/// other claimant (`namespace/name on cluster namespace/name`). Brokers count as shared when the
+/// two specs share an endpoint URL or either discovers pods, or when both topologies are known
+/// and share a node ID; when that cannot be told, they count as shared.
+pub fn claimed_elsewhere(
+    ctx: &Context,
+    cluster_key: &str,
+    cluster: &ArtemisCluster,
+    all_subs: &[Arc<ArtemisCaptureSubscription>],
+    all_clusters: &BTreeMap<String, Arc<ArtemisCluster>>,
+) -> BTreeMap<String, String> {
+    let urls: BTreeSet<&str> = cluster.spec.brokers.iter().map(|b| b.url.as_str()).collect();
+    let shares = |other_key: &str, other: &ArtemisCluster| {
+        let same_url = other.spec.brokers.iter().any(|b| urls.contains(b.url.as_str()));
+        let discovered = cluster.spec.discovery.is_some() || other.spec.discovery.is_some();
+        same_url
+            || discovered
+            || crate::controllers::pipeline::same_brokers(ctx, cluster_key, other_key).unwrap_or(true)
+    };
+    all_subs
+        .iter()
+        .filter_map(|s| {
+            let ns = s.namespace().unwrap_or_default();
+            let other_key = key(&ns, &s.spec.cluster_ref.name);
+            let other = all_clusters.get(&other_key)?;
+            (other_key != cluster_key && shares(&other_key, other)).then(|| {
+                (
+                    s.name_any(),
+                    format!("{ns}/{} on cluster {other_key}", s.name_any()),
+                )
+            })
+        })
+        .collect()
+}
+
 /// Run one pass over `cluster` with the subscriptions that name it.
 pub async fn run(
     ctx: &Context,
@@ -151,6 +189,7 @@ pub async fn run(
     subs: &[Arc<ArtemisCaptureSubscription>],
     holder: &str,
     drains: &DrainView<'_>,
+    elsewhere: &BTreeMap<String, String>,
 ) -> Result<PassSummary, PassError> {
     let ns = cluster.namespace().unwrap_or_default();
     let cluster_key = key(&ns, &cluster.name_any());
@@ -420,6 +459,10 @@ pub async fn run(
     // The orphan sweep: the only thing that ever removes a tap (ADR-0062 D6).
     for (tap, nodes) in sweeps {
         let sub = subs_by_name.get(&tap.subscription).copied();
+        if let (None, Some(owner)) = (sub, elsewhere.get(&tap.subscription)) {
+            tracing::debug!(tap = %tap.divert(), %owner, "not this cluster's tap: its subscription is another cluster's on these brokers");
+            continue;
+        }
         let reason = match sub {
             Some(s) if s.metadata.deletion_timestamp.is_some() => "subscription deleted".to_string(),
             Some(s) if super::sample::is_sampling(s) => {

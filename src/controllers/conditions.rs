@@ -40,6 +40,7 @@ const NEEDS_A_PERSON: &[&str] = &[
     "Refused",
     "NodesRefused",
     "ResourceConflict",
+    "Contested",
     "CloseFailed",
     "AwaitingConfirmation",
     "Failed",

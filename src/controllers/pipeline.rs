@@ -184,6 +184,8 @@ pub enum DereferenceError {
     CredentialsMissing(String, String),
     #[error("ArtemisCluster {0}: {1}")]
     CredentialsChanged(String, String),
+    #[error("ArtemisCluster {0}: {1}")]
+    CredentialsRefused(String, String),
 }
 
 impl DereferenceError {
@@ -193,6 +195,7 @@ impl DereferenceError {
             DereferenceError::ClusterNotReady(..) => "ClusterNotReady",
             DereferenceError::CredentialsMissing(..) => "CredentialsMissing",
             DereferenceError::CredentialsChanged(..) => "CredentialsChanged",
+            DereferenceError::CredentialsRefused(..) => "CredentialsRefused",
         }
     }
 }
@@ -485,6 +488,17 @@ fn with_topology(
     let topology = ctx.topologies.get(&cluster_key).ok_or_else(|| {
         DereferenceError::ClusterNotReady(cluster_key.clone(), "it has not been polled yet".into())
     })?;
+    // No live node because every endpoint refused the credentials: say that, not "no live node".
+    if topology.live_nodes().next().is_none()
+        && let Some((url, e)) = topology.unreachable.iter().find(|(_, e)| e.is_authorization())
+    {
+        return Err(DereferenceError::CredentialsRefused(
+            cluster_key.clone(),
+            format!(
+                "{url} refused the credentials in the cluster's Secret ({e}): fix the Secret or the broker's users"
+            ),
+        ));
+    }
     let facts = facts(ctx, &cluster_key, &rt);
     Ok(Dereferenced {
         cluster_key,
@@ -529,6 +543,31 @@ fn dependents<K: TopologyObject>(
         .filter(|o| change.everything || o.desired().is_ok_and(|d| K::touches(&d, change)))
         .map(|o| kube::runtime::reflector::ObjectRef::from_obj(o.as_ref()))
         .collect()
+}
+
+/// A Warning Event when Ready turns False, or says something new while False, in a pass that
+/// sent nothing (a node refusing for good, e.g. a routing type the broker cannot change).
+async fn announce_not_ready<K: TopologyObject>(
+    ctx: &Context,
+    obj: &K,
+    before: Option<&Condition>,
+    conds: &[Condition],
+) {
+    let Some(now) = conds.iter().find(|c| c.type_ == conditions::READY) else {
+        return;
+    };
+    let same =
+        before.is_some_and(|b| b.status == now.status && b.reason == now.reason && b.message == now.message);
+    if now.status == "False" && !same {
+        ctx.event(
+            obj,
+            true,
+            &now.reason,
+            &format!("{}.apply", K::NOUN),
+            now.message.clone(),
+        )
+        .await;
+    }
 }
 
 /// One planned node outcome.
@@ -837,7 +876,62 @@ fn held_back(
             ..planned.clone()
         });
     }
+    if let Some(contested) = contested(o, planned) {
+        return Some(contested);
+    }
     (o.outcome == Outcome::Failed && !retry_due).then(|| o.clone())
+}
+
+/// How soon after a repair a change back means another writer (issue 22 item 1).
+pub const FLAP_WINDOW: Duration = Duration::from_secs(120);
+
+/// Another writer keeps the broker object as it wants it: this generation's *repair* took on
+/// the node, and within [`FLAP_WINDOW`] the broker differs from the spec again (the spec did not
+/// change, so someone else changed the broker). Writing again would start a fight — two
+/// installations sharing brokers, a script, broker.xml — so the node is not written again for
+/// this generation and says which fields, both values, and that another writer is suspected.
+/// (A first change behind the operator's back is repaired once, as before.) What this cannot
+/// see: the other side of the fight, once this one stops, finds its own value and has no
+/// evidence of a second writer.
+fn contested(old: &NodeOutcome, planned: &NodeOutcome) -> Option<NodeOutcome> {
+    if old.refusal == Some(RefusalKind::Contested) {
+        return Some(NodeOutcome {
+            message: old.message.clone(),
+            ..contested_outcome(planned, old.last_command.clone(), old.message.clone())
+        });
+    }
+    let lc = old.last_command.as_ref()?;
+    let repaired = lc.command.ends_with(".repair") && lc.outcome == Outcome::Applied;
+    let at = chrono::DateTime::parse_from_rfc3339(&lc.at).ok()?;
+    let since = chrono::Utc::now().signed_duration_since(at).to_std().ok()?;
+    // Only fields that changed back (an update): a broker object deleted again behind the
+    // operator's back is re-created, as before.
+    let update = planned.outcome == Outcome::WouldApply && !planned.detail.is_empty();
+    if !repaired || since > FLAP_WINDOW || !update {
+        return None;
+    }
+    let message = format!(
+        "changed back {}s after {} (audit #{}) repaired it — {}: another writer keeps this broker object as it wants it (another operator installation on these brokers, a script, or broker.xml). Not written again for this generation, and a delete will not destroy it while contested: decide who owns it, then stop the other writer or change this spec to match",
+        since.as_secs(),
+        lc.command,
+        lc.audit_id,
+        planned.message
+    );
+    Some(contested_outcome(planned, Some(lc.clone()), message))
+}
+
+fn contested_outcome(
+    planned: &NodeOutcome,
+    last_command: Option<crate::api::LastCommand>,
+    message: String,
+) -> NodeOutcome {
+    NodeOutcome {
+        outcome: Outcome::Failed,
+        refusal: Some(RefusalKind::Contested),
+        message,
+        last_command,
+        ..planned.clone()
+    }
 }
 
 pub const NOT_CONVERGING: &str = conditions::NOT_CONVERGING;
@@ -991,8 +1085,13 @@ pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<
         nodes
     };
     carry_history(&old_nodes, &mut nodes, same_generation);
+    let before = conds.iter().find(|c| c.type_ == conditions::READY).cloned();
     conditions::from_outcomes(&mut conds, &nodes, generation, gate != Gate::Write, K::NOUN);
     set_not_converging(&mut conds, &nodes, generation);
+    if last_audit_id == old_audit(obj.as_ref()) {
+        // No command (which has its own Event): a new refusal is still told once.
+        announce_not_ready::<K>(&ctx, obj.as_ref(), before.as_ref(), &conds).await;
+    }
     let next = next_pass(&ctx, &retry_key, &nodes, deref.rt.poll_interval);
     let topology = ctx
         .topologies
@@ -1081,8 +1180,8 @@ async fn write<K: TopologyObject>(
             async move {
                 crash_window::hold_all_but_first_node().await;
                 let inv = before.get(&t.node_id).cloned().unwrap_or_default();
-                let report = K::apply_on(t.clone(), d.clone(), inv).await?;
-                verify::<K>(&t, &d, report, &verified).await
+                let report = K::apply_on(t.clone(), d.clone(), inv.clone()).await?;
+                verify::<K>(&t, &d, report, &inv, &verified).await
             }
         },
     )
@@ -1136,6 +1235,7 @@ async fn verify<K: TopologyObject>(
     t: &Target,
     d: &K::Desired,
     report: NodeReport,
+    before: &NodeInventory,
     verified: &std::sync::Mutex<BTreeMap<String, Arc<NodeInventory>>>,
 ) -> Result<NodeReport, NodeFailure> {
     if report.outcome != Outcome::Applied {
@@ -1158,6 +1258,21 @@ async fn verify<K: TopologyObject>(
     }
     match K::plan_apply(d, &after) {
         Step::Nothing { .. } => Ok(report),
+        // The broker holds neither what it held before nor what was sent: someone else wrote
+        // in between (issue 22 item 1), not a field Artemis ignores.
+        Step::Write { what, detail } if !matches!(K::plan_apply(d, before), Step::Write { what: was, .. } if was == what) => {
+            Err(NodeFailure {
+                message: Some(format!(
+                    "the broker took the write ({}), and a fresh read right after shows another value ({what}): another writer changed it in between (another operator installation on these brokers, a script). Not written again for this generation, and a delete will not destroy it while contested: decide who owns it, then stop the other writer or change this spec to match",
+                    report.message
+                )),
+                detail,
+                error: crate::broker::BrokerError::refused(
+                    RefusalKind::Contested,
+                    format!("{what} changed by another writer"),
+                ),
+            })
+        }
         Step::Write { what, detail } => Err(NodeFailure {
             message: Some(format!(
                 "the broker accepted the write ({}) but a fresh read shows it did not take effect ({what}): Artemis does not apply this change to an existing object. Not re-sent for this generation: change the spec back, or delete and re-create the object",
@@ -1339,10 +1454,39 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
         )
         .await;
     }
+    // Another writer keeps this broker object (issue 22 item 1): deleting would destroy what it
+    // keeps, the other installation's messages included.
+    let contested: Vec<String> = o
+        .current_status()
+        .map(|s| {
+            s.nodes()
+                .iter()
+                .filter(|n| n.refusal == Some(RefusalKind::Contested))
+                .map(|n| n.node.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    if !contested.is_empty() {
+        let m = format!(
+            "{} is contested by another writer on {}: deleting it would destroy what that writer keeps. Set spec.deletion.policy to Retain to release this object and leave the broker as it is, or stop the other writer and delete again",
+            K::audit_target(&d),
+            contested.join(", ")
+        );
+        return block(&ctx, o, Some(&d), "Contested", m, None, None).await;
+    }
     let ns = o.namespace().unwrap_or_default();
     let cluster = o.cluster_ref().name.clone();
     let deref = match dereference(&ctx, o).and_then(|(rt, k)| with_topology(&ctx, rt, k)) {
         Ok(x) => x,
+        Err(e @ DereferenceError::CredentialsRefused(..)) if never_reached => {
+            return release(
+                &ctx,
+                o,
+                "NeverApplied",
+                format!("{e}; this object never reached a broker: nothing to remove"),
+            )
+            .await;
+        }
         Err(e) => {
             if let Some(released) = release_if_namespace_deleted(&ctx, o, &d, &e).await {
                 return released;
@@ -1352,6 +1496,15 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
         }
     };
     if let Err(e) = ensure_credentials(&ctx, &ns, &cluster).await {
+        if never_reached && matches!(e, DereferenceError::CredentialsMissing(..)) {
+            return release(
+                &ctx,
+                o,
+                "NeverApplied",
+                format!("{e}; this object never reached a broker: nothing to remove"),
+            )
+            .await;
+        }
         if let Some(released) = release_if_namespace_deleted(&ctx, o, &d, &e).await {
             return released;
         }
@@ -1425,6 +1578,25 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
             _ => format!("{} ({})", n.node, n.message),
         })
         .collect();
+    if unfinished.is_empty() && last_audit_id.is_none() {
+        // Nothing of this object's was on any node (another's queue, another routing type):
+        // the delete touched nothing, and says so.
+        let why: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("{}: {}", n.node, n.message))
+            .collect();
+        ctx.event(
+            o,
+            false,
+            "NothingDeleted",
+            &format!("{}.delete", K::NOUN),
+            format!(
+                "no broker write: nothing of this object's was on any live node ({})",
+                why.join("; ")
+            ),
+        )
+        .await;
+    }
     if !unfinished.is_empty() {
         let reason = if nodes.iter().any(|n| n.outcome == Outcome::Failed) {
             "NodesRefused"
@@ -1531,5 +1703,85 @@ pub fn error_policy<K: TopologyObject>(obj: Arc<K>, error: &ReconcileError, ctx:
                     .next(&uid, Duration::from_secs(5), Duration::from_secs(300)),
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod contested_tests {
+    use super::*;
+    use crate::api::LastCommand;
+
+    fn node(
+        outcome: Outcome,
+        detail: &[&str],
+        last: Option<(&str, Outcome, chrono::Duration)>,
+    ) -> NodeOutcome {
+        NodeOutcome {
+            node: "n1".into(),
+            endpoint: None,
+            outcome,
+            refusal: None,
+            message: "update: filter-string (broker has \"b\", spec wants \"a\")".into(),
+            detail: detail.iter().map(|d| d.to_string()).collect(),
+            last_command: last.map(|(command, outcome, ago)| LastCommand {
+                command: command.into(),
+                audit_id: 7,
+                outcome,
+                at: (chrono::Utc::now() - ago).to_rfc3339(),
+                not_applied: vec![],
+            }),
+        }
+    }
+
+    #[test]
+    fn a_field_changed_back_soon_after_a_repair_is_another_writer() {
+        let old = node(
+            Outcome::Applied,
+            &[],
+            Some(("queue.repair", Outcome::Applied, chrono::Duration::seconds(6))),
+        );
+        let planned = node(Outcome::WouldApply, &["filter-string"], None);
+        let held = held_back(&[old], &planned, true, true).expect("held back");
+        assert_eq!(
+            (held.outcome, held.refusal),
+            (Outcome::Failed, Some(RefusalKind::Contested))
+        );
+        assert!(
+            held.message.contains("another writer") && held.message.contains("broker has"),
+            "{}",
+            held.message
+        );
+        // It stays contested at the next pass of the same generation...
+        let again = held_back(std::slice::from_ref(&held), &planned, true, true).expect("still held");
+        assert_eq!(again.refusal, Some(RefusalKind::Contested));
+        // ...and a new generation (the person decided) writes again.
+        assert_eq!(held_back(&[held], &planned, false, true), None);
+    }
+
+    #[test]
+    fn a_first_change_an_old_repair_and_a_re_creation_are_repaired() {
+        let planned = node(Outcome::WouldApply, &["filter-string"], None);
+        // The last write was the create (an apply), not a repair: repaired once.
+        let created = node(
+            Outcome::Applied,
+            &[],
+            Some(("queue.apply", Outcome::Applied, chrono::Duration::seconds(6))),
+        );
+        assert_eq!(held_back(&[created], &planned, true, true), None);
+        // A repair long ago: a new change is repaired.
+        let old_repair = node(
+            Outcome::Applied,
+            &[],
+            Some(("queue.repair", Outcome::Applied, chrono::Duration::seconds(600))),
+        );
+        assert_eq!(held_back(&[old_repair], &planned, true, true), None);
+        // A queue deleted again behind the operator's back is created again.
+        let recent = node(
+            Outcome::Applied,
+            &[],
+            Some(("queue.repair", Outcome::Applied, chrono::Duration::seconds(6))),
+        );
+        let create = node(Outcome::WouldApply, &[], None);
+        assert_eq!(held_back(&[recent], &create, true, true), None);
     }
 }

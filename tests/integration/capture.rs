@@ -1578,3 +1578,119 @@ async fn retention_by_size_drops_the_oldest_day_partitions_until_the_rest_fits()
         .await
         .expect("delete");
 }
+
+/// Issue 22 item 2: two ArtemisClusters of one installation on the same brokers, each with its
+/// own subscription: neither cluster's pass sweeps the other's taps (tap names carry the
+/// subscription, not its cluster); both capture everything, and each sweeps only its own when
+/// its subscription goes.
+#[tokio::test]
+async fn two_clusters_on_the_same_brokers_never_sweep_each_others_taps() {
+    let _shared = brokers_shared().await;
+    let f = fixture("cap-twoclusters", None).await;
+    let urls: Vec<String> = f
+        .bed
+        .cluster_brokers("c")
+        .into_iter()
+        .map(|b| b.jolokia)
+        .collect();
+    crate::support::create_cluster(&f.admin, &f.ns, "again", &urls, Some(f.bed.broker_user())).await;
+    crate::support::wait_cluster_condition(&f.admin, &f.ns, "again", "Ready", "True").await;
+    let id = short_id();
+    let (a, b) = (format!("cap2.{id}.a.in"), format!("cap2.{id}.b.in"));
+    broker_queue(&f.bed, &a).await;
+    broker_queue(&f.bed, &b).await;
+    f.subscribe(
+        "on-c",
+        json!({"queues": format!("cap2.{id}.a.#"), "ringSize": 50}),
+    )
+    .await;
+    f.subscribe(
+        "on-again",
+        json!({"clusterRef": {"name": "again"}, "queues": format!("cap2.{id}.b.#"), "ringSize": 50}),
+    )
+    .await;
+    for s in ["on-c", "on-again"] {
+        f.wait_subscription(s, "3 taps drained", |s| taps_in(s, TapState::Healthy) == 3)
+            .await;
+    }
+    // Several passes of both clusters later, nothing was removed and both still drain.
+    let passes_of = |cluster: String| {
+        let pool = f.op.store.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM capture_pass WHERE cluster = $1")
+                .bind(cluster)
+                .fetch_one(&pool)
+                .await
+                .unwrap_or(0)
+        }
+    };
+    let again = format!("{}/again", f.ns);
+    let start = passes_of(again.clone()).await;
+    f.later_passes(3).await;
+    wait_until(
+        "3 more passes of the second cluster",
+        Duration::from_secs(90),
+        || {
+            let again = again.clone();
+            async move { (passes_of(again).await >= start + 3).then_some(()) }
+        },
+    )
+    .await;
+    assert!(
+        f.capture_audit_rows("capture.remove").await.is_empty(),
+        "a tap was swept"
+    );
+    for (address, sub) in [(&a, "on-c"), (&b, "on-again")] {
+        let tap = f.tap(address, sub);
+        for broker in f.bed.cluster_brokers("c") {
+            assert!(
+                divert_names(&f.bed, &broker).await.contains(&tap.divert()),
+                "{sub} on {}",
+                broker.name
+            );
+        }
+    }
+    crate::support::send_messages(&f.bed, "c1", &a, 2).await;
+    crate::support::send_messages(&f.bed, "c2", &b, 3).await;
+    f.wait_rows("on-c", 2).await;
+    f.wait_rows("on-again", 3).await;
+
+    // Each subscription's delete sweeps its own taps, and only those.
+    for sub in ["on-c", "on-again"] {
+        f.subscriptions()
+            .delete(sub, &DeleteParams::default())
+            .await
+            .expect("delete");
+        let api = f.subscriptions();
+        wait_until(&format!("{sub} is gone"), Duration::from_secs(90), || {
+            let api = api.clone();
+            async move { api.get_opt(sub).await.ok().flatten().is_none().then_some(()) }
+        })
+        .await;
+    }
+    for broker in f.bed.cluster_brokers("c") {
+        let names = divert_names(&f.bed, &broker).await;
+        assert!(
+            !names.contains(&f.tap(&a, "on-c").divert()),
+            "left on {}",
+            broker.name
+        );
+        assert!(
+            !names.contains(&f.tap(&b, "on-again").divert()),
+            "left on {}",
+            broker.name
+        );
+    }
+    assert_eq!(f.capture_audit_rows("capture.remove").await.len(), 2);
+    for address in [&a, &b] {
+        for broker in f.bed.cluster_brokers("c") {
+            let _ = exec(
+                &f.bed,
+                &broker,
+                "destroyQueue(java.lang.String)",
+                json!([address]),
+            )
+            .await;
+        }
+    }
+}

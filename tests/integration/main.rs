@@ -23,3 +23,5 @@ mod scale;
 mod smoke;
 mod support;
 mod tls;
+mod two_installations;
+mod walkthrough;

@@ -188,7 +188,32 @@ async fn deleting_an_object_refused_for_its_routing_type_leaves_the_other_queue(
         preview.total_messages, 0,
         "the other queue's messages are not this object's"
     );
+    // Issue 22 item 8: the refusal is told in an Event, though no command was sent.
+    wait_until(
+        "a Warning Event for the refusal",
+        Duration::from_secs(30),
+        || async {
+            event_reasons(&f, &name)
+                .await
+                .iter()
+                .any(|r| r == "NotOnEveryLiveNode" || r == "NodesRefused")
+                .then_some(())
+        },
+    )
+    .await;
     delete_and_wait_gone(&f, &name).await;
+    wait_until(
+        "an Event says the delete touched nothing",
+        Duration::from_secs(30),
+        || async {
+            event_reasons(&f, &name)
+                .await
+                .iter()
+                .any(|r| r == "NothingDeleted")
+                .then_some(())
+        },
+    )
+    .await;
     let left = on_brokers(&f, &name).await;
     assert_eq!(left.len(), 3, "{left:?}");
     assert!(left.iter().all(|(_, _, rt)| rt == "MULTICAST"));

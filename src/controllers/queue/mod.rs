@@ -229,6 +229,29 @@ fn preview(d: &DesiredQueue, topology: &Topology, facts: &PlanFacts) -> DeletePr
     p
 }
 
+/// The changed fields with both values: what the broker holds and what the spec asks for.
+fn describe_changes(
+    d: &DesiredQueue,
+    inv: &crate::topology::inventory::NodeInventory,
+    changed: &[String],
+) -> String {
+    let Some(q) = inv.queues.get(&d.name) else {
+        return changed.join(", ");
+    };
+    let (current, desired) = (plan::current_document(q), plan::update_document(q, &d.spec));
+    changed
+        .iter()
+        .map(|f| {
+            format!(
+                "{f} (broker has {}, spec wants {})",
+                current[f.as_str()],
+                desired[f.as_str()]
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 impl TopologyObject for ArtemisQueue {
     type Desired = DesiredQueue;
     type Status = ArtemisQueueStatus;
@@ -291,7 +314,7 @@ impl TopologyObject for ArtemisQueue {
                 detail: vec![],
             },
             NodeAction::Update { changed } => Step::Write {
-                what: format!("update: {}", changed.join(", ")),
+                what: format!("update: {}", describe_changes(d, inv, &changed)),
                 detail: changed,
             },
         }

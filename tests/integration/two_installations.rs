@@ -1,0 +1,218 @@
+//! Issue 22 item 1: two installations on one broker cluster (two operators, each watching its
+//! own namespace, each with its own instance ID and audit database) declare one queue with
+//! different filters, over a queue that already holds messages. The fight stops after one
+//! repair: the side that finds its repair undone says the queue is contested (the field, both
+//! values, another writer suspected), writes no more, and its delete destroys nothing.
+
+use std::time::Duration;
+
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use artemis_studio_operator::api::RefusalKind;
+use artemis_studio_operator::api::queue::ArtemisQueue;
+
+use crate::support::{
+    OperatorHandle, TestBed, brokers_shared, create_cluster, send_messages, short_id, wait_cluster_condition,
+    wait_until,
+};
+
+struct Side {
+    ns: String,
+    op: OperatorHandle,
+    queues: Api<ArtemisQueue>,
+}
+
+async fn side(bed: &TestBed, admin: &kube::Client, prefix: &str) -> Side {
+    let ns = bed.fresh_namespace(prefix).await;
+    let op = bed.start_operator(&ns).await;
+    let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
+    create_cluster(admin, &ns, "c", &urls, Some(bed.broker_user())).await;
+    wait_cluster_condition(admin, &ns, "c", "Ready", "True").await;
+    Side {
+        queues: Api::namespaced(admin.clone(), &ns),
+        ns,
+        op,
+    }
+}
+
+async fn writes(s: &Side) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM audit_event WHERE command LIKE 'queue.%'")
+        .fetch_one(s.op.store.pool())
+        .await
+        .expect("audit count")
+}
+
+/// `spec.deletion.policy: Retain`: the object goes, the broker is left as it is.
+async fn retain(s: &Side) {
+    s.queues
+        .patch(
+            "shared",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"deletion": {"policy": "Retain"}}})),
+        )
+        .await
+        .expect("retain");
+}
+
+fn contested(q: &ArtemisQueue) -> bool {
+    q.status
+        .as_ref()
+        .is_some_and(|s| s.nodes.iter().any(|n| n.refusal == Some(RefusalKind::Contested)))
+}
+
+#[tokio::test]
+async fn two_installations_declaring_one_queue_stop_fighting_and_the_contested_side_destroys_nothing() {
+    let _b = brokers_shared().await;
+    let bed = TestBed::get();
+    let admin = bed.kube_admin().await;
+    let (a, b) = (
+        side(&bed, &admin, "inst-a").await,
+        side(&bed, &admin, "inst-b").await,
+    );
+    assert_ne!(a.op.ctx.instance_id, b.op.ctx.instance_id);
+    // The queue exists already, with messages.
+    let name = format!("shared.{}", short_id());
+    let access = bed.access("c", bed.broker_user());
+    let t = artemis_studio_operator::topology::poll(&access, &Default::default()).await;
+    for m in t.nodes.iter().filter_map(|n| n.active.clone()) {
+        m.create_queue(
+            &json!({"name": name, "address": name, "routing-type": "ANYCAST", "auto-create-address": true}),
+        )
+        .await
+        .expect("queue behind the operators' backs");
+    }
+    send_messages(&bed, "c1", &name, 3).await;
+    for (s, filter) in [(&a, "k = 1"), (&b, "k = 2")] {
+        let q: ArtemisQueue = serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+            "metadata": {"name": "shared"},
+            "spec": {"clusterRef": {"name": "c"}, "name": name, "filter": filter}
+        }))
+        .expect("queue json");
+        s.queues.create(&PostParams::default(), &q).await.expect("create");
+    }
+
+    // One side finds its repair undone and stops.
+    let (loser, winner) = wait_until(
+        "one side reports the queue contested",
+        Duration::from_secs(120),
+        || async {
+            let (qa, qb) = (
+                a.queues.get("shared").await.ok()?,
+                b.queues.get("shared").await.ok()?,
+            );
+            match (contested(&qa), contested(&qb)) {
+                (true, _) => Some((&a, &b)),
+                (_, true) => Some((&b, &a)),
+                _ => None,
+            }
+        },
+    )
+    .await;
+    let q = loser.queues.get("shared").await.expect("get");
+    let node = q
+        .status
+        .as_ref()
+        .and_then(|s| {
+            s.nodes
+                .iter()
+                .find(|n| n.refusal == Some(RefusalKind::Contested))
+                .cloned()
+        })
+        .expect("a contested node");
+    assert!(
+        node.message.contains("filter-string")
+            && node.message.contains("another writer")
+            && node.message.contains("broker has"),
+        "{}",
+        node.message
+    );
+    let stalled = q
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Stalled").cloned())
+        .expect("Stalled");
+    assert_eq!(stalled.status, "True", "{stalled:?}");
+
+    // Positive evidence that later passes ran on both sides (three polls of each cluster, and
+    // a queue pass each, asked for by touching a label): no more writes from either.
+    let before = (writes(&a).await, writes(&b).await);
+    for s in [&a, &b] {
+        let (polls, passes) = (
+            s.op.ctx.metrics.reconciles_of("ArtemisCluster"),
+            s.op.ctx.metrics.reconciles_of("ArtemisQueue"),
+        );
+        s.queues
+            .patch(
+                "shared",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"looked": "again"}}})),
+            )
+            .await
+            .expect("touch");
+        wait_until(
+            "3 more polls and a queue pass",
+            Duration::from_secs(90),
+            || async move {
+                let m = &s.op.ctx.metrics;
+                (m.reconciles_of("ArtemisCluster") >= polls + 3 && m.reconciles_of("ArtemisQueue") > passes)
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+    let after = (writes(&a).await, writes(&b).await);
+    assert_eq!(before, after, "the fight went on");
+    assert!(
+        after.0 + after.1 <= 6,
+        "at most a create-or-update and one repair per side per node batch: {after:?}"
+    );
+
+    // The contested side's delete destroys nothing: blocked, then released with Retain.
+    loser
+        .queues
+        .delete("shared", &Default::default())
+        .await
+        .expect("delete");
+    wait_until(
+        "the delete is blocked as contested",
+        Duration::from_secs(60),
+        || async {
+            let q = loser.queues.get("shared").await.ok()?;
+            q.status
+                .as_ref()?
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "DeleteBlocked" && c.status == "True" && c.reason == "Contested")
+                .then_some(())
+        },
+    )
+    .await;
+    retain(loser).await;
+    wait_until("released", Duration::from_secs(60), || async {
+        loser.queues.get_opt("shared").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let t = artemis_studio_operator::topology::poll(&access, &Default::default()).await;
+    let c1 = t.find(&bed.broker("c1").jolokia).expect("c1");
+    let kept = c1
+        .inventory
+        .as_ref()
+        .and_then(|i| i.queues.get(&name))
+        .expect("the queue is still there");
+    assert_eq!(kept.message_count, 3, "the messages are still there");
+
+    // Tidy: the winner releases too, and the queue goes by hand.
+    retain(winner).await;
+    winner
+        .queues
+        .delete("shared", &Default::default())
+        .await
+        .expect("delete");
+    for m in t.nodes.iter().filter_map(|n| n.active.clone()) {
+        let _ = m.destroy_queue(&name, true).await;
+    }
+    let _ = (&a.ns, &b.ns);
+}
