@@ -197,6 +197,19 @@ pub struct Context {
     pub capture_pass_interval: std::time::Duration,
     /// One writer at a time per (cluster, address) in this process.
     pub address_locks: AddressLocks,
+    /// Commands of stopped processes this process recorded as `unknown`, by object uid: the
+    /// object's next command names them (`params.follows`).
+    pub abandoned: Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<i64>>>>,
+}
+
+impl Context {
+    /// The `unknown` rows the object's next command follows (taken: named once).
+    pub fn take_abandoned(&self, uid: &str) -> Vec<i64> {
+        self.abandoned
+            .lock()
+            .map(|mut m| m.remove(uid).unwrap_or_default())
+            .unwrap_or_default()
+    }
 }
 
 /// Serialises, in one process, the commands that touch one address of one cluster: a queue
@@ -440,6 +453,7 @@ impl Context {
             written: WrittenStatus::default(),
             capture_pass_interval: std::time::Duration::from_secs(30),
             address_locks: AddressLocks::default(),
+            abandoned: Default::default(),
         };
         (
             ctx,
@@ -955,10 +969,52 @@ async fn reap_abandoned_commands(ctx: Arc<Context>) {
                 for r in rows {
                     tracing::warn!(audit_id = r.id, command = %r.command, object_uid = %r.object_uid,
                         "a command of an operator process that stopped has no outcome: recorded as unknown");
+                    if let Ok(mut m) = ctx.abandoned.lock() {
+                        m.entry(r.object_uid).or_default().push(r.id);
+                    }
                 }
             }
             Err(e) => tracing::warn!(error = %e, "audit heartbeat"),
         }
         tokio::time::sleep(crate::store::HEARTBEAT).await;
+    }
+}
+
+#[cfg(test)]
+mod address_lock_tests {
+    use super::AddressLocks;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn one_writer_per_address_of_a_cluster() {
+        let locks = AddressLocks::default();
+        let held = locks.hold("ns/c", &["orders".into()]).await;
+        // Another cluster's address of the same name, and another address, are free.
+        let other =
+            tokio::time::timeout(Duration::from_millis(200), locks.hold("ns/d", &["orders".into()])).await;
+        assert!(other.is_ok(), "another cluster's address is not held");
+        let free = tokio::time::timeout(
+            Duration::from_millis(200),
+            locks.hold("ns/c", &["invoices".into()]),
+        )
+        .await;
+        assert!(free.is_ok(), "another address is not held");
+        // A divert touching orders waits until the delete is done.
+        let waiting = tokio::time::timeout(
+            Duration::from_millis(200),
+            locks.hold("ns/c", &["events".into(), "orders".into()]),
+        )
+        .await;
+        assert!(waiting.is_err(), "orders is held");
+        drop(held);
+        let after = tokio::time::timeout(
+            Duration::from_secs(2),
+            locks.hold("ns/c", &["orders".into(), "orders".into()]),
+        )
+        .await;
+        assert!(
+            after.is_ok(),
+            "free once released (the same address twice is held once)"
+        );
     }
 }

@@ -651,6 +651,13 @@ fn intent<K: TopologyObject>(
         ),
         None => actor_of(obj.meta()),
     };
+    let mut params = params;
+    let follows = ctx.take_abandoned(&obj.uid().unwrap_or_default());
+    if !follows.is_empty() {
+        // The commands of a stopped process on this object, recorded `unknown`: this one acts
+        // on what the broker shows now, after them.
+        params["follows"] = serde_json::json!(follows);
+    }
     AuditIntent {
         instance_id: ctx.instance_id.clone(),
         actor,
@@ -1423,12 +1430,14 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
         .is_none_or(|s| s.nodes().is_empty() && s.last_audit_id().is_none());
     let cluster_key = match dereference(&ctx, o) {
         Ok((_, k)) => k,
-        Err(DereferenceError::ClusterNotFound(k)) if never_reached => {
+        // The cluster is gone or cannot be used (its Secret is missing) and this object never
+        // reached a broker: there is nothing of its own to remove.
+        Err(e) if never_reached => {
             return release(
                 &ctx,
                 o,
                 "NeverApplied",
-                format!("ArtemisCluster {k} does not exist and this object never reached a broker: nothing to remove"),
+                format!("{e}; this object never reached a broker: nothing to remove"),
             )
             .await;
         }
@@ -1478,7 +1487,9 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
     let cluster = o.cluster_ref().name.clone();
     let deref = match dereference(&ctx, o).and_then(|(rt, k)| with_topology(&ctx, rt, k)) {
         Ok(x) => x,
-        Err(e @ DereferenceError::CredentialsRefused(..)) if never_reached => {
+        // The cluster cannot be used (its Secret is gone, its credentials are refused) and
+        // this object never reached a broker: there is nothing of its own to remove.
+        Err(e) if never_reached => {
             return release(
                 &ctx,
                 o,

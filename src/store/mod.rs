@@ -151,7 +151,9 @@ impl Store {
             "UPDATE audit_event a SET outcome = 'unknown', completed_at = now(), \
              outcome_detail = jsonb_build_object('reason', \
                'the operator process that sent this command (' || coalesce(a.process_id, 'an earlier binary') || \
-               ') stopped before recording its outcome: what each node did is not known; the object''s next command names this row and acts on what the broker shows then') \
+               ') stopped before recording its outcome: what each node did is not known; the object''s next command acted (or acts) on what the broker showed then', \
+               'followedBy', (SELECT coalesce(jsonb_agg(l.id ORDER BY l.id), '[]'::jsonb) FROM audit_event l \
+                              WHERE l.object_uid = a.object_uid AND l.id > a.id)) \
              WHERE a.outcome = 'pending' AND a.process_id IS DISTINCT FROM $1 \
                AND NOT EXISTS (SELECT 1 FROM operator_process p WHERE p.process_id = a.process_id \
                                AND p.heartbeat_at > now() - make_interval(secs => $2)) \

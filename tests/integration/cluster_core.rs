@@ -516,43 +516,48 @@ async fn bad_cluster_input_names_the_cause_and_the_fix() {
     }
     // Issue 22 item 8: a queue on the cluster whose credentials are refused names the
     // credentials (not "no live node"), and its delete — it never reached a broker — finishes.
+    // The same for a queue whose cluster's Secret does not exist.
     let queues: Api<artemis_studio_operator::api::queue::ArtemisQueue> = Api::namespaced(admin.clone(), &ns);
-    let q = serde_json::from_value(serde_json::json!({
-        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
-        "metadata": {"name": "refused"}, "spec": {"clusterRef": {"name": "wrongpw"}}
-    }))
-    .expect("queue json");
-    queues
-        .create(&Default::default(), &q)
-        .await
-        .expect("create queue");
-    wait_until(
-        "the queue names the refused credentials",
-        Duration::from_secs(60),
-        || {
-            let queues = queues.clone();
-            async move {
-                let q = queues.get("refused").await.ok()?;
-                q.status?
-                    .conditions
-                    .iter()
-                    .any(|c| {
-                        c.type_ == "Ready" && c.reason == "CredentialsRefused" && c.message.contains("Secret")
-                    })
-                    .then_some(())
-            }
-        },
-    )
-    .await;
-    queues
-        .delete("refused", &Default::default())
-        .await
-        .expect("delete");
-    wait_until("the delete finishes", Duration::from_secs(60), || {
-        let queues = queues.clone();
-        async move { queues.get_opt("refused").await.ok()?.is_none().then_some(()) }
-    })
-    .await;
+    for (cluster, reason, needle) in [
+        ("wrongpw", "CredentialsRefused", "refused the credentials"),
+        ("nosecret", "ClusterNotReady", "does not exist"),
+    ] {
+        let q = serde_json::from_value(serde_json::json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+            "metadata": {"name": cluster}, "spec": {"clusterRef": {"name": cluster}}
+        }))
+        .expect("queue json");
+        queues
+            .create(&Default::default(), &q)
+            .await
+            .expect("create queue");
+        wait_until(
+            &format!("the queue on {cluster} says {reason}"),
+            Duration::from_secs(60),
+            || {
+                let queues = queues.clone();
+                async move {
+                    let q = queues.get(cluster).await.ok()?;
+                    q.status?
+                        .conditions
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.reason == reason && c.message.contains(needle))
+                        .then_some(())
+                }
+            },
+        )
+        .await;
+        queues.delete(cluster, &Default::default()).await.expect("delete");
+        wait_until(
+            &format!("the delete of the queue on {cluster} finishes"),
+            Duration::from_secs(60),
+            || {
+                let queues = queues.clone();
+                async move { queues.get_opt(cluster).await.ok()?.is_none().then_some(()) }
+            },
+        )
+        .await;
+    }
 }
 
 #[tokio::test]

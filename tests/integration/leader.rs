@@ -415,6 +415,13 @@ async fn a_leader_killed_mid_fan_out_is_finished_by_the_standby_without_a_second
         reason.contains("stopped before recording its outcome"),
         "{reason}"
     );
+    // It names the command that followed it on the same object.
+    let followed: Vec<i64> = rows[0]
+        .2
+        .as_ref()
+        .and_then(|d| serde_json::from_value(d["followedBy"].clone()).ok())
+        .unwrap_or_default();
+    assert_eq!(followed.len(), 1, "{rows:?}");
     assert_eq!(rows[1].1, "succeeded", "{rows:?}");
     // The standby wrote only the nodes the dead leader had not: each node got the queue once.
     let applied = rows[1]
