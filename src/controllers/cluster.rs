@@ -252,10 +252,7 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
                     &ctx,
                     &ns,
                     &name,
-                    &topology::TopologyChange {
-                        everything: true,
-                        ..Default::default()
-                    },
+                    &topology::TopologyChange::everything(),
                     None,
                 );
             }

@@ -743,11 +743,13 @@ fn cluster_deleted(ctx: &Context, c: &ArtemisCluster) {
     );
     ctx.clusters.remove(&key(&ns, &name));
     ctx.topologies.remove(&key(&ns, &name));
-    let everything = crate::topology::TopologyChange {
-        everything: true,
-        ..Default::default()
-    };
-    pipeline::trigger_dependents(ctx, &ns, &name, &everything, None);
+    pipeline::trigger_dependents(
+        ctx,
+        &ns,
+        &name,
+        &crate::topology::TopologyChange::everything(),
+        None,
+    );
 }
 
 /// Keep one reflector cache in sync until shutdown; `deleted` runs for each object the watch

@@ -355,31 +355,31 @@ pub async fn ensure_credentials(ctx: &Context, ns: &str, cluster: &str) -> Resul
 /// After a cluster's credentials or trust roots changed: every dependent is retried now (its
 /// failed nodes' backoff is forgotten: they may have failed for the old credentials).
 pub fn retry_dependents_now(ctx: &Context, ns: &str, cluster: &str) {
-    let everything = crate::topology::TopologyChange {
-        everything: true,
-        ..Default::default()
-    };
-    for q in ctx
-        .caches
-        .queues
+    forget_node_backoff::<crate::api::ArtemisQueue>(ctx, ns, cluster);
+    forget_node_backoff::<crate::api::ArtemisDivert>(ctx, ns, cluster);
+    trigger_dependents(
+        ctx,
+        ns,
+        cluster,
+        &crate::topology::TopologyChange::everything(),
+        None,
+    );
+}
+
+fn forget_node_backoff<K: TopologyObject>(ctx: &Context, ns: &str, cluster: &str) {
+    for o in K::cache(ctx)
         .state()
         .iter()
-        .filter(|o| o.namespace().as_deref() == Some(ns) && o.cluster_ref().name == cluster)
+        .filter(|o| of_cluster(o.as_ref(), ns, cluster))
     {
         ctx.backoff
-            .reset(&format!("{}/nodes", q.uid().unwrap_or_default()));
+            .reset(&format!("{}/nodes", o.uid().unwrap_or_default()));
     }
-    for d in ctx
-        .caches
-        .diverts
-        .state()
-        .iter()
-        .filter(|o| o.namespace().as_deref() == Some(ns) && o.cluster_ref().name == cluster)
-    {
-        ctx.backoff
-            .reset(&format!("{}/nodes", d.uid().unwrap_or_default()));
-    }
-    trigger_dependents(ctx, ns, cluster, &everything, None);
+}
+
+/// The object names this ArtemisCluster (namespace and name).
+fn of_cluster<K: TopologyObject>(o: &K, ns: &str, cluster: &str) -> bool {
+    o.namespace().as_deref() == Some(ns) && o.cluster_ref().name == cluster
 }
 
 /// The ArtemisDivert objects declaring diverts on the same broker cluster (from the cache).
@@ -539,7 +539,7 @@ fn dependents<K: TopologyObject>(
         .state()
         .iter()
         .filter(|o| except.is_none() || o.meta().uid.as_deref() != except)
-        .filter(|o| o.namespace().as_deref() == Some(ns) && o.cluster_ref().name == cluster)
+        .filter(|o| of_cluster(o.as_ref(), ns, cluster))
         .filter(|o| change.everything || o.desired().is_ok_and(|d| K::touches(&d, change)))
         .map(|o| kube::runtime::reflector::ObjectRef::from_obj(o.as_ref()))
         .collect()
@@ -889,6 +889,9 @@ fn held_back(
     (o.outcome == Outcome::Failed && !retry_due).then(|| o.clone())
 }
 
+/// What a contested node says to do.
+const CONTESTED_NEXT: &str = "Not written again for this generation, and a delete will not destroy it while contested: decide who owns it, then stop the other writer or change this spec to match";
+
 /// How soon after a repair a change back means another writer (issue 22 item 1).
 pub const FLAP_WINDOW: Duration = Duration::from_secs(120);
 
@@ -918,7 +921,7 @@ fn contested(old: &NodeOutcome, planned: &NodeOutcome) -> Option<NodeOutcome> {
         return None;
     }
     let message = format!(
-        "changed back {}s after {} (audit #{}) repaired it — {}: another writer keeps this broker object as it wants it (another operator installation on these brokers, a script, or broker.xml). Not written again for this generation, and a delete will not destroy it while contested: decide who owns it, then stop the other writer or change this spec to match",
+        "changed back {}s after {} (audit #{}) repaired it — {}: another writer keeps this broker object as it wants it (another operator installation on these brokers, a script, or broker.xml). {CONTESTED_NEXT}",
         since.as_secs(),
         lc.command,
         lc.audit_id,
@@ -1270,7 +1273,7 @@ async fn verify<K: TopologyObject>(
         Step::Write { what, detail } if !matches!(K::plan_apply(d, before), Step::Write { what: was, .. } if was == what) => {
             Err(NodeFailure {
                 message: Some(format!(
-                    "the broker took the write ({}), and a fresh read right after shows another value ({what}): another writer changed it in between (another operator installation on these brokers, a script). Not written again for this generation, and a delete will not destroy it while contested: decide who owns it, then stop the other writer or change this spec to match",
+                    "the broker took the write ({}), and a fresh read right after shows another value ({what}): another writer changed it in between (another operator installation on these brokers, a script). {CONTESTED_NEXT}",
                     report.message
                 )),
                 detail,

@@ -372,6 +372,14 @@ pub struct TopologyChange {
 }
 
 impl TopologyChange {
+    /// A change that concerns every object of the cluster (nodes, access or the cluster itself).
+    pub fn everything() -> Self {
+        TopologyChange {
+            everything: true,
+            ..Default::default()
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         !self.everything && self.queues.is_empty() && self.addresses.is_empty() && self.diverts.is_empty()
     }
@@ -407,10 +415,7 @@ fn same_queue_config(a: &inventory::QueueInfo, b: &inventory::QueueInfo) -> bool
 /// The change from `old` (None: never polled) to `new`.
 pub fn changes(old: Option<&Topology>, new: &Topology) -> TopologyChange {
     let Some(old) = old else {
-        return TopologyChange {
-            everything: true,
-            ..Default::default()
-        };
+        return TopologyChange::everything();
     };
     let shape = |t: &Topology| -> Vec<(String, Option<String>, bool)> {
         t.nodes
@@ -425,10 +430,7 @@ pub fn changes(old: Option<&Topology>, new: &Topology) -> TopologyChange {
             .collect()
     };
     if shape(old) != shape(new) {
-        return TopologyChange {
-            everything: true,
-            ..Default::default()
-        };
+        return TopologyChange::everything();
     }
     let mut c = TopologyChange::default();
     for (o, n) in old.nodes.iter().zip(&new.nodes) {

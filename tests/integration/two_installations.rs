@@ -56,10 +56,13 @@ async fn retain(s: &Side) {
         .expect("retain");
 }
 
-fn contested(q: &ArtemisQueue) -> bool {
+fn contested_nodes(q: &ArtemisQueue) -> std::collections::BTreeSet<String> {
     q.status
-        .as_ref()
-        .is_some_and(|s| s.nodes.iter().any(|n| n.refusal == Some(RefusalKind::Contested)))
+        .iter()
+        .flat_map(|s| s.nodes.iter())
+        .filter(|n| n.refusal == Some(RefusalKind::Contested))
+        .map(|n| n.node.clone())
+        .collect()
 }
 
 #[tokio::test]
@@ -94,20 +97,21 @@ async fn two_installations_declaring_one_queue_stop_fighting_and_the_contested_s
         s.queues.create(&PostParams::default(), &q).await.expect("create");
     }
 
-    // One side finds its repair undone and stops.
+    // On every node one side finds its write undone and stops (which side may differ per node:
+    // the writes race node by node).
     let (loser, winner) = wait_until(
-        "one side reports the queue contested",
+        "every node contested on one side or the other",
         Duration::from_secs(120),
         || async {
             let (qa, qb) = (
                 a.queues.get("shared").await.ok()?,
                 b.queues.get("shared").await.ok()?,
             );
-            match (contested(&qa), contested(&qb)) {
-                (true, _) => Some((&a, &b)),
-                (_, true) => Some((&b, &a)),
-                _ => None,
+            let (na, nb) = (contested_nodes(&qa), contested_nodes(&qb));
+            if na.union(&nb).count() < 3 {
+                return None;
             }
+            Some(if na.is_empty() { (&b, &a) } else { (&a, &b) })
         },
     )
     .await;
