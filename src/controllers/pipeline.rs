@@ -1216,9 +1216,10 @@ async fn write<K: TopologyObject>(
 }
 
 /// A test-only crash window in the middle of a command (`ARTEMIS_STUDIO_TEST_PAUSE_MID_FANOUT`
-/// set to a marker file): one node is written, the others are held until their per-node timeout,
-/// then the process writes the marker and sleeps before recording the outcome, for a test to
-/// SIGKILL it there. Unset (always, outside tests), both are no-ops.
+/// set to a marker file): one node is written, the others are held until their per-node timeout;
+/// an apply then writes the marker and sleeps before recording the outcome, a delete writes it
+/// as soon as its first node is done, for a test to SIGKILL it there. Unset (always, outside
+/// tests), all are no-ops.
 mod crash_window {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
@@ -1229,6 +1230,14 @@ mod crash_window {
     pub async fn hold_all_but_first_node() {
         if std::env::var_os(VAR).is_some() && FIRST_TAKEN.swap(true, Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+    }
+
+    /// A delete's crash window: the first node is done and the others are held; the marker
+    /// tells the test to SIGKILL the process inside the command (its row still `pending`).
+    pub fn first_node_done() {
+        if let Some(marker) = std::env::var_os(VAR) {
+            let _ = std::fs::write(marker, "first node done");
         }
     }
 
@@ -1572,7 +1581,13 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
             intent(&ctx, o, &d, &format!("{}.delete", K::NOUN), params),
             move |t| {
                 let inv = before.get(&t.node_id).cloned().unwrap_or_default();
-                K::delete_on(t, d2.clone(), f2.clone(), inv)
+                let (d2, f2) = (d2.clone(), f2.clone());
+                async move {
+                    crash_window::hold_all_but_first_node().await;
+                    let report = K::delete_on(t, d2, f2, inv).await;
+                    crash_window::first_node_done();
+                    report
+                }
             },
         )
         .await?;

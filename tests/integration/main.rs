@@ -9,6 +9,7 @@ mod chart;
 mod close_once;
 mod cluster_core;
 mod connection_close;
+mod crash_delete;
 mod credentials;
 mod divert;
 mod filters;

@@ -1,0 +1,221 @@
+//! Issue 22 item 5: a SIGKILL inside a queue delete's fan-out (one node done, the others held):
+//! the process that comes next finishes the delete, leaves no divert forwarding into an address
+//! with no queue (ADR-0084), and completes the killed command's audit row as `unknown`, naming
+//! the command that followed it. No row stays `pending`.
+
+use std::time::Duration;
+
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::json;
+
+use artemis_studio_operator::api::divert::ArtemisDivert;
+use artemis_studio_operator::api::queue::ArtemisQueue;
+
+use crate::support::{
+    TestBed, brokers_shared, create_cluster, send_messages, short_id, wait_cluster_condition, wait_ready,
+    wait_until,
+};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+fn is_ready(status: Option<&Vec<artemis_studio_operator::api::Condition>>) -> bool {
+    status.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+async fn audit(db: &str) -> Vec<(i64, String, String, Option<serde_json::Value>)> {
+    let pool = sqlx::PgPool::connect(db).await.expect("audit database");
+    sqlx::query_as("SELECT id, command, outcome, outcome_detail FROM audit_event WHERE command = 'queue.delete' ORDER BY id")
+        .fetch_all(&pool)
+        .await
+        .expect("audit rows")
+}
+
+#[tokio::test]
+async fn a_sigkill_inside_a_delete_leaves_no_dangling_divert_and_no_pending_row() {
+    let _b = brokers_shared().await;
+    let bed = TestBed::get();
+    let ns = bed.fresh_namespace("crashdel").await;
+    bed.install_operator_rbac().await;
+    let db = bed.fresh_database().await;
+    let admin = bed.kube_admin().await;
+    let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
+    create_cluster(&admin, &ns, "c", &urls, Some(bed.broker_user())).await;
+    let id = short_id();
+    let (target, source) = (format!("crash.tgt.{id}"), format!("crash.src.{id}"));
+    let queues: Api<ArtemisQueue> = Api::namespaced(admin.clone(), &ns);
+    let diverts: Api<ArtemisDivert> = Api::namespaced(admin.clone(), &ns);
+
+    // State first: a target queue with messages, a source queue, and a declared divert into the
+    // target, all converged by an operator that then goes away.
+    {
+        let port = free_port();
+        let _first = bed.spawn_operator(&ns, &db, port, &[]);
+        wait_ready(&reqwest::Client::new(), port).await;
+        wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
+        for (object, name, routing) in [("target", &target, "ANYCAST"), ("source", &source, "MULTICAST")] {
+            let q: ArtemisQueue = serde_json::from_value(json!({
+                "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+                "metadata": {"name": object},
+                "spec": {"clusterRef": {"name": "c"}, "name": name, "routingType": routing}
+            }))
+            .expect("queue json");
+            queues
+                .create(&PostParams::default(), &q)
+                .await
+                .expect("create queue");
+        }
+        for object in ["target", "source"] {
+            wait_until(&format!("{object} Ready"), Duration::from_secs(90), || {
+                let queues = queues.clone();
+                async move {
+                    is_ready(
+                        queues
+                            .get(object)
+                            .await
+                            .ok()?
+                            .status
+                            .as_ref()
+                            .map(|s| &s.conditions),
+                    )
+                    .then_some(())
+                }
+            })
+            .await;
+        }
+        let d: ArtemisDivert = serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisDivert",
+            "metadata": {"name": "into"},
+            "spec": {"clusterRef": {"name": "c"}, "name": format!("into.{id}"), "address": source, "forwardingAddress": target}
+        }))
+        .expect("divert json");
+        diverts
+            .create(&PostParams::default(), &d)
+            .await
+            .expect("create divert");
+        wait_until("the divert Ready", Duration::from_secs(90), || {
+            let diverts = diverts.clone();
+            async move {
+                is_ready(
+                    diverts
+                        .get("into")
+                        .await
+                        .ok()?
+                        .status
+                        .as_ref()
+                        .map(|s| &s.conditions),
+                )
+                .then_some(())
+            }
+        })
+        .await;
+        send_messages(&bed, "c1", &target, 2).await;
+    }
+
+    // The delete, SIGKILLed inside its fan-out: one node done, the others held.
+    let marker = std::env::temp_dir().join(format!("crashdel-{id}"));
+    let port = free_port();
+    let mut killed = bed.spawn_operator(
+        &ns,
+        &db,
+        port,
+        &[(
+            "ARTEMIS_STUDIO_TEST_PAUSE_MID_FANOUT",
+            &marker.display().to_string(),
+        )],
+    );
+    wait_ready(&reqwest::Client::new(), port).await;
+    queues
+        .delete("target", &Default::default())
+        .await
+        .expect("delete");
+    wait_until(
+        "the first node deleted, the others held",
+        Duration::from_secs(120),
+        || {
+            let marker = marker.clone();
+            async move { marker.exists().then_some(()) }
+        },
+    )
+    .await;
+    killed.0.kill().expect("SIGKILL");
+    let _ = killed.0.wait();
+    let rows = audit(&db).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].2, "pending", "killed inside the command: {rows:?}");
+
+    // The next process finishes the delete and completes the killed row.
+    let port = free_port();
+    let _next = bed.spawn_operator(&ns, &db, port, &[]);
+    wait_until("the delete finished", Duration::from_secs(120), || {
+        let queues = queues.clone();
+        async move { queues.get_opt("target").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    let rows = wait_until("no delete row pending", Duration::from_secs(90), || {
+        let db = db.clone();
+        async move {
+            let rows = audit(&db).await;
+            rows.iter().all(|r| r.2 != "pending").then_some(rows)
+        }
+    })
+    .await;
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(
+        (rows[0].2.as_str(), rows[1].2.as_str()),
+        ("unknown", "succeeded"),
+        "{rows:?}"
+    );
+    let followed: Vec<i64> = rows[0]
+        .3
+        .as_ref()
+        .and_then(|d| serde_json::from_value(d["followedBy"].clone()).ok())
+        .unwrap_or_default();
+    assert_eq!(followed, vec![rows[1].0], "{rows:?}");
+
+    // No node keeps the divert forwarding into the address whose last queue went.
+    let t = artemis_studio_operator::topology::poll(&bed.access("c", bed.broker_user()), &Default::default())
+        .await;
+    for n in &t.nodes {
+        let inv = n.inventory.as_ref().expect("inventory");
+        assert!(
+            !inv.queues.contains_key(&target),
+            "{} still has {target}",
+            n.node_id
+        );
+        let dangling: Vec<&String> = inv
+            .diverts
+            .values()
+            .filter(|d| d.forwarding_address == target)
+            .map(|d| &d.name)
+            .collect();
+        assert!(
+            dangling.is_empty(),
+            "{}: diverts into {target} with no queue: {dangling:?}",
+            n.node_id
+        );
+    }
+
+    // Tidy the shared brokers.
+    diverts
+        .delete("into", &Default::default())
+        .await
+        .expect("delete divert");
+    queues
+        .delete("source", &Default::default())
+        .await
+        .expect("delete source");
+    for object in ["source"] {
+        wait_until(&format!("{object} gone"), Duration::from_secs(90), || {
+            let queues = queues.clone();
+            async move { queues.get_opt(object).await.ok()?.is_none().then_some(()) }
+        })
+        .await;
+    }
+    let _ = std::fs::remove_file(&marker);
+}
