@@ -1343,6 +1343,17 @@ async fn release<K: TopologyObject>(
     Ok(Action::await_change())
 }
 
+/// A delete whose cluster cannot be used, of an object that never reached a broker: nothing of
+/// its own is on any broker, so it is released without a write.
+async fn release_never_applied<K: TopologyObject>(
+    ctx: &Context,
+    obj: &K,
+    why: &DereferenceError,
+) -> Result<Action, ReconcileError> {
+    let message = format!("{why}; this object never reached a broker: nothing to remove");
+    release(ctx, obj, "NeverApplied", message).await
+}
+
 /// A delete that cannot finish now: DeleteBlocked names why and how to proceed; the finalizer
 /// stays. The Event is published only when the condition changed.
 async fn block<K: TopologyObject>(
@@ -1444,15 +1455,7 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
         Ok((_, k)) => k,
         // The cluster is gone or cannot be used (its Secret is missing) and this object never
         // reached a broker: there is nothing of its own to remove.
-        Err(e) if never_reached => {
-            return release(
-                &ctx,
-                o,
-                "NeverApplied",
-                format!("{e}; this object never reached a broker: nothing to remove"),
-            )
-            .await;
-        }
+        Err(e) if never_reached => return release_never_applied(&ctx, o, &e).await,
         Err(e) => {
             if let Some(released) = release_if_namespace_deleted(&ctx, o, &d, &e).await {
                 return released;
@@ -1499,17 +1502,7 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
     let cluster = o.cluster_ref().name.clone();
     let deref = match dereference(&ctx, o).and_then(|(rt, k)| with_topology(&ctx, rt, k)) {
         Ok(x) => x,
-        // The cluster cannot be used (its Secret is gone, its credentials are refused) and
-        // this object never reached a broker: there is nothing of its own to remove.
-        Err(e) if never_reached => {
-            return release(
-                &ctx,
-                o,
-                "NeverApplied",
-                format!("{e}; this object never reached a broker: nothing to remove"),
-            )
-            .await;
-        }
+        Err(e) if never_reached => return release_never_applied(&ctx, o, &e).await,
         Err(e) => {
             if let Some(released) = release_if_namespace_deleted(&ctx, o, &d, &e).await {
                 return released;
@@ -1520,13 +1513,7 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
     };
     if let Err(e) = ensure_credentials(&ctx, &ns, &cluster).await {
         if never_reached && matches!(e, DereferenceError::CredentialsMissing(..)) {
-            return release(
-                &ctx,
-                o,
-                "NeverApplied",
-                format!("{e}; this object never reached a broker: nothing to remove"),
-            )
-            .await;
+            return release_never_applied(&ctx, o, &e).await;
         }
         if let Some(released) = release_if_namespace_deleted(&ctx, o, &d, &e).await {
             return released;
