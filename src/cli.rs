@@ -114,11 +114,11 @@ pub struct RunArgs {
           value_parser = clap::value_parser!(u32).range(0..=3600))]
     pub shutdown_grace_seconds: u32,
     /// ArtemisQueue reconciles run at once, at most (1 or more).
-    #[arg(long, env = "QUEUE_CONCURRENCY", default_value_t = 8,
+    #[arg(long, env = "QUEUE_CONCURRENCY", default_value_t = 64,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub queue_concurrency: u16,
     /// ArtemisDivert reconciles run at once, at most (1 or more).
-    #[arg(long, env = "DIVERT_CONCURRENCY", default_value_t = 8,
+    #[arg(long, env = "DIVERT_CONCURRENCY", default_value_t = 16,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub divert_concurrency: u16,
     /// ArtemisCluster reconciles run at once, at most (1 or more).
@@ -144,8 +144,8 @@ impl Default for Concurrency {
     /// The flags' defaults.
     fn default() -> Self {
         Concurrency {
-            queue: 8,
-            divert: 8,
+            queue: 64,
+            divert: 16,
             cluster: 4,
             connection_close: 4,
         }
@@ -255,8 +255,8 @@ mod tests {
         assert_eq!(
             run_args(&[]).concurrency(),
             Concurrency {
-                queue: 8,
-                divert: 8,
+                queue: 64,
+                divert: 16,
                 cluster: 4,
                 connection_close: 4
             }

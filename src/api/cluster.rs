@@ -68,10 +68,16 @@ pub struct ArtemisClusterSpec {
     #[serde(default = "default_poll_interval")]
     #[schemars(range(min = 1, max = 3600))]
     pub poll_interval_seconds: u32,
-    /// Per-request timeout for one management call, in seconds.
+    /// Per-request timeout for one management call that writes (and its preflight), in seconds.
     #[serde(default = "default_request_timeout")]
     #[schemars(range(min = 1, max = 300))]
     pub request_timeout_seconds: u32,
+    /// Timeout of one poll's reads of a node (identity and inventory), in seconds: the inventory
+    /// of thousands of queues takes longer to read than one write. A poll that times out leaves
+    /// the last inventory standing, marked stale in status.nodes; objects keep their state.
+    #[serde(default = "default_poll_timeout")]
+    #[schemars(range(min = 1, max = 600))]
+    pub poll_timeout_seconds: u32,
     /// The bulk cap (ADR-0022): the most messages one command may destroy, and the most
     /// connections one command may close. Objects override it per command
     /// (`deletion.allowMessageLoss`, `allowBulk`).
@@ -98,6 +104,9 @@ pub fn default_poll_interval() -> u32 {
 }
 pub fn default_request_timeout() -> u32 {
     5
+}
+pub fn default_poll_timeout() -> u32 {
+    30
 }
 pub fn default_bulk_cap() -> u64 {
     10_000
@@ -227,6 +236,10 @@ pub struct LogicalNodeStatus {
     pub role: String,
     /// In the polled topology and answering now.
     pub live: bool,
+    /// Set when the last poll could not read this node's inventory: why. Objects are judged
+    /// from the inventory read before it (writes still read or answer for themselves).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inventory_stale: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]

@@ -210,11 +210,12 @@ pub struct DeletePreview {
     /// broker.xml brings back at the next restart, the bulk cap.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
-    /// When the counts were read (the cluster's poll). A count that moves within its order of
-    /// magnitude (0, 1-9, 10-99, …) does not rewrite status: counts are refreshed when one
-    /// changes magnitude, when the preview otherwise changes (nodes, diverts, the bulk cap
-    /// verdict), or when the object is reconciled and the counts are over 5 minutes old. A
-    /// delete never acts on this preview: its preflight reads every node fresh.
+    /// When the counts were read (the cluster's poll); a later read that found exactly the same
+    /// preview leaves it as it is. A count that moves within its order of magnitude (0, 1-9,
+    /// 10-99, …) does not rewrite status: counts are refreshed when one changes magnitude, when
+    /// the preview otherwise changes (nodes, diverts, the bulk cap verdict), or when the object
+    /// is reconciled and the counts moved over 5 minutes after this time. A delete never acts on
+    /// this preview: its preflight reads every node fresh.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_at: Option<String>,
 }

@@ -37,13 +37,14 @@ pub const QUEUE: usize = 1024;
 /// A batcher with nothing to do for this long ends its task.
 pub const IDLE_EXIT: Duration = Duration::from_secs(60);
 
-/// One caller's request waiting for a batch.
+/// One caller's requests waiting for a batch: they travel in the same POST, in order (Jolokia
+/// runs a bulk request's elements one after another), e.g. `createAddress` then `createQueue`.
 pub(crate) struct Pending {
     /// The caller's client: same key as every other in the batch (trust roots included); the
     /// first one sends.
     client: JolokiaClient,
-    request: JolokiaRequest,
-    reply: oneshot::Sender<Result<Value, BrokerError>>,
+    requests: Vec<JolokiaRequest>,
+    reply: oneshot::Sender<Vec<Result<Value, BrokerError>>>,
 }
 
 fn key_of(client: &JolokiaClient) -> BatchKey {
@@ -76,10 +77,23 @@ fn batcher_for(client: &JolokiaClient) -> mpsc::Sender<Pending> {
 
 /// One operation, coalesced with concurrent ones to the same endpoint.
 pub(crate) async fn call(client: &JolokiaClient, request: JolokiaRequest) -> Result<Value, BrokerError> {
+    together(client, vec![request])
+        .await
+        .pop()
+        .unwrap_or_else(|| Err(BrokerError::BadResponse("empty bulk response".into())))
+}
+
+/// Several operations in one POST, in this order, coalesced with concurrent ones to the same
+/// endpoint: one result per request.
+pub(crate) async fn together(
+    client: &JolokiaClient,
+    requests: Vec<JolokiaRequest>,
+) -> Vec<Result<Value, BrokerError>> {
+    let n = requests.len();
     let (reply, answer) = oneshot::channel();
     let mut pending = Pending {
         client: client.clone(),
-        request,
+        requests,
         reply,
     };
     // A batcher that just ended (idle, or its runtime stopped) refuses the hand-over: start
@@ -88,20 +102,21 @@ pub(crate) async fn call(client: &JolokiaClient, request: JolokiaRequest) -> Res
         match batcher_for(client).send(pending).await {
             Ok(()) => {
                 return answer.await.unwrap_or_else(|_| {
-                    Err(BrokerError::Unreachable(format!(
+                    let e = BrokerError::Unreachable(format!(
                         "{}: the request batcher stopped before an answer arrived (the process is shutting down); the effect of the call is unknown",
                         client.node()
-                    )))
+                    ));
+                    vec![Err(e); n]
                 });
             }
             Err(mpsc::error::SendError(p)) => pending = p,
         }
     }
     // Not reached in practice; never lose a request over it.
-    let mut results = client.bulk(std::slice::from_ref(&pending.request)).await?;
-    results
-        .pop()
-        .unwrap_or_else(|| Err(BrokerError::BadResponse("empty bulk response".into())))
+    match client.bulk(&pending.requests).await {
+        Ok(results) => results,
+        Err(e) => vec![Err(e); n],
+    }
 }
 
 /// The batcher task of one endpoint key.
@@ -112,8 +127,9 @@ async fn run(mut rx: mpsc::Receiver<Pending>, budget: std::sync::Arc<NodeBudget>
             Ok(None) | Err(_) => return,
         };
         let mut batch = vec![first];
+        let size = |b: &[Pending]| b.iter().map(|p| p.requests.len()).sum::<usize>();
         let deadline = tokio::time::Instant::now() + LINGER;
-        while batch.len() < MAX_BATCH {
+        while size(&batch) < MAX_BATCH {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some(p)) => batch.push(p),
                 Ok(None) | Err(_) => break,
@@ -121,7 +137,7 @@ async fn run(mut rx: mpsc::Receiver<Pending>, budget: std::sync::Arc<NodeBudget>
         }
         let permit = budget.acquire().await;
         // Whoever queued while we waited for the node goes along.
-        while batch.len() < MAX_BATCH {
+        while size(&batch) < MAX_BATCH {
             match rx.try_recv() {
                 Ok(p) => batch.push(p),
                 Err(_) => break,
@@ -136,26 +152,28 @@ async fn run(mut rx: mpsc::Receiver<Pending>, budget: std::sync::Arc<NodeBudget>
     }
 }
 
-/// Send one batch as one POST and hand every caller its own element.
+/// Send one batch as one POST and hand every caller its own elements.
 async fn send(batch: Vec<Pending>, permit: Permit) {
     let mut client = None;
     let mut requests = Vec::with_capacity(batch.len());
     let mut replies = Vec::with_capacity(batch.len());
     for p in batch {
         client.get_or_insert(p.client);
-        requests.push(p.request);
-        replies.push(p.reply);
+        replies.push((p.requests.len(), p.reply));
+        requests.extend(p.requests);
     }
     let Some(client) = client else { return };
     match client.post(permit, &requests).await {
         Ok(results) => {
-            for (reply, result) in replies.into_iter().zip(results) {
-                let _ = reply.send(result);
+            let mut results = results.into_iter();
+            for (n, reply) in replies {
+                let mine: Vec<_> = results.by_ref().take(n).collect();
+                let _ = reply.send(mine);
             }
         }
         Err(e) => {
-            for reply in replies {
-                let _ = reply.send(Err(e.clone()));
+            for (n, reply) in replies {
+                let _ = reply.send(vec![Err(e.clone()); n]);
             }
         }
     }

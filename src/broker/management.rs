@@ -161,6 +161,41 @@ impl BrokerManagement {
         .await
     }
 
+    /// `createAddress` then `createQueue`, in one POST and in this order: a queue on an address
+    /// the broker does not have yet costs one round trip (issue 23). One result each.
+    pub async fn create_address_and_queue(
+        &self,
+        address: &str,
+        routing_types: &str,
+        configuration: &Value,
+    ) -> (Result<(), BrokerError>, Result<Value, BrokerError>) {
+        let b = self.broker();
+        let mut results = self
+            .client
+            .call_together(vec![
+                JolokiaRequest::exec(
+                    b.clone(),
+                    "createAddress(java.lang.String,java.lang.String)",
+                    vec![json!(address), json!(routing_types)],
+                ),
+                JolokiaRequest::exec(
+                    b,
+                    "createQueue(java.lang.String,boolean)",
+                    vec![json!(configuration.to_string()), json!(false)],
+                ),
+            ])
+            .await
+            .into_iter();
+        let missing = || {
+            Err(BrokerError::BadResponse(
+                "no answer for this element of the bulk request".into(),
+            ))
+        };
+        let address = results.next().unwrap_or_else(missing).map(|_| ());
+        let queue = results.next().unwrap_or_else(missing);
+        (address, queue)
+    }
+
     /// `updateQueue(String json)`: replaces the configuration (send the whole document).
     pub async fn update_queue(&self, configuration: &Value) -> Result<Value, BrokerError> {
         self.exec(

@@ -138,6 +138,7 @@ pub async fn resolve_access(
         origin: spec.origin.clone(),
         credentials,
         request_timeout: Duration::from_secs(spec.request_timeout_seconds.into()),
+        poll_timeout: Duration::from_secs(spec.poll_timeout_seconds.into()),
         secret_versions,
     })
 }
@@ -215,6 +216,13 @@ fn node_statuses(t: &Topology) -> Vec<LogicalNodeStatus> {
             standby_endpoints: n.standby.clone(),
             role: n.role().into(),
             live: n.is_live(),
+            inventory_stale: n
+                .inventory_error
+                .as_ref()
+                .filter(|_| n.inventory.is_some())
+                .map(|e| {
+                    format!("the last poll could not read the inventory ({e}); the one read before stands")
+                }),
         })
         .collect()
 }
@@ -412,7 +420,9 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
             let mut change = ctx
                 .topologies
                 .put_with(&k, |previous| {
-                    let merged = topology.carrying_reads(previous, started);
+                    let merged = topology
+                        .carrying_reads(previous, started)
+                        .keeping_stale_inventories(previous);
                     let change = topology::changes(previous, &merged);
                     (merged, change)
                 })

@@ -6,6 +6,7 @@ pub mod command;
 pub mod conditions;
 pub mod connection_close;
 pub mod divert;
+pub mod feed;
 pub mod pipeline;
 pub mod queue;
 
@@ -120,6 +121,11 @@ where
         self.stores.iter().find_map(|s| s.get(&r))
     }
 
+    /// The store of the i-th watched scope (the order of `Namespaces::scopes`).
+    pub fn store(&self, i: usize) -> Option<reflector::Store<K>> {
+        self.stores.get(i).cloned()
+    }
+
     async fn wait_until_ready(&self) {
         for s in &self.stores {
             let _ = s.wait_until_ready().await;
@@ -145,11 +151,12 @@ pub struct Caches {
 /// A Secret as the operator watches it: metadata, no data.
 pub type SecretMeta = kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Secret>;
 
-/// The writers behind [`Caches`], driven by [`run_all`].
+/// The writers behind [`Caches`], driven by [`run_all`]; the clusters', queues' and diverts'
+/// watches also feed their controllers (`feed`).
 pub struct Reflectors {
-    clusters: Vec<reflector::store::Writer<ArtemisCluster>>,
-    queues: Vec<reflector::store::Writer<ArtemisQueue>>,
-    diverts: Vec<reflector::store::Writer<ArtemisDivert>>,
+    clusters: Vec<feed::Scoped<ArtemisCluster>>,
+    queues: Vec<feed::Scoped<ArtemisQueue>>,
+    diverts: Vec<feed::Scoped<ArtemisDivert>>,
     subscriptions: Vec<reflector::store::Writer<ArtemisCaptureSubscription>>,
     secrets: Vec<reflector::store::Writer<SecretMeta>>,
 }
@@ -381,30 +388,45 @@ impl Backoff {
     }
 }
 
-/// How one kind's controller is wired: its API (one namespace or all), the external triggers it
-/// reconciles on, and how many reconciles run at once.
+/// How one kind's controller is wired: what it reconciles on (its cache's watch, or a watch of
+/// its own for a kind without a cache), the external triggers, and how many reconciles run at
+/// once.
 pub struct Wiring<K: Resource<DynamicType = ()> + 'static> {
-    pub api: Api<K>,
+    pub source: Source<K>,
     pub triggers: futures::stream::BoxStream<'static, reflector::ObjectRef<K>>,
     pub concurrency: u16,
 }
 
-impl<K> Wiring<K>
-where
-    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope> + 'static,
-{
+/// Where a controller's objects come from.
+pub enum Source<K: Resource<DynamicType = ()> + 'static> {
+    /// A watch of its own (a kind no cache holds).
+    Watch(Box<Api<K>>),
+    /// The changes its cache's watch lets through (`feed`), looked up in that cache.
+    Feed {
+        changes: tokio::sync::mpsc::UnboundedReceiver<K>,
+        reader: reflector::Store<K>,
+    },
+}
+
+impl<K: Resource<DynamicType = ()> + 'static> Wiring<K> {
     pub fn new(
-        client: &Client,
-        scope: &Option<String>,
+        source: Source<K>,
         triggers: futures::stream::BoxStream<'static, reflector::ObjectRef<K>>,
         concurrency: u16,
     ) -> Self {
         Wiring {
-            api: scoped_api(client, scope),
+            source,
             triggers,
             concurrency,
         }
     }
+}
+
+fn with_feeds<K>(writers: Vec<reflector::store::Writer<K>>) -> Vec<feed::Scoped<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    writers.into_iter().map(feed::Scoped::new).collect()
 }
 
 impl Context {
@@ -458,9 +480,9 @@ impl Context {
         (
             ctx,
             Reflectors {
-                clusters: cw,
-                queues: qw,
-                diverts: dw,
+                clusters: with_feeds(cw),
+                queues: with_feeds(qw),
+                diverts: with_feeds(dw),
                 subscriptions: sw,
                 secrets: secret_writers,
             },
@@ -651,12 +673,20 @@ pub async fn run_controller<K, Fut>(
         + 'static,
 {
     use futures::StreamExt;
+    use tracing::Instrument;
     let mut reconcile = reconcile;
     let measured = move |obj: Arc<K>, ctx: Arc<Context>| {
         let metrics = ctx.metrics.clone();
         let backoff = ctx.backoff.clone();
         let uid = obj.meta().uid.clone().unwrap_or_default();
-        let fut = reconcile(obj, ctx);
+        // One span per reconciled object: every log line of the pass names it.
+        let span = tracing::info_span!(
+            "reconcile",
+            kind = K::kind(&()).as_ref(),
+            namespace = obj.meta().namespace.as_deref().unwrap_or_default(),
+            object = obj.meta().name.as_deref().unwrap_or_default(),
+        );
+        let fut = reconcile(obj, ctx).instrument(span);
         async move {
             let started = std::time::Instant::now();
             let r = fut.await;
@@ -672,7 +702,14 @@ pub async fn run_controller<K, Fut>(
         }
     };
     let config = kube::runtime::controller::Config::default().concurrency(wiring.concurrency.max(1));
-    kube::runtime::Controller::new(wiring.api, kube::runtime::watcher::Config::default())
+    let controller = match wiring.source {
+        Source::Watch(api) => kube::runtime::Controller::new(*api, kube::runtime::watcher::Config::default()),
+        Source::Feed { changes, reader } => kube::runtime::Controller::for_stream(
+            tokio_stream_of(changes).map(Ok::<K, kube::runtime::watcher::Error>),
+            reader,
+        ),
+    };
+    controller
         .with_config(config)
         .reconcile_on(wiring.triggers)
         .graceful_shutdown_on(ctx.shutdown.requested())
@@ -683,6 +720,13 @@ pub async fn run_controller<K, Fut>(
             }
         })
         .await;
+}
+
+/// A receiver as a stream.
+fn tokio_stream_of<K: Send + 'static>(
+    rx: tokio::sync::mpsc::UnboundedReceiver<K>,
+) -> impl futures::Stream<Item = K> + Send {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|k| (k, rx)) })
 }
 
 /// Reconcile through the object's finalizer: `apply` while it lives, `cleanup` once deleted
@@ -720,20 +764,6 @@ where
     .map_err(ReconcileError::from)
 }
 
-/// Keep one reflector cache in sync until shutdown.
-async fn reflect<K>(api: Api<K>, writer: reflector::store::Writer<K>)
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    reflect_then(api, writer, |_: &K| {}).await
-}
-
 /// An ArtemisCluster deleted: its runtime and snapshot go at once (no write uses them again),
 /// and every dependent says so now instead of at its next resync.
 fn cluster_deleted(ctx: &Context, c: &ArtemisCluster) {
@@ -752,10 +782,15 @@ fn cluster_deleted(ctx: &Context, c: &ArtemisCluster) {
     );
 }
 
-/// Keep one reflector cache in sync until shutdown; `deleted` runs for each object the watch
-/// reports deleted, after the cache has dropped it.
-async fn reflect_then<K>(api: Api<K>, writer: reflector::store::Writer<K>, deleted: impl Fn(&K))
-where
+/// Keep one reflector cache in sync until shutdown. `feed` (a kind with a controller) gets every
+/// object once the cache holds it, when it asks for a reconcile (`feed::Changes`); `deleted` runs
+/// for each object the watch reports deleted, after the cache has dropped it.
+async fn reflect<K>(
+    api: Api<K>,
+    writer: reflector::store::Writer<K>,
+    feed: Option<tokio::sync::mpsc::UnboundedSender<K>>,
+    deleted: impl Fn(&K),
+) where
     K: Resource<DynamicType = ()>
         + Clone
         + serde::de::DeserializeOwned
@@ -766,17 +801,30 @@ where
 {
     use futures::StreamExt;
     use kube::runtime::WatchStreamExt;
+    use kube::runtime::watcher::Event as Watched;
     let stream = kube::runtime::watcher(api, kube::runtime::watcher::Config::default())
         .default_backoff()
         .modify(|o: &mut K| {
             // Caches hold what decisions need; managedFields only cost memory.
             o.meta_mut().managed_fields = None;
         });
-    let deleted = &deleted;
+    let changes = std::sync::Mutex::new(feed::Changes::default());
+    let (deleted, changes, feed) = (&deleted, &changes, &feed);
     reflector::reflector(writer, stream)
         .for_each(|r| async move {
             match r {
-                Ok(kube::runtime::watcher::Event::Delete(o)) => deleted(&o),
+                Ok(Watched::Apply(o) | Watched::InitApply(o)) => {
+                    let asks = changes.lock().is_ok_and(|mut c| c.asks_for_reconcile(&o));
+                    if let (true, Some(tx)) = (asks, feed) {
+                        let _ = tx.send(o);
+                    }
+                }
+                Ok(Watched::Delete(o)) => {
+                    if let Ok(mut c) = changes.lock() {
+                        c.forget(&o);
+                    }
+                    deleted(&o)
+                }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, kind = K::kind(&()).as_ref(), "cache watch"),
             }
@@ -849,16 +897,25 @@ where
 /// namespace. Controllers start once the caches have synced, so no decision is taken on a
 /// partial view.
 pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
-    use futures::StreamExt;
     use futures::future::join_all;
     let client = ctx.client.clone();
     let ns = ctx.namespaces.clone();
-    let caches = ctx.caches.clone();
+    let Reflectors {
+        clusters,
+        queues,
+        diverts,
+        subscriptions,
+        secrets,
+    } = reflectors;
+    let (cluster_watches, cluster_feeds) = split_feeds(clusters, &ctx.caches.clusters);
+    let (queue_watches, queue_feeds) = split_feeds(queues, &ctx.caches.queues);
+    let (divert_watches, divert_feeds) = split_feeds(diverts, &ctx.caches.diverts);
     let controllers = {
         let ctx = ctx.clone();
         let ns = ns.clone();
         let client = client.clone();
         async move {
+            let caches = &ctx.caches;
             caches.clusters.wait_until_ready().await;
             caches.queues.wait_until_ready().await;
             caches.diverts.wait_until_ready().await;
@@ -867,48 +924,24 @@ pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
             ctx.metrics.set_ready();
             let scopes = ns.scopes();
             let closes = scopes.iter().map(|scope| {
-                connection_close::run(
-                    ctx.clone(),
-                    Wiring::new(
-                        &client,
-                        scope,
-                        futures::stream::pending().boxed(),
-                        ctx.concurrency.connection_close,
-                    ),
-                )
+                let w = Wiring::new(
+                    Source::Watch(Box::new(scoped_api(&client, scope))),
+                    futures::StreamExt::boxed(futures::stream::pending()),
+                    ctx.concurrency.connection_close,
+                );
+                connection_close::run(ctx.clone(), w)
             });
-            let clusters = scopes.iter().map(|scope| {
-                cluster::run(
-                    ctx.clone(),
-                    Wiring::new(
-                        &client,
-                        scope,
-                        trigger_stream(&ctx.triggers.clusters, scope.clone()),
-                        ctx.concurrency.cluster,
-                    ),
-                )
+            let clusters = scopes.iter().zip(cluster_feeds).map(|(scope, source)| {
+                let t = trigger_stream(&ctx.triggers.clusters, scope.clone());
+                cluster::run(ctx.clone(), Wiring::new(source, t, ctx.concurrency.cluster))
             });
-            let queues = scopes.iter().map(|scope| {
-                queue::run(
-                    ctx.clone(),
-                    Wiring::new(
-                        &client,
-                        scope,
-                        trigger_stream(&ctx.triggers.queues, scope.clone()),
-                        ctx.concurrency.queue,
-                    ),
-                )
+            let queues = scopes.iter().zip(queue_feeds).map(|(scope, source)| {
+                let t = trigger_stream(&ctx.triggers.queues, scope.clone());
+                queue::run(ctx.clone(), Wiring::new(source, t, ctx.concurrency.queue))
             });
-            let diverts = scopes.iter().map(|scope| {
-                divert::run(
-                    ctx.clone(),
-                    Wiring::new(
-                        &client,
-                        scope,
-                        trigger_stream(&ctx.triggers.diverts, scope.clone()),
-                        ctx.concurrency.divert,
-                    ),
-                )
+            let diverts = scopes.iter().zip(divert_feeds).map(|(scope, source)| {
+                let t = trigger_stream(&ctx.triggers.diverts, scope.clone());
+                divert::run(ctx.clone(), Wiring::new(source, t, ctx.concurrency.divert))
             });
             tokio::join!(
                 join_all(closes),
@@ -918,48 +951,72 @@ pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
             );
         }
     };
-    let reflect_all = async {
-        let c = ns
+    let reflect_all =
+        async {
+            let c = ns
             .apis::<ArtemisCluster>(&client)
-            .into_iter()
-            .zip(reflectors.clusters)
-            .map(|(a, w)| {
-                let ctx = ctx.clone();
-                async move { reflect_then(a, w, |c: &ArtemisCluster| cluster_deleted(&ctx, c)).await }
-            });
-        let q = ns
-            .apis::<ArtemisQueue>(&client)
-            .into_iter()
-            .zip(reflectors.queues)
-            .map(|(a, w)| reflect(a, w));
-        let d = ns
-            .apis::<ArtemisDivert>(&client)
-            .into_iter()
-            .zip(reflectors.diverts)
-            .map(|(a, w)| reflect(a, w));
-        let s = ns
-            .apis::<ArtemisCaptureSubscription>(&client)
-            .into_iter()
-            .zip(reflectors.subscriptions)
-            .map(|(a, w)| reflect(a, w));
-        let secrets = ns
-            .apis::<SecretMeta>(&client)
-            .into_iter()
-            .zip(reflectors.secrets)
-            .map(|(a, w)| watch_secrets(ctx.clone(), a, w));
-        tokio::join!(
-            join_all(c),
-            join_all(q),
-            join_all(d),
-            join_all(s),
-            join_all(secrets)
-        );
-    };
+            .into_iter().zip(cluster_watches).map(|(a, (w, tx))| {
+            let ctx = ctx.clone();
+            async move { reflect(a, w, Some(tx), |c: &ArtemisCluster| cluster_deleted(&ctx, c)).await }
+        });
+            let q = ns
+                .apis::<ArtemisQueue>(&client)
+                .into_iter()
+                .zip(queue_watches)
+                .map(|(a, (w, tx))| reflect(a, w, Some(tx), |_: &ArtemisQueue| {}));
+            let d = ns
+                .apis::<ArtemisDivert>(&client)
+                .into_iter()
+                .zip(divert_watches)
+                .map(|(a, (w, tx))| reflect(a, w, Some(tx), |_: &ArtemisDivert| {}));
+            let s = ns
+                .apis::<ArtemisCaptureSubscription>(&client)
+                .into_iter()
+                .zip(subscriptions)
+                .map(|(a, w)| reflect(a, w, None, |_: &ArtemisCaptureSubscription| {}));
+            let secrets = ns
+                .apis::<SecretMeta>(&client)
+                .into_iter()
+                .zip(secrets)
+                .map(|(a, w)| watch_secrets(ctx.clone(), a, w));
+            tokio::join!(
+                join_all(c),
+                join_all(q),
+                join_all(d),
+                join_all(s),
+                join_all(secrets)
+            );
+        };
     tokio::select! {
         _ = controllers => {}
         _ = reflect_all => {}
         _ = reap_abandoned_commands(ctx.clone()) => {}
     }
+}
+
+/// A watch's writer and feed sender
+type Watch<K> = (reflector::store::Writer<K>, tokio::sync::mpsc::UnboundedSender<K>);
+
+/// Each scope's watch (for the reflector) and its controller's source (the feed, over the
+/// scope's store of the same cache).
+fn split_feeds<K>(scoped: Vec<feed::Scoped<K>>, cache: &Cache<K>) -> (Vec<Watch<K>>, Vec<Source<K>>)
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    scoped
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, s)| {
+            let reader = cache.store(i)?;
+            Some((
+                (s.writer, s.tx),
+                Source::Feed {
+                    changes: s.rx,
+                    reader,
+                },
+            ))
+        })
+        .unzip()
 }
 
 /// Heartbeat this process and complete, as `unknown`, the `pending` audit rows of processes

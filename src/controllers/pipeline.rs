@@ -136,8 +136,21 @@ pub trait TopologyObject:
         facts: &PlanFacts,
     ) -> Option<WholeRefusal>;
 
-    /// execute on one node, from the preflight's fresh read of it (`before`): write. The
-    /// pipeline verifies the write by another fresh read.
+    /// The broker's answer to this node's write is its evidence (issue 23): the write goes out
+    /// planned from the snapshot, with no fresh read before it and no verifying read after. True
+    /// for a queue create (the broker never skips one silently; "already exists" is an answer);
+    /// false where ADR-0049 reads first (an update: read, overlay, send, verify) or the broker can
+    /// silently not apply (a divert create).
+    fn answer_is_evidence(_d: &Self::Desired, _snapshot: &NodeInventory) -> bool {
+        false
+    }
+    /// The refusal by which the broker says the object already exists: the node is then read
+    /// and planned again from what it holds.
+    const ALREADY_EXISTS: Option<RefusalKind> = None;
+
+    /// execute on one node, from the preflight's fresh read of it (`before`, or the snapshot
+    /// where the answer is the evidence): write. The pipeline verifies the write by another
+    /// fresh read unless the answer is the evidence.
     fn apply_on(
         t: Target,
         d: Self::Desired,
@@ -180,6 +193,10 @@ pub enum DereferenceError {
     ClusterNotFound(String),
     #[error("ArtemisCluster {0} is not reachable yet: {1}")]
     ClusterNotReady(String, String),
+    /// This process has not polled the cluster yet, and its status (from an earlier process)
+    /// says it was Ready: nothing is known that would change the object's status.
+    #[error("ArtemisCluster {0} has not been polled by this operator process yet")]
+    NotYetPolled(String),
     #[error("ArtemisCluster {0}: {1}")]
     CredentialsMissing(String, String),
     #[error("ArtemisCluster {0}: {1}")]
@@ -192,7 +209,7 @@ impl DereferenceError {
     pub fn reason(&self) -> &'static str {
         match self {
             DereferenceError::ClusterNotFound(_) => "ClusterNotFound",
-            DereferenceError::ClusterNotReady(..) => "ClusterNotReady",
+            DereferenceError::ClusterNotReady(..) | DereferenceError::NotYetPolled(_) => "ClusterNotReady",
             DereferenceError::CredentialsMissing(..) => "CredentialsMissing",
             DereferenceError::CredentialsChanged(..) => "CredentialsChanged",
             DereferenceError::CredentialsRefused(..) => "CredentialsRefused",
@@ -248,6 +265,9 @@ pub fn dereference_cluster(
         return Err(DereferenceError::ClusterNotFound(k));
     }
     ctx.clusters.get(&k).ok_or_else(|| {
+        if ctx.topologies.get(&k).is_none() && cluster_was_ready(ctx, ns, &cluster.name) {
+            return DereferenceError::NotYetPolled(k.clone());
+        }
         let why = ctx
             .caches
             .clusters
@@ -262,6 +282,17 @@ pub fn dereference_cluster(
             })
             .unwrap_or_else(|| "it has not been polled yet".into());
         DereferenceError::ClusterNotReady(k.clone(), why)
+    })
+}
+
+/// The cluster object's status says Ready (as the last process that polled it found it).
+fn cluster_was_ready(ctx: &Context, ns: &str, cluster: &str) -> bool {
+    ctx.caches.clusters.get(ns, cluster).is_some_and(|c| {
+        c.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == conditions::READY && c.status == "True")
+        })
     })
 }
 
@@ -485,9 +516,10 @@ fn with_topology(
     rt: Arc<ClusterRuntime>,
     cluster_key: String,
 ) -> Result<Dereferenced, DereferenceError> {
-    let topology = ctx.topologies.get(&cluster_key).ok_or_else(|| {
-        DereferenceError::ClusterNotReady(cluster_key.clone(), "it has not been polled yet".into())
-    })?;
+    let topology = ctx
+        .topologies
+        .get(&cluster_key)
+        .ok_or_else(|| DereferenceError::NotYetPolled(cluster_key.clone()))?;
     // No live node because every endpoint refused the credentials: say that, not "no live node".
     if topology.live_nodes().next().is_none()
         && let Some((url, e)) = topology.unreachable.iter().find(|(_, e)| e.is_authorization())
@@ -1016,6 +1048,26 @@ fn next_pass(ctx: &Context, retry_key: &str, nodes: &[NodeOutcome], poll_interva
     }
 }
 
+/// The object cannot reach its cluster now: its status says why — except on an operator restart,
+/// before this process's first poll of a cluster that was Ready, where the status as written
+/// stands (issue 23: a restart writes no status for objects whose status is current). The
+/// cluster's first poll triggers every object of it.
+async fn not_dereferenced<K: TopologyObject>(
+    ctx: &Context,
+    obj: &K,
+    d: &K::Desired,
+    e: DereferenceError,
+) -> Result<Action, ReconcileError> {
+    let current = obj
+        .current_status()
+        .is_some_and(|s| s.observed_generation() == obj.meta().generation);
+    if matches!(e, DereferenceError::NotYetPolled(_)) && current {
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
+    stop(ctx, obj, Some(d), e.reason(), e.to_string()).await?;
+    Ok(Action::requeue(Duration::from_secs(10)))
+}
+
 /// apply: bring every live node to the spec.
 pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     let generation = obj.meta().generation;
@@ -1028,10 +1080,7 @@ pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<
     };
     let (rt, cluster_key) = match dereference(&ctx, obj.as_ref()) {
         Ok(x) => x,
-        Err(e) => {
-            stop(&ctx, obj.as_ref(), Some(&d), e.reason(), e.to_string()).await?;
-            return Ok(Action::requeue(Duration::from_secs(10)));
-        }
+        Err(e) => return not_dereferenced(&ctx, obj.as_ref(), &d, e).await,
     };
     if let Some(winner) = conflict_winner(&ctx, obj.as_ref(), &d, &cluster_key) {
         let m = format!(
@@ -1045,11 +1094,14 @@ pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<
     let ns = obj.namespace().unwrap_or_default();
     let deref = match with_topology(&ctx, rt, cluster_key) {
         Ok(x) => x,
-        Err(e) => {
-            stop(&ctx, obj.as_ref(), Some(&d), e.reason(), e.to_string()).await?;
-            return Ok(Action::requeue(Duration::from_secs(10)));
-        }
+        Err(e) => return not_dereferenced(&ctx, obj.as_ref(), &d, e).await,
     };
+    ctx.metrics
+        .planned
+        .get_or_create(&crate::telemetry::KindLabels {
+            kind: K::kind(&()).to_string(),
+        })
+        .inc();
     let old_nodes: Vec<NodeOutcome> = obj
         .current_status()
         .map(|s| s.nodes().to_vec())
@@ -1124,11 +1176,71 @@ pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<
     Ok(next)
 }
 
-/// preflight + command + verify: a command only for a difference a fresh read of the object
-/// confirms (the snapshot may predate a write, ours or someone else's: no audited no-op
-/// commands); each write is verified by a fresh read afterwards, and one the broker did not
-/// take is FAILED as NOT_CONVERGING with the fields named. Every read lands in the cluster's
-/// snapshot (it is updated, never discarded). Returns the node outcomes and the audit row, if a
+/// The nodes to write, re-planned where a fresh read is the evidence (ADR-0049: an update reads
+/// first; the snapshot may predate a write, ours or someone else's: no audited no-op commands).
+/// Where the write's answer is the evidence, the snapshot stands (issue 23). Returns the plan and
+/// what each written node is planned from.
+async fn preflight_apply<K: TopologyObject>(
+    deref: &Dereferenced,
+    d: &K::Desired,
+    plan: Vec<(NodeOutcome, bool)>,
+) -> (Vec<(NodeOutcome, bool)>, BTreeMap<String, Planned>) {
+    let snapshot = snapshot_inventories(&deref.topology);
+    let mut from: BTreeMap<String, Planned> = BTreeMap::new();
+    for node in write_targets(&plan) {
+        if let Some(Ok(inv)) = snapshot.get(&node)
+            && K::answer_is_evidence(d, inv)
+        {
+            from.insert(node, Planned::Snapshot(inv.clone()));
+        }
+    }
+    let to_read: BTreeSet<String> = write_targets(&plan)
+        .into_iter()
+        .filter(|n| !from.contains_key(n))
+        .collect();
+    let fresh = fresh_reads::<K>(deref, d, &to_read, false).await;
+    let plan = plan
+        .into_iter()
+        .map(|(n, w)| {
+            let node = deref.topology.nodes.iter().find(|x| x.node_id == n.node);
+            match (w, fresh.get(&n.node), node) {
+                (true, Some(Ok(inv)), Some(node)) => {
+                    let step = K::plan_apply(d, inv);
+                    from.insert(n.node.clone(), Planned::Fresh(inv.clone()));
+                    (planned(node, &step), matches!(step, Step::Write { .. }))
+                }
+                (true, Some(Err(failed)), _) => (failed.clone(), false),
+                (w, _, _) => {
+                    let write = w && from.contains_key(&n.node);
+                    (n, write)
+                }
+            }
+        })
+        .collect();
+    (plan, from)
+}
+
+/// What a node's write is planned from.
+#[derive(Clone)]
+enum Planned {
+    /// The preflight's fresh read: the write is verified by another one.
+    Fresh(Arc<NodeInventory>),
+    /// The cluster's snapshot: the write's answer is the evidence.
+    Snapshot(Arc<NodeInventory>),
+}
+
+impl Planned {
+    fn inventory(&self) -> Arc<NodeInventory> {
+        match self {
+            Planned::Fresh(i) | Planned::Snapshot(i) => i.clone(),
+        }
+    }
+}
+
+/// preflight + command + evidence: a command only for a difference the evidence confirms; each
+/// write read back where the ADRs require it, and one the broker did not take is FAILED as
+/// NOT_CONVERGING with the fields named. Every read and every answer that shows the broker's
+/// state lands in the cluster's snapshot. Returns the node outcomes and the audit row, if a
 /// command was sent.
 async fn write<K: TopologyObject>(
     ctx: &Context,
@@ -1139,59 +1251,40 @@ async fn write<K: TopologyObject>(
     generation: Option<i64>,
     last_audit_id: Option<i64>,
 ) -> Result<(Vec<NodeOutcome>, Option<i64>), ReconcileError> {
-    let wanted: BTreeSet<String> = write_targets(&plan);
     // The fresh reads, the writes and their verification see one state of these addresses.
     let _held = ctx.address_locks.hold(&deref.cluster_key, &K::addresses(d)).await;
-    let fresh = fresh_reads::<K>(deref, d, &wanted, false).await;
-    let mut seen: BTreeMap<String, Arc<NodeInventory>> = fresh
-        .iter()
-        .filter_map(|(n, r)| r.as_ref().ok().map(|i| (n.clone(), i.clone())))
-        .collect();
-    let plan: Vec<(NodeOutcome, bool)> = plan
-        .into_iter()
-        .map(|(n, w)| {
-            if !w {
-                return (n, w);
-            }
-            let node = deref.topology.nodes.iter().find(|x| x.node_id == n.node);
-            match (fresh.get(&n.node), node) {
-                (Some(Ok(inv)), Some(node)) => {
-                    let step = K::plan_apply(d, inv);
-                    let write = matches!(step, Step::Write { .. });
-                    (planned(node, &step), write)
-                }
-                (Some(Err(failed)), _) => (failed.clone(), false),
-                _ => (n, false),
-            }
-        })
-        .collect();
+    let (plan, from) = preflight_apply::<K>(deref, d, plan).await;
+    let seen: Arc<std::sync::Mutex<BTreeMap<String, Arc<NodeInventory>>>> = Arc::new(std::sync::Mutex::new(
+        from.iter()
+            .filter(|(_, p)| matches!(p, Planned::Fresh(_)))
+            .map(|(n, p)| (n.clone(), p.inventory()))
+            .collect(),
+    ));
     let targets: BTreeSet<String> = write_targets(&plan);
     if targets.is_empty() {
         // The fresh reads found nothing to do (or a refusal): no command, no audit row.
-        overlay_snapshot(ctx, &deref.cluster_key, &seen, obj.meta().uid.as_deref());
+        overlay_seen(ctx, &deref.cluster_key, &seen, obj.meta().uid.as_deref());
         return Ok((plan.into_iter().map(|(n, _)| n).collect(), None));
     }
     let old_generation = obj.current_status().and_then(|s| s.observed_generation());
     let command_name = command::apply_or_repair(K::NOUN, old_generation, generation, last_audit_id);
-    let planned_nodes: Vec<&NodeOutcome> = plan.iter().map(|(n, _)| n).collect();
     let mut params = obj.apply_params(d);
-    params["plan"] = serde_json::to_value(&planned_nodes)?;
+    params["plan"] = serde_json::to_value(plan.iter().map(|(n, _)| n).collect::<Vec<_>>())?;
     let ns = obj.namespace().unwrap_or_default();
     let intent = intent(ctx, obj, d, &command_name, params);
     let audit_id = ctx.store.audit_intent(&intent).await?;
-    let verified: Arc<std::sync::Mutex<BTreeMap<String, Arc<NodeInventory>>>> = Default::default();
-    let before: Arc<BTreeMap<String, Arc<NodeInventory>>> = Arc::new(seen.clone());
+    let from = Arc::new(from);
     let executed = fanout::fan_out(
         &deref.topology.restricted_to(&targets),
         fanout::DEFAULT_CONCURRENCY,
         deref.rt.request_timeout * 3,
         |t| {
-            let (d, before, verified) = (d.clone(), before.clone(), verified.clone());
+            let (d, from, seen) = (d.clone(), from.clone(), seen.clone());
             async move {
                 crash_window::hold_all_but_first_node().await;
-                let inv = before.get(&t.node_id).cloned().unwrap_or_default();
-                let report = K::apply_on(t.clone(), d.clone(), inv.clone()).await?;
-                verify::<K>(&t, &d, report, &inv, &verified).await
+                let planned = from.get(&t.node_id).cloned();
+                let planned = planned.unwrap_or_else(|| Planned::Fresh(Default::default()));
+                apply_with_evidence::<K>(t, d, planned, &seen).await
             }
         },
     )
@@ -1207,12 +1300,58 @@ async fn write<K: TopologyObject>(
         executed,
     )
     .await?;
-    if let Ok(v) = verified.lock() {
-        seen.extend(v.iter().map(|(k, i)| (k.clone(), i.clone())));
-    }
-    overlay_snapshot(ctx, &deref.cluster_key, &seen, obj.meta().uid.as_deref());
+    overlay_seen(ctx, &deref.cluster_key, &seen, obj.meta().uid.as_deref());
     stamp(&mut result.nodes, &command_name, audit_id);
     Ok((merge(plan, result.nodes), Some(audit_id)))
+}
+
+/// One node's write and its evidence: the answer where it is the evidence (an "already exists"
+/// answer is read and planned again from what the node holds), else a verifying fresh read.
+async fn apply_with_evidence<K: TopologyObject>(
+    t: Target,
+    d: K::Desired,
+    planned: Planned,
+    seen: &std::sync::Mutex<BTreeMap<String, Arc<NodeInventory>>>,
+) -> Result<NodeReport, NodeFailure> {
+    let record = |inv: &Arc<NodeInventory>| {
+        if let Ok(mut m) = seen.lock() {
+            m.insert(t.node_id.clone(), inv.clone());
+        }
+    };
+    match planned {
+        Planned::Fresh(inv) => {
+            let report = K::apply_on(t.clone(), d.clone(), inv.clone()).await?;
+            verify::<K>(&t, &d, report, &inv, seen).await
+        }
+        Planned::Snapshot(inv) => match K::apply_on(t.clone(), d.clone(), inv).await {
+            Ok(report) => {
+                if let Some(answer) = &report.seen {
+                    record(answer);
+                }
+                Ok(report)
+            }
+            Err(f) if K::ALREADY_EXISTS.is_some_and(|k| f.error.refusal_kind() == k) => {
+                // Made behind the snapshot's back (another writer, or a poll not yet seen):
+                // read that object and judge it as an update would be.
+                let fresh = Arc::new(K::read_fresh(&t, &d, false).await?);
+                record(&fresh);
+                let report = K::apply_on(t.clone(), d.clone(), fresh.clone()).await?;
+                verify::<K>(&t, &d, report, &fresh, seen).await
+            }
+            Err(f) => Err(f),
+        },
+    }
+}
+
+/// Lay what the command saw (fresh reads, answers) over the cluster's snapshot.
+fn overlay_seen(
+    ctx: &Context,
+    cluster_key: &str,
+    seen: &std::sync::Mutex<BTreeMap<String, Arc<NodeInventory>>>,
+    writer: Option<&str>,
+) {
+    let seen = seen.lock().map(|m| m.clone()).unwrap_or_default();
+    overlay_snapshot(ctx, cluster_key, &seen, writer);
 }
 
 /// A test-only crash window in the middle of a command (`ARTEMIS_STUDIO_TEST_PAUSE_MID_FANOUT`
@@ -1456,6 +1595,8 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
         // The cluster is gone or cannot be used (its Secret is missing) and this object never
         // reached a broker: there is nothing of its own to remove.
         Err(e) if never_reached => return release_never_applied(&ctx, o, &e).await,
+        // Restarted: the cluster's first poll (which triggers this object) comes first.
+        Err(DereferenceError::NotYetPolled(_)) => return Ok(Action::requeue(Duration::from_secs(5))),
         Err(e) => {
             if let Some(released) = release_if_namespace_deleted(&ctx, o, &d, &e).await {
                 return released;
@@ -1503,6 +1644,8 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
     let deref = match dereference(&ctx, o).and_then(|(rt, k)| with_topology(&ctx, rt, k)) {
         Ok(x) => x,
         Err(e) if never_reached => return release_never_applied(&ctx, o, &e).await,
+        // Restarted: the cluster's first poll (which triggers this object) comes first.
+        Err(DereferenceError::NotYetPolled(_)) => return Ok(Action::requeue(Duration::from_secs(5))),
         Err(e) => {
             if let Some(released) = release_if_namespace_deleted(&ctx, o, &d, &e).await {
                 return released;

@@ -17,6 +17,9 @@ pub struct NodeReport {
     pub outcome: Outcome,
     pub message: String,
     pub detail: Vec<String>,
+    /// What the write's own answer showed of the node (a created queue's configuration): laid
+    /// over the cluster's snapshot, as a fresh read is.
+    pub seen: Option<std::sync::Arc<crate::topology::inventory::NodeInventory>>,
 }
 
 impl NodeReport {
@@ -25,7 +28,12 @@ impl NodeReport {
             outcome,
             message: message.into(),
             detail: vec![],
+            seen: None,
         }
+    }
+    pub fn with_seen(mut self, seen: crate::topology::inventory::NodeInventory) -> Self {
+        self.seen = Some(std::sync::Arc::new(seen));
+        self
     }
     pub fn with_detail(mut self, detail: Vec<String>) -> Self {
         self.detail = detail;

@@ -64,6 +64,9 @@ pub struct Metrics {
     pub reconcile_seconds: Family<KindLabels, Histogram>,
     /// Finished reconciles per kind, whatever the result (not exported: the sum of `reconciles`).
     finished: Family<KindLabels, Counter>,
+    /// Passes that judged an object against its cluster's snapshot (not those that waited for a
+    /// first poll or stopped earlier): evidence that the object's state is known.
+    pub planned: Family<KindLabels, Counter>,
     pub poll_seconds: Family<ClusterLabels, Histogram>,
     /// Broker objects (queues, addresses, diverts) in the latest poll, over every node.
     pub inventory_objects: Family<ClusterLabels, Gauge>,
@@ -113,6 +116,12 @@ impl Default for Metrics {
             reconciles.clone(),
         );
         registry.register("commands", "Audited broker commands by verdict", commands.clone());
+        let planned = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "planned_passes",
+            "Reconciles that judged an object against its cluster's latest snapshot, by kind",
+            planned.clone(),
+        );
         registry.register(
             "node_outcomes",
             "Per-node outcomes of commands",
@@ -141,6 +150,7 @@ impl Default for Metrics {
             reconciles,
             reconcile_seconds,
             finished: Family::default(),
+            planned,
             poll_seconds,
             inventory_objects,
             capture_passes,
@@ -152,6 +162,13 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Passes of one kind that judged an object against its cluster's snapshot.
+    pub fn planned_of(&self, kind: &str) -> u64 {
+        self.planned
+            .get_or_create(&KindLabels { kind: kind.into() })
+            .get()
+    }
+
     /// Finished reconciles of one kind, whatever their result: evidence that a pass ran.
     pub fn reconciles_of(&self, kind: &str) -> u64 {
         self.finished

@@ -290,6 +290,45 @@ pub fn parse_queue(v: &Value) -> Result<QueueInfo, String> {
     })
 }
 
+/// The queue a `createQueue` answer describes (the broker returns the created QueueConfiguration
+/// as a JSON string): the write's own evidence, laid over the snapshot until the next poll reads
+/// it. Fields a 2.40 scrape cannot read stay unknown here too, so the poll finds nothing changed;
+/// counts are those of a new queue (0).
+pub fn created_queue(answer: &Value) -> Option<QueueInfo> {
+    let c: Value = serde_json::from_str(answer.as_str()?).ok()?;
+    let text = |k: &str| c.get(k).and_then(Value::as_str).map(str::to_string);
+    let flag = |k: &str, default: bool| c.get(k).and_then(Value::as_bool).unwrap_or(default);
+    let int = |k: &str, default: i64| c.get(k).and_then(Value::as_i64).unwrap_or(default);
+    Some(QueueInfo {
+        name: text("name")?,
+        address: text("address")?,
+        routing_type: text("routing-type")?,
+        filter: text("filter-string").filter(|f| !f.is_empty()),
+        durable: flag("durable", true),
+        max_consumers: int("max-consumers", -1),
+        exclusive: flag("exclusive", false),
+        last_value: flag("last-value", false),
+        last_value_key: text("last-value-key"),
+        non_destructive: None,
+        purge_on_no_consumers: flag("purge-on-no-consumers", false),
+        enabled: flag("enabled", true),
+        consumers_before_dispatch: int("consumers-before-dispatch", 0),
+        delay_before_dispatch: int("delay-before-dispatch", -1),
+        consumer_priority: None,
+        ring_size: int("ring-size", -1),
+        group_rebalance: flag("group-rebalance", false),
+        group_buckets: int("group-buckets", -1),
+        group_first_key: text("group-first-key"),
+        auto_delete: flag("auto-delete", false),
+        auto_delete_delay: None,
+        auto_delete_message_count: None,
+        temporary: flag("temporary", false),
+        message_count: 0,
+        consumer_count: 0,
+        delivering_count: 0,
+    })
+}
+
 pub fn parse_divert(v: &Value) -> Result<DivertInfo, String> {
     Ok(DivertInfo {
         name: s(v, "UniqueName")?,

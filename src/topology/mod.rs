@@ -22,6 +22,8 @@ pub struct ClusterAccess {
     pub origin: Option<String>,
     pub credentials: Credentials,
     pub request_timeout: Duration,
+    /// A poll's reads of one node (identity, inventory).
+    pub poll_timeout: Duration,
     /// The Secrets this access was read from (name → resourceVersion): a command compares them
     /// with the Secrets as they are now and never sends with credentials or trust roots the
     /// Secret no longer holds.
@@ -132,6 +134,27 @@ impl Topology {
         self
     }
 
+    /// A live node whose inventory this poll could not read keeps the one read before (same node,
+    /// same endpoint), with `inventory_error` saying it is stale: a timed-out scrape never turns
+    /// objects that were Ready into not-Ready (issue 23).
+    pub fn keeping_stale_inventories(mut self, previous: Option<&Topology>) -> Topology {
+        let Some(p) = previous else { return self };
+        for n in self
+            .nodes
+            .iter_mut()
+            .filter(|n| n.is_live() && n.inventory.is_none())
+        {
+            if let Some(old) = p
+                .nodes
+                .iter()
+                .find(|o| o.node_id == n.node_id && o.active_endpoint() == n.active_endpoint())
+            {
+                n.inventory = old.inventory.clone();
+            }
+        }
+        self
+    }
+
     /// A node by node ID, or by one of its endpoint URLs.
     pub fn find(&self, node: &str) -> Option<&LogicalNode> {
         self.nodes.iter().find(|n| {
@@ -157,7 +180,7 @@ pub async fn poll(access: &ClusterAccess, memory: &Mutex<TopologyMemory>) -> Top
             url.clone(),
             access.origin.clone(),
             access.credentials.clone(),
-            access.request_timeout,
+            access.poll_timeout,
         );
         let known_name = known.get(url).cloned();
         async move {
@@ -508,5 +531,50 @@ mod change_tests {
         assert!(!c.everything);
         assert_eq!(c.queues.iter().collect::<Vec<_>>(), ["q2"]);
         assert!(changes(None, &a).everything);
+    }
+
+    fn live(t: Topology, url: &str) -> Topology {
+        let http = crate::broker::jolokia::http_client(None).expect("an HTTP client");
+        let client = JolokiaClient::new(
+            http,
+            url,
+            None,
+            Credentials {
+                username: "u".into(),
+                password: "p".into(),
+            },
+            std::time::Duration::from_secs(1),
+        );
+        let mut t = t;
+        for n in &mut t.nodes {
+            n.active = Some(BrokerManagement::with_name(client.clone(), "b".into()));
+        }
+        t
+    }
+
+    #[test]
+    fn a_scrape_that_failed_keeps_the_last_inventory_marked_stale() {
+        let before = live(topology(&[("q1", 1)]), "http://n1:8161/console/jolokia");
+        let mut failed = live(topology(&[]), "http://n1:8161/console/jolokia");
+        failed.nodes[0].inventory = None;
+        failed.nodes[0].inventory_error = Some(BrokerError::Timeout(30));
+        let kept = failed.keeping_stale_inventories(Some(&before));
+        let n = &kept.nodes[0];
+        assert!(n.inventory.as_ref().is_some_and(|i| i.queues.contains_key("q1")));
+        assert!(n.inventory_error.is_some(), "still marked stale");
+        assert!(
+            changes(Some(&before), &kept).is_empty(),
+            "nothing changed for any object"
+        );
+
+        // Another endpoint serving the node now (a failover): the old inventory is not its own.
+        let mut moved = live(topology(&[]), "http://n1b:8161/console/jolokia");
+        moved.nodes[0].inventory = None;
+        moved.nodes[0].inventory_error = Some(BrokerError::Timeout(30));
+        assert!(
+            moved.keeping_stale_inventories(Some(&before)).nodes[0]
+                .inventory
+                .is_none()
+        );
     }
 }

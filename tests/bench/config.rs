@@ -68,6 +68,11 @@ pub struct Config {
     pub in_flight: usize,
     /// The longest wait for one queue to converge, per queue in the batch (at least 120 s).
     pub wait_ms_per_queue: u64,
+    /// Queues are durable (the CRD's default; a journal write per create on every node) unless
+    /// ARTEMIS_STUDIO_BENCH_DURABLE=false: the operator's and the bare baselines' alike.
+    pub durable: bool,
+    /// Creates per POST per node in the bulk baseline (scenario 2).
+    pub bulk: usize,
 }
 
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> Result<T>
@@ -93,7 +98,7 @@ fn env_list(key: &str, default: &str) -> Result<Vec<usize>> {
 impl Config {
     pub fn from_env() -> Result<Config> {
         let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let sizes = env_list("ARTEMIS_STUDIO_BENCH_SIZES", "100,1000,5000")?;
+        let sizes = env_list("ARTEMIS_STUDIO_BENCH_SIZES", "100,1000,10000")?;
         let repeats = env_list("ARTEMIS_STUDIO_BENCH_SCALE_REPEATS", "3")?;
         let scale_repeats = match repeats.as_slice() {
             [one] => vec![*one; sizes.len()],
@@ -125,6 +130,8 @@ impl Config {
             capture_repeats: env_or("ARTEMIS_STUDIO_BENCH_CAPTURE_REPEATS", 3)?,
             in_flight: env_or("ARTEMIS_STUDIO_BENCH_IN_FLIGHT", 8)?,
             wait_ms_per_queue: env_or("ARTEMIS_STUDIO_BENCH_WAIT_MS_PER_QUEUE", 500)?,
+            durable: env_or("ARTEMIS_STUDIO_BENCH_DURABLE", true)?,
+            bulk: env_or("ARTEMIS_STUDIO_BENCH_BULK", 64)?,
         })
     }
 

@@ -83,9 +83,10 @@ impl Ctx {
         let bed = Bed::get()?;
         let admin = bed.kube_admin().await?;
         bed.install_crds_and_rbac(&cfg.operator_bin, &cfg.repo)?;
-        let jolokia = Jolokia::connect(&bed.cluster_brokers("c")?, bed.broker_user()?)
+        let mut jolokia = Jolokia::connect(&bed.cluster_brokers("c")?, bed.broker_user()?)
             .await
             .context("reach the brokers of cluster c")?;
+        jolokia.durable = cfg.durable;
         Ok(Ctx {
             cfg,
             bed,
@@ -163,6 +164,7 @@ impl Ctx {
             ns: ns.to_string(),
             harness: Arc::new(HarnessRequests::default()),
             concurrency: self.cfg.in_flight,
+            durable: self.cfg.durable,
         }
     }
 }
@@ -173,6 +175,7 @@ pub struct Install {
     pub operator: Operator,
     ns: String,
     db: String,
+    tag: String,
 }
 
 impl Install {
@@ -208,14 +211,52 @@ impl Install {
             operator,
             ns,
             db,
+            tag: tag.to_string(),
         })
+    }
+
+    /// Stop the operator and start it again on the same namespace, database and instance ID
+    /// (a restart of the same installation, e.g. a rolling upgrade). The old process is gone
+    /// before the new one starts: two never run at once. On an error the namespace and the
+    /// database are left to the run's cleanup (`Ctx::cleanup`).
+    pub async fn restarted(self, ctx: &Ctx) -> Result<Install> {
+        self.operator.stop().await?;
+        let url = Install::url_of(ctx, &self.db)?;
+        let operator = Operator::start(Launch {
+            binary: &ctx.cfg.operator_bin,
+            kubeconfig: &ctx.bed.var("TESTBED_OPERATOR_KUBECONFIG")?,
+            database_url: &url,
+            namespace: &self.ns,
+            instance_id: &ctx.instance_id(),
+            log: ctx
+                .cfg
+                .out_dir
+                .join(format!("operator-{}-restarted.log", self.tag)),
+            extra_env: &[],
+        })
+        .await?;
+        Ok(Install { operator, ..self })
+    }
+
+    /// Audit rows in this installation's database.
+    pub async fn audit_rows(&self, ctx: &Ctx) -> Result<i64> {
+        let pool = sqlx::PgPool::connect(&self.database_url(ctx)?).await?;
+        let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM audit_event")
+            .fetch_one(&pool)
+            .await?;
+        pool.close().await;
+        Ok(n)
     }
 
     /// The URL of this installation's database.
     pub fn database_url(&self, ctx: &Ctx) -> Result<String> {
+        Install::url_of(ctx, &self.db)
+    }
+
+    fn url_of(ctx: &Ctx, db: &str) -> Result<String> {
         let admin = ctx.bed.var("TESTBED_DATABASE_URL")?;
         let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
-        Ok(format!("{base}/{}", self.db))
+        Ok(format!("{base}/{db}"))
     }
 
     pub async fn snapshot(&self, ctx: &Ctx) -> Result<Snapshot> {

@@ -26,6 +26,8 @@ pub struct Jolokia {
     http: reqwest::Client,
     user: (String, String),
     pub nodes: Vec<Node>,
+    /// Created queues are durable (see `Config::durable`).
+    pub durable: bool,
 }
 
 /// The three queue operations of scenario 1.
@@ -69,6 +71,7 @@ impl Jolokia {
             http,
             user,
             nodes: vec![],
+            durable: true,
         };
         for b in brokers {
             let mut node = Node {
@@ -135,7 +138,7 @@ impl Jolokia {
         match op {
             Op::Create => {
                 let config = json!({"name": queue, "address": queue, "routing-type": "ANYCAST",
-                    "durable": false, "auto-create-address": true});
+                    "durable": self.durable, "auto-create-address": true});
                 self.exec(
                     node,
                     "createQueue(java.lang.String,boolean)",
@@ -227,6 +230,23 @@ impl Jolokia {
             .buffer_unordered(in_flight.max(1))
             .try_collect::<Vec<_>>()
             .await?;
+        Ok(start.elapsed())
+    }
+
+    /// `op` for every queue in bulk: on each node (the nodes in parallel) POSTs of `per_post`
+    /// operations one after another — what batching can reach; the elapsed time.
+    pub async fn bulk_many(&self, op: Op, queues: &[String], per_post: usize) -> Result<Duration> {
+        let start = Instant::now();
+        try_join_all(self.nodes.iter().map(|n| async move {
+            for chunk in queues.chunks(per_post.max(1)) {
+                let bodies = chunk.iter().map(|q| self.request(n, op, q)).collect();
+                for r in self.bulk(n, bodies).await? {
+                    r?;
+                }
+            }
+            Ok::<(), anyhow::Error>(())
+        }))
+        .await?;
         Ok(start.elapsed())
     }
 

@@ -116,6 +116,8 @@ pub struct OperatorCounts {
     pub api_by_verb: BTreeMap<String, f64>,
     /// Polls of every cluster (the count of the poll-duration histogram).
     pub polls: f64,
+    /// Finished ArtemisQueue reconciles, whatever the result.
+    pub queue_reconciles: f64,
 }
 
 impl OperatorCounts {
@@ -129,11 +131,23 @@ impl OperatorCounts {
             polls: sum(&s, "artemis_studio_inventory_poll_duration_seconds_count", |_| {
                 true
             }),
+            queue_reconciles: sum(&s, "artemis_studio_reconciles_total", |l| {
+                l.get("kind").map(String::as_str) == Some("ArtemisQueue")
+            }),
         }
     }
 
     pub fn jolokia(&self) -> f64 {
         self.jolokia_by_node.values().sum()
+    }
+
+    /// Jolokia operations that write (everything but reads, searches and the topology query).
+    pub fn jolokia_writes(&self) -> f64 {
+        self.jolokia_by_kind
+            .iter()
+            .filter(|(k, _)| !matches!(k.as_str(), "read" | "search" | "listNetworkTopology"))
+            .map(|(_, n)| n)
+            .sum()
     }
 
     pub fn api(&self, verbs: &[&str]) -> f64 {
@@ -151,6 +165,7 @@ impl OperatorCounts {
             posts: self.posts - earlier.posts,
             api_by_verb: diff(&self.api_by_verb, &earlier.api_by_verb),
             polls: self.polls - earlier.polls,
+            queue_reconciles: self.queue_reconciles - earlier.queue_reconciles,
         }
     }
 }

@@ -50,6 +50,8 @@ pub struct Objects {
     pub harness: Arc<HarnessRequests>,
     /// Requests in flight when creating or deleting many objects.
     pub concurrency: usize,
+    /// Queues are created durable (the CRD's default) or not (`Config::durable`).
+    pub durable: bool,
 }
 
 /// What the watch knows of one queue.
@@ -224,8 +226,7 @@ impl Objects {
         let q: ArtemisQueue = serde_json::from_value(json!({
             "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
             "metadata": {"name": name},
-            // Non-durable: a run that dies before its cleanup leaves nothing past a restart.
-            "spec": {"clusterRef": {"name": "c"}, "durable": false}
+            "spec": {"clusterRef": {"name": "c"}, "durable": self.durable}
         }))?;
         self.harness.write(1);
         self.queues()

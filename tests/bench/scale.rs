@@ -22,6 +22,8 @@ use crate::stats::{self, Summary};
 struct Run {
     bare_create_rate: f64,
     bare_delete_rate: f64,
+    /// Bulk: POSTs of `Config::bulk` creates per node, the nodes in parallel.
+    bulk_create_rate: f64,
     /// Queues/s to all Ready and to all gone; NaN when it did not get there.
     create_rate: f64,
     delete_rate: f64,
@@ -40,6 +42,12 @@ struct Run {
     apiserver_writes: f64,
     op_lists: f64,
     op_writes: f64,
+    /// Restart with the N converged: seconds until every queue was reconciled after the new
+    /// process's first poll; broker writes, audit rows and API writes (operator) meanwhile.
+    restart_known_seconds: f64,
+    restart_broker_writes: f64,
+    restart_audit_rows: f64,
+    restart_api_writes: f64,
 }
 
 pub async fn run(ctx: &Ctx) -> Result<Section> {
@@ -70,16 +78,76 @@ async fn one(ctx: &Ctx, n: usize, repeat: usize) -> Result<Run> {
         .many(Op::Delete, &bare, ctx.cfg.in_flight, true)
         .await?;
     run.bare_delete_rate = n as f64 / took.as_secs_f64();
+    let bulk = ctx.queue_names(&format!("k{n}r{repeat}"), n);
+    let took = ctx.jolokia.bulk_many(Op::Create, &bulk, ctx.cfg.bulk).await?;
+    run.bulk_create_rate = n as f64 / took.as_secs_f64();
+    ctx.jolokia.bulk_many(Op::Delete, &bulk, ctx.cfg.bulk).await?;
     ctx.clean_brokers().await;
 
     let install = Install::up(ctx, &format!("s{n}r{repeat}"), &[]).await?;
-    let result = operator_run(ctx, &install, n, repeat, &mut run).await;
+    let install = match operator_run(ctx, install, n, repeat, &mut run).await {
+        Ok(install) => install,
+        // The namespace and database are left to the run's cleanup.
+        Err(e) => return Err(e),
+    };
     install.down(ctx).await;
-    result?;
     Ok(run)
 }
 
-async fn operator_run(ctx: &Ctx, install: &Install, n: usize, repeat: usize, run: &mut Run) -> Result<()> {
+/// Restart the operator with the N converged queues: how long until it has reconciled every
+/// queue after its first poll, and what it wrote meanwhile (issue 23: nothing).
+async fn restart(ctx: &Ctx, install: Install, n: usize, run: &mut Run) -> Result<Install> {
+    let audit0 = install.audit_rows(ctx).await?;
+    let api0 = crate::metrics::apiserver(&ctx.admin).await?;
+    let start = Instant::now();
+    let install = install.restarted(ctx).await?;
+    let deadline = start + ctx.cfg.wait_for(n);
+    let mut after_first_poll: Option<f64> = None;
+    let counts = loop {
+        let c = install.operator.counts().await?;
+        if c.polls >= 1.0 && after_first_poll.is_none() {
+            after_first_poll = Some(c.queue_reconciles);
+        }
+        if let Some(r0) = after_first_poll
+            && c.queue_reconciles >= r0 + n as f64
+        {
+            run.restart_known_seconds = start.elapsed().as_secs_f64();
+            break c;
+        }
+        if Instant::now() > deadline {
+            run.restart_known_seconds = f64::NAN;
+            break c;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // One more poll, so its consequences are counted too.
+    let polls = counts.polls;
+    while install.operator.counts().await?.polls < polls + 1.0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let counts = install.operator.counts().await?;
+    run.restart_broker_writes = counts.jolokia_writes();
+    run.restart_api_writes = counts.api(&["create", "update", "patch", "delete"]);
+    run.restart_audit_rows = (install.audit_rows(ctx).await? - audit0) as f64;
+    let api = crate::metrics::apiserver(&ctx.admin).await?.since(&api0);
+    println!(
+        "bench: restart with {n} converged: known in {:.1} s; broker writes {}, audit rows {}, operator API writes {} (API server writes, all clients: {})",
+        run.restart_known_seconds,
+        run.restart_broker_writes,
+        run.restart_audit_rows,
+        run.restart_api_writes,
+        api.sum(&["create", "update", "patch", "delete"])
+    );
+    Ok(install)
+}
+
+async fn operator_run(
+    ctx: &Ctx,
+    install: Install,
+    n: usize,
+    repeat: usize,
+    run: &mut Run,
+) -> Result<Install> {
     let names = ctx.queue_names(&format!("s{n}r{repeat}"), n);
     let watch = QueueWatch::start(&install.objects);
     let o = &install.objects;
@@ -122,6 +190,9 @@ async fn operator_run(ctx: &Ctx, install: &Install, n: usize, repeat: usize, run
     run.op_lists = idle.operator.api(&["list"]);
     run.op_writes = idle.operator_writes();
 
+    let install = restart(ctx, install, n, run).await?;
+    let o = &install.objects;
+    let s2 = install.snapshot(ctx).await?;
     let start = Instant::now();
     o.delete_queues(&names).await?;
     match watch.wait_all(&names, wait, "deleted", |s| s.deleted).await {
@@ -134,7 +205,7 @@ async fn operator_run(ctx: &Ctx, install: &Install, n: usize, repeat: usize, run
     }
     let s3 = install.snapshot(ctx).await?;
     run.jolokia_per_delete = s3.since(&s2).operator.jolokia() / nf;
-    Ok(())
+    Ok(install)
 }
 
 fn col(runs: &[Run], f: impl Fn(&Run) -> f64) -> Vec<f64> {
@@ -145,7 +216,17 @@ fn section(ctx: &Ctx, results: &[(usize, Vec<Run>)]) -> Section {
     let mut s = Section::new(
         "scale",
         "2. Scale",
-        "N ArtemisQueues on cluster `c` (3 nodes), created through the API server (8 at a time) until all are `Ready`, then a converged window, then deleted until all are gone. Bare parallel: the same N queues created and destroyed with one bare Jolokia exec per node, the three nodes in parallel, 8 queues at a time, just before. Targets: create ≥ 100 queues/s and ≥ 0.5 × bare parallel; cost per queue flat from 100 to 5,000; converged: a small constant of Jolokia operations per node per poll, no API LIST, no API write.",
+        &format!(
+            "N ArtemisQueues ({}) on cluster `c` (3 nodes), created through the API server ({} at a time) until all are `Ready`, then a converged window, then an operator restart, then deleted until all are gone. Bare parallel: the same N queues created and destroyed with one bare Jolokia exec per node, the three nodes in parallel, {} queues at a time, just before; bulk: POSTs of {} creates per node, the nodes in parallel. Targets: create ≥ 100 queues/s, ≥ 1.0 × bare parallel and ≥ 0.5 × bulk; cost per queue flat from 100 to 10,000; converged: a small constant of Jolokia operations per node per poll, no API LIST, no API write; a restart writes nothing.",
+            if ctx.cfg.durable {
+                "durable, the CRD's default"
+            } else {
+                "non-durable"
+            },
+            ctx.cfg.in_flight,
+            ctx.cfg.in_flight,
+            ctx.cfg.bulk
+        ),
     );
     let mut rates = Table::new(&[
         "queues",
@@ -169,6 +250,13 @@ fn section(ctx: &Ctx, results: &[(usize, Vec<Run>)]) -> Section {
         "Jolokia ops per node per poll",
         "API LISTs (server / operator)",
         "API writes (server / operator)",
+    ]);
+    let mut restarts = Table::new(&[
+        "queues",
+        "bulk create/s (POSTs of the bulk size per node)",
+        "operator create ÷ bulk",
+        "restart: s until every queue reconciled after the first poll",
+        "restart: broker writes; audit rows; operator API writes",
     ]);
     let mut bars = vec![];
     let mut json_sizes = vec![];
@@ -222,6 +310,44 @@ fn section(ctx: &Ctx, results: &[(usize, Vec<Run>)]) -> Section {
             pair(&|r| r.apiserver_lists, &|r| r.op_lists, 0),
             pair(&|r| r.apiserver_writes, &|r| r.op_writes, 0),
         ]);
+        let bulk_ratio = Summary::of(&stats::ratios(
+            &col(runs, |r| r.create_rate),
+            &col(runs, |r| r.bulk_create_rate),
+        ));
+        restarts.row(vec![
+            n.to_string(),
+            stats::show(Summary::of(&col(runs, |r| r.bulk_create_rate)), 1),
+            stats::show(bulk_ratio, 2),
+            stats::show(Summary::of(&col(runs, |r| r.restart_known_seconds)), 1),
+            format!(
+                "{}; {}; {}",
+                stats::show(Summary::of(&col(runs, |r| r.restart_broker_writes)), 0),
+                stats::show(Summary::of(&col(runs, |r| r.restart_audit_rows)), 0),
+                stats::show(Summary::of(&col(runs, |r| r.restart_api_writes)), 0)
+            ),
+        ]);
+        s.headlines.push(Headline {
+            what: format!(
+                "{n} queues: create rate ÷ the bulk limit (POSTs of {} per node)",
+                ctx.cfg.bulk
+            ),
+            measured: stats::show(bulk_ratio, 2),
+            target: "≥ 0.5×".into(),
+            met: bulk_ratio.map(|r| r.median >= 0.5),
+        });
+        let restart_writes = Summary::of(&col(runs, |r| {
+            r.restart_broker_writes + r.restart_audit_rows + r.restart_api_writes
+        }));
+        s.headlines.push(Headline {
+            what: format!("{n} converged, operator restart: broker writes + audit rows + API writes; s to know every queue"),
+            measured: format!(
+                "{}; {}",
+                stats::show(restart_writes, 0),
+                stats::show(Summary::of(&col(runs, |r| r.restart_known_seconds)), 1)
+            ),
+            target: "0; reported".into(),
+            met: restart_writes.map(|w| w.max == 0.0),
+        });
         if let Some(r) = create_ratio {
             bars.push(Bar {
                 label: format!("{n} queues: create, operator / bare"),
@@ -243,9 +369,9 @@ fn section(ctx: &Ctx, results: &[(usize, Vec<Run>)]) -> Section {
                 stats::show(Summary::of(&col(runs, |r| r.bare_create_rate)), 1),
                 stats::show(create_ratio, 2)
             ),
-            target: "≥ 100/s and ≥ 0.5×".into(),
+            target: "≥ 100/s and ≥ 1.0×".into(),
             met: match (met_rate, create_ratio) {
-                (Some(rate), Some(ratio)) => Some(rate && ratio.median >= 0.5),
+                (Some(rate), Some(ratio)) => Some(rate && ratio.median >= 1.0),
                 _ => Some(false),
             },
         });
@@ -285,12 +411,12 @@ fn section(ctx: &Ctx, results: &[(usize, Vec<Run>)]) -> Section {
             "deleteRatio": stats::json(delete_ratio),
         }));
     }
-    s.tables = vec![rates, cost, idle];
+    s.tables = vec![rates, cost, idle, restarts];
     s.chart = Some(Chart {
         title: "Scale: operator queues/s over bare parallel Jolokia queues/s".into(),
         axis: "× bare parallel".into(),
         bars,
-        target: Some((0.5, "target 0.5×".into())),
+        target: Some((1.0, "target 1.0×".into())),
     });
     s.notes.push("API server figures are every client's requests for the operator's API group, Secrets and Events (the API server's `apiserver_request_total`), less the harness's own; other users of the shared API server (e.g. a concurrent integration test run) add to them. The operator's own client-side count (`artemis_studio_api_requests_total`) is next to them.".into());
     s.notes.push(format!(
@@ -313,5 +439,8 @@ fn run_json(r: &Run) -> Value {
         "converged": {"polls": num(r.polls), "jolokiaOpsPerNodePerPoll": num(r.jolokia_per_node_per_poll),
             "apiServerLists": num(r.apiserver_lists), "apiServerWrites": num(r.apiserver_writes),
             "operatorLists": num(r.op_lists), "operatorWrites": num(r.op_writes)},
+        "bulkCreatePerSecond": num(r.bulk_create_rate),
+        "restart": {"knownSeconds": num(r.restart_known_seconds), "brokerWrites": num(r.restart_broker_writes),
+            "auditRows": num(r.restart_audit_rows), "operatorApiWrites": num(r.restart_api_writes)},
     })
 }

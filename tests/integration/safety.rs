@@ -38,6 +38,22 @@ async fn queue_behind_our_back(f: &Fixture, name: &str, routing: &str) {
         .await
         .expect("create the queue behind the operator's back");
     }
+    // The state exists before the object does: the operator's snapshot has it on every node
+    // (a create planned from an older snapshot would be sent and answered "already exists",
+    // which is its own path, issue 23).
+    let key = format!("{}/c", f.ns);
+    wait_until(
+        &format!("the operator's snapshot of cluster {key} has queue {name} on every node"),
+        Duration::from_secs(60),
+        || async {
+            let t = f.op.ctx.topologies.get(&key)?;
+            t.nodes
+                .iter()
+                .all(|n| n.inventory.as_ref().is_some_and(|i| i.queues.contains_key(name)))
+                .then_some(())
+        },
+    )
+    .await;
 }
 
 /// (node, message count, routing type) of a queue on every node that has it.

@@ -32,10 +32,10 @@ const OPS_PER_POLL: u64 = 8;
 /// The broker-name search a poll adds when it must resolve an endpoint's broker name (the first
 /// poll of an endpoint, and the first one after it stopped answering).
 const CONNECT_OPS: u64 = 1;
-/// Jolokia operations one queue's create sends to one node: the preflight's fresh read (the queue
-/// and its address, one bulk of 2), the write (createAddress for a new address, createQueue) and
-/// the verifying fresh read (again 2).
-const CREATE_OPS_PER_QUEUE: u64 = 6;
+/// Jolokia operations one queue's create sends to one node (issue 23): the write only, planned
+/// from the snapshot — createAddress and createQueue in one POST for a new address the spec keeps
+/// (no read before, none after: the broker's answer is the evidence).
+const CREATE_OPS_PER_QUEUE: u64 = 2;
 
 struct Scale {
     bed: TestBed,
@@ -129,22 +129,61 @@ impl Scale {
         .await;
     }
 
+    /// Poll cluster c only once an hour from now on (after the poll the change itself causes):
+    /// every operation counted afterwards is a command's.
+    async fn poll_hourly(&self) {
+        let polls = self.polls();
+        self.cluster()
+            .patch(
+                "c",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"pollIntervalSeconds": 3600}})),
+            )
+            .await
+            .expect("slow the polls down");
+        self.wait_polls(polls + 1).await;
+    }
+
+    /// Jolokia operations this test's operator sent to each broker of cluster c, by kind.
+    fn ops_by_kind(&self) -> BTreeMap<String, BTreeMap<String, u64>> {
+        self.urls
+            .iter()
+            .map(|(b, url)| {
+                let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
+                for ((kind, _), n) in jolokia_by_kind(url) {
+                    *kinds.entry(kind).or_default() += n;
+                }
+                (b.clone(), kinds)
+            })
+            .collect()
+    }
+
     /// Jolokia operations this test's operator sent to one broker of cluster c.
     fn jolokia_ops(&self, broker: &str) -> u64 {
         self.op.ctx.metrics.jolokia_requests_of(&self.urls[broker])
     }
 
     async fn create_queues(&self, names: &[String]) {
+        self.create_queues_with(names, json!({})).await
+    }
+
+    /// Create queues whose spec is the default plus `extra` (merged over it).
+    async fn create_queues_with(&self, names: &[String], extra: serde_json::Value) {
         stream::iter(names.iter().cloned())
             .map(|name| {
                 let api = self.queues();
+                let extra = extra.clone();
                 async move {
+                    // Non-durable: a run that fails before its cleanup leaves nothing on the
+                    // brokers beyond their next restart.
+                    let mut spec = json!({"clusterRef": {"name": "c"}, "durable": false});
+                    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+                        s.extend(e.clone());
+                    }
                     let q: ArtemisQueue = serde_json::from_value(json!({
                         "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
                         "metadata": {"name": name},
-                        // Non-durable: a run that fails before its cleanup leaves nothing on the
-                        // brokers beyond their next restart.
-                        "spec": {"clusterRef": {"name": "c"}, "durable": false}
+                        "spec": spec
                     }))
                     .expect("queue json");
                     api.create(&PostParams::default(), &q)
@@ -606,4 +645,344 @@ async fn a_node_going_live_gets_every_queue_at_the_next_poll() {
 
     s.delete_all_queues(&names).await;
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// What grew per broker, by kind, between two `ops_by_kind` snapshots.
+fn ops_grown(
+    before: &BTreeMap<String, BTreeMap<String, u64>>,
+    after: &BTreeMap<String, BTreeMap<String, u64>>,
+) -> BTreeMap<String, BTreeMap<String, u64>> {
+    after
+        .iter()
+        .map(|(b, kinds)| {
+            let was = before.get(b).cloned().unwrap_or_default();
+            let grown = kinds
+                .iter()
+                .map(|(k, n)| (k.clone(), n - was.get(k).copied().unwrap_or(0)))
+                .filter(|(_, d)| *d > 0)
+                .collect();
+            (b.clone(), grown)
+        })
+        .collect()
+}
+
+fn generation_ready(generation: i64) -> impl Fn(&ArtemisQueue) -> bool {
+    move |q| {
+        q.metadata.generation == Some(generation)
+            && q.status.as_ref().and_then(|s| s.observed_generation) == Some(generation)
+            && ready(q)
+    }
+}
+
+/// Issue 23: the broker's own answer is the evidence. A create is one call per node and no read
+/// (its address created by the same POST, or by the queue itself where the spec removes an
+/// emptied address anyway); an update reads, writes and verifies; a delete reads (the ADR-0084
+/// preflight) and writes. Counted with no poll in the windows (polls made hourly, and the poll
+/// count unchanged is the evidence), so every operation is a command's.
+#[tokio::test]
+async fn a_create_is_one_write_per_node_an_update_reads_and_verifies_a_delete_preflights() {
+    const QUEUES: usize = 12;
+    let _b = brokers_shared().await;
+    let s = scale_fixture("scale-cost").await;
+    s.poll_hourly().await;
+    let tag = short_id();
+    let kept: Vec<String> = (0..QUEUES).map(|i| format!("cost.{tag}.kept.{i:02}")).collect();
+    let removed: Vec<String> = (0..QUEUES).map(|i| format!("cost.{tag}.rm.{i:02}")).collect();
+    let polls = s.polls();
+    let before = s.ops_by_kind();
+    s.create_queues(&kept).await;
+    s.create_queues_with(&removed, json!({"deletion": {"removeEmptyAddress": true}}))
+        .await;
+    s.wait_all(2 * QUEUES, "Ready=True", ready).await;
+    let created = ops_grown(&before, &s.ops_by_kind());
+    let mut failures: Vec<String> = vec![];
+    let q = QUEUES as u64;
+    let expected_create: BTreeMap<String, u64> = [
+        ("createAddress".to_string(), q),
+        ("createQueue".to_string(), 2 * q),
+    ]
+    .into();
+    for (b, kinds) in &created {
+        if kinds != &expected_create {
+            failures.push(format!(
+                "{b}: creating {QUEUES} queues on new addresses the spec keeps and {QUEUES} whose spec removes an emptied address sent {kinds:?}; expected only {expected_create:?} (one createQueue each, one createAddress for each kept address, no read before or after)"
+            ));
+        }
+    }
+
+    // An update: read (ADR-0049: overlay on what the broker holds), write, verify.
+    let before = s.ops_by_kind();
+    for name in &removed {
+        s.queues()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"filter": "cost = 1"}})),
+            )
+            .await
+            .expect("change the filter");
+    }
+    s.wait_all(2 * QUEUES, "the filter change Ready", |x| {
+        x.spec.filter.is_none() || generation_ready(2)(x)
+    })
+    .await;
+    let updated = ops_grown(&before, &s.ops_by_kind());
+    for (b, kinds) in &updated {
+        let reads = kinds.get("read").copied().unwrap_or(0);
+        let others: BTreeMap<&String, &u64> = kinds
+            .iter()
+            .filter(|(k, _)| *k != "read" && *k != "updateQueue")
+            .collect();
+        if kinds.get("updateQueue") != Some(&q) || reads < 2 * q || reads > 4 * q || !others.is_empty() {
+            failures.push(format!(
+                "{b}: updating the filter of {QUEUES} queues sent {kinds:?}; expected {QUEUES} updateQueue, and per queue one read before and one after (2-4 read operations each: queue and address), nothing else"
+            ));
+        }
+    }
+
+    // A delete: the preflight's fresh read, then the write (and the emptied address).
+    let before = s.ops_by_kind();
+    let all: Vec<String> = kept.iter().chain(&removed).cloned().collect();
+    s.delete_all_queues(&all).await;
+    let deleted = ops_grown(&before, &s.ops_by_kind());
+    for (b, kinds) in &deleted {
+        let writes: BTreeMap<&String, &u64> = kinds
+            .iter()
+            .filter(|(k, _)| *k != "read" && *k != "search")
+            .collect();
+        let expected: BTreeMap<String, u64> = [
+            ("destroyQueue".to_string(), 2 * q),
+            ("deleteAddress".to_string(), q),
+        ]
+        .into();
+        let writes_ok = writes
+            .iter()
+            .map(|(k, n)| ((*k).clone(), **n))
+            .collect::<BTreeMap<_, _>>()
+            == expected;
+        if !writes_ok || kinds.get("read").copied().unwrap_or(0) == 0 {
+            failures.push(format!(
+                "{b}: deleting {} queues sent {kinds:?}; expected the preflight's reads and exactly {expected:?}",
+                2 * QUEUES
+            ));
+        }
+    }
+    if s.polls() != polls {
+        failures.push(format!(
+            "cluster c was polled {} times during the counted windows: the counts above include a poll's reads (rerun; the test makes polls hourly)",
+            s.polls() - polls
+        ));
+    }
+    eprintln!("create {created:?}\nupdate {updated:?}\ndelete {deleted:?}");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Issue 23: an operator restart with converged queues sends no broker write, writes no audit
+/// row, and writes no status (nor anything else) to the API — after every queue was reconciled
+/// by the new process, following its first poll (the positive evidence).
+#[tokio::test]
+async fn a_restart_with_converged_queues_writes_nothing() {
+    const QUEUES: usize = 150;
+    let _b = brokers_shared().await;
+    let mut s = scale_fixture("scale-restart").await;
+    let tag = short_id();
+    let names: Vec<String> = (0..QUEUES).map(|i| format!("restart.{tag}.{i:03}")).collect();
+    s.create_queues(&names).await;
+    s.wait_all(QUEUES, "Ready=True", ready).await;
+    let audit = s.queue_audit().await.len();
+
+    let (db, instance) = (s.op.db.clone(), s.op.ctx.instance_id.clone());
+    s.op.stop();
+    let before = s.ops_by_kind();
+    s.op = s.bed.start_operator_on(&[s.ns.as_str()], &db, &instance).await;
+    // Every queue judged against the new process's snapshot (which only its polls make), then
+    // one more poll.
+    wait_until(
+        &format!("{QUEUES} ArtemisQueue passes planned by the restarted operator"),
+        Duration::from_secs(120),
+        || async { (s.op.ctx.metrics.planned_of("ArtemisQueue") >= QUEUES as u64).then_some(()) },
+    )
+    .await;
+    s.wait_polls(s.polls() + 1).await;
+    let mut failures: Vec<String> = vec![];
+    let writes: BTreeMap<(String, String), u64> = api_requests(&s.op.ctx.metrics)
+        .into_iter()
+        .filter(|((verb, _), _)| !matches!(verb.as_str(), "get" | "list" | "watch"))
+        .collect();
+    if !writes.is_empty() {
+        failures.push(format!(
+            "the restarted operator wrote to the API with {QUEUES} converged queues: {writes:?} (by verb and kind; status writes are patch artemisqueues/status)"
+        ));
+    }
+    for (b, kinds) in ops_grown(&before, &s.ops_by_kind()) {
+        let broker_writes: BTreeMap<&String, &u64> = kinds
+            .iter()
+            .filter(|(k, _)| !matches!(k.as_str(), "read" | "search" | "listNetworkTopology"))
+            .collect();
+        if !broker_writes.is_empty() {
+            failures.push(format!("the restarted operator sent {broker_writes:?} to {b}"));
+        }
+    }
+    let audit_after = s.queue_audit().await.len();
+    if audit_after != audit {
+        failures.push(format!("the restart wrote {} audit rows", audit_after - audit));
+    }
+    s.delete_all_queues(&names).await;
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Issue 23: a burst of applies — every object gets its first reconcile and is `Ready` within a
+/// bound that follows the burst's size, none waiting behind newer ones without end: from each
+/// object's creation to its `Ready` transition, none takes longer than the whole burst needed to
+/// be applied plus a margin; each object got exactly one queue.apply.
+#[tokio::test]
+async fn a_burst_of_applies_reaches_every_object_none_starves() {
+    const QUEUES: usize = 600;
+    let _b = brokers_shared().await;
+    let s = scale_fixture("scale-burst").await;
+    let tag = short_id();
+    let names: Vec<String> = (0..QUEUES).map(|i| format!("burst.{tag}.{i:04}")).collect();
+    let started = chrono::Utc::now();
+    s.create_queues(&names).await;
+    let applied = chrono::Utc::now() - started;
+    s.wait_all(QUEUES, "Ready=True", ready).await;
+    let list = s.queues().list(&ListParams::default()).await.expect("list");
+    let mut waits: Vec<(i64, String)> = list
+        .items
+        .iter()
+        .filter_map(|q| {
+            let created = q.metadata.creation_timestamp.as_ref()?.0.as_second();
+            let ready_at = q
+                .status
+                .as_ref()?
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Ready")?
+                .last_transition_time
+                .0
+                .as_second();
+            Some((ready_at - created, q.metadata.name.clone().unwrap_or_default()))
+        })
+        .collect();
+    waits.sort();
+    let longest = waits.last().cloned().unwrap_or_default();
+    // The whole burst took `applied` to reach the API server; an object may wait for every
+    // object ahead of it, never for ever: the applying time plus 60 s (seconds resolution,
+    // a poll, a slow bed).
+    let bound = applied.num_seconds() + 60;
+    let audit = s.queue_audit().await;
+    let mut applies: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in audit.iter().filter(|r| r.0 == "queue.apply") {
+        *applies.entry(r.1.as_str()).or_default() += 1;
+    }
+    let not_once: Vec<&String> = names
+        .iter()
+        .filter(|n| applies.get(n.as_str()) != Some(&1))
+        .collect();
+    eprintln!(
+        "burst of {QUEUES}: applied in {} s; creation → Ready: median {} s, longest {} s ({})",
+        applied.num_seconds(),
+        waits.get(waits.len() / 2).map_or(0, |w| w.0),
+        longest.0,
+        longest.1
+    );
+    s.delete_all_queues(&names).await;
+    assert_eq!(waits.len(), QUEUES, "every object has a Ready transition time");
+    assert!(
+        longest.0 <= bound,
+        "{} waited {} s from creation to Ready, more than the burst's applying time + 60 s = {bound} s",
+        longest.1,
+        longest.0
+    );
+    assert!(
+        not_once.is_empty(),
+        "objects without exactly one queue.apply: {not_once:?}"
+    );
+}
+
+/// Issue 23: a create planned from a snapshot that predates a queue made behind the operator's
+/// back is sent, answered "already exists" (AMQ229019), and that answer is the signal to read the
+/// queue and judge it: ALREADY where it matches, an update where it does not — one audited
+/// command, no queue destroyed, the messages kept.
+#[tokio::test]
+async fn a_create_answered_already_exists_reads_the_queue_and_judges_it() {
+    let _b = brokers_shared().await;
+    let s = scale_fixture("scale-exists").await;
+    s.poll_hourly().await;
+    let tag = short_id();
+    let (same, other) = (format!("exists.{tag}.same"), format!("exists.{tag}.filtered"));
+    // Behind the operator's back, on the bed's plain URLs (not counted as this operator's).
+    let user = s.bed.broker_user();
+    for b in s.bed.cluster_brokers("c") {
+        let http = artemis_studio_operator::broker::jolokia::http_client(None).expect("http");
+        let client = artemis_studio_operator::broker::JolokiaClient::new(
+            http,
+            b.jolokia.clone(),
+            None,
+            artemis_studio_operator::broker::Credentials {
+                username: user.0.clone(),
+                password: user.1.clone(),
+            },
+            Duration::from_secs(10),
+        );
+        let m = artemis_studio_operator::broker::BrokerManagement::connect(client)
+            .await
+            .expect("connect");
+        for (name, filter) in [(&same, None), (&other, Some("old = 1"))] {
+            let mut q = json!({"name": name, "address": name, "routing-type": "ANYCAST", "durable": false, "auto-create-address": true});
+            if let Some(f) = filter {
+                q["filter-string"] = json!(f);
+            }
+            m.create_queue(&q)
+                .await
+                .expect("create behind the operator's back");
+        }
+    }
+    let before = s.ops_by_kind();
+    s.create_queues(std::slice::from_ref(&same)).await;
+    s.create_queues_with(std::slice::from_ref(&other), json!({"filter": "new = 1"}))
+        .await;
+    s.wait_all(2, "Ready=True", ready).await;
+    let grown = ops_grown(&before, &s.ops_by_kind());
+    let list = s.queues().list(&ListParams::default()).await.expect("list");
+    let q_same = list
+        .items
+        .iter()
+        .find(|q| q.metadata.name.as_deref() == Some(same.as_str()))
+        .expect("same");
+    let q_other = list
+        .items
+        .iter()
+        .find(|q| q.metadata.name.as_deref() == Some(other.as_str()))
+        .expect("other");
+    let audit = s.queue_audit().await;
+    s.delete_all_queues(&[same.clone(), other.clone()]).await;
+    assert!(
+        outcomes(q_same).iter().all(|o| *o == Outcome::Already),
+        "a matching queue made behind the operator's back is ALREADY: {:?}",
+        outcomes(q_same)
+    );
+    assert!(
+        outcomes(q_other).iter().all(|o| *o == Outcome::Applied),
+        "a differing one is updated: {:?}",
+        outcomes(q_other)
+    );
+    for (b, kinds) in &grown {
+        assert_eq!(
+            kinds.get("createQueue"),
+            Some(&2),
+            "{b}: one create each, answered 'already exists': {kinds:?}"
+        );
+        assert_eq!(
+            kinds.get("updateQueue"),
+            Some(&1),
+            "{b}: the differing queue updated once: {kinds:?}"
+        );
+        assert!(
+            !kinds.contains_key("destroyQueue"),
+            "{b}: nothing destroyed: {kinds:?}"
+        );
+    }
+    let rows: Vec<&AuditRow> = audit.iter().filter(|r| r.1 == same || r.1 == other).collect();
+    assert_eq!(rows.len(), 2, "one audited command per object: {rows:?}");
 }

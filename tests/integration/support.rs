@@ -328,6 +328,7 @@ impl TestBed {
                 password: user.1,
             },
             request_timeout: Duration::from_secs(5),
+            poll_timeout: Duration::from_secs(5),
             secret_versions: Default::default(),
         }
     }
@@ -475,6 +476,14 @@ pub struct OperatorHandle {
     pub db: String,
     task: tokio::task::JoinHandle<()>,
     capture: tokio::task::JoinHandle<()>,
+}
+
+impl OperatorHandle {
+    /// Stop this operator's controllers and capture now (as a process exit would).
+    pub fn stop(&self) {
+        self.task.abort();
+        self.capture.abort();
+    }
 }
 
 impl Drop for OperatorHandle {

@@ -44,29 +44,7 @@ async fn apply_on(t: Target, d: DesiredQueue, inv: Arc<NodeInventory>) -> Result
         NodeAction::Create {
             create_address,
             document,
-        } => {
-            if create_address {
-                match t.management.create_address(&d.address, d.routing_type).await {
-                    Ok(()) => {}
-                    Err(e) if e.refusal_kind() == RefusalKind::AddressExists => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            match t.management.create_queue(&document).await {
-                Ok(_) => Ok(NodeReport::new(Outcome::Applied, "created")),
-                Err(e) if e.refusal_kind() == RefusalKind::QueueExists => {
-                    Ok(NodeReport::new(Outcome::Already, "exists (created concurrently)"))
-                }
-                Err(e) if e.refusal_kind() == RefusalKind::RoutingTypeNotSupported => Err(NodeFailure {
-                    message: Some(format!(
-                        "address {} exists without routing type {}: {e}. Add the routing type to the address on the broker, or use the address's routing type",
-                        d.address, d.routing_type
-                    )),
-                    ..e.into()
-                }),
-                Err(e) => Err(e.into()),
-            }
-        }
+        } => create_on(&t, &d, create_address, &document).await,
         NodeAction::Update { changed } => {
             let current = inv.queues.get(&d.name).cloned().unwrap_or_default();
             let doc = plan::update_document(&current, &d.spec);
@@ -84,6 +62,55 @@ async fn apply_on(t: Target, d: DesiredQueue, inv: Arc<NodeInventory>) -> Result
                 Err(e) => Err(e.into()),
             }
         }
+    }
+}
+
+/// A create on one node, planned from the snapshot and sent without a read first (issue 23): the
+/// broker's answer is the evidence. "Already exists" (AMQ229019) is returned as the error it is:
+/// the pipeline reads that queue and judges it (ALREADY, or an update).
+async fn create_on(
+    t: &Target,
+    d: &DesiredQueue,
+    create_address: bool,
+    document: &Value,
+) -> Result<NodeReport, NodeFailure> {
+    let created = if create_address {
+        let (address, queue) = t
+            .management
+            .create_address_and_queue(&d.address, d.routing_type, document)
+            .await;
+        match (address, queue) {
+            // The address could not be created, so neither could the queue: the address's
+            // refusal is the cause.
+            (Err(a), Err(q)) if q.refusal_kind() == RefusalKind::AddressDoesNotExist => Err(a),
+            (_, queue) => queue,
+        }
+    } else {
+        t.management.create_queue(document).await
+    };
+    match created {
+        Ok(answer) => {
+            let report = NodeReport::new(Outcome::Applied, "created");
+            Ok(match inventory::created_queue(&answer) {
+                Some(q) => report.with_seen(NodeInventory {
+                    scope: Some(inventory::ReadScope {
+                        queues: vec![q.name.clone()],
+                        ..Default::default()
+                    }),
+                    queues: [(q.name.clone(), q)].into(),
+                    ..Default::default()
+                }),
+                None => report,
+            })
+        }
+        Err(e) if e.refusal_kind() == RefusalKind::RoutingTypeNotSupported => Err(NodeFailure {
+            message: Some(format!(
+                "address {} exists without routing type {}: {e}. Add the routing type to the address on the broker, or use the address's routing type",
+                d.address, d.routing_type
+            )),
+            ..e.into()
+        }),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -162,8 +189,9 @@ async fn delete_on(
 /// How long a preview's counts may stand when nothing else in it changed.
 const PREVIEW_REFRESH: chrono::TimeDelta = chrono::TimeDelta::minutes(5);
 
-/// The new preview, or the old one when only its counts moved and it is recent: a busy queue's
-/// status is not rewritten each poll (the preview says when it was read).
+/// The new preview, or the old one when nothing in it changed (whatever its age: a converged
+/// queue's status is not rewritten by a resync or an operator restart), or when only its counts
+/// moved within their magnitude and it is recent (a busy queue is not rewritten each poll).
 fn refreshed(old: Option<DeletePreview>, new: DeletePreview) -> DeletePreview {
     let recent = |p: &DeletePreview| {
         p.read_at
@@ -171,7 +199,17 @@ fn refreshed(old: Option<DeletePreview>, new: DeletePreview) -> DeletePreview {
             .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
             .is_some_and(|t| chrono::Utc::now().signed_duration_since(t) < PREVIEW_REFRESH)
     };
+    let unchanged = |o: &DeletePreview| {
+        DeletePreview {
+            read_at: None,
+            ..o.clone()
+        } == DeletePreview {
+            read_at: None,
+            ..new.clone()
+        }
+    };
     match old {
+        Some(o) if unchanged(&o) => o,
         Some(o) if recent(&o) && o.shape() == new.shape() && o.warnings.len() == new.warnings.len() => o,
         _ => new,
     }
@@ -257,6 +295,7 @@ impl TopologyObject for ArtemisQueue {
     type Status = ArtemisQueueStatus;
     const NOUN: &'static str = "queue";
     const FINALIZER: &'static str = FINALIZER;
+    const ALREADY_EXISTS: Option<RefusalKind> = Some(RefusalKind::QueueExists);
 
     fn cluster_ref(&self) -> &ClusterRef {
         &self.spec.cluster_ref
@@ -272,6 +311,10 @@ impl TopologyObject for ArtemisQueue {
     }
     fn set_status(&mut self, status: ArtemisQueueStatus) {
         self.status = Some(status);
+    }
+    /// A create: the broker's answer is the evidence (created, or AMQ229019: read and judged).
+    fn answer_is_evidence(d: &DesiredQueue, snapshot: &NodeInventory) -> bool {
+        matches!(plan::plan_node(d, snapshot), NodeAction::Create { .. })
     }
     fn cache(ctx: &Context) -> &super::Cache<Self> {
         &ctx.caches.queues

@@ -207,6 +207,22 @@ pub fn update_document(current: &QueueInfo, spec: &ArtemisQueueSpec) -> Value {
     doc
 }
 
+/// A create, with its address in the same call where the spec allows it: `auto-create-address`
+/// makes the broker mark the address auto-created (the broker may remove it once empty), so it is
+/// used only when the spec removes an emptied address anyway (spec.deletion.removeEmptyAddress);
+/// otherwise the address is created by `createAddress`, in the same POST.
+fn create(d: &DesiredQueue, inv: &NodeInventory) -> NodeAction {
+    let mut document = create_document(d);
+    let missing = !inv.addresses.contains_key(&d.address);
+    if missing && d.spec.deletion.remove_empty_address {
+        document["auto-create-address"] = json!(true);
+    }
+    NodeAction::Create {
+        create_address: missing && !d.spec.deletion.remove_empty_address,
+        document,
+    }
+}
+
 /// Decide what one node needs, from its inventory.
 pub fn plan_node(d: &DesiredQueue, inv: &NodeInventory) -> NodeAction {
     if let Some(why) = inv.unreadable_queues.get(&d.name) {
@@ -219,10 +235,7 @@ pub fn plan_node(d: &DesiredQueue, inv: &NodeInventory) -> NodeAction {
         };
     }
     match inv.queues.get(&d.name) {
-        None => NodeAction::Create {
-            create_address: !inv.addresses.contains_key(&d.address),
-            document: create_document(d),
-        },
+        None => create(d, inv),
         Some(q) if q.routing_type != d.routing_type => NodeAction::Refuse {
             kind: RefusalKind::RoutingTypeImmutable,
             message: format!(
