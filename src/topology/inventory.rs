@@ -350,6 +350,31 @@ fn parse_address(v: &Value) -> Result<AddressInfo, String> {
 }
 
 impl NodeInventory {
+    /// Every row of a `listQueues` answer (a JSON document in a string); a row that does not
+    /// parse is unreadable (nothing is planned for it on a guess).
+    fn add_listed_queues(&mut self, listing: &Value) -> Result<(), BrokerError> {
+        let doc: Value = listing
+            .as_str()
+            .and_then(|t| serde_json::from_str(t).ok())
+            .ok_or_else(|| BrokerError::BadResponse("listQueues did not return JSON".into()))?;
+        let rows = doc
+            .get("data")
+            .and_then(Value::as_array)
+            .ok_or_else(|| BrokerError::BadResponse("listQueues returned no data".into()))?;
+        for row in rows {
+            match (parse_listed_queue(row), row.get("name").and_then(Value::as_str)) {
+                (Ok(q), _) => {
+                    self.queues.insert(q.name.clone(), q);
+                }
+                (Err(why), Some(name)) => {
+                    self.unreadable_queues.insert(name.to_string(), why);
+                }
+                (Err(why), None) => return Err(BrokerError::BadResponse(format!("a listQueues row: {why}"))),
+            }
+        }
+        Ok(())
+    }
+
     fn add_queue(&mut self, v: &Value) -> Result<(), BrokerError> {
         match parse_queue(v) {
             Ok(q) => {
@@ -370,13 +395,15 @@ fn bad(what: &str) -> impl Fn(String) -> BrokerError + '_ {
     move |why| BrokerError::BadResponse(format!("{what}: {why}"))
 }
 
-/// Scrape one node: one bulk request with three wildcard reads.
+/// Scrape one node: one bulk request — every queue in one `listQueues` page, the addresses and
+/// the diverts by wildcard reads. A broker that cannot list in one page (before 2.38) is read
+/// with the queues' wildcard read instead.
 pub async fn scrape(m: &BrokerManagement) -> Result<NodeInventory, BrokerError> {
     let name = m.broker_name();
     let mut r = m
         .client()
         .bulk(&[
-            JolokiaRequest::read_many(mbean::all_queues(name), QUEUE_ATTRIBUTES),
+            list_all_queues(name),
             JolokiaRequest::read_many(mbean::all_addresses(name), ADDRESS_ATTRIBUTES),
             JolokiaRequest::read_many(mbean::all_diverts(name), DIVERT_ATTRIBUTES),
         ])
@@ -387,8 +414,19 @@ pub async fn scrape(m: &BrokerManagement) -> Result<NodeInventory, BrokerError> 
             .unwrap_or_else(|| Err(BrokerError::BadResponse("short bulk response".into())))
     };
     let mut inv = NodeInventory::default();
-    for q in matches(next())? {
-        inv.add_queue(&q)?;
+    match next() {
+        Ok(listing) => inv.add_listed_queues(&listing)?,
+        // Refused as an element (an older broker, a role without the operation): the request
+        // as a whole reached the broker, so the attribute read goes in a second one.
+        Err(_) => {
+            let read = m
+                .client()
+                .call(JolokiaRequest::read_many(mbean::all_queues(name), QUEUE_ATTRIBUTES))
+                .await;
+            for q in matches(read)? {
+                inv.add_queue(&q)?;
+            }
+        }
     }
     for a in matches(next())? {
         let a = parse_address(&a).map_err(bad("an address MBean"))?;
@@ -399,6 +437,66 @@ pub async fn scrape(m: &BrokerManagement) -> Result<NodeInventory, BrokerError> 
         inv.diverts.insert(d.name.clone(), d);
     }
     Ok(inv)
+}
+
+/// `listQueues` with no filter, every queue in one page (page and size -1, Artemis 2.38+,
+/// ARTEMIS-5072). Measured on this bed at 10,000 queues: 0.7 s against 5.9 s for the wildcard
+/// read of the same 22 attributes, which costs per attribute per MBean (deploy/dev/inventory-bench;
+/// README "Performance"). Small pages cost more: each page sorts the whole set.
+fn list_all_queues(broker_name: &str) -> JolokiaRequest {
+    let everything = serde_json::json!({"field": "", "operation": "", "value": ""}).to_string();
+    JolokiaRequest::exec(
+        mbean::broker(broker_name),
+        "listQueues(java.lang.String,int,int)",
+        vec![serde_json::json!(everything), serde_json::json!(-1), serde_json::json!(-1)],
+    )
+}
+
+/// One `listQueues` row (every value a string) as a queue, or why it is not one.
+pub fn parse_listed_queue(row: &Value) -> Result<QueueInfo, String> {
+    let text = |k: &str| -> Result<String, String> {
+        row.get(k)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| format!("field {k} missing"))
+    };
+    let optional = |k: &str| -> Result<Option<String>, String> { text(k).map(|t| Some(t).filter(|t| !t.is_empty())) };
+    let flag = |k: &str| -> Result<bool, String> {
+        text(k)?
+            .parse::<bool>()
+            .map_err(|_| format!("field {k} is not a boolean"))
+    };
+    let int = |k: &str| -> Result<i64, String> { text(k)?.parse::<i64>().map_err(|_| format!("field {k} is not an integer")) };
+    let count = |k: &str| -> Result<u64, String> { text(k)?.parse::<u64>().map_err(|_| format!("field {k} is not a count")) };
+    Ok(QueueInfo {
+        name: text("name")?,
+        address: text("address")?,
+        routing_type: text("routingType")?,
+        filter: optional("filter")?,
+        durable: flag("durable")?,
+        max_consumers: int("maxConsumers")?,
+        exclusive: flag("exclusive")?,
+        last_value: flag("lastValue")?,
+        last_value_key: optional("lastValueKey")?,
+        // Not in 2.40's listing (nor its QueueControl attributes): unknown.
+        non_destructive: None,
+        purge_on_no_consumers: flag("purgeOnNoConsumers")?,
+        enabled: flag("enabled")?,
+        consumers_before_dispatch: int("consumersBeforeDispatch")?,
+        delay_before_dispatch: int("delayBeforeDispatch")?,
+        consumer_priority: None,
+        ring_size: int("ringSize")?,
+        group_rebalance: flag("groupRebalance")?,
+        group_buckets: int("groupBuckets")?,
+        group_first_key: optional("groupFirstKey")?,
+        auto_delete: flag("autoDelete")?,
+        auto_delete_delay: None,
+        auto_delete_message_count: None,
+        temporary: flag("temporary")?,
+        message_count: count("messageCount")?,
+        consumer_count: count("consumerCount")?,
+        delivering_count: count("deliveringCount")?,
+    })
 }
 
 /// A fresh, strict read of only the objects a command is about to write (ADR-0049's
@@ -467,6 +565,33 @@ pub async fn read_scoped(m: &BrokerManagement, scope: &ScopedRead<'_>) -> Result
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_listed_queue_reads_as_the_attributes_do() {
+        // A row of Artemis 2.40's listQueues (every value a string).
+        let row = serde_json::json!({"id":"1455","name":"q1","address":"a1","filter":"","durable":"false","paused":"false",
+            "temporary":"false","purgeOnNoConsumers":"false","consumerCount":"2","maxConsumers":"-1","autoCreated":"false",
+            "user":"","routingType":"ANYCAST","messagesAdded":"0","messageCount":"7","messagesAcked":"0","messagesExpired":"0",
+            "deliveringCount":"1","messagesKilled":"0","directDeliver":"false","exclusive":"true","lastValue":"false",
+            "lastValueKey":"","scheduledCount":"0","groupRebalance":"false","groupRebalancePauseDispatch":"false",
+            "groupBuckets":"-1","groupFirstKey":"","enabled":"true","ringSize":"-1","consumersBeforeDispatch":"0",
+            "delayBeforeDispatch":"-1","autoDelete":"false","internalQueue":"false"});
+        let q = super::parse_listed_queue(&row).expect("a queue");
+        assert_eq!((q.name.as_str(), q.address.as_str(), q.routing_type.as_str()), ("q1", "a1", "ANYCAST"));
+        assert_eq!(q.filter, None, "an empty filter is no filter");
+        assert!(q.exclusive && !q.durable && q.enabled);
+        assert_eq!((q.message_count, q.consumer_count, q.delivering_count), (7, 2, 1));
+        assert_eq!((q.max_consumers, q.ring_size, q.delay_before_dispatch), (-1, -1, -1));
+        let mut filtered = row.clone();
+        filtered["filter"] = serde_json::json!("kind = 'TimeoutException'");
+        assert_eq!(
+            super::parse_listed_queue(&filtered).expect("a queue").filter.as_deref(),
+            Some("kind = 'TimeoutException'")
+        );
+        let mut broken = row;
+        broken["maxConsumers"] = serde_json::json!("many");
+        assert!(super::parse_listed_queue(&broken).is_err(), "never read as a guess");
+    }
+
     use super::*;
     use serde_json::json;
 
