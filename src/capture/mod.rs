@@ -14,7 +14,9 @@ pub mod loss;
 pub mod names;
 pub mod pass;
 pub mod plan;
+pub mod row;
 pub mod sample;
+pub mod split;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
