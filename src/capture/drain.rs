@@ -40,16 +40,23 @@ pub struct DrainKey {
     pub capture_queue: String,
 }
 
+/// A batch that has waited on the database this long makes its drain not draining (the
+/// drain's own state, seen without asking Postgres anything).
+pub const STORE_STALLED: Duration = Duration::from_secs(5);
+
 /// What the pass knows of a drain.
 #[derive(Clone, Debug)]
 pub struct DrainState {
     pub connected: bool,
-    /// The last committed batch or idle heartbeat.
+    /// The last committed batch, idle heartbeat, or attempt to store.
     pub alive_at: Instant,
+    /// `alive_at` on the wall clock, for status (a fixed instant, so a message that names it
+    /// does not change from pass to pass).
+    pub alive_at_wall: chrono::DateTime<chrono::Utc>,
     /// Why it is not draining now, when it is not.
     pub problem: Option<String>,
     /// Since when it has had a problem (the first of an unbroken run of them).
-    pub problem_since: Option<Instant>,
+    pub problem_since: Option<chrono::DateTime<chrono::Utc>>,
     /// Copies held unsettled, waiting for the database to take them.
     pub held: usize,
 }
@@ -60,24 +67,30 @@ pub struct DrainHealth {
     inner: Arc<Mutex<HashMap<DrainKey, DrainState>>>,
 }
 
+fn rfc3339(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
 impl DrainHealth {
     fn set(&self, key: &DrainKey, connected: bool, problem: Option<String>) {
         self.set_holding(key, connected, problem, 0);
     }
 
-    /// As `set`, with `held` copies held unsettled for a database that refuses them.
+    /// As `set`, with `held` copies held unsettled on their way into the database.
     fn set_holding(&self, key: &DrainKey, connected: bool, problem: Option<String>, held: usize) {
         if let Ok(mut m) = self.inner.lock() {
+            let now = chrono::Utc::now();
             let since = match (&problem, m.get(key)) {
                 (None, _) => None,
                 (Some(_), Some(old)) if old.problem.is_some() => old.problem_since,
-                (Some(_), _) => Some(Instant::now()),
+                (Some(_), _) => Some(now),
             };
             m.insert(
                 key.clone(),
                 DrainState {
                     connected,
                     alive_at: Instant::now(),
+                    alive_at_wall: now,
                     problem,
                     problem_since: since,
                     held,
@@ -92,9 +105,9 @@ impl DrainHealth {
         }
     }
 
-    /// Being drained: connected, no problem, alive within `within` (ADR-0066 D2's definition of
-    /// a healthy tap). Err carries why not: the drain's own problem, for how long, and how
-    /// many copies it holds.
+    /// Being drained: connected, no problem, no batch waiting on the database longer than
+    /// [`STORE_STALLED`], alive within `within` (ADR-0066 D2's definition of a healthy tap).
+    /// Err carries why not: the drain's own problem, since when, and the copies it holds.
     pub fn draining(&self, key: &DrainKey, within: Duration) -> Result<(), String> {
         let m = self
             .inner
@@ -105,23 +118,25 @@ impl DrainHealth {
         };
         let since = s
             .problem_since
-            .map(|t| format!(" (for {}s)", t.elapsed().as_secs()))
+            .map(|t| format!(" (since {})", rfc3339(t)))
             .unwrap_or_default();
         let held = if s.held > 0 {
             format!("; {} copies held unsettled", s.held)
         } else {
             String::new()
         };
-        match s {
-            s if !s.connected => Err(format!(
-                "{}{since}",
-                s.problem.clone().unwrap_or_else(|| "drain not connected".into())
+        match &s.problem {
+            Some(p) => Err(format!("{p}{since}{held}")),
+            None if !s.connected => Err("drain not connected".into()),
+            None if s.held > 0 && s.alive_at.elapsed() > STORE_STALLED => Err(format!(
+                "a batch of {} copies has waited on the database since {}, held unsettled",
+                s.held,
+                rfc3339(s.alive_at_wall)
             )),
-            DrainState { problem: Some(p), .. } => Err(format!("{p}{since}{held}")),
-            s if s.alive_at.elapsed() > within => {
+            None if s.alive_at.elapsed() > within => {
                 Err(format!("drain silent for {}s", s.alive_at.elapsed().as_secs()))
             }
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 }
@@ -481,6 +496,9 @@ async fn store_batch(
         capped,
         oldest,
     } = prepare(spec, batch);
+    // Until it is committed, the batch is held: a database that does not answer shows in the
+    // drain's state after STORE_STALLED, without asking the database.
+    health.set_holding(&spec.key, true, None, batch.len());
     let mut work = SplitInsert::new(rows);
     let mut sink = DrainSink {
         store,
@@ -607,6 +625,58 @@ fn urlencode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn key() -> DrainKey {
+        DrainKey {
+            cluster: "ns/c".into(),
+            node: "n1".into(),
+            capture_queue: "q".into(),
+        }
+    }
+
+    #[test]
+    fn a_refused_batch_makes_the_drain_not_draining_naming_since_when_and_what_it_holds() {
+        let health = DrainHealth::default();
+        health.set(&key(), true, None);
+        assert_eq!(health.draining(&key(), Duration::from_secs(60)), Ok(()));
+        health.set_holding(&key(), true, Some("database unavailable".into()), 200);
+        let first = health
+            .draining(&key(), Duration::from_secs(60))
+            .expect_err("refused");
+        assert!(first.contains("database unavailable (since "), "{first}");
+        assert!(first.ends_with("200 copies held unsettled"), "{first}");
+        // The same run of refusals keeps its start, so the message does not change.
+        health.set_holding(&key(), true, Some("database unavailable".into()), 200);
+        assert_eq!(
+            health.draining(&key(), Duration::from_secs(60)).err(),
+            Some(first)
+        );
+        health.set(&key(), true, None);
+        assert_eq!(health.draining(&key(), Duration::from_secs(60)), Ok(()));
+    }
+
+    #[test]
+    fn a_batch_waiting_on_the_database_too_long_makes_the_drain_not_draining() {
+        let health = DrainHealth::default();
+        health.set_holding(&key(), true, None, 7);
+        assert_eq!(
+            health.draining(&key(), Duration::from_secs(60)),
+            Ok(()),
+            "just started"
+        );
+        if let Ok(mut m) = health.inner.lock()
+            && let Some(s) = m.get_mut(&key())
+        {
+            s.alive_at = Instant::now() - STORE_STALLED - Duration::from_secs(1);
+        }
+        let why = health
+            .draining(&key(), Duration::from_secs(60))
+            .expect_err("stalled");
+        assert!(
+            why.starts_with("a batch of 7 copies has waited on the database since"),
+            "{why}"
+        );
+    }
 
     #[test]
     fn the_rate_cap_grants_at_most_its_rate() {

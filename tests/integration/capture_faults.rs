@@ -198,3 +198,91 @@ async fn copies_postgres_cannot_take_as_they_are_never_stop_the_drain_and_every_
         .await
         .expect("delete");
 }
+
+fn every_tap(s: &artemis_studio_operator::api::capture::ArtemisCaptureSubscription, state: TapState) -> bool {
+    s.status
+        .as_ref()
+        .is_some_and(|st| !st.taps.is_empty() && st.taps.iter().all(|t| t.state == state))
+}
+
+fn ready(s: &artemis_studio_operator::api::capture::ArtemisCaptureSubscription) -> Option<String> {
+    s.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.status.clone())
+}
+
+/// Issue 25 item 4: no pass can run without Postgres, and status said HEALTHY throughout an
+/// outage. Now the taps are DEGRADED (Ready=False) within two passes of Postgres stopping,
+/// written while it is still down, and HEALTHY again once it is back.
+#[tokio::test]
+async fn postgres_stopped_makes_every_tap_degraded_within_two_passes_and_healthy_again_after() {
+    let _shared = brokers_shared().await;
+    let f = fixture("cap-pgstatus", None).await;
+    // This operator keeps its data in a Postgres server of its own, which the test stops.
+    let crate::queue::Fixture { bed, ns, admin, op } = f;
+    let instance = op.ctx.instance_id.clone();
+    drop(op);
+    let pg = bed.scratch_postgres(&format!("pgstatus-{}", short_id()));
+    let op = bed.start_operator_on(&[&ns], &pg.url, &instance).await;
+    let f = crate::queue::Fixture { bed, ns, admin, op };
+    let address = format!("cap.{}.pgstatus", short_id());
+    broker_queue(&f.bed, &address).await;
+    f.subscribe("status", json!({"queues": address})).await;
+    f.wait_subscription("status", "3 taps drained, Ready", |s| {
+        taps_in(s, TapState::Healthy) == 3 && ready(s).as_deref() == Some("True")
+    })
+    .await;
+
+    pg.stop();
+    let stopped = std::time::Instant::now();
+    // Two passes' time, plus what it takes to notice a lost session and write the status.
+    let two_passes = f.op.ctx.capture_pass_interval * 2 + std::time::Duration::from_secs(4);
+    let api = f.subscriptions();
+    let degraded = crate::support::wait_until(
+        "every tap DEGRADED and Ready=False while Postgres is down",
+        two_passes,
+        || {
+            let api = api.clone();
+            async move {
+                let s = api.get("status").await.ok()?;
+                (every_tap(&s, TapState::Degraded) && ready(&s).as_deref() == Some("False")).then_some(s)
+            }
+        },
+    )
+    .await;
+    let taps = degraded.status.map(|s| s.taps).unwrap_or_default();
+    eprintln!(
+        "DEGRADED {:?} after Postgres stopped: {:?}",
+        stopped.elapsed(),
+        taps.first()
+    );
+    assert!(
+        taps.iter().all(|t| t
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("Postgres") || m.contains("database"))),
+        "each tap says why: {taps:?}"
+    );
+
+    pg.start();
+    f.wait_subscription(
+        "status",
+        "3 taps HEALTHY and Ready again after Postgres returned",
+        |s| {
+            every_tap(s, TapState::Healthy)
+                && taps_in(s, TapState::Healthy) == 3
+                && ready(s).as_deref() == Some("True")
+        },
+    )
+    .await;
+    // And it captures again.
+    crate::support::send_messages(&f.bed, "c1", &address, 3).await;
+    f.wait_rows("status", 3).await;
+    f.subscriptions()
+        .delete("status", &DeleteParams::default())
+        .await
+        .expect("delete");
+}
