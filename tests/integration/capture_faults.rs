@@ -286,3 +286,71 @@ async fn postgres_stopped_makes_every_tap_degraded_within_two_passes_and_healthy
         .await
         .expect("delete");
 }
+
+/// A copy Postgres refuses for a reason the escapes do not foresee — here a text body whose
+/// full-text index entry is over Postgres's 1 MiB tsvector limit (SQLSTATE 54000) — is found by
+/// splitting its batch, stored once more as bytes (and says so), and the copies around it on the
+/// same tap are all stored.
+#[tokio::test]
+async fn a_copy_postgres_refuses_for_its_size_is_found_by_splitting_and_kept_as_bytes() {
+    let _shared = brokers_shared().await;
+    let f = fixture("cap-limit", None).await;
+    let address = format!("cap.{}.limit", short_id());
+    broker_queue(&f.bed, &address).await;
+    f.subscribe("limit", json!({"queues": address, "maxBodyBytes": 4_194_304}))
+        .await;
+    f.wait_subscription("limit", "3 taps drained", |s| taps_in(s, TapState::Healthy) == 3)
+        .await;
+    // 200,000 distinct words: about 1.3 MB of lexemes, over the tsvector limit.
+    let huge: String = (0..200_000).map(|i| format!("w{i} ")).collect();
+    let text = |id: &str, body: String| with_id(id, Body::Value(AmqpValue(Value::String(body))));
+    let mut messages: Vec<Message<Body<Value>>> = (0..3)
+        .map(|i| text(&format!("before-{i}"), format!("before {i}")))
+        .collect();
+    messages.push(text("huge", huge.clone()));
+    messages.extend((0..3).map(|i| text(&format!("after-{i}"), format!("after {i}"))));
+    amqp_send_messages(&f.bed, "c1", &address, messages).await;
+
+    let pool = f.op.store.pool().clone();
+    let rows: Vec<Stored> =
+        crate::support::wait_until("7 rows stored", std::time::Duration::from_secs(90), || {
+            let pool = pool.clone();
+            async move {
+                let rows: Vec<Stored> = sqlx::query_as(
+                    "SELECT message_id, body_kind, body_text, body_binary, properties, escaped \
+                 FROM captured_message WHERE subscription = 'limit' ORDER BY message_id",
+                )
+                .fetch_all(&pool)
+                .await
+                .ok()?;
+                (rows.len() >= 7).then_some(rows)
+            }
+        })
+        .await;
+    assert_eq!(rows.len(), 7);
+    let big = rows
+        .iter()
+        .find(|r| r.message_id.as_deref() == Some("huge"))
+        .expect("the huge copy is stored");
+    assert_eq!(big.body_text, None);
+    assert_eq!(
+        big.body_binary.as_deref(),
+        Some(huge.as_bytes()),
+        "kept exactly, as bytes"
+    );
+    assert!(
+        big.escaped
+            .as_ref()
+            .and_then(|e| e.first())
+            .is_some_and(|n| n.contains("SQLSTATE 54000")),
+        "it says why: {:?}",
+        big.escaped
+    );
+    for r in rows.iter().filter(|r| r.message_id.as_deref() != Some("huge")) {
+        assert!(r.body_text.is_some() && r.escaped.is_none(), "{r:?}");
+    }
+    f.subscriptions()
+        .delete("limit", &DeleteParams::default())
+        .await
+        .expect("delete");
+}
