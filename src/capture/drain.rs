@@ -309,31 +309,34 @@ async fn session(
 
 /// A delivered copy, or one the AMQP library could not decode (it is settled with its batch
 /// and counted as loss, cause `undecodable`: redelivering it would stop the drain for ever).
-enum Copy {
+enum Received {
     Decoded(Box<Delivery<Body<Value>>>),
     Undecodable(DeliveryInfo),
 }
 
-impl Copy {
+impl Received {
     fn info(&self) -> DeliveryInfo {
         match self {
-            Copy::Decoded(d) => DeliveryInfo::from(d.as_ref()),
-            Copy::Undecodable(i) => i.clone(),
+            Received::Decoded(d) => DeliveryInfo::from(d.as_ref()),
+            Received::Undecodable(i) => i.clone(),
         }
     }
 }
 
-async fn receive(receiver: &mut Receiver) -> Result<Copy, String> {
+async fn receive(receiver: &mut Receiver) -> Result<Received, String> {
     match receiver.recv::<Body<Value>>().await {
-        Ok(d) => Ok(Copy::Decoded(Box::new(d))),
-        Err(RecvError::MessageDecode(e)) => Ok(Copy::Undecodable(e.info)),
+        Ok(d) => Ok(Received::Decoded(Box::new(d))),
+        Err(RecvError::MessageDecode(e)) => Ok(Received::Undecodable(e.info)),
         Err(e) => Err(format!("receive: {e}")),
     }
 }
 
 /// The first copy (or nothing within a second: an idle heartbeat), then whatever follows
 /// within a short linger, up to BATCH.
-async fn collect(receiver: &mut Receiver, stopped: &mut watch::Receiver<bool>) -> Result<Vec<Copy>, String> {
+async fn collect(
+    receiver: &mut Receiver,
+    stopped: &mut watch::Receiver<bool>,
+) -> Result<Vec<Received>, String> {
     let mut batch = vec![];
     tokio::select! {
         r = receive(receiver) => batch.push(r?),
@@ -397,7 +400,7 @@ async fn batches(
             tokio::time::sleep(Duration::from_secs(3600)).await;
         }
         receiver
-            .accept_all(batch.iter().map(Copy::info))
+            .accept_all(batch.iter().map(Received::info))
             .await
             .map_err(|e| format!("settle: {e}"))?;
         last_confirm = Instant::now();
@@ -449,12 +452,12 @@ struct Prepared {
     oldest: Option<chrono::DateTime<chrono::Utc>>,
 }
 
-fn prepare(spec: &DrainSpec, batch: &[Copy]) -> Prepared {
+fn prepare(spec: &DrainSpec, batch: &[Received]) -> Prepared {
     let decoded: Vec<&Delivery<Body<Value>>> = batch
         .iter()
         .filter_map(|c| match c {
-            Copy::Decoded(d) => Some(d.as_ref()),
-            Copy::Undecodable(_) => None,
+            Received::Decoded(d) => Some(d.as_ref()),
+            Received::Undecodable(_) => None,
         })
         .collect();
     let undecodable = (batch.len() - decoded.len()) as u64;
@@ -487,7 +490,7 @@ async fn store_batch(
     health: &DrainHealth,
     spec: &DrainSpec,
     coverage: i64,
-    batch: &[Copy],
+    batch: &[Received],
     stopped: &mut watch::Receiver<bool>,
 ) -> Option<u64> {
     let Prepared {

@@ -141,6 +141,46 @@ async fn retake(ctx: &Context, cluster_key: &str, holder: &str) -> Result<Option
     }
 }
 
+/// Before a pass: whether this process still holds the cluster's lock, re-taking it at once
+/// when only its session was lost. When Postgres cannot be reached (`store_lost` is set), no
+/// replica can hold the lock or run a pass and nothing can be stored: the drains keep what they
+/// hold, and status (in Kubernetes) says so. False with `store_lost` unset: another process
+/// holds the lock now.
+async fn lock_still_ours(
+    ctx: &Context,
+    s: &mut Served,
+    cluster_key: &str,
+    holder: &str,
+    mine: &[Arc<ArtemisCaptureSubscription>],
+    view: &pass::DrainView<'_>,
+) -> bool {
+    if s.lock.still_held().await {
+        return true;
+    }
+    match retake(ctx, cluster_key, holder).await {
+        Ok(Some(lock)) => {
+            tracing::info!(cluster = %cluster_key, "capture: lock session lost and re-taken");
+            s.lock = lock;
+            s.store_lost = None;
+            true
+        }
+        Ok(None) => {
+            tracing::warn!(cluster = %cluster_key, "capture: lock connection lost; no longer serving this cluster");
+            s.store_lost = None;
+            false
+        }
+        Err(e) => {
+            let since = *s.store_lost.get_or_insert_with(chrono::Utc::now);
+            let cause = format!(
+                "Postgres unreachable since {}: nothing can be stored ({e})",
+                since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            );
+            outage::report(ctx, cluster_key, mine, view, &cause).await;
+            false
+        }
+    }
+}
+
 /// Retention (and making the next day's partition) runs once per this many passes.
 const RETENTION_PASSES: u32 = 10;
 
@@ -382,34 +422,14 @@ async fn worker(
                 health: &health,
                 within: ctx.capture_pass_interval * 3 + Duration::from_secs(5),
             };
-            if !s.lock.still_held().await {
-                match retake(&ctx, cluster_key, &holder).await {
-                    Ok(Some(lock)) => {
-                        tracing::info!(cluster = %cluster_key, "capture: lock session lost and re-taken");
-                        s.lock = lock;
-                        s.store_lost = None;
-                    }
-                    Ok(None) => {
-                        tracing::warn!(cluster = %cluster_key, "capture: lock connection lost; no longer serving this cluster");
-                        if let Some(mut s) = served.remove(cluster_key) {
-                            // The lock is gone: another replica serves the cluster now.
-                            s.stop_drains().await;
-                        }
-                        continue;
-                    }
-                    Err(e) => {
-                        // Postgres cannot be reached: no replica can hold the lock or run a
-                        // pass, and nothing can be stored. The drains keep what they hold;
-                        // status (in Kubernetes) says so.
-                        let since = *s.store_lost.get_or_insert_with(chrono::Utc::now);
-                        let cause = format!(
-                            "Postgres unreachable since {}: nothing can be stored ({e})",
-                            since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-                        );
-                        outage::report(&ctx, cluster_key, &mine, &view, &cause).await;
-                        continue;
-                    }
+            if !lock_still_ours(&ctx, s, cluster_key, &holder, &mine, &view).await {
+                if s.store_lost.is_none()
+                    && let Some(mut s) = served.remove(cluster_key)
+                {
+                    // The lock is gone: another replica serves the cluster now.
+                    s.stop_drains().await;
                 }
+                continue;
             }
             let started = chrono::Utc::now();
             let elsewhere = pass::claimed_elsewhere(&ctx, cluster_key, cluster, &all_subs, &all_clusters);
