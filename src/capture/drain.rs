@@ -8,16 +8,19 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use fe2o3_amqp::link::RecvError;
+use fe2o3_amqp::link::delivery::Delivery;
+use fe2o3_amqp::link::delivery::DeliveryInfo;
 use fe2o3_amqp::link::receiver::CreditMode;
-use fe2o3_amqp::types::messaging::{Body, Message, MessageId};
+use fe2o3_amqp::types::messaging::Body;
 use fe2o3_amqp::types::primitives::Value;
 use fe2o3_amqp::{Connection, Receiver, Session};
-use serde_json::json;
 use tokio::sync::watch;
 
 use super::names::TapName;
-use crate::store::Store;
+use super::split::{Refusal, Sink, SplitInsert};
 use crate::store::captured::{CapturedRow, LossAt, SubscriptionKey};
+use crate::store::{NO_PARTITION_OR_CHECK, Store, StoreError};
 
 /// Copies asked for at once. The next batch's credit goes out as soon as a batch is in hand, so
 /// the broker streams it while Postgres commits; at most two batches (400 copies) are in flight
@@ -37,14 +40,25 @@ pub struct DrainKey {
     pub capture_queue: String,
 }
 
+/// A batch that has waited on the database this long makes its drain not draining (the
+/// drain's own state, seen without asking Postgres anything).
+pub const STORE_STALLED: Duration = Duration::from_secs(5);
+
 /// What the pass knows of a drain.
 #[derive(Clone, Debug)]
 pub struct DrainState {
     pub connected: bool,
-    /// The last committed batch or idle heartbeat.
+    /// The last committed batch, idle heartbeat, or attempt to store.
     pub alive_at: Instant,
+    /// `alive_at` on the wall clock, for status (a fixed instant, so a message that names it
+    /// does not change from pass to pass).
+    pub alive_at_wall: chrono::DateTime<chrono::Utc>,
     /// Why it is not draining now, when it is not.
     pub problem: Option<String>,
+    /// Since when it has had a problem (the first of an unbroken run of them).
+    pub problem_since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Copies held unsettled, waiting for the database to take them.
+    pub held: usize,
 }
 
 /// Every drain of this process.
@@ -53,15 +67,33 @@ pub struct DrainHealth {
     inner: Arc<Mutex<HashMap<DrainKey, DrainState>>>,
 }
 
+fn rfc3339(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
 impl DrainHealth {
     fn set(&self, key: &DrainKey, connected: bool, problem: Option<String>) {
+        self.set_holding(key, connected, problem, 0);
+    }
+
+    /// As `set`, with `held` copies held unsettled on their way into the database.
+    fn set_holding(&self, key: &DrainKey, connected: bool, problem: Option<String>, held: usize) {
         if let Ok(mut m) = self.inner.lock() {
+            let now = chrono::Utc::now();
+            let since = match (&problem, m.get(key)) {
+                (None, _) => None,
+                (Some(_), Some(old)) if old.problem.is_some() => old.problem_since,
+                (Some(_), _) => Some(now),
+            };
             m.insert(
                 key.clone(),
                 DrainState {
                     connected,
                     alive_at: Instant::now(),
+                    alive_at_wall: now,
                     problem,
+                    problem_since: since,
+                    held,
                 },
             );
         }
@@ -73,21 +105,38 @@ impl DrainHealth {
         }
     }
 
-    /// Being drained: connected, no problem, alive within `within` (ADR-0066 D2's definition of
-    /// a healthy tap). Err carries why not.
+    /// Being drained: connected, no problem, no batch waiting on the database longer than
+    /// [`STORE_STALLED`], alive within `within` (ADR-0066 D2's definition of a healthy tap).
+    /// Err carries why not: the drain's own problem, since when, and the copies it holds.
     pub fn draining(&self, key: &DrainKey, within: Duration) -> Result<(), String> {
         let m = self
             .inner
             .lock()
             .map_err(|_| "drain state unavailable".to_string())?;
-        match m.get(key) {
-            None => Err("no drain runs for this capture queue (yet)".into()),
-            Some(s) if !s.connected => Err(s.problem.clone().unwrap_or_else(|| "drain not connected".into())),
-            Some(s) if s.problem.is_some() => Err(s.problem.clone().unwrap_or_default()),
-            Some(s) if s.alive_at.elapsed() > within => {
+        let Some(s) = m.get(key) else {
+            return Err("no drain runs for this capture queue (yet)".into());
+        };
+        let since = s
+            .problem_since
+            .map(|t| format!(" (since {})", rfc3339(t)))
+            .unwrap_or_default();
+        let held = if s.held > 0 {
+            format!("; {} copies held unsettled", s.held)
+        } else {
+            String::new()
+        };
+        match &s.problem {
+            Some(p) => Err(format!("{p}{since}{held}")),
+            None if !s.connected => Err("drain not connected".into()),
+            None if s.held > 0 && s.alive_at.elapsed() > STORE_STALLED => Err(format!(
+                "a batch of {} copies has waited on the database since {}, held unsettled",
+                s.held,
+                rfc3339(s.alive_at_wall)
+            )),
+            None if s.alive_at.elapsed() > within => {
                 Err(format!("drain silent for {}s", s.alive_at.elapsed().as_secs()))
             }
-            Some(_) => Ok(()),
+            None => Ok(()),
         }
     }
 }
@@ -258,6 +307,51 @@ async fn session(
     result
 }
 
+/// A delivered copy, or one the AMQP library could not decode (it is settled with its batch
+/// and counted as loss, cause `undecodable`: redelivering it would stop the drain for ever).
+enum Received {
+    Decoded(Box<Delivery<Body<Value>>>),
+    Undecodable(DeliveryInfo),
+}
+
+impl Received {
+    fn info(&self) -> DeliveryInfo {
+        match self {
+            Received::Decoded(d) => DeliveryInfo::from(d.as_ref()),
+            Received::Undecodable(i) => i.clone(),
+        }
+    }
+}
+
+async fn receive(receiver: &mut Receiver) -> Result<Received, String> {
+    match receiver.recv::<Body<Value>>().await {
+        Ok(d) => Ok(Received::Decoded(Box::new(d))),
+        Err(RecvError::MessageDecode(e)) => Ok(Received::Undecodable(e.info)),
+        Err(e) => Err(format!("receive: {e}")),
+    }
+}
+
+/// The first copy (or nothing within a second: an idle heartbeat), then whatever follows
+/// within a short linger, up to BATCH.
+async fn collect(
+    receiver: &mut Receiver,
+    stopped: &mut watch::Receiver<bool>,
+) -> Result<Vec<Received>, String> {
+    let mut batch = vec![];
+    tokio::select! {
+        r = receive(receiver) => batch.push(r?),
+        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        _ = stopped.changed() => {}
+    }
+    while !batch.is_empty() && batch.len() < BATCH as usize {
+        match tokio::time::timeout(Duration::from_millis(20), receive(receiver)).await {
+            Ok(r) => batch.push(r?),
+            Err(_) => break,
+        }
+    }
+    Ok(batch)
+}
+
 async fn batches(
     store: &Store,
     health: &DrainHealth,
@@ -279,19 +373,7 @@ async fn batches(
         if *stopped.borrow() {
             return Ok(());
         }
-        let mut batch = vec![];
-        // The first copy (or an idle heartbeat), then whatever follows within a short linger.
-        tokio::select! {
-            r = receiver.recv::<Body<Value>>() => batch.push(r.map_err(|e| format!("receive: {e}"))?),
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            _ = stopped.changed() => {}
-        }
-        while !batch.is_empty() && batch.len() < BATCH as usize {
-            match tokio::time::timeout(Duration::from_millis(20), receiver.recv::<Body<Value>>()).await {
-                Ok(r) => batch.push(r.map_err(|e| format!("receive: {e}"))?),
-                Err(_) => break,
-            }
-        }
+        let batch = collect(receiver, stopped).await?;
         if batch.is_empty() {
             health.set(&spec.key, true, None);
             if last_confirm.elapsed() > COVERAGE_CONFIRM {
@@ -307,41 +389,9 @@ async fn batches(
             .set_credit(BATCH)
             .await
             .map_err(|e| format!("credit: {e}"))?;
-        let allowed = spec
-            .rate_cap
-            .lock()
-            .map(|mut b| b.take(batch.len() as u64))
-            .unwrap_or(batch.len() as u64) as usize;
-        let rows: Vec<CapturedRow> = batch
-            .iter()
-            .take(allowed)
-            .map(|d| row(&spec.key.node, &spec.tap, spec.max_body_bytes, d.message()))
-            .collect();
-        let capped = (batch.len() - allowed) as u64;
-        // Commit first; settle after. While the database refuses, hold the batch (no new
-        // credit): the ring absorbs, the producer never waits.
-        let mut wait = Duration::from_millis(200);
-        let stored = loop {
-            let started = Instant::now();
-            match store.insert_captured(&spec.subscription, &rows, coverage).await {
-                Ok(n) => {
-                    record_batch(spec, &rows, n, capped, started.elapsed());
-                    break n;
-                }
-                Err(e) => {
-                    tracing::warn!(queue = %spec.key.capture_queue, node = %spec.key.node, error = %e, held = batch.len(), "capture: batch not stored; held unsettled and retried");
-                    health.set(
-                        &spec.key,
-                        true,
-                        Some(format!("database unavailable, batch held: {e}")),
-                    );
-                    if e.to_string().contains("no partition") {
-                        let _ = store.ensure_partitions(&spec.subscription).await;
-                    }
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(5));
-                }
-            }
+        let Some(stored) = store_batch(store, health, spec, coverage, &batch, stopped).await else {
+            // Stopped while the batch was held: it goes back to the queue unsettled.
+            return Ok(());
         };
         if let Ok(marker) = std::env::var("ARTEMIS_STUDIO_TEST_PAUSE_AFTER_INSERT") {
             // A test-only pause point: the crash window between commit and settle (a SIGKILL
@@ -350,40 +400,217 @@ async fn batches(
             tokio::time::sleep(Duration::from_secs(3600)).await;
         }
         receiver
-            .accept_all(&batch)
+            .accept_all(batch.iter().map(Received::info))
             .await
             .map_err(|e| format!("settle: {e}"))?;
-        let at = LossAt {
-            cluster: &spec.key.cluster,
-            subscription: &spec.tap.subscription,
-            node: &spec.key.node,
-            source_address: &spec.tap.address,
-        };
-        let _ = store.add_loss(&at, "rate_cap", capped).await;
         last_confirm = Instant::now();
         health.set(&spec.key, true, None);
     }
 }
 
-/// The metrics of one committed batch.
-fn record_batch(spec: &DrainSpec, rows: &[CapturedRow], stored: u64, capped: u64, took: Duration) {
+/// The drain's store: one statement per part of a batch, which also confirms its coverage.
+struct DrainSink<'a> {
+    store: &'a Store,
+    spec: &'a DrainSpec,
+    coverage: i64,
+}
+
+impl Sink<CapturedRow> for DrainSink<'_> {
+    type Error = StoreError;
+
+    async fn insert(&mut self, rows: &[CapturedRow]) -> Result<u64, Refusal<StoreError>> {
+        let e = match self
+            .store
+            .insert_captured(&self.spec.subscription, rows, self.coverage)
+            .await
+        {
+            Ok(n) => return Ok(n),
+            Err(e) => e,
+        };
+        if let Some(code) = e.data_refusal() {
+            return Err(Refusal::Data(code));
+        }
+        if e.sqlstate().as_deref() == Some(NO_PARTITION_OR_CHECK) {
+            // No partition for today (yet): made, and the batch retried as it is.
+            let _ = self.store.ensure_partitions(&self.spec.subscription).await;
+        }
+        Err(Refusal::Unavailable(e))
+    }
+
+    fn salvage(&self, row: &CapturedRow, sqlstate: &str) -> Option<CapturedRow> {
+        crate::store::storable::salvage(row, sqlstate)
+    }
+}
+
+/// A batch as rows, and what of it will not be stored.
+struct Prepared {
+    rows: Vec<CapturedRow>,
+    /// Copies the AMQP library could not decode.
+    undecodable: u64,
+    /// Copies over the subscription's rate cap (D9).
+    capped: u64,
+    oldest: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+fn prepare(spec: &DrainSpec, batch: &[Received]) -> Prepared {
+    let decoded: Vec<&Delivery<Body<Value>>> = batch
+        .iter()
+        .filter_map(|c| match c {
+            Received::Decoded(d) => Some(d.as_ref()),
+            Received::Undecodable(_) => None,
+        })
+        .collect();
+    let undecodable = (batch.len() - decoded.len()) as u64;
+    let allowed = spec
+        .rate_cap
+        .lock()
+        .map(|mut b| b.take(decoded.len() as u64))
+        .unwrap_or(decoded.len() as u64) as usize;
+    let rows: Vec<CapturedRow> = decoded
+        .iter()
+        .take(allowed)
+        .map(|d| super::row::row(&spec.key.node, &spec.tap, spec.max_body_bytes, d.message()))
+        .collect();
+    let capped = (decoded.len() - allowed) as u64;
+    let oldest = rows.iter().filter_map(|r| r.routed_at).min();
+    Prepared {
+        rows,
+        undecodable,
+        capped,
+        oldest,
+    }
+}
+
+/// Commit first; settle after. A copy Postgres refuses for what it is is found by splitting
+/// the batch, salvaged or counted as loss (`unstorable`), never retried; while the database is
+/// unavailable the batch is held (no new credit: the ring absorbs, the producer never waits)
+/// and retried where it stopped. Returns the rows stored, or None when stopped while held.
+async fn store_batch(
+    store: &Store,
+    health: &DrainHealth,
+    spec: &DrainSpec,
+    coverage: i64,
+    batch: &[Received],
+    stopped: &mut watch::Receiver<bool>,
+) -> Option<u64> {
+    let Prepared {
+        rows,
+        undecodable,
+        capped,
+        oldest,
+    } = prepare(spec, batch);
+    // Until it is committed, the batch is held: a database that does not answer shows in the
+    // drain's state after STORE_STALLED, without asking the database.
+    health.set_holding(&spec.key, true, None, batch.len());
+    let mut work = SplitInsert::new(rows);
+    let mut sink = DrainSink {
+        store,
+        spec,
+        coverage,
+    };
+    let mut losses: Option<Vec<(&str, u64)>> = None;
+    let mut wait = Duration::from_millis(200);
+    let started = Instant::now();
+    loop {
+        let result = match work.run(&mut sink).await {
+            Ok(()) => {
+                let pending = losses.get_or_insert_with(|| {
+                    vec![
+                        ("rate_cap", capped),
+                        ("unstorable", work.unstorable),
+                        ("undecodable", undecodable),
+                    ]
+                });
+                record_losses(store, spec, pending).await
+            }
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => {
+                if work.unstorable + undecodable > 0 {
+                    tracing::warn!(queue = %spec.key.capture_queue, node = %spec.key.node, unstorable = work.unstorable, sqlstates = ?work.causes, undecodable, "capture: copies that cannot be stored were skipped and counted as loss");
+                }
+                let lost = [
+                    ("rate_cap", capped),
+                    ("unstorable", work.unstorable),
+                    ("undecodable", undecodable),
+                ];
+                record_batch(
+                    spec,
+                    batch.len() as u64,
+                    work.stored,
+                    &lost,
+                    oldest,
+                    started.elapsed(),
+                );
+                return Some(work.stored);
+            }
+            Err(e) => {
+                tracing::warn!(queue = %spec.key.capture_queue, node = %spec.key.node, error = %e, held = batch.len(), "capture: batch not stored; held unsettled and retried");
+                health.set_holding(
+                    &spec.key,
+                    true,
+                    Some(format!("database unavailable, batch held: {e}")),
+                    batch.len(),
+                );
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = stopped.changed() => {}
+                }
+                if *stopped.borrow() {
+                    return None;
+                }
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// Record each pending loss; one recorded is not recorded again when a later one fails.
+async fn record_losses(
+    store: &Store,
+    spec: &DrainSpec,
+    pending: &mut Vec<(&str, u64)>,
+) -> Result<(), StoreError> {
+    let at = LossAt {
+        cluster: &spec.key.cluster,
+        subscription: &spec.tap.subscription,
+        node: &spec.key.node,
+        source_address: &spec.tap.address,
+    };
+    while let Some((cause, n)) = pending.last().copied() {
+        store.add_loss(&at, cause, n).await?;
+        pending.pop();
+    }
+    Ok(())
+}
+
+/// The metrics of one committed batch of `received` copies.
+fn record_batch(
+    spec: &DrainSpec,
+    received: u64,
+    stored: u64,
+    lost: &[(&str, u64)],
+    oldest: Option<chrono::DateTime<chrono::Utc>>,
+    took: Duration,
+) {
     let m = crate::telemetry::capture::metrics();
     let labels = crate::telemetry::capture::SubscriptionLabels {
         cluster: spec.key.cluster.clone(),
         subscription: spec.tap.subscription.clone(),
     };
     m.stored.get_or_create(&labels).inc_by(stored);
-    m.batch_size
-        .get_or_create(&labels)
-        .observe((rows.len() as u64 + capped) as f64);
+    m.batch_size.get_or_create(&labels).observe(received as f64);
     m.insert_seconds
         .get_or_create(&labels)
         .observe(took.as_secs_f64());
-    if let Some(oldest) = rows.iter().filter_map(|r| r.routed_at).min() {
+    if let Some(oldest) = oldest {
         let lag = (chrono::Utc::now() - oldest).num_milliseconds().max(0) as f64 / 1000.0;
         m.drain_lag_seconds.get_or_create(&labels).set(lag);
     }
-    m.dropped(&spec.key.cluster, &spec.tap.subscription, "rate_cap", capped);
+    for (cause, n) in lost {
+        m.dropped(&spec.key.cluster, &spec.tap.subscription, cause, *n);
+    }
 }
 
 fn urlencode(s: &str) -> String {
@@ -398,198 +625,60 @@ fn urlencode(s: &str) -> String {
         .collect()
 }
 
-fn id_text(id: &MessageId) -> String {
-    match id {
-        MessageId::String(s) => s.clone(),
-        MessageId::Ulong(n) => n.to_string(),
-        MessageId::Uuid(u) => format!("{u:?}"),
-        MessageId::Binary(b) => b.iter().map(|x| format!("{x:02x}")).collect(),
-    }
-}
-
-fn to_json(v: &Value) -> serde_json::Value {
-    match v {
-        Value::String(s) => json!(s),
-        Value::Symbol(s) => json!(s.0),
-        Value::Bool(b) => json!(b),
-        Value::Long(n) => json!(n),
-        Value::Int(n) => json!(n),
-        Value::Short(n) => json!(n),
-        Value::Byte(n) => json!(n),
-        Value::Ulong(n) => json!(n),
-        Value::Uint(n) => json!(n),
-        Value::Ushort(n) => json!(n),
-        Value::Ubyte(n) => json!(n),
-        Value::Double(n) => json!(n.0),
-        Value::Float(n) => json!(n.0),
-        Value::Timestamp(t) => json!(t.milliseconds()),
-        Value::Null => serde_json::Value::Null,
-        other => serde_json::to_value(other).unwrap_or_else(|_| json!(format!("{other:?}"))),
-    }
-}
-
-fn text_of(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Null => None,
-        other => Some(to_json(other).to_string().trim_matches('"').to_string()),
-    }
-}
-
-/// One delivered copy as a row (pure). The original address comes from our install record (the
-/// tap we drain), never from a header (ADR-0062 D4); the source message ID from the broker's
-/// divert annotations (AMQP origin) or properties (Core/JMS origin), null when absent.
-pub fn row(node: &str, tap: &TapName, max_body: usize, m: &Message<Body<Value>>) -> CapturedRow {
-    let annotations: serde_json::Map<String, serde_json::Value> = m
-        .message_annotations
-        .as_ref()
-        .map(|a| {
-            a.0.iter()
-                .map(|(k, v)| {
-                    let key = match k {
-                        fe2o3_amqp::types::messaging::annotations::OwnedKey::Symbol(s) => s.0.clone(),
-                        fe2o3_amqp::types::messaging::annotations::OwnedKey::Ulong(n) => n.to_string(),
-                    };
-                    (key, to_json(v))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let properties: serde_json::Map<String, serde_json::Value> = m
-        .application_properties
-        .as_ref()
-        .map(|p| {
-            p.0.iter()
-                .map(|(k, v)| (k.clone(), to_json(&Value::from(v.clone()))))
-                .collect()
-        })
-        .unwrap_or_default();
-    let source = annotations
-        .get("x-opt-ORIG-MESSAGE-ID")
-        .or_else(|| properties.get("_AMQ_ORIG_MESSAGE_ID"))
-        .filter(|v| !v.is_null())
-        .map(|v| v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()));
-    let p = m.properties.as_ref();
-    let routed_at = annotations
-        .get("x-opt-ingress-time")
-        .and_then(serde_json::Value::as_i64)
-        .or_else(|| p.and_then(|p| p.creation_time.as_ref()).map(|t| t.milliseconds()))
-        .and_then(chrono::DateTime::from_timestamp_millis);
-    let mut headers = serde_json::Map::new();
-    if let Some(h) = &m.header {
-        headers.insert("durable".into(), json!(h.durable));
-        headers.insert("priority".into(), json!(h.priority.0));
-        headers.insert("ttl".into(), json!(h.ttl));
-        headers.insert("deliveryCount".into(), json!(h.delivery_count));
-    }
-    if let Some(p) = p {
-        if let Some(s) = &p.subject {
-            headers.insert("subject".into(), json!(s));
-        }
-        if let Some(c) = &p.content_type {
-            headers.insert("contentType".into(), json!(c.0));
-        }
-    }
-    headers.insert("annotations".into(), serde_json::Value::Object(annotations));
-    let (text, binary) = match &m.body {
-        Body::Value(v) => (text_of(&v.0), None),
-        Body::Data(batch) => (
-            None,
-            Some(
-                batch
-                    .iter()
-                    .flat_map(|d| d.0.iter().copied())
-                    .collect::<Vec<u8>>(),
-            ),
-        ),
-        Body::Sequence(seqs) => (
-            Some(
-                serde_json::Value::Array(seqs.iter().flat_map(|s| s.0.iter().map(to_json)).collect())
-                    .to_string(),
-            ),
-            None,
-        ),
-        _ => (None, None),
-    };
-    let size = text
-        .as_ref()
-        .map(String::len)
-        .or(binary.as_ref().map(Vec::len))
-        .unwrap_or(0);
-    let truncated = size > max_body;
-    let text = text.map(|mut t| {
-        if t.len() > max_body {
-            let mut cut = max_body;
-            while !t.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            t.truncate(cut);
-        }
-        t
-    });
-    let binary = binary.map(|mut b| {
-        b.truncate(max_body);
-        b
-    });
-    CapturedRow {
-        node: node.into(),
-        original_address: tap.address.clone(),
-        capture_queue: tap.capture_queue(),
-        source_message_id: source,
-        message_id: p.and_then(|p| p.message_id.as_ref()).map(id_text),
-        correlation_id: p.and_then(|p| p.correlation_id.as_ref()).map(id_text),
-        reply_to: p.and_then(|p| p.reply_to.clone()),
-        properties: serde_json::Value::Object(properties),
-        headers: serde_json::Value::Object(headers),
-        body_text: text,
-        body_binary: binary,
-        body_size: i32::try_from(size).unwrap_or(i32::MAX),
-        body_truncated: truncated,
-        routed_at,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fe2o3_amqp::types::messaging::{AmqpValue, ApplicationProperties, MessageAnnotations, Properties};
 
-    fn message(body: &str) -> Message<Body<Value>> {
-        Message::builder()
-            .properties(Properties::builder().message_id(String::from("m-1")).build())
-            .message_annotations(
-                MessageAnnotations::builder()
-                    .insert("x-opt-ORIG-MESSAGE-ID", Value::Long(42))
-                    .insert("x-opt-ORIG-ADDRESS", Value::String("spoofed".into()))
-                    .build(),
-            )
-            .application_properties(ApplicationProperties::builder().insert("region", "eu").build())
-            .body(Body::Value(AmqpValue(Value::String(body.into()))))
-            .build()
+    fn key() -> DrainKey {
+        DrainKey {
+            cluster: "ns/c".into(),
+            node: "n1".into(),
+            capture_queue: "q".into(),
+        }
     }
 
     #[test]
-    fn the_original_address_is_ours_and_the_source_id_the_brokers() {
-        let tap = TapName::new("i1", "orders.in", "sub");
-        let r = row("n1", &tap, 1024, &message("hello"));
+    fn a_refused_batch_makes_the_drain_not_draining_naming_since_when_and_what_it_holds() {
+        let health = DrainHealth::default();
+        health.set(&key(), true, None);
+        assert_eq!(health.draining(&key(), Duration::from_secs(60)), Ok(()));
+        health.set_holding(&key(), true, Some("database unavailable".into()), 200);
+        let first = health
+            .draining(&key(), Duration::from_secs(60))
+            .expect_err("refused");
+        assert!(first.contains("database unavailable (since "), "{first}");
+        assert!(first.ends_with("200 copies held unsettled"), "{first}");
+        // The same run of refusals keeps its start, so the message does not change.
+        health.set_holding(&key(), true, Some("database unavailable".into()), 200);
         assert_eq!(
-            r.original_address, "orders.in",
-            "from the install record, not a header"
+            health.draining(&key(), Duration::from_secs(60)).err(),
+            Some(first)
         );
-        assert_eq!(r.source_message_id.as_deref(), Some("42"));
-        assert_eq!(r.message_id.as_deref(), Some("m-1"));
-        assert_eq!(r.properties["region"], "eu");
-        assert_eq!(r.body_text.as_deref(), Some("hello"));
-        assert!(!r.body_truncated);
+        health.set(&key(), true, None);
+        assert_eq!(health.draining(&key(), Duration::from_secs(60)), Ok(()));
     }
 
     #[test]
-    fn bodies_are_truncated_at_the_limit_and_say_so() {
-        let tap = TapName::new("i1", "a", "s");
-        let r = row("n1", &tap, 4, &message("héllo world"));
-        assert!(r.body_truncated);
-        assert_eq!(r.body_size, "héllo world".len() as i32);
-        assert!(r.body_text.as_deref().is_some_and(|t| t.len() <= 4));
+    fn a_batch_waiting_on_the_database_too_long_makes_the_drain_not_draining() {
+        let health = DrainHealth::default();
+        health.set_holding(&key(), true, None, 7);
+        assert_eq!(
+            health.draining(&key(), Duration::from_secs(60)),
+            Ok(()),
+            "just started"
+        );
+        if let Ok(mut m) = health.inner.lock()
+            && let Some(s) = m.get_mut(&key())
+        {
+            s.alive_at = Instant::now() - STORE_STALLED - Duration::from_secs(1);
+        }
+        let why = health
+            .draining(&key(), Duration::from_secs(60))
+            .expect_err("stalled");
+        assert!(
+            why.starts_with("a batch of 7 copies has waited on the database since"),
+            "{why}"
+        );
     }
 
     #[test]

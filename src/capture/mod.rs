@@ -12,9 +12,12 @@
 pub mod drain;
 pub mod loss;
 pub mod names;
+pub mod outage;
 pub mod pass;
 pub mod plan;
+pub mod row;
 pub mod sample;
+pub mod split;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -43,6 +46,8 @@ struct Served {
     caps: BTreeMap<String, Arc<std::sync::Mutex<drain::RateCap>>>,
     /// When retention last ran for this cluster (it runs every RETENTION_PASSES passes).
     retained_at: Option<std::time::Instant>,
+    /// Since when Postgres could not be reached (the lock's session lost and not re-taken).
+    store_lost: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl Served {
@@ -114,6 +119,64 @@ impl Served {
                 container_id: format!("artemis-studio-capture-{}", uuid::Uuid::new_v4().simple()),
             };
             drains.insert(k, drain::spawn(ctx.store.clone(), health.clone(), spec));
+        }
+    }
+}
+
+/// How long the worker waits on Postgres for what it reads outside a pass.
+const STORE_CHECK: Duration = Duration::from_secs(2);
+
+/// Take a cluster's lock again after its session was lost: Some when taken, None when another
+/// process holds it, Err when Postgres cannot be reached (or not in time).
+async fn retake(ctx: &Context, cluster_key: &str, holder: &str) -> Result<Option<ClusterLock>, String> {
+    match tokio::time::timeout(
+        STORE_CHECK,
+        ClusterLock::try_acquire(&ctx.store, &ctx.instance_id, cluster_key, holder),
+    )
+    .await
+    {
+        Ok(Ok(lock)) => Ok(lock),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {}s", STORE_CHECK.as_secs())),
+    }
+}
+
+/// Before a pass: whether this process still holds the cluster's lock, re-taking it at once
+/// when only its session was lost. When Postgres cannot be reached (`store_lost` is set), no
+/// replica can hold the lock or run a pass and nothing can be stored: the drains keep what they
+/// hold, and status (in Kubernetes) says so. False with `store_lost` unset: another process
+/// holds the lock now.
+async fn lock_still_ours(
+    ctx: &Context,
+    s: &mut Served,
+    cluster_key: &str,
+    holder: &str,
+    mine: &[Arc<ArtemisCaptureSubscription>],
+    view: &pass::DrainView<'_>,
+) -> bool {
+    if s.lock.still_held().await {
+        return true;
+    }
+    match retake(ctx, cluster_key, holder).await {
+        Ok(Some(lock)) => {
+            tracing::info!(cluster = %cluster_key, "capture: lock session lost and re-taken");
+            s.lock = lock;
+            s.store_lost = None;
+            true
+        }
+        Ok(None) => {
+            tracing::warn!(cluster = %cluster_key, "capture: lock connection lost; no longer serving this cluster");
+            s.store_lost = None;
+            false
+        }
+        Err(e) => {
+            let since = *s.store_lost.get_or_insert_with(chrono::Utc::now);
+            let cause = format!(
+                "Postgres unreachable since {}: nothing can be stored ({e})",
+                since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            );
+            outage::report(ctx, cluster_key, mine, view, &cause).await;
+            false
         }
     }
 }
@@ -294,10 +357,20 @@ async fn worker(
             .iter()
             .map(|s| key(&s.namespace().unwrap_or_default(), &s.spec.cluster_ref.name))
             .collect();
-        match ctx.store.clusters_with_open_taps(&ctx.instance_id).await {
-            Ok(c) => wanted.extend(c),
-            Err(e) => tracing::warn!(error = %e, "capture: cannot read capture_tap"),
+        // Both bounded, and together: while Postgres is away a pooled query waits for a
+        // connection up to the pool's acquire timeout, and the served clusters' status must
+        // not wait with it.
+        let prefix = presence_prefix(&ctx.instance_id);
+        let (open, workers) = tokio::join!(
+            tokio::time::timeout(STORE_CHECK, ctx.store.clusters_with_open_taps(&ctx.instance_id)),
+            tokio::time::timeout(STORE_CHECK, ctx.store.count_connections_named(&prefix)),
+        );
+        match open {
+            Ok(Ok(c)) => wanted.extend(c),
+            Ok(Err(e)) => tracing::warn!(error = %e, "capture: cannot read capture_tap"),
+            Err(_) => tracing::warn!("capture: capture_tap not readable in time"),
         }
+        let workers = workers.ok().and_then(Result::ok).unwrap_or(1).max(1) as usize;
         release_orphaned_in_deleted_namespaces(&ctx, &all_subs, &all_clusters).await;
         // Only clusters this process can reach (the ArtemisCluster exists and is watched).
         wanted.retain(|c| all_clusters.contains_key(c));
@@ -311,12 +384,6 @@ async fn worker(
                 s.release().await;
             }
         }
-        let workers = ctx
-            .store
-            .count_connections_named(&presence_prefix(&ctx.instance_id))
-            .await
-            .unwrap_or(1)
-            .max(1) as usize;
         let fair = wanted.len().div_ceil(workers);
         for cluster_key in &wanted {
             let Some(cluster) = all_clusters.get(cluster_key) else {
@@ -336,6 +403,7 @@ async fn worker(
                                 state: pass::ClusterState::default(),
                                 caps: BTreeMap::new(),
                                 retained_at: None,
+                                store_lost: None,
                             },
                         );
                     }
@@ -349,24 +417,21 @@ async fn worker(
             let Some(s) = served.get_mut(cluster_key) else {
                 continue;
             };
-            if !s.lock.still_held().await {
-                tracing::warn!(cluster = %cluster_key, "capture: lock connection lost; no longer serving this cluster");
-                if let Some(mut s) = served.remove(cluster_key) {
-                    // The lock is gone: another replica may serve the cluster now.
-                    s.stop_drains().await;
-                }
-                continue;
-            }
-            let mine: Vec<Arc<ArtemisCaptureSubscription>> = all_subs
-                .iter()
-                .filter(|x| key(&x.namespace().unwrap_or_default(), &x.spec.cluster_ref.name) == *cluster_key)
-                .cloned()
-                .collect();
-            let started = chrono::Utc::now();
+            let mine: Vec<Arc<ArtemisCaptureSubscription>> = of_cluster(&all_subs, cluster_key);
             let view = pass::DrainView {
                 health: &health,
                 within: ctx.capture_pass_interval * 3 + Duration::from_secs(5),
             };
+            if !lock_still_ours(&ctx, s, cluster_key, &holder, &mine, &view).await {
+                if s.store_lost.is_none()
+                    && let Some(mut s) = served.remove(cluster_key)
+                {
+                    // The lock is gone: another replica serves the cluster now.
+                    s.stop_drains().await;
+                }
+                continue;
+            }
+            let started = chrono::Utc::now();
             let elsewhere = pass::claimed_elsewhere(&ctx, cluster_key, cluster, &all_subs, &all_clusters);
             let mut outcome = pass::run(&ctx, &s.state, cluster, &mine, &holder, &view, &elsewhere).await;
             if let Ok(p) = &mut outcome {
@@ -385,6 +450,12 @@ async fn worker(
                 Ok(p) => (p.commands, "ok".to_string()),
                 Err(e) => {
                     tracing::warn!(cluster = %cluster_key, error = %e, "capture pass failed");
+                    if let pass::PassError::Store(store) = e {
+                        // The pass could not read or write Postgres: status still says what
+                        // the drains know.
+                        let cause = format!("the capture pass cannot use Postgres: {store}");
+                        outage::report(&ctx, cluster_key, &mine, &view, &cause).await;
+                    }
                     (0, format!("failed: {e}"))
                 }
             };

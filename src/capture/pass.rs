@@ -125,7 +125,7 @@ struct Found {
     message: String,
 }
 
-fn not_drained(why: &str) -> String {
+pub(super) fn not_drained(why: &str) -> String {
     format!(
         "installed, not drained ({why}): copies wait in the ring (oldest overwritten first) and this node is not covered until the drain runs (ADR-0066 D2)"
     )
@@ -1108,91 +1108,14 @@ async fn write_status(
                 });
             }
         }
-        let count = |st: TapState| status.taps.iter().filter(|t| t.state == st).count();
-        let (healthy, degraded, refused, pending) = (
-            count(TapState::Healthy),
-            count(TapState::Degraded),
-            count(TapState::Refused),
-            count(TapState::Pending),
-        );
-        let total = status.taps.len();
-        let (ready, reason, message) = if mine.is_empty() {
-            (
-                false,
-                "NoMatchingQueues",
-                format!(
-                    "no queue matches {:?} on any live node: nothing to capture yet",
-                    s.spec.queues
-                ),
-            )
-        } else if healthy == total {
-            (
-                true,
-                "Draining",
-                format!("{total} taps installed and being drained"),
-            )
-        } else if refused > 0 {
-            (
-                false,
-                "Refused",
-                format!("{refused} of {total} taps refused (see taps[].refusal); {healthy} healthy"),
-            )
-        } else if degraded > 0 {
-            (
-                false,
-                "NotDrained",
-                format!("{degraded} of {total} taps installed and not drained; {healthy} healthy"),
-            )
-        } else {
-            (
-                false,
-                "Pending",
-                format!("{pending} of {total} taps pending; {healthy} healthy"),
-            )
-        };
-        conditions::set(
-            &mut status.conditions,
-            conditions::READY,
-            ready,
-            reason,
-            message,
-            generation,
-        );
-        let degraded_now = degraded + refused > 0;
-        conditions::set(
-            &mut status.conditions,
-            conditions::DEGRADED,
-            degraded_now,
-            if refused > 0 {
-                "Refused"
-            } else if degraded > 0 {
-                "NotDrained"
-            } else {
-                "AsExpected"
-            },
-            if degraded_now {
-                format!("{degraded} taps installed and not drained, {refused} refused")
-            } else {
-                "no tap is degraded or refused".to_string()
-            },
-            generation,
-        );
+        set_tap_conditions(&mut status, &s.spec.queues, mine.is_empty(), generation);
     }
     // Over every tap this subscription ever had, not only today's addresses.
     let mine_totals = totals.iter().filter(|t| t.subscription == name);
     status.captured = mine_totals.clone().map(|t| t.captured.max(0) as u64).sum();
     status.dropped_estimate = mine_totals.map(|t| t.lost.max(0) as u64).sum();
     conditions::kstatus(&mut status.conditions, &[], generation);
-    let unchanged = old.taps == status.taps
-        && old.mode == status.mode
-        && old.sampled_queues == status.sampled_queues
-        && old.sampled == status.sampled
-        && old.captured == status.captured
-        && old.dropped_estimate == status.dropped_estimate
-        && old.addresses == status.addresses
-        && old.instance_id == status.instance_id
-        && old.observed_generation == status.observed_generation
-        && conditions::comparable(&old.conditions) == conditions::comparable(&status.conditions);
+    let unchanged = same_status(&old, &status);
     if !unchanged {
         api.patch_status(
             &name,
@@ -1202,6 +1125,101 @@ async fn write_status(
         .await?;
     }
     Ok(())
+}
+
+/// Ready and Degraded from the taps' states (`no_taps`: no queue matches `queues` anywhere).
+pub(super) fn set_tap_conditions(
+    status: &mut ArtemisCaptureSubscriptionStatus,
+    queues: &str,
+    no_taps: bool,
+    generation: Option<i64>,
+) {
+    let count = |st: TapState| status.taps.iter().filter(|t| t.state == st).count();
+    let (healthy, degraded, refused, pending) = (
+        count(TapState::Healthy),
+        count(TapState::Degraded),
+        count(TapState::Refused),
+        count(TapState::Pending),
+    );
+    let total = status.taps.len();
+    let (ready, reason, message) = if no_taps {
+        (
+            false,
+            "NoMatchingQueues",
+            format!(
+                "no queue matches {:?} on any live node: nothing to capture yet",
+                queues
+            ),
+        )
+    } else if healthy == total {
+        (
+            true,
+            "Draining",
+            format!("{total} taps installed and being drained"),
+        )
+    } else if refused > 0 {
+        (
+            false,
+            "Refused",
+            format!("{refused} of {total} taps refused (see taps[].refusal); {healthy} healthy"),
+        )
+    } else if degraded > 0 {
+        (
+            false,
+            "NotDrained",
+            format!("{degraded} of {total} taps installed and not drained; {healthy} healthy"),
+        )
+    } else {
+        (
+            false,
+            "Pending",
+            format!("{pending} of {total} taps pending; {healthy} healthy"),
+        )
+    };
+    conditions::set(
+        &mut status.conditions,
+        conditions::READY,
+        ready,
+        reason,
+        message,
+        generation,
+    );
+    let degraded_now = degraded + refused > 0;
+    conditions::set(
+        &mut status.conditions,
+        conditions::DEGRADED,
+        degraded_now,
+        if refused > 0 {
+            "Refused"
+        } else if degraded > 0 {
+            "NotDrained"
+        } else {
+            "AsExpected"
+        },
+        if degraded_now {
+            format!("{degraded} taps installed and not drained, {refused} refused")
+        } else {
+            "no tap is degraded or refused".to_string()
+        },
+        generation,
+    );
+}
+
+/// Nothing a status write would change (conditions compared without their timestamps).
+pub(super) fn same_status(
+    old: &ArtemisCaptureSubscriptionStatus,
+    new: &ArtemisCaptureSubscriptionStatus,
+) -> bool {
+    old.taps == new.taps
+        && old.mode == new.mode
+        && old.sampled_queues == new.sampled_queues
+        && old.sampled == new.sampled
+        && old.captured == new.captured
+        && old.dropped_estimate == new.dropped_estimate
+        && old.addresses == new.addresses
+        && old.instance_id == new.instance_id
+        && old.observed_generation == new.observed_generation
+        && conditions::comparable(&old.conditions) == conditions::comparable(&new.conditions)
 }
 
 #[cfg(test)]

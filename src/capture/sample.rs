@@ -478,6 +478,8 @@ pub fn row(
             .and_then(Value::as_i64)
             .filter(|t| *t > 0)
             .and_then(DateTime::from_timestamp_millis),
+        body_kind: None,
+        escaped: vec![],
     }
 }
 

@@ -251,9 +251,13 @@ impl ClusterLock {
         }
     }
 
-    /// Still held: the session is alive (a lost session has released it).
+    /// Still held: the session is alive (a lost session has released it). A session that does
+    /// not answer within 5 s counts as lost (an unreachable server may never answer).
     pub async fn still_held(&mut self) -> bool {
-        self.conn.ping().await.is_ok()
+        matches!(
+            tokio::time::timeout(std::time::Duration::from_secs(5), self.conn.ping()).await,
+            Ok(Ok(()))
+        )
     }
 
     /// Release explicitly and close the connection.

@@ -23,6 +23,11 @@ pub struct CapturedRow {
     pub body_size: i32,
     pub body_truncated: bool,
     pub routed_at: Option<DateTime<Utc>>,
+    /// The body section: `data`, `amqp-value`, `amqp-sequence` or `empty` (None: sampled).
+    pub body_kind: Option<&'static str>,
+    /// What was changed so that Postgres could take the copy (see `store::storable`); empty
+    /// when it is stored as received.
+    pub escaped: Vec<String>,
 }
 
 /// Where a loss happened.
@@ -340,6 +345,24 @@ impl Origin {
     }
 }
 
+/// One batch of rows (parameters $4… are one array per column); a copy already stored (same
+/// node, capture queue and source message ID, within a day) is skipped.
+const INSERT_CAPTURED: &str = "INSERT INTO captured_message (cluster, subscription, subscription_id, node, original_address, \
+         capture_queue, source_message_id, message_id, correlation_id, reply_to, properties, headers, \
+         body_text, body_binary, body_size, body_truncated, routed_at, origin, body_kind, escaped) \
+         SELECT $1, $2, $3, t.node, t.address, t.queue, t.source, t.message_id, t.correlation, t.reply_to, \
+         t.properties::jsonb, t.headers::jsonb, t.text, t.bin, t.size, t.truncated, t.routed, $18, t.kind, \
+         CASE WHEN t.escaped IS NULL THEN NULL ELSE ARRAY(SELECT jsonb_array_elements_text(t.escaped::jsonb)) END \
+         FROM UNNEST($4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], \
+         $11::text[], $12::text[], $13::text[], $14::bytea[], $15::int[], $16::bool[], $17::timestamptz[], \
+         $19::text[], $20::text[]) \
+         AS t(node, address, queue, source, message_id, correlation, reply_to, properties, headers, text, \
+         bin, size, truncated, routed, kind, escaped) \
+         WHERE t.source IS NULL OR NOT EXISTS (SELECT 1 FROM captured_message m \
+         WHERE m.subscription_id = $3 AND m.cluster = $1 AND m.subscription = $2 AND m.node = t.node \
+         AND m.capture_queue = t.queue AND m.source_message_id = t.source \
+         AND m.captured_at > now() - interval '1 day') RETURNING 1";
+
 /// Store a batch in one statement; returns the rows inserted. A copy already stored (same node,
 /// capture queue and source message ID) is skipped. With `coverage`, the same statement confirms
 /// that coverage session (alive until now, the rows inserted added to its count).
@@ -353,7 +376,9 @@ pub(super) async fn insert_rows<'e>(
     if rows.is_empty() {
         return Ok(0);
     }
-    let col = |f: &dyn Fn(&CapturedRow) -> Option<String>| rows.iter().map(f).collect::<Vec<_>>();
+    // What Postgres cannot take as it is is escaped, cut or kept as bytes, and flagged.
+    let rows: Vec<std::borrow::Cow<'_, CapturedRow>> = rows.iter().map(super::storable::storable).collect();
+    let col = |f: &dyn Fn(&CapturedRow) -> Option<String>| rows.iter().map(|r| f(r)).collect::<Vec<_>>();
     let node = col(&|r| Some(r.node.clone()));
     let address = col(&|r| Some(r.original_address.clone()));
     let queue = col(&|r| Some(r.capture_queue.clone()));
@@ -364,31 +389,22 @@ pub(super) async fn insert_rows<'e>(
     let properties = col(&|r| Some(r.properties.to_string()));
     let headers = col(&|r| Some(r.headers.to_string()));
     let text = col(&|r| r.body_text.clone());
+    let kind = col(&|r| r.body_kind.map(str::to_string));
+    // A JSON array per row (a text[][] parameter would have to be rectangular).
+    let escaped = col(&|r| (!r.escaped.is_empty()).then(|| serde_json::json!(r.escaped).to_string()));
     let binary: Vec<Option<Vec<u8>>> = rows.iter().map(|r| r.body_binary.clone()).collect();
     let size: Vec<i32> = rows.iter().map(|r| r.body_size).collect();
     let truncated: Vec<bool> = rows.iter().map(|r| r.body_truncated).collect();
     let routed: Vec<Option<DateTime<Utc>>> = rows.iter().map(|r| r.routed_at).collect();
-    let insert = "INSERT INTO captured_message (cluster, subscription, subscription_id, node, original_address, \
-         capture_queue, source_message_id, message_id, correlation_id, reply_to, properties, headers, \
-         body_text, body_binary, body_size, body_truncated, routed_at, origin) \
-         SELECT $1, $2, $3, t.node, t.address, t.queue, t.source, t.message_id, t.correlation, t.reply_to, \
-         t.properties::jsonb, t.headers::jsonb, t.text, t.bin, t.size, t.truncated, t.routed, $18 \
-         FROM UNNEST($4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], \
-         $11::text[], $12::text[], $13::text[], $14::bytea[], $15::int[], $16::bool[], $17::timestamptz[]) \
-         AS t(node, address, queue, source, message_id, correlation, reply_to, properties, headers, text, \
-         bin, size, truncated, routed) \
-         WHERE t.source IS NULL OR NOT EXISTS (SELECT 1 FROM captured_message m \
-         WHERE m.subscription_id = $3 AND m.cluster = $1 AND m.subscription = $2 AND m.node = t.node \
-         AND m.capture_queue = t.queue AND m.source_message_id = t.source \
-         AND m.captured_at > now() - interval '1 day') RETURNING 1";
+
     let confirm = if coverage.is_some() {
         ", confirmed AS (UPDATE capture_coverage SET confirmed_until = now(), \
          messages = messages + (SELECT count(*) FROM inserted) \
-         WHERE cluster = $1 AND subscription = $2 AND id = $19)"
+         WHERE cluster = $1 AND subscription = $2 AND id = $21)"
     } else {
         ""
     };
-    let sql = format!("WITH inserted AS ({insert}){confirm} SELECT count(*) FROM inserted");
+    let sql = format!("WITH inserted AS ({INSERT_CAPTURED}){confirm} SELECT count(*) FROM inserted");
     let query = sqlx::query_scalar::<_, i64>(&sql)
         .bind(&key.cluster)
         .bind(&key.subscription)
@@ -407,7 +423,9 @@ pub(super) async fn insert_rows<'e>(
         .bind(size)
         .bind(truncated)
         .bind(routed)
-        .bind(origin.as_db());
+        .bind(origin.as_db())
+        .bind(kind)
+        .bind(escaped);
     let query = match coverage {
         Some(id) => query.bind(id),
         None => query,

@@ -5,6 +5,7 @@ pub mod capture;
 pub mod captured;
 pub mod reading;
 pub mod sampled;
+pub mod storable;
 
 use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -21,6 +22,36 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("encoding audit detail: {0}")]
     Encode(#[from] serde_json::Error),
+}
+
+/// SQLSTATE 23514: a CHECK violation, and also how Postgres says a row has no partition to go
+/// to (which creating the partition fixes, not changing the row).
+pub const NO_PARTITION_OR_CHECK: &str = "23514";
+
+impl StoreError {
+    /// The SQLSTATE when Postgres refused what was sent, as opposed to being unavailable:
+    /// class 22 (data exception: U+0000, an invalid byte sequence, bad JSON), 23 (integrity
+    /// constraint) except [`NO_PARTITION_OR_CHECK`], and 54 (program limit exceeded: an index
+    /// row or a tsvector too large). Classified by the code, never by the message. None for
+    /// everything else (connection lost, server shutting down, …): the same request may
+    /// succeed later.
+    pub fn data_refusal(&self) -> Option<String> {
+        let StoreError::Database(sqlx::Error::Database(e)) = self else {
+            return None;
+        };
+        let code = e.code()?.into_owned();
+        let data = (code.starts_with("22") || code.starts_with("23") || code.starts_with("54"))
+            && code != NO_PARTITION_OR_CHECK;
+        data.then_some(code)
+    }
+
+    /// The SQLSTATE, when Postgres answered with one.
+    pub fn sqlstate(&self) -> Option<String> {
+        match self {
+            StoreError::Database(sqlx::Error::Database(e)) => e.code().map(|c| c.into_owned()),
+            _ => None,
+        }
+    }
 }
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
