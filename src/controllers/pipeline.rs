@@ -1595,8 +1595,11 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
         // The cluster is gone or cannot be used (its Secret is missing) and this object never
         // reached a broker: there is nothing of its own to remove.
         Err(e) if never_reached => return release_never_applied(&ctx, o, &e).await,
-        // Restarted: the cluster's first poll (which triggers this object) comes first.
-        Err(DereferenceError::NotYetPolled(_)) => return Ok(Action::requeue(Duration::from_secs(5))),
+        // Restarted: the cluster's first poll (which triggers this object) comes first. Never
+        // Ok: the finalizer helper releases the object on Ok.
+        Err(e @ DereferenceError::NotYetPolled(_)) => {
+            return Err(ReconcileError::DeleteRefused(e.to_string()));
+        }
         Err(e) => {
             if let Some(released) = release_if_namespace_deleted(&ctx, o, &d, &e).await {
                 return released;
@@ -1644,8 +1647,11 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
     let deref = match dereference(&ctx, o).and_then(|(rt, k)| with_topology(&ctx, rt, k)) {
         Ok(x) => x,
         Err(e) if never_reached => return release_never_applied(&ctx, o, &e).await,
-        // Restarted: the cluster's first poll (which triggers this object) comes first.
-        Err(DereferenceError::NotYetPolled(_)) => return Ok(Action::requeue(Duration::from_secs(5))),
+        // Restarted: the cluster's first poll (which triggers this object) comes first. Never
+        // Ok: the finalizer helper releases the object on Ok.
+        Err(e @ DereferenceError::NotYetPolled(_)) => {
+            return Err(ReconcileError::DeleteRefused(e.to_string()));
+        }
         Err(e) => {
             if let Some(released) = release_if_namespace_deleted(&ctx, o, &d, &e).await {
                 return released;

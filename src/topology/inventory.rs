@@ -421,7 +421,10 @@ pub async fn scrape(m: &BrokerManagement) -> Result<NodeInventory, BrokerError> 
         Err(_) => {
             let read = m
                 .client()
-                .call(JolokiaRequest::read_many(mbean::all_queues(name), QUEUE_ATTRIBUTES))
+                .call(JolokiaRequest::read_many(
+                    mbean::all_queues(name),
+                    QUEUE_ATTRIBUTES,
+                ))
                 .await;
             for q in matches(read)? {
                 inv.add_queue(&q)?;
@@ -448,7 +451,11 @@ fn list_all_queues(broker_name: &str) -> JolokiaRequest {
     JolokiaRequest::exec(
         mbean::broker(broker_name),
         "listQueues(java.lang.String,int,int)",
-        vec![serde_json::json!(everything), serde_json::json!(-1), serde_json::json!(-1)],
+        vec![
+            serde_json::json!(everything),
+            serde_json::json!(-1),
+            serde_json::json!(-1),
+        ],
     )
 }
 
@@ -460,14 +467,23 @@ pub fn parse_listed_queue(row: &Value) -> Result<QueueInfo, String> {
             .map(str::to_string)
             .ok_or_else(|| format!("field {k} missing"))
     };
-    let optional = |k: &str| -> Result<Option<String>, String> { text(k).map(|t| Some(t).filter(|t| !t.is_empty())) };
+    let optional =
+        |k: &str| -> Result<Option<String>, String> { text(k).map(|t| Some(t).filter(|t| !t.is_empty())) };
     let flag = |k: &str| -> Result<bool, String> {
         text(k)?
             .parse::<bool>()
             .map_err(|_| format!("field {k} is not a boolean"))
     };
-    let int = |k: &str| -> Result<i64, String> { text(k)?.parse::<i64>().map_err(|_| format!("field {k} is not an integer")) };
-    let count = |k: &str| -> Result<u64, String> { text(k)?.parse::<u64>().map_err(|_| format!("field {k} is not a count")) };
+    let int = |k: &str| -> Result<i64, String> {
+        text(k)?
+            .parse::<i64>()
+            .map_err(|_| format!("field {k} is not an integer"))
+    };
+    let count = |k: &str| -> Result<u64, String> {
+        text(k)?
+            .parse::<u64>()
+            .map_err(|_| format!("field {k} is not a count"))
+    };
     Ok(QueueInfo {
         name: text("name")?,
         address: text("address")?,
@@ -576,20 +592,32 @@ mod tests {
             "groupBuckets":"-1","groupFirstKey":"","enabled":"true","ringSize":"-1","consumersBeforeDispatch":"0",
             "delayBeforeDispatch":"-1","autoDelete":"false","internalQueue":"false"});
         let q = super::parse_listed_queue(&row).expect("a queue");
-        assert_eq!((q.name.as_str(), q.address.as_str(), q.routing_type.as_str()), ("q1", "a1", "ANYCAST"));
+        assert_eq!(
+            (q.name.as_str(), q.address.as_str(), q.routing_type.as_str()),
+            ("q1", "a1", "ANYCAST")
+        );
         assert_eq!(q.filter, None, "an empty filter is no filter");
         assert!(q.exclusive && !q.durable && q.enabled);
         assert_eq!((q.message_count, q.consumer_count, q.delivering_count), (7, 2, 1));
-        assert_eq!((q.max_consumers, q.ring_size, q.delay_before_dispatch), (-1, -1, -1));
+        assert_eq!(
+            (q.max_consumers, q.ring_size, q.delay_before_dispatch),
+            (-1, -1, -1)
+        );
         let mut filtered = row.clone();
         filtered["filter"] = serde_json::json!("kind = 'TimeoutException'");
         assert_eq!(
-            super::parse_listed_queue(&filtered).expect("a queue").filter.as_deref(),
+            super::parse_listed_queue(&filtered)
+                .expect("a queue")
+                .filter
+                .as_deref(),
             Some("kind = 'TimeoutException'")
         );
         let mut broken = row;
         broken["maxConsumers"] = serde_json::json!("many");
-        assert!(super::parse_listed_queue(&broken).is_err(), "never read as a guess");
+        assert!(
+            super::parse_listed_queue(&broken).is_err(),
+            "never read as a guess"
+        );
     }
 
     use super::*;

@@ -145,7 +145,7 @@ impl OperatorCounts {
     pub fn jolokia_writes(&self) -> f64 {
         self.jolokia_by_kind
             .iter()
-            .filter(|(k, _)| !matches!(k.as_str(), "read" | "search" | "listNetworkTopology"))
+            .filter(|(k, _)| !(matches!(k.as_str(), "read" | "search") || k.starts_with("list")))
             .map(|(_, n)| n)
             .sum()
     }
