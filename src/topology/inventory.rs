@@ -518,7 +518,8 @@ pub fn parse_listed_queue(row: &Value) -> Result<QueueInfo, String> {
 /// A fresh, strict read of only the objects a command is about to write (ADR-0049's
 /// read-before-update, ADR-0084's preflight "again for real"): one bulk request, no
 /// `ignoreErrors` — an attribute that cannot be read fails the read, and the node is FAILED
-/// rather than written on a guess. Cost does not grow with the number of queues on the node.
+/// rather than written on a guess. Cost does not grow with the number of queues on the node; the
+/// reads share a POST with whatever else is going to the node at the same time.
 pub async fn read_scoped(m: &BrokerManagement, scope: &ScopedRead<'_>) -> Result<NodeInventory, BrokerError> {
     let name = m.broker_name();
     let mut requests = vec![];
@@ -540,7 +541,8 @@ pub async fn read_scoped(m: &BrokerManagement, scope: &ScopedRead<'_>) -> Result
             DIVERT_ATTRIBUTES,
         ));
     }
-    let mut results = m.client().bulk(&requests).await?.into_iter();
+    // In the same POST as the node's other concurrent operations (issue 23), in this order.
+    let mut results = m.client().call_together(requests).await.into_iter();
     let mut next = || {
         results
             .next()

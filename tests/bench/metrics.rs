@@ -116,8 +116,9 @@ pub struct OperatorCounts {
     pub api_by_verb: BTreeMap<String, f64>,
     /// Polls of every cluster (the count of the poll-duration histogram).
     pub polls: f64,
-    /// Finished ArtemisQueue reconciles, whatever the result.
-    pub queue_reconciles: f64,
+    /// ArtemisQueue passes that judged a queue against the cluster's snapshot
+    /// (`artemis_studio_planned_passes_total`).
+    pub queue_planned: f64,
 }
 
 impl OperatorCounts {
@@ -131,7 +132,7 @@ impl OperatorCounts {
             polls: sum(&s, "artemis_studio_inventory_poll_duration_seconds_count", |_| {
                 true
             }),
-            queue_reconciles: sum(&s, "artemis_studio_reconciles_total", |l| {
+            queue_planned: sum(&s, "artemis_studio_planned_passes_total", |l| {
                 l.get("kind").map(String::as_str) == Some("ArtemisQueue")
             }),
         }
@@ -147,7 +148,8 @@ impl OperatorCounts {
             .iter()
             .filter(|(k, _)| !(matches!(k.as_str(), "read" | "search") || k.starts_with("list")))
             .map(|(_, n)| n)
-            .sum()
+            .sum::<f64>()
+            + 0.0
     }
 
     pub fn api(&self, verbs: &[&str]) -> f64 {
@@ -165,7 +167,7 @@ impl OperatorCounts {
             posts: self.posts - earlier.posts,
             api_by_verb: diff(&self.api_by_verb, &earlier.api_by_verb),
             polls: self.polls - earlier.polls,
-            queue_reconciles: self.queue_reconciles - earlier.queue_reconciles,
+            queue_planned: self.queue_planned - earlier.queue_planned,
         }
     }
 }
