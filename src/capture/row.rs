@@ -179,11 +179,7 @@ pub fn row(node: &str, tap: &TapName, max_body: usize, m: &Message<Body<Value>>)
         .or(binary.as_ref().map(Vec::len))
         .unwrap_or(0);
     let text = text.map(|mut t| {
-        let mut cut = max_body.min(t.len());
-        while !t.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        t.truncate(cut);
+        crate::store::storable::truncate_at_char_boundary(&mut t, max_body);
         t
     });
     let binary = binary.map(|mut b| {

@@ -442,13 +442,7 @@ pub fn row(
     };
     let truncated = cut_by_broker || size > max_body;
     let text = text.map(|mut t| {
-        if t.len() > max_body {
-            let mut cut = max_body;
-            while !t.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            t.truncate(cut);
-        }
+        crate::store::storable::truncate_at_char_boundary(&mut t, max_body);
         t
     });
     let binary = binary.map(|mut b| {

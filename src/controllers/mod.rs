@@ -518,11 +518,7 @@ impl Context {
 
 fn truncate(mut s: String, max: usize) -> String {
     if s.len() > max {
-        let mut cut = max;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
+        crate::store::storable::truncate_at_char_boundary(&mut s, max);
         s.push('…');
     }
     s

@@ -1187,17 +1187,17 @@ async fn preflight_apply<K: TopologyObject>(
 ) -> (Vec<(NodeOutcome, bool)>, BTreeMap<String, Planned>) {
     let snapshot = snapshot_inventories(&deref.topology);
     let mut from: BTreeMap<String, Planned> = BTreeMap::new();
+    let mut to_read: BTreeSet<String> = BTreeSet::new();
     for node in write_targets(&plan) {
-        if let Some(Ok(inv)) = snapshot.get(&node)
-            && K::answer_is_evidence(d, inv)
-        {
-            from.insert(node, Planned::Snapshot(inv.clone()));
+        match snapshot.get(&node) {
+            Some(Ok(inv)) if K::answer_is_evidence(d, inv) => {
+                from.insert(node, Planned::Snapshot(inv.clone()));
+            }
+            _ => {
+                to_read.insert(node);
+            }
         }
     }
-    let to_read: BTreeSet<String> = write_targets(&plan)
-        .into_iter()
-        .filter(|n| !from.contains_key(n))
-        .collect();
     let fresh = fresh_reads::<K>(deref, d, &to_read, false).await;
     let plan = plan
         .into_iter()

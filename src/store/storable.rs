@@ -58,7 +58,8 @@ pub fn escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('\0', "\\u0000")
 }
 
-fn cut(s: &mut String, max: usize) {
+/// Cut `s` to at most `max` bytes, at a character boundary.
+pub fn truncate_at_char_boundary(s: &mut String, max: usize) {
     let mut at = max.min(s.len());
     while !s.is_char_boundary(at) {
         at -= 1;
@@ -76,7 +77,7 @@ fn fix_text(s: &str, max: usize, path: &str, notes: &mut Vec<String>) -> String 
     };
     if out.len() > max {
         notes.push(format!("{path}: {} bytes cut to {max}", out.len()));
-        cut(&mut out, max);
+        truncate_at_char_boundary(&mut out, max);
     }
     out
 }
