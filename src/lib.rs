@@ -8,6 +8,7 @@ pub mod cli;
 #[cfg(test)]
 mod config_contract;
 pub mod controllers;
+pub mod crash_window;
 pub mod fanout;
 pub mod leader;
 pub mod reading;

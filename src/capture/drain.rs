@@ -393,12 +393,10 @@ async fn batches(
             // Stopped while the batch was held: it goes back to the queue unsettled.
             return Ok(());
         };
-        if let Ok(marker) = std::env::var("ARTEMIS_STUDIO_TEST_PAUSE_AFTER_INSERT") {
-            // A test-only pause point: the crash window between commit and settle (a SIGKILL
-            // here must not make a second row of any copy redelivered to the next drain).
-            let _ = std::fs::write(&marker, stored.to_string());
-            tokio::time::sleep(Duration::from_secs(3600)).await;
-        }
+        // The crash window between commit and settle (test builds only): a SIGKILL here must
+        // not make a second row of any copy redelivered to the next drain.
+        crate::crash_window::pause(crate::crash_window::Window::AfterInsert, &stored.to_string())
+            .await;
         receiver
             .accept_all(batch.iter().map(Received::info))
             .await

@@ -442,11 +442,8 @@ async fn close_by_id(
     let audit_id = ctx.store.audit_intent(&intent).await?;
     status.audit_id = Some(audit_id);
     write(ctx, o, &status).await?;
-    if let Ok(marker) = std::env::var("ARTEMIS_STUDIO_TEST_PAUSE_AFTER_ARM") {
-        // A test-only pause point: the crash window between arming and the call.
-        let _ = std::fs::write(&marker, audit_id.to_string());
-        tokio::time::sleep(Duration::from_secs(3600)).await;
-    }
+    // The crash window between arming and the call (test builds only).
+    crate::crash_window::pause(crate::crash_window::Window::AfterArm, &audit_id.to_string()).await;
     // D3: the re-read immediately before the call, compared, then the call.
     let finish_nodes = |nodes: Vec<NodeOutcome>| {
         command::finish(

@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+use crate::crash_window::Window;
 
 use super::Cache;
 use kube::runtime::controller::Action;
@@ -1281,7 +1282,7 @@ async fn write<K: TopologyObject>(
         |t| {
             let (d, from, seen) = (d.clone(), from.clone(), seen.clone());
             async move {
-                crash_window::hold_all_but_first_node().await;
+                crate::crash_window::hold_all_but_first_node().await;
                 let planned = from.get(&t.node_id).cloned();
                 let planned = planned.unwrap_or_else(|| Planned::Fresh(Default::default()));
                 apply_with_evidence::<K>(t, d, planned, &seen).await
@@ -1289,7 +1290,7 @@ async fn write<K: TopologyObject>(
         },
     )
     .await;
-    crash_window::pause_before_outcome(audit_id).await;
+    crate::crash_window::pause(Window::MidFanout, &audit_id.to_string()).await;
     let mut result = command::finish(
         ctx,
         obj,
@@ -1352,40 +1353,6 @@ fn overlay_seen(
 ) {
     let seen = seen.lock().map(|m| m.clone()).unwrap_or_default();
     overlay_snapshot(ctx, cluster_key, &seen, writer);
-}
-
-/// A test-only crash window in the middle of a command (`ARTEMIS_STUDIO_TEST_PAUSE_MID_FANOUT`
-/// set to a marker file): one node is written, the others are held until their per-node timeout;
-/// an apply then writes the marker and sleeps before recording the outcome, a delete writes it
-/// as soon as its first node is done, for a test to SIGKILL it there. Unset (always, outside
-/// tests), all are no-ops.
-mod crash_window {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::time::Duration;
-
-    const VAR: &str = "ARTEMIS_STUDIO_TEST_PAUSE_MID_FANOUT";
-    static FIRST_TAKEN: AtomicBool = AtomicBool::new(false);
-
-    pub async fn hold_all_but_first_node() {
-        if std::env::var_os(VAR).is_some() && FIRST_TAKEN.swap(true, Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_secs(3600)).await;
-        }
-    }
-
-    /// A delete's crash window: the first node is done and the others are held; the marker
-    /// tells the test to SIGKILL the process inside the command (its row still `pending`).
-    pub fn first_node_done() {
-        if let Some(marker) = std::env::var_os(VAR) {
-            let _ = std::fs::write(marker, "first node done");
-        }
-    }
-
-    pub async fn pause_before_outcome(audit_id: i64) {
-        if let Some(marker) = std::env::var_os(VAR) {
-            let _ = std::fs::write(marker, audit_id.to_string());
-            tokio::time::sleep(Duration::from_secs(3600)).await;
-        }
-    }
 }
 
 /// Verify one write by a fresh read of the object: the plan on it must find nothing left to do.
@@ -1719,9 +1686,9 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
                 let inv = before.get(&t.node_id).cloned().unwrap_or_default();
                 let (d2, f2) = (d2.clone(), f2.clone());
                 async move {
-                    crash_window::hold_all_but_first_node().await;
+                    crate::crash_window::hold_all_but_first_node().await;
                     let report = K::delete_on(t, d2, f2, inv).await;
-                    crash_window::first_node_done();
+                    crate::crash_window::mark(Window::MidFanout, "first node done");
                     report
                 }
             },

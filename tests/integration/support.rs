@@ -678,6 +678,10 @@ impl TestBed {
         .env("LEADER_ELECTION", "false")
         .stdout(std::process::Stdio::null());
         for (k, v) in env {
+            assert!(
+                !k.starts_with("ARTEMIS_STUDIO_TEST_PAUSE") || cfg!(feature = "test-hooks"),
+                "{k} opens a crash window only in a test-hooks build: run the suite with `--features test-hooks` (deploy/dev/test does)"
+            );
             cmd.env(k, v);
         }
         OperatorProcess(cmd.spawn().expect("start the operator binary"))

@@ -1,0 +1,71 @@
+//! Test-only crash windows: pause points inside a command where an integration test SIGKILLs
+//! the operator (a real crash, not a simulated one). They exist only in builds with the
+//! `test-hooks` feature, which the test suite turns on (`deploy/dev/test`); a release build has
+//! empty inline functions here and reads no environment variable. In a `test-hooks` build a
+//! window opens only when its environment variable names a marker file: the hook writes the
+//! marker (what the test waits for) and then sleeps, so the test kills the process there.
+
+/// One pause point, named by the environment variable that opens it.
+#[derive(Debug, Clone, Copy)]
+pub enum Window {
+    /// A queue or divert fan-out: the first node is written, the others held.
+    MidFanout,
+    /// A ConnectionClose armed and its audit intent written, the broker not yet called.
+    AfterArm,
+    /// A capture drain's batch committed to Postgres, not yet settled on the broker.
+    AfterInsert,
+}
+
+#[cfg(feature = "test-hooks")]
+mod open {
+    use super::Window;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    static FIRST_NODE_TAKEN: AtomicBool = AtomicBool::new(false);
+
+    fn marker(w: Window) -> Option<std::ffi::OsString> {
+        std::env::var_os(match w {
+            Window::MidFanout => "ARTEMIS_STUDIO_TEST_PAUSE_MID_FANOUT",
+            Window::AfterArm => "ARTEMIS_STUDIO_TEST_PAUSE_AFTER_ARM",
+            Window::AfterInsert => "ARTEMIS_STUDIO_TEST_PAUSE_AFTER_INSERT",
+        })
+    }
+
+    pub async fn pause(w: Window, note: &str) {
+        if let Some(m) = marker(w) {
+            let _ = std::fs::write(m, note);
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+    }
+
+    pub fn mark(w: Window, note: &str) {
+        if let Some(m) = marker(w) {
+            let _ = std::fs::write(m, note);
+        }
+    }
+
+    pub async fn hold_all_but_first_node() {
+        if marker(Window::MidFanout).is_some() && FIRST_NODE_TAKEN.swap(true, Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+    }
+}
+
+#[cfg(feature = "test-hooks")]
+pub use open::{hold_all_but_first_node, mark, pause};
+
+/// Write the window's marker, then sleep (for the test's SIGKILL).
+#[cfg(not(feature = "test-hooks"))]
+#[inline(always)]
+pub async fn pause(_: Window, _: &str) {}
+
+/// Write the window's marker and go on.
+#[cfg(not(feature = "test-hooks"))]
+#[inline(always)]
+pub fn mark(_: Window, _: &str) {}
+
+/// In a fan-out under [`Window::MidFanout`]: the first node goes through, every other waits.
+#[cfg(not(feature = "test-hooks"))]
+#[inline(always)]
+pub async fn hold_all_but_first_node() {}
