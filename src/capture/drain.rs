@@ -395,8 +395,7 @@ async fn batches(
         };
         // The crash window between commit and settle (test builds only): a SIGKILL here must
         // not make a second row of any copy redelivered to the next drain.
-        crate::crash_window::pause(crate::crash_window::Window::AfterInsert, &stored.to_string())
-            .await;
+        crate::crash_window::pause(crate::crash_window::Window::AfterInsert, &stored.to_string()).await;
         receiver
             .accept_all(batch.iter().map(Received::info))
             .await

@@ -5,13 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
-use serde_json::json;
 use tokio::sync::Mutex;
 
-use super::{Context, MANAGER, ReconcileError, conditions, key};
+use super::{Context, ReconcileError, conditions, key};
 use crate::api::RefusalKind;
 use crate::api::cluster::{
     ArtemisCluster, ArtemisClusterSpec, ArtemisClusterStatus, EndpointProblem, LogicalNodeStatus,
@@ -248,6 +247,15 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
         && t.age() < poll_interval / 2
         && access_is_current(&ctx, &ns, &rt)
     {
+        // Write evidence reported by a command since the last status write (report_write).
+        let evidence = rt.management_write.lock().await.clone();
+        if evidence != old.management_write {
+            let status = ArtemisClusterStatus {
+                management_write: evidence,
+                ..old
+            };
+            super::report::apply_status(&ctx.client, obj.as_ref(), &status).await?;
+        }
         return Ok(Action::requeue(poll_interval.saturating_sub(t.age())));
     }
     match resolve_access(&ctx.client, &ns, &obj.spec).await {
@@ -456,11 +464,7 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
         a != b || ca != cb
     };
     if changed {
-        let api: Api<ArtemisCluster> = Api::namespaced(ctx.client.clone(), &ns);
-        let patch =
-            json!({"apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCluster", "status": status});
-        api.patch_status(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(patch))
-            .await?;
+        super::report::apply_status(&ctx.client, obj.as_ref(), &status).await?;
     }
     Ok(Action::requeue(poll_interval))
 }
@@ -529,13 +533,11 @@ pub async fn report_write(
         }
         *current = next.clone();
     }
-    let api: Api<ArtemisCluster> = Api::namespaced(ctx.client.clone(), cluster_ns);
-    // A merge patch: explicit nulls clear what the new evidence no longer carries (the grant).
-    let patch = json!({"status": {"managementWrite": {
-        "state": next.state, "evidence": next.evidence, "grant": next.grant
-    }}});
-    api.patch_status(cluster_name, &PatchParams::default(), &Patch::Merge(patch))
-        .await?;
+    // The cluster's own reconcile writes it to status (the only writer of the cluster's status).
+    let _ = ctx
+        .triggers
+        .clusters
+        .send(kube::runtime::reflector::ObjectRef::new(cluster_name).within(cluster_ns));
     Ok(())
 }
 

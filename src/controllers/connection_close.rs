@@ -6,14 +6,14 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::DeleteParams;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
 use super::cluster::{ClusterRuntime, current_topology};
 use super::command::{self, Scope};
-use super::{Context, MANAGER, ReconcileError, actor_of, conditions};
+use super::{Context, ReconcileError, actor_of, conditions};
 use crate::api::connection_close::{
     ClosePhase, CloseTarget, ConnectionClose, ConnectionCloseStatus, NodeConnections, TargetSnapshot,
 };
@@ -181,16 +181,7 @@ async fn write(
     o: &ConnectionClose,
     status: &ConnectionCloseStatus,
 ) -> Result<(), ReconcileError> {
-    let status = &with_phase_conditions(status);
-    let api: Api<ConnectionClose> = Api::namespaced(ctx.client.clone(), &o.namespace().unwrap_or_default());
-    let patch =
-        json!({"apiVersion": "artemis-studio.io/v1alpha1", "kind": "ConnectionClose", "status": status});
-    api.patch_status(
-        &o.name_any(),
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(patch),
-    )
-    .await?;
+    super::report::apply_status(&ctx.client, o, &with_phase_conditions(status)).await?;
     Ok(())
 }
 
@@ -201,18 +192,9 @@ async fn write_if_unchanged(
     o: &ConnectionClose,
     status: &ConnectionCloseStatus,
 ) -> Result<bool, ReconcileError> {
-    let api: Api<ConnectionClose> = Api::namespaced(ctx.client.clone(), &o.namespace().unwrap_or_default());
     let mut next = o.clone();
     next.status = Some(with_phase_conditions(status));
-    next.metadata.managed_fields = None;
-    match api
-        .replace_status(&o.name_any(), &PostParams::default(), &next)
-        .await
-    {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-        Err(e) => Err(e.into()),
-    }
+    Ok(super::report::replace_status_if_unchanged(&ctx.client, next).await?)
 }
 
 /// How long a `Closing` armed by another process is left alone: that process may be calling

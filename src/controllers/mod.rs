@@ -9,10 +9,11 @@ pub mod divert;
 pub mod feed;
 pub mod pipeline;
 pub mod queue;
+pub mod report;
 
 use std::sync::Arc;
 
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
 use kube::{Api, Client, Resource};
 
@@ -260,7 +261,7 @@ pub struct WrittenStatus {
 }
 
 impl WrittenStatus {
-    fn record<S: serde::Serialize>(&self, meta: &kube::api::ObjectMeta, status: &S) {
+    pub(super) fn record<S: serde::Serialize>(&self, meta: &kube::api::ObjectMeta, status: &S) {
         let (Some(uid), Some(rv)) = (
             meta.uid.clone(),
             meta.resource_version
@@ -493,35 +494,6 @@ impl Context {
     pub fn watches(&self, ns: &str) -> bool {
         self.namespaces.contains(ns)
     }
-
-    /// One Event on an object: what a human should see.
-    pub async fn event<K>(&self, obj: &K, warning: bool, reason: &str, action: &str, note: String)
-    where
-        K: Resource<DynamicType = ()>,
-    {
-        let ev = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.into(),
-            note: Some(truncate(note, 1000)),
-            action: action.into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
-            tracing::warn!(error = %e, reason, "could not publish event");
-        }
-    }
-}
-
-fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        crate::store::storable::truncate_at_char_boundary(&mut s, max);
-        s.push('…');
-    }
-    s
 }
 
 /// Namespaced key of an object.
@@ -592,53 +564,6 @@ macro_rules! status_conditions {
 }
 status_conditions!(crate::api::queue::ArtemisQueueStatus);
 status_conditions!(crate::api::divert::ArtemisDivertStatus);
-
-/// Server-side apply the status, only when it changed (condition transition times aside).
-pub async fn write_status<K, S>(
-    ctx: &Context,
-    obj: &K,
-    old: Option<&S>,
-    status: &S,
-) -> Result<(), ReconcileError>
-where
-    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-    S: StatusConditions,
-{
-    // Flux/kstatus conditions follow Ready and the nodes, whatever the kind's pass decided.
-    let mut status = status.clone();
-    let nodes = status.nodes().to_vec();
-    let generation = status.observed_generation();
-    conditions::kstatus(status.conditions_mut(), &nodes, generation);
-    let status = &status;
-    let (mut a, mut b) = (old.cloned().unwrap_or_default(), status.clone());
-    let same_conditions =
-        conditions::comparable(a.conditions_mut()) == conditions::comparable(b.conditions_mut());
-    a.conditions_mut().clear();
-    b.conditions_mut().clear();
-    if a == b && same_conditions {
-        return Ok(());
-    }
-    let api: kube::Api<K> = kube::Api::namespaced(
-        ctx.client.clone(),
-        &obj.meta().namespace.clone().unwrap_or_default(),
-    );
-    let patch = serde_json::json!({
-        "apiVersion": K::api_version(&()), "kind": K::kind(&()), "status": status
-    });
-    let name = obj.meta().name.clone().unwrap_or_default();
-    let written = api
-        .patch_status(
-            &name,
-            &kube::api::PatchParams::apply(MANAGER).force(),
-            &kube::api::Patch::Apply(patch),
-        )
-        .await?;
-    ctx.written.record(written.meta(), status);
-    Ok(())
-}
 
 impl From<kube::runtime::finalizer::Error<ReconcileError>> for ReconcileError {
     fn from(e: kube::runtime::finalizer::Error<ReconcileError>) -> Self {

@@ -20,11 +20,11 @@
 //! - a delete whose cluster does not exist says how to proceed, and an object that never reached
 //!   any cluster is released at once (it never wrote anything).
 
+use crate::crash_window::Window;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use crate::crash_window::Window;
 
 use super::Cache;
 use kube::runtime::controller::Action;
@@ -752,7 +752,7 @@ fn set_paused_condition(conditions_: &mut Vec<Condition>, gate: Gate, generation
 /// report: the one place that writes status.
 async fn report<K: TopologyObject>(ctx: &Context, obj: &K, pass: Pass<'_, K>) -> Result<(), ReconcileError> {
     let status = obj.status(&pass);
-    super::write_status(ctx, obj, obj.current_status(), &status).await
+    super::report::write_status(ctx, obj, obj.current_status(), &status).await
 }
 
 fn old_conditions<K: TopologyObject>(obj: &K) -> Vec<Condition> {
