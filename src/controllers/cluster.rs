@@ -232,241 +232,293 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
     let k = key(&ns, &name);
     let generation = obj.metadata.generation;
     let old = obj.status.clone().unwrap_or_default();
+    let poll_interval = Duration::from_secs(obj.spec.poll_interval_seconds.max(1).into());
+    if let Some(rt) = recently_polled(&ctx, &ns, &k, generation, poll_interval) {
+        report_write_evidence(&ctx, &obj, &old, &rt).await?;
+        let age = ctx.topologies.get(&k).map(|t| t.age()).unwrap_or_default();
+        return Ok(Action::requeue(poll_interval.saturating_sub(age)));
+    }
     let mut status = ArtemisClusterStatus {
         observed_generation: generation,
         conditions: old.conditions.clone(),
         last_poll_time: old.last_poll_time.clone(),
         ..Default::default()
     };
-    let poll_interval = Duration::from_secs(obj.spec.poll_interval_seconds.max(1).into());
-
-    // A pass caused by this controller's own status write (or any other change that is not the
-    // spec) does not poll again before half the interval: one poll per interval per cluster.
-    if let (Some(rt), Some(t)) = (ctx.clusters.get(&k), ctx.topologies.get(&k))
-        && rt.generation == generation
-        && t.age() < poll_interval / 2
-        && access_is_current(&ctx, &ns, &rt)
-    {
-        // Write evidence reported by a command since the last status write (report_write).
-        let evidence = rt.management_write.lock().await.clone();
-        if evidence != old.management_write {
-            let status = ArtemisClusterStatus {
-                management_write: evidence,
-                ..old
-            };
-            super::report::apply_status(&ctx.client, obj.as_ref(), &status).await?;
-        }
-        return Ok(Action::requeue(poll_interval.saturating_sub(t.age())));
-    }
     match resolve_access(&ctx.client, &ns, &obj.spec).await {
         Err(problem) => {
-            ctx.clusters.remove(&k);
-            if ctx.topologies.get(&k).is_some() {
-                ctx.topologies.remove(&k);
-                // Every dependent says so now (ClusterNotReady) rather than at its resync.
-                super::pipeline::trigger_dependents(
-                    &ctx,
-                    &ns,
-                    &name,
-                    &topology::TopologyChange::everything(),
-                    None,
-                );
-            }
+            forget_access(&ctx, &ns, &name);
             status.management_write = old.management_write.clone();
-            conditions::set(
-                &mut status.conditions,
-                conditions::READY,
-                false,
-                problem.reason,
-                &problem.message,
-                generation,
-            );
-            conditions::set(
-                &mut status.conditions,
-                conditions::DEGRADED,
-                true,
-                problem.reason,
-                problem.message,
-                generation,
-            );
+            set_both(&mut status, false, true, problem.reason, &problem.message);
         }
         Ok(access) => {
-            // Keep the topology memory and the write evidence across spec changes.
-            let previous = ctx.clusters.get(&k);
-            let management_write = match &previous {
-                Some(p) => p.management_write.clone(),
-                None => Arc::new(Mutex::new(old.management_write.clone())),
-            };
-            let (memory, poll_lock) = match &previous {
-                Some(p) => (p.memory.clone(), p.poll_lock.clone()),
-                None => (
-                    Arc::new(Mutex::new(TopologyMemory::default())),
-                    Arc::new(Mutex::new(())),
-                ),
-            };
-            let respecified = previous.as_ref().is_none_or(|p| p.generation != generation);
-            // New credentials or trust roots: every dependent is looked at now, and a node that
-            // failed under the old ones is retried at once instead of after its backoff.
-            let reauthorised = previous
-                .as_ref()
-                .is_some_and(|p| p.access.secret_versions != access.secret_versions);
-            let rt = ClusterRuntime {
-                access,
-                memory,
-                management_write: management_write.clone(),
-                bulk_cap: obj.spec.bulk_cap,
-                declaration_mode: obj.spec.declaration_mode,
-                poll_interval,
-                request_timeout: Duration::from_secs(obj.spec.request_timeout_seconds.into()),
-                poll_lock,
-                generation,
-            };
-            // Poll with the new access first, then publish both: a command never sees the new
-            // access with a topology polled under the old one (e.g. other credentials).
-            tracing::debug!(cluster = %k, "poll by the cluster controller");
-            let polling = rt.poll_lock.clone();
-            let in_flight = polling.lock().await;
-            let started = std::time::Instant::now();
-            let topology = topology::poll(&rt.access, &rt.memory).await;
-            let labels = crate::telemetry::ClusterLabels { cluster: k.clone() };
-            ctx.metrics
-                .poll_seconds
-                .get_or_create(&labels)
-                .observe(started.elapsed().as_secs_f64());
-            let objects: usize = topology
-                .nodes
-                .iter()
-                .filter_map(|n| n.inventory.as_ref())
-                .map(|i| i.queues.len() + i.addresses.len() + i.diverts.len())
-                .sum();
-            ctx.metrics
-                .inventory_objects
-                .get_or_create(&labels)
-                .set(objects as i64);
-            status.nodes = node_statuses(&topology);
-            status.total_nodes = topology.nodes.len() as u32;
-            status.live_nodes = topology.live_nodes().count() as u32;
-            status.unreachable_endpoints = topology
-                .unreachable
-                .iter()
-                .map(|(url, e)| EndpointProblem {
-                    endpoint: url.clone(),
-                    message: explain_endpoint(url, e),
-                })
-                .collect();
+            let rt = runtime_for(&ctx, &obj, access, &old, poll_interval);
+            let management_write = rt.management_write.clone();
+            let topology = poll_and_publish(&ctx, &ns, &name, rt).await;
+            describe_topology(&mut status, &topology);
             // Read after the poll: a write reported meanwhile is included.
             status.management_write = management_write.lock().await.clone();
-            let auth_refused = topology.unreachable.iter().find(|(_, e)| e.is_authorization());
-            if status.live_nodes > 0 {
-                conditions::set(
-                    &mut status.conditions,
-                    conditions::READY,
-                    true,
-                    "NodesLive",
-                    format!(
-                        "{} of {} logical nodes live",
-                        status.live_nodes, status.total_nodes
-                    ),
-                    generation,
-                );
-            } else {
-                let (reason, message) = match (auth_refused, topology.unreachable.first()) {
-                    (Some((url, e)), _) if crate::broker::error::is_origin_refusal(&e.to_string()) => {
-                        ("OriginRefused", explain_endpoint(url, e))
-                    }
-                    (Some((url, e)), _) => ("CredentialsRefused", explain_endpoint(url, e)),
-                    (None, Some((url, e))) if e.refusal_kind() == RefusalKind::BadResponse => {
-                        ("NotJolokia", explain_endpoint(url, e))
-                    }
-                    (None, Some((url, e))) => ("Unreachable", explain_endpoint(url, e)),
-                    (None, None) => (
-                        "NoLiveNode",
-                        "every endpoint answered but none is active".to_string(),
-                    ),
-                };
-                conditions::set(
-                    &mut status.conditions,
-                    conditions::READY,
-                    false,
-                    reason,
-                    message,
-                    generation,
-                );
-            }
-            if status.unreachable_endpoints.is_empty() {
-                conditions::set(
-                    &mut status.conditions,
-                    conditions::DEGRADED,
-                    false,
-                    "AllEndpointsAnswer",
-                    "every endpoint answered the last poll",
-                    generation,
-                );
-            } else {
-                let names: Vec<String> = status
-                    .unreachable_endpoints
-                    .iter()
-                    .map(|p| p.message.clone())
-                    .collect();
-                conditions::set(
-                    &mut status.conditions,
-                    conditions::DEGRADED,
-                    true,
-                    "EndpointsUnreachable",
-                    names.join("; "),
-                    generation,
-                );
-            }
-            status.last_poll_time = Some(
-                topology
-                    .polled_at_utc
-                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            );
-            // Dependents are triggered by what changed, never by a timer: a node that went live
-            // or down concerns every object, a changed broker object only the objects naming it.
-            // Fresh reads made while the poll ran are newer than it: carried over, not lost.
-            let mut change = ctx
-                .topologies
-                .put_with(&k, |previous| {
-                    let merged = topology
-                        .carrying_reads(previous, started)
-                        .keeping_stale_inventories(previous);
-                    let change = topology::changes(previous, &merged);
-                    (merged, change)
-                })
-                .unwrap_or_default();
-            change.everything |= respecified || reauthorised;
-            ctx.clusters.put(&k, rt);
-            drop(in_flight);
-            if reauthorised {
-                super::pipeline::retry_dependents_now(&ctx, &ns, &name);
-            }
-            if !change.is_empty() {
-                super::pipeline::trigger_dependents(&ctx, &ns, &name, &change, None);
-            }
         }
     }
-
     conditions::kstatus(&mut status.conditions, &[], status.observed_generation);
     // Status is written only when something a user acts on changed (lastPollTime alone is not:
     // no API write per poll; the poll metrics show the cadence).
-    let changed = {
-        let mut a = old.clone();
-        let mut b = status.clone();
-        a.last_poll_time = None;
-        b.last_poll_time = None;
-        let (ca, cb) = (
-            conditions::comparable(&a.conditions),
-            conditions::comparable(&b.conditions),
-        );
-        a.conditions.clear();
-        b.conditions.clear();
-        a != b || ca != cb
-    };
-    if changed {
+    if status_changed(&old, &status) {
         super::report::apply_status(&ctx.client, obj.as_ref(), &status).await?;
     }
     Ok(Action::requeue(poll_interval))
+}
+
+/// A pass caused by this controller's own status write (or any other change that is not the
+/// spec or its Secrets) does not poll again before half the interval: one poll per interval per
+/// cluster. The runtime, when this pass is such a one.
+fn recently_polled(
+    ctx: &Context,
+    ns: &str,
+    k: &str,
+    generation: Option<i64>,
+    poll_interval: Duration,
+) -> Option<Arc<ClusterRuntime>> {
+    let (rt, t) = (ctx.clusters.get(k)?, ctx.topologies.get(k)?);
+    (rt.generation == generation && t.age() < poll_interval / 2 && access_is_current(ctx, ns, &rt))
+        .then_some(rt)
+}
+
+/// Write evidence a command reported since the last status write (`report_write`).
+async fn report_write_evidence(
+    ctx: &Context,
+    obj: &ArtemisCluster,
+    old: &ArtemisClusterStatus,
+    rt: &ClusterRuntime,
+) -> Result<(), ReconcileError> {
+    let evidence = rt.management_write.lock().await.clone();
+    if evidence != old.management_write {
+        let status = ArtemisClusterStatus {
+            management_write: evidence,
+            ..old.clone()
+        };
+        super::report::apply_status(&ctx.client, obj, &status).await?;
+    }
+    Ok(())
+}
+
+/// Access could not be resolved: no command uses the old one, and every dependent says so now
+/// (ClusterNotReady) rather than at its resync.
+fn forget_access(ctx: &Context, ns: &str, name: &str) {
+    let k = key(ns, name);
+    ctx.clusters.remove(&k);
+    if ctx.topologies.get(&k).is_some() {
+        ctx.topologies.remove(&k);
+        let everything = topology::TopologyChange::everything();
+        super::pipeline::trigger_dependents(ctx, ns, name, &everything, None);
+    }
+}
+
+/// Ready and Degraded with one reason and message.
+fn set_both(status: &mut ArtemisClusterStatus, ready: bool, degraded: bool, reason: &str, message: &str) {
+    let generation = status.observed_generation;
+    conditions::set(
+        &mut status.conditions,
+        conditions::READY,
+        ready,
+        reason,
+        message,
+        generation,
+    );
+    conditions::set(
+        &mut status.conditions,
+        conditions::DEGRADED,
+        degraded,
+        reason,
+        message,
+        generation,
+    );
+}
+
+/// The runtime for freshly resolved access, keeping the topology memory, the poll lock and
+/// the write evidence of the one before it across spec changes.
+fn runtime_for(
+    ctx: &Context,
+    obj: &ArtemisCluster,
+    access: ClusterAccess,
+    old: &ArtemisClusterStatus,
+    poll_interval: Duration,
+) -> ClusterRuntime {
+    let previous = ctx
+        .clusters
+        .get(&key(&obj.namespace().unwrap_or_default(), &obj.name_any()));
+    let (memory, poll_lock, management_write) = match &previous {
+        Some(p) => (p.memory.clone(), p.poll_lock.clone(), p.management_write.clone()),
+        None => (
+            Arc::new(Mutex::new(TopologyMemory::default())),
+            Arc::new(Mutex::new(())),
+            Arc::new(Mutex::new(old.management_write.clone())),
+        ),
+    };
+    ClusterRuntime {
+        access,
+        memory,
+        management_write,
+        bulk_cap: obj.spec.bulk_cap,
+        declaration_mode: obj.spec.declaration_mode,
+        poll_interval,
+        request_timeout: Duration::from_secs(obj.spec.request_timeout_seconds.into()),
+        poll_lock,
+        generation: obj.metadata.generation,
+    }
+}
+
+/// Poll with the new access first, then publish both: a command never sees the new access with
+/// a topology polled under the old one (e.g. other credentials). Dependents are triggered by
+/// what changed, never by a timer: a node that went live or down concerns every object, a
+/// changed broker object only the objects naming it. Returns the topology as polled.
+async fn poll_and_publish(ctx: &Context, ns: &str, name: &str, rt: ClusterRuntime) -> Topology {
+    let k = key(ns, name);
+    let previous = ctx.clusters.get(&k);
+    let respecified = previous.as_ref().is_none_or(|p| p.generation != rt.generation);
+    // New credentials or trust roots: every dependent is looked at now, and a node that failed
+    // under the old ones is retried at once instead of after its backoff.
+    let reauthorised = previous
+        .as_ref()
+        .is_some_and(|p| p.access.secret_versions != rt.access.secret_versions);
+    tracing::debug!(cluster = %k, "poll by the cluster controller");
+    let polling = rt.poll_lock.clone();
+    let in_flight = polling.lock().await;
+    let started = std::time::Instant::now();
+    let topology = topology::poll(&rt.access, &rt.memory).await;
+    record_poll_metrics(ctx, &k, &topology, started);
+    // Inventories are shared (Arc): the copy kept for status costs the node list only.
+    let polled = topology.clone();
+    // Fresh reads made while the poll ran are newer than it: carried over, not lost.
+    let mut change = ctx
+        .topologies
+        .put_with(&k, |previous| {
+            let merged = polled
+                .carrying_reads(previous, started)
+                .keeping_stale_inventories(previous);
+            let change = topology::changes(previous, &merged);
+            (merged, change)
+        })
+        .unwrap_or_default();
+    change.everything |= respecified || reauthorised;
+    ctx.clusters.put(&k, rt);
+    drop(in_flight);
+    if reauthorised {
+        super::pipeline::retry_dependents_now(ctx, ns, name);
+    }
+    if !change.is_empty() {
+        super::pipeline::trigger_dependents(ctx, ns, name, &change, None);
+    }
+    topology
+}
+
+fn record_poll_metrics(ctx: &Context, k: &str, topology: &Topology, started: std::time::Instant) {
+    let labels = crate::telemetry::ClusterLabels {
+        cluster: k.to_string(),
+    };
+    ctx.metrics
+        .poll_seconds
+        .get_or_create(&labels)
+        .observe(started.elapsed().as_secs_f64());
+    let objects: usize = topology
+        .nodes
+        .iter()
+        .filter_map(|n| n.inventory.as_ref())
+        .map(|i| i.queues.len() + i.addresses.len() + i.diverts.len())
+        .sum();
+    ctx.metrics
+        .inventory_objects
+        .get_or_create(&labels)
+        .set(objects as i64);
+}
+
+/// Nodes, endpoints, Ready and Degraded, and the poll time, from one poll.
+fn describe_topology(status: &mut ArtemisClusterStatus, topology: &Topology) {
+    let generation = status.observed_generation;
+    status.nodes = node_statuses(topology);
+    status.total_nodes = topology.nodes.len() as u32;
+    status.live_nodes = topology.live_nodes().count() as u32;
+    status.unreachable_endpoints = topology
+        .unreachable
+        .iter()
+        .map(|(url, e)| EndpointProblem {
+            endpoint: url.clone(),
+            message: explain_endpoint(url, e),
+        })
+        .collect();
+    let (ready, reason, message) = readiness(status, topology);
+    conditions::set(
+        &mut status.conditions,
+        conditions::READY,
+        ready,
+        reason,
+        message,
+        generation,
+    );
+    let (degraded, reason, message) = if status.unreachable_endpoints.is_empty() {
+        (
+            false,
+            "AllEndpointsAnswer",
+            "every endpoint answered the last poll".to_string(),
+        )
+    } else {
+        let names: Vec<&str> = status
+            .unreachable_endpoints
+            .iter()
+            .map(|p| p.message.as_str())
+            .collect();
+        (true, "EndpointsUnreachable", names.join("; "))
+    };
+    conditions::set(
+        &mut status.conditions,
+        conditions::DEGRADED,
+        degraded,
+        reason,
+        message,
+        generation,
+    );
+    status.last_poll_time = Some(
+        topology
+            .polled_at_utc
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    );
+}
+
+/// Ready: a live node, or why there is none, naming the fix.
+fn readiness(status: &ArtemisClusterStatus, topology: &Topology) -> (bool, &'static str, String) {
+    if status.live_nodes > 0 {
+        let message = format!(
+            "{} of {} logical nodes live",
+            status.live_nodes, status.total_nodes
+        );
+        return (true, "NodesLive", message);
+    }
+    let auth_refused = topology.unreachable.iter().find(|(_, e)| e.is_authorization());
+    let (reason, message) = match (auth_refused, topology.unreachable.first()) {
+        (Some((url, e)), _) if crate::broker::error::is_origin_refusal(&e.to_string()) => {
+            ("OriginRefused", explain_endpoint(url, e))
+        }
+        (Some((url, e)), _) => ("CredentialsRefused", explain_endpoint(url, e)),
+        (None, Some((url, e))) if e.refusal_kind() == RefusalKind::BadResponse => {
+            ("NotJolokia", explain_endpoint(url, e))
+        }
+        (None, Some((url, e))) => ("Unreachable", explain_endpoint(url, e)),
+        (None, None) => (
+            "NoLiveNode",
+            "every endpoint answered but none is active".to_string(),
+        ),
+    };
+    (false, reason, message)
+}
+
+/// Anything a user acts on differs (the poll time and condition transition times aside).
+fn status_changed(old: &ArtemisClusterStatus, new: &ArtemisClusterStatus) -> bool {
+    let (mut a, mut b) = (old.clone(), new.clone());
+    a.last_poll_time = None;
+    b.last_poll_time = None;
+    let same_conditions = conditions::comparable(&a.conditions) == conditions::comparable(&b.conditions);
+    a.conditions.clear();
+    b.conditions.clear();
+    a != b || !same_conditions
 }
 
 fn error_policy(_obj: Arc<ArtemisCluster>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {

@@ -3,6 +3,7 @@
 //! address); `Closing` and the audit row are written before the call; nothing is ever retried.
 
 use std::collections::BTreeSet;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,7 +23,7 @@ use crate::broker::BrokerManagement;
 use crate::broker::management::ListKind;
 use crate::fanout::{self, NodeReport};
 use crate::store::AuditIntent;
-use crate::topology::Topology;
+use crate::topology::{LogicalNode, Topology};
 
 const COMPLETE: &str = "Complete";
 const FAILED: &str = "Failed";
@@ -311,215 +312,302 @@ async fn close_by_id(
     topology: &Topology,
     mut status: ConnectionCloseStatus,
 ) -> Result<Action, ReconcileError> {
-    let ns = o.namespace().unwrap_or_default();
-    let generation = o.metadata.generation;
-    let t = &o.spec.target;
-    let wanted = t.node.clone().unwrap_or_default();
-    let Some(node) = topology.find(&wanted) else {
-        let known: Vec<&str> = topology.nodes.iter().map(|n| n.node_id.as_str()).collect();
-        finish(
-            &mut status,
-            ClosePhase::Failed,
-            format!(
-                "spec.target.node {wanted} is not a logical node of cluster {}: use one of {known:?} (ids are node-local, ADR-0057 D1)",
-                o.spec.cluster_ref.name
-            ),
-            generation,
-        );
-        write(ctx, o, &status).await?;
-        return Ok(Action::await_change());
-    };
-    let Some(m) = node.active.clone() else {
-        // Not live: its connections can be neither read nor closed now, and the broker may
-        // still be serving them. Nothing is sent and nothing is called gone; the close waits.
-        conditions::set(
-            &mut status.conditions,
-            COMPLETE,
-            false,
-            "NodeNotLive",
-            format!(
-                "node {} is not live ({}): the target cannot be read or closed now; nothing was sent, the close waits for the node",
-                node.node_id,
-                node.not_live_reason.as_deref().unwrap_or("no active endpoint")
-            ),
-            generation,
-        );
-        status.nodes = vec![fanout::skipped(node)];
-        if status.phase == ClosePhase::Pending {
-            status.phase = ClosePhase::AwaitingConfirmation;
-        }
-        write(ctx, o, &status).await?;
-        return Ok(Action::requeue(Duration::from_secs(10)));
+    let (node, m) = match live_target_node(ctx, o, topology, &mut status).await? {
+        ControlFlow::Continue(found) => found,
+        ControlFlow::Break(action) => return Ok(action),
     };
     // D3: read the target before anything is shown or armed.
-    let snapshot = match read_target(&m, t).await {
-        Ok(s) => s,
+    let snapshot = match read_snapshot(ctx, o, node, &m, &mut status).await? {
+        ControlFlow::Continue(snapshot) => snapshot,
+        ControlFlow::Break(action) => return Ok(action),
+    };
+    let expected = confirmation_of(&snapshot);
+    status.consequence = Some(consequence(snapshot.in_flight_messages));
+    status.snapshot = Some(snapshot.clone());
+    if let Err(missing) = confirmed(
+        o.spec.confirm.as_deref(),
+        expected.as_deref(),
+        o.metadata.generation,
+        status.shown_generation,
+        without_review(o),
+    ) {
+        let message = by_id_confirmation_message(o, &status, expected.as_deref(), missing);
+        return await_confirmation(ctx, o, status, message).await;
+    }
+    if !arm(ctx, o, &mut status).await? {
+        return Ok(Action::requeue(Duration::from_secs(2)));
+    }
+    // Then the audit intent, its id in status, before the broker is called.
+    let audit_id = ctx
+        .store
+        .audit_intent(&intent(ctx, o, &snapshot, &node.node_id))
+        .await?;
+    status.audit_id = Some(audit_id);
+    write(ctx, o, &status).await?;
+    // The crash window between arming and the call (test builds only).
+    crate::crash_window::pause(crate::crash_window::Window::AfterArm, &audit_id.to_string()).await;
+    let armed = Armed {
+        node,
+        m: &m,
+        audit_id,
+        expected,
+    };
+    if let ControlFlow::Break(action) = reread_before_call(ctx, o, &armed, &mut status).await? {
+        return Ok(action);
+    }
+    let target = o.spec.target.clone();
+    let outcome = fanout::run_on(node, rt.request_timeout * 2, &move |tg| {
+        close_on(target.clone(), tg)
+    })
+    .await;
+    let result = finish_close(ctx, o, audit_id, vec![outcome]).await?;
+    record_by_id_result(&mut status, result, &o.spec.target, o.metadata.generation);
+    write(ctx, o, &status).await?;
+    Ok(Action::await_change())
+}
+
+/// The node the target lives on, live: else the close fails (no such node) or waits (the node
+/// is down: its connections can be neither read nor closed, and the broker may still serve them).
+async fn live_target_node<'t>(
+    ctx: &Context,
+    o: &ConnectionClose,
+    topology: &'t Topology,
+    status: &mut ConnectionCloseStatus,
+) -> Result<ControlFlow<Action, (&'t LogicalNode, BrokerManagement)>, ReconcileError> {
+    let generation = o.metadata.generation;
+    let wanted = o.spec.target.node.clone().unwrap_or_default();
+    let Some(node) = topology.find(&wanted) else {
+        let known: Vec<&str> = topology.nodes.iter().map(|n| n.node_id.as_str()).collect();
+        let message = format!(
+            "spec.target.node {wanted} is not a logical node of cluster {}: use one of {known:?} (ids are node-local, ADR-0057 D1)",
+            o.spec.cluster_ref.name
+        );
+        finish(status, ClosePhase::Failed, message, generation);
+        write(ctx, o, status).await?;
+        return Ok(ControlFlow::Break(Action::await_change()));
+    };
+    if let Some(m) = node.active.clone() {
+        return Ok(ControlFlow::Continue((node, m)));
+    }
+    let message = format!(
+        "node {} is not live ({}): the target cannot be read or closed now; nothing was sent, the close waits for the node",
+        node.node_id,
+        node.not_live_reason.as_deref().unwrap_or("no active endpoint")
+    );
+    conditions::set(
+        &mut status.conditions,
+        COMPLETE,
+        false,
+        "NodeNotLive",
+        message,
+        generation,
+    );
+    status.nodes = vec![fanout::skipped(node)];
+    if status.phase == ClosePhase::Pending {
+        status.phase = ClosePhase::AwaitingConfirmation;
+    }
+    write(ctx, o, status).await?;
+    Ok(ControlFlow::Break(Action::requeue(Duration::from_secs(10))))
+}
+
+/// The target as the broker reports it now; a read failure is reported and read again later, a
+/// vanished target is a success (D2: known from a live node that answered).
+async fn read_snapshot(
+    ctx: &Context,
+    o: &ConnectionClose,
+    node: &LogicalNode,
+    m: &BrokerManagement,
+    status: &mut ConnectionCloseStatus,
+) -> Result<ControlFlow<Action, TargetSnapshot>, ReconcileError> {
+    let t = &o.spec.target;
+    match read_target(m, t).await {
+        Ok(Some(snapshot)) => Ok(ControlFlow::Continue(snapshot)),
+        Ok(None) => {
+            status.already_gone = true;
+            status.nodes = vec![gone_outcome(node, m, t)];
+            let message = format!("{} is already gone", describe(t));
+            finish(status, ClosePhase::Completed, message, o.metadata.generation);
+            write(ctx, o, status).await?;
+            Ok(ControlFlow::Break(Action::await_change()))
+        }
         Err(e) => {
-            // A read failure is not a close: report it and try the read again later.
+            let message = format!("re-reading the target failed: {e}");
             conditions::set(
                 &mut status.conditions,
                 FAILED,
                 false,
                 "TargetUnreadable",
-                format!("re-reading the target failed: {e}"),
-                generation,
+                message,
+                o.metadata.generation,
             );
-            write(ctx, o, &status).await?;
-            return Ok(Action::requeue(Duration::from_secs(10)));
+            write(ctx, o, status).await?;
+            Ok(ControlFlow::Break(Action::requeue(Duration::from_secs(10))))
         }
-    };
-    let Some(snapshot) = snapshot else {
-        // D2: a vanished target is a success — known from a live node that answered.
-        status.already_gone = true;
-        status.nodes = vec![gone_outcome(node, &m, t)];
-        finish(
-            &mut status,
-            ClosePhase::Completed,
-            format!("{} is already gone", describe(t)),
-            generation,
-        );
-        write(ctx, o, &status).await?;
-        return Ok(Action::await_change());
-    };
-    let expected = confirmation_of(&snapshot);
-    status.consequence = Some(consequence(snapshot.in_flight_messages));
-    status.snapshot = Some(snapshot.clone());
-    let reports = expected.clone().unwrap_or_else(|| "<nothing>".into());
-    if let Err(missing) = confirmed(
-        o.spec.confirm.as_deref(),
-        expected.as_deref(),
-        generation,
-        status.shown_generation,
-        without_review(o),
-    ) {
-        let consequence = status.consequence.clone().unwrap_or_default();
-        let message = match missing {
-            ConfirmationMissing::NotGiven => format!(
-                "set spec.confirm to {reports:?} (the client the broker reports) to close {}; {consequence}",
-                describe(t)
-            ),
-            ConfirmationMissing::Mismatch => format!(
-                "spec.confirm is {:?} but the broker reports {reports:?} for {} now: not closing. If {reports:?} is the application to disconnect, set spec.confirm to it",
-                o.spec.confirm.clone().unwrap_or_default(),
-                describe(t)
-            ),
-            ConfirmationMissing::BeforeShown => format!(
-                "spec.confirm was set before the consequence was shown, so it does not count: {consequence}. To close {} ({reports:?}), remove spec.confirm and set it again; automation that confirms without review annotates the object {}: \"true\" (recorded in the audit row)",
-                describe(t),
-                crate::api::CONFIRM_WITHOUT_REVIEW_ANNOTATION
-            ),
-        };
-        return await_confirmation(ctx, o, status, message).await;
     }
-    // Arm: persist Closing with a resourceVersion precondition; exactly one process wins.
+}
+
+/// What `spec.confirm` must say to close this target, and why what it says does not count.
+fn by_id_confirmation_message(
+    o: &ConnectionClose,
+    status: &ConnectionCloseStatus,
+    expected: Option<&str>,
+    missing: ConfirmationMissing,
+) -> String {
+    let t = &o.spec.target;
+    let reports = expected.unwrap_or("<nothing>");
+    let consequence = status.consequence.clone().unwrap_or_default();
+    match missing {
+        ConfirmationMissing::NotGiven => format!(
+            "set spec.confirm to {reports:?} (the client the broker reports) to close {}; {consequence}",
+            describe(t)
+        ),
+        ConfirmationMissing::Mismatch => format!(
+            "spec.confirm is {:?} but the broker reports {reports:?} for {} now: not closing. If {reports:?} is the application to disconnect, set spec.confirm to it",
+            o.spec.confirm.clone().unwrap_or_default(),
+            describe(t)
+        ),
+        ConfirmationMissing::BeforeShown => format!(
+            "spec.confirm was set before the consequence was shown, so it does not count: {consequence}. To close {} ({reports:?}), remove spec.confirm and set it again; automation that confirms without review annotates the object {}: \"true\" (recorded in the audit row)",
+            describe(t),
+            crate::api::CONFIRM_WITHOUT_REVIEW_ANNOTATION
+        ),
+    }
+}
+
+/// D4: persist `Closing` with a resourceVersion precondition; exactly one process wins. False
+/// when another writer changed the object first (this process does not call the broker).
+async fn arm(
+    ctx: &Context,
+    o: &ConnectionClose,
+    status: &mut ConnectionCloseStatus,
+) -> Result<bool, ReconcileError> {
     status.phase = ClosePhase::Closing;
     status.armed_by = Some(ctx.process_id.clone());
     status.armed_at = Some(now());
-    if !write_if_unchanged(ctx, o, &status).await? {
+    let won = write_if_unchanged(ctx, o, status).await?;
+    if !won {
         tracing::info!(close = %o.name_any(), "another writer changed the ConnectionClose first: not armed here");
-        return Ok(Action::requeue(Duration::from_secs(2)));
     }
-    // Then the audit intent, its id in status, before the broker is called.
-    let intent = intent(ctx, o, &snapshot, &node.node_id);
-    let audit_id = ctx.store.audit_intent(&intent).await?;
-    status.audit_id = Some(audit_id);
-    write(ctx, o, &status).await?;
-    // The crash window between arming and the call (test builds only).
-    crate::crash_window::pause(crate::crash_window::Window::AfterArm, &audit_id.to_string()).await;
-    // D3: the re-read immediately before the call, compared, then the call.
-    let finish_nodes = |nodes: Vec<NodeOutcome>| {
-        command::finish(
-            ctx,
-            o,
-            &ns,
-            &o.spec.cluster_ref.name,
-            "connection.close",
-            audit_id,
-            nodes,
-        )
-    };
-    let reread = read_target(&m, t).await;
+    Ok(won)
+}
+
+/// A close by id, armed: its node, the audit row and what the confirmation was against.
+struct Armed<'a> {
+    node: &'a LogicalNode,
+    m: &'a BrokerManagement,
+    audit_id: i64,
+    expected: Option<String>,
+}
+
+/// D3: the re-read immediately before the call, compared with what was confirmed. A vanished
+/// target completes the close; a changed one sends nothing and goes back to the confirmation.
+async fn reread_before_call(
+    ctx: &Context,
+    o: &ConnectionClose,
+    armed: &Armed<'_>,
+    status: &mut ConnectionCloseStatus,
+) -> Result<ControlFlow<Action>, ReconcileError> {
+    let t = &o.spec.target;
+    let reread = read_target(armed.m, t).await;
     let now_reports = match &reread {
         Ok(Some(s)) => confirmation_of(s),
         _ => None,
     };
-    match reread {
-        Ok(None) => {
-            finish_nodes(vec![gone_outcome(node, &m, t)]).await?;
-            status.already_gone = true;
-            status.nodes = vec![gone_outcome(node, &m, t)];
-            finish(
-                &mut status,
-                ClosePhase::Completed,
-                format!("{} is already gone", describe(t)),
-                generation,
-            );
-            write(ctx, o, &status).await?;
-            return Ok(Action::await_change());
-        }
-        Err(_) | Ok(Some(_)) if now_reports != expected => {
-            // Nothing was sent: back to the confirmation, saying what changed.
-            let why = match &reread {
-                Err(e) => format!("re-reading the target right before the close failed ({e})"),
-                _ => format!(
-                    "the broker now reports {:?} for {} (confirmed: {reports:?})",
-                    now_reports.clone().unwrap_or_else(|| "<nothing>".into()),
-                    describe(t)
-                ),
-            };
-            let not_sent = NodeOutcome {
-                last_command: None,
-                node: node.node_id.clone(),
-                endpoint: Some(m.client().url().to_string()),
-                outcome: Outcome::Failed,
-                refusal: Some(RefusalKind::NameConflict),
-                message: format!("not sent: {why}"),
-                detail: vec![],
-            };
-            finish_nodes(vec![not_sent]).await?;
-            status.audit_id = Some(audit_id);
-            let message =
-                format!("{why}: nothing was closed. Confirm again against what the broker reports now");
-            return await_confirmation(ctx, o, status, message).await;
-        }
-        _ => {}
+    if let Ok(None) = reread {
+        finish_close(ctx, o, armed.audit_id, vec![gone_outcome(armed.node, armed.m, t)]).await?;
+        status.already_gone = true;
+        status.nodes = vec![gone_outcome(armed.node, armed.m, t)];
+        let message = format!("{} is already gone", describe(t));
+        finish(status, ClosePhase::Completed, message, o.metadata.generation);
+        write(ctx, o, status).await?;
+        return Ok(ControlFlow::Break(Action::await_change()));
     }
-    let target = t.clone();
-    let timeout = rt.request_timeout * 2;
-    let outcome = fanout::run_on(node, timeout, &move |tg: crate::fanout::Target| {
-        let target = target.clone();
-        async move {
-            let closed = match (&target.connection_id, &target.session_id, &target.consumer_id) {
-                (Some(c), None, None) => tg.management.close_connection(c).await?,
-                (Some(c), Some(sid), None) => tg.management.close_session(c, sid).await?,
-                (None, Some(sid), Some(cid)) => {
-                    let id: i64 = cid.parse().map_err(|_| {
-                        fanout::refuse(
-                            RefusalKind::InvalidConfiguration,
-                            "spec.target.consumerId is not a number",
-                        )
-                    })?;
-                    tg.management.close_consumer(sid, id).await?
-                }
-                _ => {
-                    return Err(fanout::refuse(
-                        RefusalKind::InvalidConfiguration,
-                        "invalid target",
-                    ));
-                }
-            };
-            Ok(if closed {
-                NodeReport::new(Outcome::Applied, "closed")
-            } else {
-                NodeReport::new(
-                    Outcome::Already,
-                    "already gone (the broker found nothing to close)",
+    if reread.is_ok() && now_reports == armed.expected {
+        return Ok(ControlFlow::Continue(()));
+    }
+    let reports = armed.expected.clone().unwrap_or_else(|| "<nothing>".into());
+    let why = match &reread {
+        Err(e) => format!("re-reading the target right before the close failed ({e})"),
+        _ => format!(
+            "the broker now reports {:?} for {} (confirmed: {reports:?})",
+            now_reports.unwrap_or_else(|| "<nothing>".into()),
+            describe(t)
+        ),
+    };
+    let not_sent = NodeOutcome {
+        last_command: None,
+        node: armed.node.node_id.clone(),
+        endpoint: Some(armed.m.client().url().to_string()),
+        outcome: Outcome::Failed,
+        refusal: Some(RefusalKind::NameConflict),
+        message: format!("not sent: {why}"),
+        detail: vec![],
+    };
+    finish_close(ctx, o, armed.audit_id, vec![not_sent]).await?;
+    status.audit_id = Some(armed.audit_id);
+    let message = format!("{why}: nothing was closed. Confirm again against what the broker reports now");
+    let action = await_confirmation(ctx, o, status.clone(), message).await?;
+    Ok(ControlFlow::Break(action))
+}
+
+/// The one broker call of a close by id, on its node.
+async fn close_on(target: CloseTarget, tg: fanout::Target) -> Result<NodeReport, fanout::NodeFailure> {
+    let m = &tg.management;
+    let closed = match (&target.connection_id, &target.session_id, &target.consumer_id) {
+        (Some(c), None, None) => m.close_connection(c).await?,
+        (Some(c), Some(sid), None) => m.close_session(c, sid).await?,
+        (None, Some(sid), Some(cid)) => {
+            let id: i64 = cid.parse().map_err(|_| {
+                fanout::refuse(
+                    RefusalKind::InvalidConfiguration,
+                    "spec.target.consumerId is not a number",
                 )
-            })
+            })?;
+            m.close_consumer(sid, id).await?
         }
+        _ => {
+            return Err(fanout::refuse(
+                RefusalKind::InvalidConfiguration,
+                "invalid target",
+            ));
+        }
+    };
+    Ok(if closed {
+        NodeReport::new(Outcome::Applied, "closed")
+    } else {
+        NodeReport::new(
+            Outcome::Already,
+            "already gone (the broker found nothing to close)",
+        )
     })
-    .await;
-    let result = finish_nodes(vec![outcome]).await?;
+}
+
+/// The audit outcome, write evidence and Event of a close already audited.
+async fn finish_close(
+    ctx: &Context,
+    o: &ConnectionClose,
+    audit_id: i64,
+    nodes: Vec<NodeOutcome>,
+) -> Result<command::CommandResult, ReconcileError> {
+    let ns = o.namespace().unwrap_or_default();
+    command::finish(
+        ctx,
+        o,
+        &ns,
+        &o.spec.cluster_ref.name,
+        "connection.close",
+        audit_id,
+        nodes,
+    )
+    .await
+}
+
+fn record_by_id_result(
+    status: &mut ConnectionCloseStatus,
+    result: command::CommandResult,
+    t: &CloseTarget,
+    generation: Option<i64>,
+) {
     status.audit_id = Some(result.audit_id);
     status.already_gone = result.nodes.iter().all(|n| n.outcome == Outcome::Already);
     let ok = result
@@ -534,21 +622,15 @@ async fn close_by_id(
     status.nodes = result.nodes;
     if ok {
         finish(
-            &mut status,
+            status,
             ClosePhase::Completed,
             format!("{}: {message}", describe(t)),
             generation,
         );
     } else {
-        finish(
-            &mut status,
-            ClosePhase::Failed,
-            format!("{}: {message}; not retried (ADR-0057 D5)", describe(t)),
-            generation,
-        );
+        let message = format!("{}: {message}; not retried (ADR-0057 D5)", describe(t));
+        finish(status, ClosePhase::Failed, message, generation);
     }
-    write(ctx, o, &status).await?;
-    Ok(Action::await_change())
 }
 
 fn now() -> String {
@@ -576,38 +658,22 @@ async fn close_address(
     mut status: ConnectionCloseStatus,
     address: &str,
 ) -> Result<Action, ReconcileError> {
-    let ns = o.namespace().unwrap_or_default();
     let generation = o.metadata.generation;
-    // D6: preview per node: the consumer connections each would close.
-    let mut per_node = vec![];
-    for node in topology.live_nodes() {
-        let Some(m) = &node.active else { continue };
-        let consumers = match m.list_all(ListKind::Consumers, "address", address).await {
-            Ok(c) => c,
-            Err(e) => {
-                conditions::set(
-                    &mut status.conditions,
-                    FAILED,
-                    false,
-                    "PreviewFailed",
-                    format!("{}: {e}", node.node_id),
-                    generation,
-                );
-                write(ctx, o, &status).await?;
-                return Ok(Action::requeue(Duration::from_secs(10)));
-            }
-        };
-        // D6: the cap counts connections — distinct ones, over every page. A 2.40 consumer row
-        // names no connection; its remote address (the client's socket) is one per connection.
-        let connections: BTreeSet<String> = consumers
-            .iter()
-            .filter_map(|c| s(c, "remoteAddress").or_else(|| s(c, "session")))
-            .collect();
-        per_node.push(NodeConnections {
-            node: node.node_id.clone(),
-            connections: connections.len() as u64,
-        });
-    }
+    let per_node = match address_preview(topology, address).await {
+        Ok(per_node) => per_node,
+        Err(message) => {
+            conditions::set(
+                &mut status.conditions,
+                FAILED,
+                false,
+                "PreviewFailed",
+                message,
+                generation,
+            );
+            write(ctx, o, &status).await?;
+            return Ok(Action::requeue(Duration::from_secs(10)));
+        }
+    };
     let total: u64 = per_node.iter().map(|p| p.connections).sum();
     let snapshot = TargetSnapshot {
         consumer_count: total,
@@ -618,15 +684,11 @@ async fn close_address(
     status.consequence = Some(consequence(None));
     if total > rt.bulk_cap && !o.spec.allow_bulk {
         status.nodes = vec![];
-        finish(
-            &mut status,
-            ClosePhase::Failed,
-            format!(
-                "BULK_CAP_EXCEEDED: closing the consumer connections of {address} would close about {total}, above the bulk cap of {}: create a new ConnectionClose with allowBulk: true to accept it",
-                rt.bulk_cap
-            ),
-            generation,
+        let message = format!(
+            "BULK_CAP_EXCEEDED: closing the consumer connections of {address} would close about {total}, above the bulk cap of {}: create a new ConnectionClose with allowBulk: true to accept it",
+            rt.bulk_cap
         );
+        finish(&mut status, ClosePhase::Failed, message, generation);
         write(ctx, o, &status).await?;
         return Ok(Action::await_change());
     }
@@ -639,53 +701,95 @@ async fn close_address(
         status.shown_generation,
         without_review(o),
     ) {
-        let what = format!("about {total} consumer connection(s) of {address} on every live node");
-        let consequence = consequence(None);
-        let message = match missing {
-            ConfirmationMissing::NotGiven | ConfirmationMissing::Mismatch => {
-                format!("set spec.confirm to {address:?} to close {what}; {consequence}")
-            }
-            ConfirmationMissing::BeforeShown => format!(
-                "spec.confirm was set before the consequence was shown, so it does not count: {consequence}. To close {what}, remove spec.confirm and set it again; automation that confirms without review annotates the object {}: \"true\" (recorded in the audit row)",
-                crate::api::CONFIRM_WITHOUT_REVIEW_ANNOTATION
-            ),
-        };
+        let message = address_confirmation_message(address, total, missing);
         return await_confirmation(ctx, o, status, message).await;
     }
-    status.phase = ClosePhase::Closing;
-    status.armed_by = Some(ctx.process_id.clone());
-    status.armed_at = Some(now());
-    if !write_if_unchanged(ctx, o, &status).await? {
-        tracing::info!(close = %o.name_any(), "another writer changed the ConnectionClose first: not armed here");
+    if !arm(ctx, o, &mut status).await? {
         return Ok(Action::requeue(Duration::from_secs(2)));
     }
+    let result = close_address_everywhere(ctx, o, rt, topology, &snapshot, address).await?;
+    record_address_result(&mut status, result, address, generation);
+    write(ctx, o, &status).await?;
+    Ok(Action::await_change())
+}
+
+/// D6: preview per node, the consumer connections each would close. The cap counts
+/// connections — distinct ones, over every page. A 2.40 consumer row names no connection; its
+/// remote address (the client's socket) is one per connection. `Err` names the node that failed.
+async fn address_preview(topology: &Topology, address: &str) -> Result<Vec<NodeConnections>, String> {
+    let mut per_node = vec![];
+    for node in topology.live_nodes() {
+        let Some(m) = &node.active else { continue };
+        let consumers = m
+            .list_all(ListKind::Consumers, "address", address)
+            .await
+            .map_err(|e| format!("{}: {e}", node.node_id))?;
+        let connections: BTreeSet<String> = consumers
+            .iter()
+            .filter_map(|c| s(c, "remoteAddress").or_else(|| s(c, "session")))
+            .collect();
+        per_node.push(NodeConnections {
+            node: node.node_id.clone(),
+            connections: connections.len() as u64,
+        });
+    }
+    Ok(per_node)
+}
+
+fn address_confirmation_message(address: &str, total: u64, missing: ConfirmationMissing) -> String {
+    let what = format!("about {total} consumer connection(s) of {address} on every live node");
+    let consequence = consequence(None);
+    match missing {
+        ConfirmationMissing::NotGiven | ConfirmationMissing::Mismatch => {
+            format!("set spec.confirm to {address:?} to close {what}; {consequence}")
+        }
+        ConfirmationMissing::BeforeShown => format!(
+            "spec.confirm was set before the consequence was shown, so it does not count: {consequence}. To close {what}, remove spec.confirm and set it again; automation that confirms without review annotates the object {}: \"true\" (recorded in the audit row)",
+            crate::api::CONFIRM_WITHOUT_REVIEW_ANNOTATION
+        ),
+    }
+}
+
+/// The armed address close: one audited command over every live node.
+async fn close_address_everywhere(
+    ctx: &Context,
+    o: &ConnectionClose,
+    rt: &ClusterRuntime,
+    topology: &Topology,
+    snapshot: &TargetSnapshot,
+    address: &str,
+) -> Result<command::CommandResult, ReconcileError> {
+    let ns = o.namespace().unwrap_or_default();
+    let scope = Scope {
+        cluster_ns: &ns,
+        cluster_name: &o.spec.cluster_ref.name,
+        topology,
+        timeout: rt.request_timeout * 2,
+    };
     let addr = address.to_string();
-    let result = command::run(
-        ctx,
-        o,
-        Scope {
-            cluster_ns: &ns,
-            cluster_name: &o.spec.cluster_ref.name,
-            topology,
-            timeout: rt.request_timeout * 2,
-        },
-        intent(ctx, o, &snapshot, "every live node"),
-        move |tg| {
-            let addr = addr.clone();
-            async move {
-                let closed = tg
-                    .management
-                    .close_consumer_connections_for_address(&addr)
-                    .await?;
-                Ok(if closed {
-                    NodeReport::new(Outcome::Applied, "closed")
-                } else {
-                    NodeReport::new(Outcome::Already, "no consumer connection to close")
-                })
-            }
-        },
-    )
-    .await?;
+    let close = move |tg: fanout::Target| {
+        let addr = addr.clone();
+        async move {
+            let closed = tg
+                .management
+                .close_consumer_connections_for_address(&addr)
+                .await?;
+            Ok(if closed {
+                NodeReport::new(Outcome::Applied, "closed")
+            } else {
+                NodeReport::new(Outcome::Already, "no consumer connection to close")
+            })
+        }
+    };
+    command::run(ctx, o, scope, intent(ctx, o, snapshot, "every live node"), close).await
+}
+
+fn record_address_result(
+    status: &mut ConnectionCloseStatus,
+    result: command::CommandResult,
+    address: &str,
+    generation: Option<i64>,
+) {
     status.audit_id = Some(result.audit_id);
     status.already_gone = result
         .nodes
@@ -694,22 +798,12 @@ async fn close_address(
     let failed = result.nodes.iter().any(|n| n.outcome == Outcome::Failed);
     status.nodes = result.nodes;
     if failed {
-        finish(
-            &mut status,
-            ClosePhase::Failed,
-            "some nodes failed; see status.nodes. Not retried (ADR-0057 D5)".into(),
-            generation,
-        );
+        let message = "some nodes failed; see status.nodes. Not retried (ADR-0057 D5)".into();
+        finish(status, ClosePhase::Failed, message, generation);
     } else {
-        finish(
-            &mut status,
-            ClosePhase::Completed,
-            format!("closed consumer connections of {address}; see status.nodes"),
-            generation,
-        );
+        let message = format!("closed consumer connections of {address}; see status.nodes");
+        finish(status, ClosePhase::Completed, message, generation);
     }
-    write(ctx, o, &status).await?;
-    Ok(Action::await_change())
 }
 
 async fn reconcile(o: Arc<ConnectionClose>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
