@@ -23,6 +23,7 @@
 use crate::crash_window::Window;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -1071,109 +1072,152 @@ async fn not_dereferenced<K: TopologyObject>(
 
 /// apply: bring every live node to the spec.
 pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
-    let generation = obj.meta().generation;
-    let d = match obj.desired() {
+    let o = obj.as_ref();
+    let (d, deref) = match apply_dereference(&ctx, o).await? {
+        ControlFlow::Continue(found) => found,
+        ControlFlow::Break(action) => return Ok(action),
+    };
+    let kind = crate::telemetry::KindLabels {
+        kind: K::kind(&()).to_string(),
+    };
+    ctx.metrics.planned.get_or_create(&kind).inc();
+    let history = History::of(o);
+    let plan = plan_apply::<K>(&ctx, &d, &deref, &history);
+    let gate = Gate::of(o);
+    let mut last_audit_id = old_audit(o);
+    let mut nodes = if !plan.iter().any(|(_, w)| *w) || gate != Gate::Write {
+        plan.into_iter().map(|(n, _)| n).collect()
+    } else if let Err(e) =
+        ensure_credentials(&ctx, &o.namespace().unwrap_or_default(), &o.cluster_ref().name).await
+    {
+        stop(&ctx, o, Some(&d), e.reason(), e.to_string()).await?;
+        return Ok(Action::requeue(Duration::from_secs(10)));
+    } else {
+        let generation = o.meta().generation;
+        let (nodes, audit) = write::<K>(&ctx, o, &d, &deref, plan, generation, last_audit_id).await?;
+        last_audit_id = audit.or(last_audit_id);
+        nodes
+    };
+    carry_history(&history.nodes, &mut nodes, history.same_generation);
+    judge_apply(&ctx, o, &d, &deref, &history, gate, (nodes, last_audit_id)).await
+}
+
+/// The desired object and its cluster's topology, or why the object cannot be applied now
+/// (its status says so): an invalid spec, a cluster not usable, an older object's claim.
+async fn apply_dereference<K: TopologyObject>(
+    ctx: &Context,
+    o: &K,
+) -> Result<ControlFlow<Action, (K::Desired, Dereferenced)>, ReconcileError> {
+    let d = match o.desired() {
         Ok(d) => d,
         Err(why) => {
-            stop(&ctx, obj.as_ref(), None, "InvalidSpec", why).await?;
-            return Ok(Action::await_change());
+            stop(ctx, o, None, "InvalidSpec", why).await?;
+            return Ok(ControlFlow::Break(Action::await_change()));
         }
     };
-    let (rt, cluster_key) = match dereference(&ctx, obj.as_ref()) {
+    let (rt, cluster_key) = match dereference(ctx, o) {
         Ok(x) => x,
-        Err(e) => return not_dereferenced(&ctx, obj.as_ref(), &d, e).await,
+        Err(e) => return Ok(ControlFlow::Break(not_dereferenced(ctx, o, &d, e).await?)),
     };
-    if let Some(winner) = conflict_winner(&ctx, obj.as_ref(), &d, &cluster_key) {
+    if let Some(winner) = conflict_winner(ctx, o, &d, &cluster_key) {
         let m = format!(
             "{} is declared on the same brokers by the older {} {winner}; this object makes no broker writes, and deleting it leaves the broker untouched: delete it or give it another spec.name",
             K::audit_target(&d),
             K::kind(&())
         );
-        stop(&ctx, obj.as_ref(), Some(&d), "ResourceConflict", m).await?;
-        return Ok(Action::requeue(rt.poll_interval.max(Duration::from_secs(10))));
+        stop(ctx, o, Some(&d), "ResourceConflict", m).await?;
+        return Ok(ControlFlow::Break(Action::requeue(
+            rt.poll_interval.max(Duration::from_secs(10)),
+        )));
     }
-    let ns = obj.namespace().unwrap_or_default();
-    let deref = match with_topology(&ctx, rt, cluster_key) {
-        Ok(x) => x,
-        Err(e) => return not_dereferenced(&ctx, obj.as_ref(), &d, e).await,
-    };
-    ctx.metrics
-        .planned
-        .get_or_create(&crate::telemetry::KindLabels {
-            kind: K::kind(&()).to_string(),
-        })
-        .inc();
-    let old_nodes: Vec<NodeOutcome> = obj
-        .current_status()
-        .map(|s| s.nodes().to_vec())
-        .unwrap_or_default();
-    let same_generation = obj.current_status().and_then(|s| s.observed_generation()) == generation;
-    let retry_key = format!("{}/nodes", obj.uid().unwrap_or_default());
-    // plan, from the snapshot; a write held back (see `held_back`) is not planned
-    let plan: Vec<(NodeOutcome, bool)> =
-        plan_nodes(&deref.topology, &snapshot_inventories(&deref.topology), |inv| {
-            K::plan_apply(&d, inv)
-        })
+    match with_topology(ctx, rt, cluster_key) {
+        Ok(deref) => Ok(ControlFlow::Continue((d, deref))),
+        Err(e) => Ok(ControlFlow::Break(not_dereferenced(ctx, o, &d, e).await?)),
+    }
+}
+
+/// What the last pass reported, for the plan (a write held back) and the report (history).
+struct History {
+    nodes: Vec<NodeOutcome>,
+    same_generation: bool,
+    retry_key: String,
+}
+
+impl History {
+    fn of<K: TopologyObject>(o: &K) -> Self {
+        let status = o.current_status();
+        History {
+            nodes: status.map(|s| s.nodes().to_vec()).unwrap_or_default(),
+            same_generation: status.and_then(|s| s.observed_generation()) == o.meta().generation,
+            retry_key: format!("{}/nodes", o.uid().unwrap_or_default()),
+        }
+    }
+}
+
+/// The plan, from the snapshot; a write held back (see `held_back`) is not planned.
+fn plan_apply<K: TopologyObject>(
+    ctx: &Context,
+    d: &K::Desired,
+    deref: &Dereferenced,
+    history: &History,
+) -> Vec<(NodeOutcome, bool)> {
+    let planned = plan_nodes(&deref.topology, &snapshot_inventories(&deref.topology), |inv| {
+        K::plan_apply(d, inv)
+    });
+    let plan: Vec<(NodeOutcome, bool)> = planned
         .into_iter()
         .map(|(n, w)| {
-            let retry_due = ctx.backoff.due(&retry_key);
-            match held_back(&old_nodes, &n, same_generation, retry_due) {
+            let retry_due = ctx.backoff.due(&history.retry_key);
+            match held_back(&history.nodes, &n, history.same_generation, retry_due) {
                 Some(kept) if w => (kept, false),
                 _ => (n, w),
             }
         })
         .collect();
     tracing::debug!(
-        object = %obj.name_any(),
-        ?generation,
-        same_generation,
-        old = ?old_nodes.iter().map(|n| (n.outcome, n.refusal, n.detail.clone())).collect::<Vec<_>>(),
+        same_generation = history.same_generation,
+        old = ?history.nodes.iter().map(|n| (n.outcome, n.refusal, n.detail.clone())).collect::<Vec<_>>(),
         planned = ?plan.iter().map(|(n, w)| (n.outcome, *w, n.detail.clone())).collect::<Vec<_>>(),
         "plan"
     );
-    let gate = Gate::of(obj.as_ref());
-    let mut conds = old_conditions(obj.as_ref());
+    plan
+}
+
+/// Conditions from the nodes' outcomes, a new refusal told once, the next pass, and the report.
+async fn judge_apply<K: TopologyObject>(
+    ctx: &Context,
+    o: &K,
+    d: &K::Desired,
+    deref: &Dereferenced,
+    history: &History,
+    gate: Gate,
+    (nodes, last_audit_id): (Vec<NodeOutcome>, Option<i64>),
+) -> Result<Action, ReconcileError> {
+    let generation = o.meta().generation;
+    let mut conds = old_conditions(o);
     set_paused_condition(&mut conds, gate, generation);
-    let needs_write = plan.iter().any(|(_, w)| *w);
-    let mut last_audit_id = old_audit(obj.as_ref());
-    let mut nodes = if !needs_write || gate != Gate::Write {
-        plan.into_iter().map(|(n, _)| n).collect()
-    } else if let Err(e) = ensure_credentials(&ctx, &ns, &obj.cluster_ref().name).await {
-        stop(&ctx, obj.as_ref(), Some(&d), e.reason(), e.to_string()).await?;
-        return Ok(Action::requeue(Duration::from_secs(10)));
-    } else {
-        let (nodes, audit) =
-            write::<K>(&ctx, obj.as_ref(), &d, &deref, plan, generation, last_audit_id).await?;
-        last_audit_id = audit.or(last_audit_id);
-        nodes
-    };
-    carry_history(&old_nodes, &mut nodes, same_generation);
     let before = conds.iter().find(|c| c.type_ == conditions::READY).cloned();
     conditions::from_outcomes(&mut conds, &nodes, generation, gate != Gate::Write, K::NOUN);
     set_not_converging(&mut conds, &nodes, generation);
-    if last_audit_id == old_audit(obj.as_ref()) {
+    if last_audit_id == old_audit(o) {
         // No command (which has its own Event): a new refusal is still told once.
-        announce_not_ready::<K>(&ctx, obj.as_ref(), before.as_ref(), &conds).await;
+        announce_not_ready::<K>(ctx, o, before.as_ref(), &conds).await;
     }
-    let next = next_pass(&ctx, &retry_key, &nodes, deref.rt.poll_interval);
+    let next = next_pass(ctx, &history.retry_key, &nodes, deref.rt.poll_interval);
     let topology = ctx
         .topologies
         .get(&deref.cluster_key)
         .unwrap_or(deref.topology.clone());
-    report(
-        &ctx,
-        obj.as_ref(),
-        Pass {
-            generation,
-            conditions: conds,
-            desired: Some(&d),
-            nodes,
-            last_audit_id,
-            topology: Some(&topology),
-            facts: Some(&deref.facts),
-        },
-    )
-    .await?;
+    let pass = Pass {
+        generation,
+        conditions: conds,
+        desired: Some(d),
+        nodes,
+        last_audit_id,
+        topology: Some(&topology),
+        facts: Some(&deref.facts),
+    };
+    report(ctx, o, pass).await?;
     Ok(next)
 }
 
@@ -1508,135 +1552,14 @@ const RELEASE_HINT: &str =
 /// what the object owned.
 pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     let o = obj.as_ref();
-    if o.deletion_policy() == DeletionPolicy::Retain {
-        return release(
-            &ctx,
-            o,
-            "Retained",
-            "deletion policy Retain: the broker is left as it is".into(),
-        )
-        .await;
-    }
-    match Gate::of(o) {
-        Gate::DryRun => {
-            return release(
-                &ctx,
-                o,
-                "DryRunDelete",
-                "dry run: deleting the object left the broker untouched (nothing was destroyed)".into(),
-            )
-            .await;
-        }
-        Gate::Paused => {
-            return release(
-                &ctx,
-                o,
-                "PausedDelete",
-                format!(
-                    "paused ({}): deleting the object left the broker untouched (nothing was destroyed)",
-                    crate::api::PAUSED_ANNOTATION
-                ),
-            )
-            .await;
-        }
-        Gate::Write => {}
-    }
-    let d = match o.desired() {
-        Ok(d) => d,
-        // An invalid spec never reached a broker: there is nothing of this object's to remove.
-        Err(why) => {
-            return release(
-                &ctx,
-                o,
-                "InvalidSpec",
-                format!("{why}: nothing was ever written; released"),
-            )
-            .await;
-        }
+    let d = match delete_gate(&ctx, o).await {
+        ControlFlow::Continue(d) => d,
+        ControlFlow::Break(done) => return done,
     };
-    let never_reached = o
-        .current_status()
-        .is_none_or(|s| s.nodes().is_empty() && s.last_audit_id().is_none());
-    let cluster_key = match dereference(&ctx, o) {
-        Ok((_, k)) => k,
-        // The cluster is gone or cannot be used (its Secret is missing) and this object never
-        // reached a broker: there is nothing of its own to remove.
-        Err(e) if never_reached => return release_never_applied(&ctx, o, &e).await,
-        // Restarted: the cluster's first poll (which triggers this object) comes first. Never
-        // Ok: the finalizer helper releases the object on Ok.
-        Err(e @ DereferenceError::NotYetPolled(_)) => {
-            return Err(ReconcileError::DeleteRefused(e.to_string()));
-        }
-        Err(e) => {
-            if let Some(released) = release_if_namespace_deleted(&ctx, o, &d, &e).await {
-                return released;
-            }
-            let m =
-                format!("{e}. The delete needs the cluster to reach the brokers: restore it. {RELEASE_HINT}");
-            return block(&ctx, o, Some(&d), e.reason(), m, None, None).await;
-        }
+    let deref = match delete_dereference(&ctx, o, &d).await {
+        ControlFlow::Continue(deref) => deref,
+        ControlFlow::Break(done) => return done,
     };
-    if let Some(winner) = conflict_winner(&ctx, o, &d, &cluster_key) {
-        return release(
-            &ctx,
-            o,
-            "Released",
-            format!(
-                "{} belongs to the older {} {winner}: left on the broker",
-                K::audit_target(&d),
-                K::kind(&())
-            ),
-        )
-        .await;
-    }
-    // Another writer keeps this broker object (issue 22 item 1): deleting would destroy what it
-    // keeps, the other installation's messages included.
-    let contested: Vec<String> = o
-        .current_status()
-        .map(|s| {
-            s.nodes()
-                .iter()
-                .filter(|n| n.refusal == Some(RefusalKind::Contested))
-                .map(|n| n.node.clone())
-                .collect()
-        })
-        .unwrap_or_default();
-    if !contested.is_empty() {
-        let m = format!(
-            "{} is contested by another writer on {}: deleting it would destroy what that writer keeps. Set spec.deletion.policy to Retain to release this object and leave the broker as it is, or stop the other writer and delete again",
-            K::audit_target(&d),
-            contested.join(", ")
-        );
-        return block(&ctx, o, Some(&d), "Contested", m, None, None).await;
-    }
-    let ns = o.namespace().unwrap_or_default();
-    let cluster = o.cluster_ref().name.clone();
-    let deref = match dereference(&ctx, o).and_then(|(rt, k)| with_topology(&ctx, rt, k)) {
-        Ok(x) => x,
-        Err(e) if never_reached => return release_never_applied(&ctx, o, &e).await,
-        // Restarted: the cluster's first poll (which triggers this object) comes first. Never
-        // Ok: the finalizer helper releases the object on Ok.
-        Err(e @ DereferenceError::NotYetPolled(_)) => {
-            return Err(ReconcileError::DeleteRefused(e.to_string()));
-        }
-        Err(e) => {
-            if let Some(released) = release_if_namespace_deleted(&ctx, o, &d, &e).await {
-                return released;
-            }
-            let m = format!("{e}. {RELEASE_HINT}");
-            return block(&ctx, o, Some(&d), e.reason(), m, None, None).await;
-        }
-    };
-    if let Err(e) = ensure_credentials(&ctx, &ns, &cluster).await {
-        if never_reached && matches!(e, DereferenceError::CredentialsMissing(..)) {
-            return release_never_applied(&ctx, o, &e).await;
-        }
-        if let Some(released) = release_if_namespace_deleted(&ctx, o, &d, &e).await {
-            return released;
-        }
-        let m = format!("{e}. {RELEASE_HINT}");
-        return block(&ctx, o, Some(&d), e.reason(), m, None, None).await;
-    }
     // preflight: a fresh read of what the delete touches, on every live node — under the
     // address's lock, so no divert write into it lands between this read and the delete.
     let _held = ctx
@@ -1664,44 +1587,199 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
         )
         .await;
     }
-    let mut last_audit_id = None;
-    let nodes = if plan.iter().any(|(_, w)| *w) {
-        let targets: BTreeSet<String> = write_targets(&plan);
-        let mut params = o.delete_params(&d);
-        params["plan"] = serde_json::to_value(plan.iter().map(|(n, _)| n).collect::<Vec<_>>())?;
-        let d2 = d.clone();
-        let f2 = facts.clone();
-        let before = Arc::new(fresh_ok.clone());
-        let result = command::run(
-            &ctx,
-            o,
-            Scope {
-                cluster_ns: &ns,
-                cluster_name: &cluster,
-                topology: &deref.topology.restricted_to(&targets),
-                timeout: deref.rt.request_timeout * 4,
-            },
-            intent(&ctx, o, &d, &format!("{}.delete", K::NOUN), params),
-            move |t| {
-                let inv = before.get(&t.node_id).cloned().unwrap_or_default();
-                let (d2, f2) = (d2.clone(), f2.clone());
-                async move {
-                    crate::crash_window::hold_all_but_first_node().await;
-                    let report = K::delete_on(t, d2, f2, inv).await;
-                    crate::crash_window::mark(Window::MidFanout, "first node done");
-                    report
-                }
-            },
-        )
-        .await?;
-        last_audit_id = Some(result.audit_id);
-        let mut executed = result.nodes;
-        stamp(&mut executed, &format!("{}.delete", K::NOUN), result.audit_id);
-        merge(plan, executed)
+    let (nodes, last_audit_id) = if plan.iter().any(|(_, w)| *w) {
+        let (nodes, audit_id) = execute_delete(&ctx, o, &d, &deref, plan, facts, fresh_ok).await?;
+        (nodes, Some(audit_id))
     } else {
-        plan.into_iter().map(|(n, _)| n).collect()
+        (plan.into_iter().map(|(n, _)| n).collect(), None)
     };
-    // Never finalize while a node may still hold what the object owned.
+    judge_delete(&ctx, o, &d, nodes, last_audit_id).await
+}
+
+/// What a delete may do at all: Retain, dry run and paused release the object and leave the
+/// broker as it is; an invalid spec never reached a broker. The desired object otherwise.
+async fn delete_gate<K: TopologyObject>(
+    ctx: &Context,
+    o: &K,
+) -> ControlFlow<Result<Action, ReconcileError>, K::Desired> {
+    let released = if o.deletion_policy() == DeletionPolicy::Retain {
+        (
+            "Retained",
+            "deletion policy Retain: the broker is left as it is".to_string(),
+        )
+    } else {
+        match Gate::of(o) {
+            Gate::DryRun => (
+                "DryRunDelete",
+                "dry run: deleting the object left the broker untouched (nothing was destroyed)".into(),
+            ),
+            Gate::Paused => (
+                "PausedDelete",
+                format!(
+                    "paused ({}): deleting the object left the broker untouched (nothing was destroyed)",
+                    crate::api::PAUSED_ANNOTATION
+                ),
+            ),
+            Gate::Write => match o.desired() {
+                Ok(d) => return ControlFlow::Continue(d),
+                Err(why) => (
+                    "InvalidSpec",
+                    format!("{why}: nothing was ever written; released"),
+                ),
+            },
+        }
+    };
+    ControlFlow::Break(release(ctx, o, released.0, released.1).await)
+}
+
+/// The cluster, its topology and credentials for a delete — or why the delete cannot go on:
+/// released (never applied, another object's, the namespace going away), refused for now (not
+/// yet polled since a restart) or blocked (naming the fix).
+async fn delete_dereference<K: TopologyObject>(
+    ctx: &Context,
+    o: &K,
+    d: &K::Desired,
+) -> ControlFlow<Result<Action, ReconcileError>, Dereferenced> {
+    let never_reached = o
+        .current_status()
+        .is_none_or(|s| s.nodes().is_empty() && s.last_audit_id().is_none());
+    let cluster_key = match dereference(ctx, o) {
+        Ok((_, k)) => k,
+        Err(e) => {
+            let m =
+                format!("{e}. The delete needs the cluster to reach the brokers: restore it. {RELEASE_HINT}");
+            return ControlFlow::Break(delete_not_dereferenced(ctx, o, d, e, never_reached, m).await);
+        }
+    };
+    if let Some(done) = owned_elsewhere(ctx, o, d, &cluster_key).await {
+        return ControlFlow::Break(done);
+    }
+    let deref = match dereference(ctx, o).and_then(|(rt, k)| with_topology(ctx, rt, k)) {
+        Ok(x) => x,
+        Err(e) => {
+            let m = format!("{e}. {RELEASE_HINT}");
+            return ControlFlow::Break(delete_not_dereferenced(ctx, o, d, e, never_reached, m).await);
+        }
+    };
+    let ns = o.namespace().unwrap_or_default();
+    if let Err(e) = ensure_credentials(ctx, &ns, &o.cluster_ref().name).await {
+        let never = never_reached && matches!(e, DereferenceError::CredentialsMissing(..));
+        let m = format!("{e}. {RELEASE_HINT}");
+        return ControlFlow::Break(delete_not_dereferenced(ctx, o, d, e, never, m).await);
+    }
+    ControlFlow::Continue(deref)
+}
+
+/// A delete whose cluster cannot be used: the cluster is gone or cannot be used (its Secret is
+/// missing) and this object never reached a broker — nothing of its own to remove, released;
+/// restarted — the cluster's first poll (which triggers this object) comes first, and never
+/// Ok (the finalizer helper releases the object on Ok); else blocked, unless the namespace
+/// is going away.
+async fn delete_not_dereferenced<K: TopologyObject>(
+    ctx: &Context,
+    o: &K,
+    d: &K::Desired,
+    e: DereferenceError,
+    never_reached: bool,
+    blocked: String,
+) -> Result<Action, ReconcileError> {
+    if never_reached {
+        return release_never_applied(ctx, o, &e).await;
+    }
+    if let DereferenceError::NotYetPolled(_) = e {
+        return Err(ReconcileError::DeleteRefused(e.to_string()));
+    }
+    if let Some(released) = release_if_namespace_deleted(ctx, o, d, &e).await {
+        return released;
+    }
+    block(ctx, o, Some(d), e.reason(), blocked, None, None).await
+}
+
+/// What this object would delete belongs to another: an older object declaring it (released,
+/// left on the broker) or another writer that keeps it (issue 22 item 1: blocked — deleting
+/// would destroy what it keeps, the other installation's messages included).
+async fn owned_elsewhere<K: TopologyObject>(
+    ctx: &Context,
+    o: &K,
+    d: &K::Desired,
+    cluster_key: &str,
+) -> Option<Result<Action, ReconcileError>> {
+    if let Some(winner) = conflict_winner(ctx, o, d, cluster_key) {
+        let m = format!(
+            "{} belongs to the older {} {winner}: left on the broker",
+            K::audit_target(d),
+            K::kind(&())
+        );
+        return Some(release(ctx, o, "Released", m).await);
+    }
+    let contested: Vec<String> = o
+        .current_status()
+        .map(|s| {
+            s.nodes()
+                .iter()
+                .filter(|n| n.refusal == Some(RefusalKind::Contested))
+                .map(|n| n.node.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    if contested.is_empty() {
+        return None;
+    }
+    let m = format!(
+        "{} is contested by another writer on {}: deleting it would destroy what that writer keeps. Set spec.deletion.policy to Retain to release this object and leave the broker as it is, or stop the other writer and delete again",
+        K::audit_target(d),
+        contested.join(", ")
+    );
+    Some(block(ctx, o, Some(d), "Contested", m, None, None).await)
+}
+
+/// The audited delete on the nodes the plan writes to; each node's outcome merged into the plan.
+async fn execute_delete<K: TopologyObject>(
+    ctx: &Context,
+    o: &K,
+    d: &K::Desired,
+    deref: &Dereferenced,
+    plan: Vec<(NodeOutcome, bool)>,
+    facts: Arc<PlanFacts>,
+    before: BTreeMap<String, Arc<NodeInventory>>,
+) -> Result<(Vec<NodeOutcome>, i64), ReconcileError> {
+    let ns = o.namespace().unwrap_or_default();
+    let targets: BTreeSet<String> = write_targets(&plan);
+    let mut params = o.delete_params(d);
+    params["plan"] = serde_json::to_value(plan.iter().map(|(n, _)| n).collect::<Vec<_>>())?;
+    let (d2, before) = (d.clone(), Arc::new(before));
+    let delete = move |t: Target| {
+        let inv = before.get(&t.node_id).cloned().unwrap_or_default();
+        let (d2, f2) = (d2.clone(), facts.clone());
+        async move {
+            crate::crash_window::hold_all_but_first_node().await;
+            let report = K::delete_on(t, d2, f2, inv).await;
+            crate::crash_window::mark(Window::MidFanout, "first node done");
+            report
+        }
+    };
+    let scope = Scope {
+        cluster_ns: &ns,
+        cluster_name: &o.cluster_ref().name,
+        topology: &deref.topology.restricted_to(&targets),
+        timeout: deref.rt.request_timeout * 4,
+    };
+    let command = format!("{}.delete", K::NOUN);
+    let result = command::run(ctx, o, scope, intent(ctx, o, d, &command, params), delete).await?;
+    let mut executed = result.nodes;
+    stamp(&mut executed, &command, result.audit_id);
+    Ok((merge(plan, executed), result.audit_id))
+}
+
+/// Done only when no node may still hold what the object owned (never finalize otherwise);
+/// a delete that touched nothing says so.
+async fn judge_delete<K: TopologyObject>(
+    ctx: &Context,
+    o: &K,
+    d: &K::Desired,
+    nodes: Vec<NodeOutcome>,
+    last_audit_id: Option<i64>,
+) -> Result<Action, ReconcileError> {
     let unfinished: Vec<String> = nodes
         .iter()
         .filter(|n| !matches!(n.outcome, Outcome::Applied | Outcome::Already))
@@ -1710,38 +1788,32 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
             _ => format!("{} ({})", n.node, n.message),
         })
         .collect();
-    if unfinished.is_empty() && last_audit_id.is_none() {
-        // Nothing of this object's was on any node (another's queue, another routing type):
-        // the delete touched nothing, and says so.
-        let why: Vec<String> = nodes
-            .iter()
-            .map(|n| format!("{}: {}", n.node, n.message))
-            .collect();
-        ctx.event(
-            o,
-            false,
-            "NothingDeleted",
-            &format!("{}.delete", K::NOUN),
-            format!(
+    if unfinished.is_empty() {
+        if last_audit_id.is_none() {
+            // Nothing of this object's was on any node (another's queue, another routing type).
+            let why: Vec<String> = nodes
+                .iter()
+                .map(|n| format!("{}: {}", n.node, n.message))
+                .collect();
+            let note = format!(
                 "no broker write: nothing of this object's was on any live node ({})",
                 why.join("; ")
-            ),
-        )
-        .await;
+            );
+            ctx.event(o, false, "NothingDeleted", &format!("{}.delete", K::NOUN), note)
+                .await;
+        }
+        return Ok(Action::await_change());
     }
-    if !unfinished.is_empty() {
-        let reason = if nodes.iter().any(|n| n.outcome == Outcome::Failed) {
-            "NodesRefused"
-        } else {
-            "NodesNotLive"
-        };
-        let m = format!(
-            "not deleted on every node; retried when the object or the cluster changes: {}. {RELEASE_HINT} on those nodes",
-            unfinished.join("; ")
-        );
-        return block(&ctx, o, Some(&d), reason, m, Some(nodes), last_audit_id).await;
-    }
-    Ok(Action::await_change())
+    let reason = if nodes.iter().any(|n| n.outcome == Outcome::Failed) {
+        "NodesRefused"
+    } else {
+        "NodesNotLive"
+    };
+    let m = format!(
+        "not deleted on every node; retried when the object or the cluster changes: {}. {RELEASE_HINT} on those nodes",
+        unfinished.join("; ")
+    );
+    block(ctx, o, Some(d), reason, m, Some(nodes), last_audit_id).await
 }
 
 /// One fresh read per named live node, concurrently; a node whose read fails is FAILED with the
