@@ -16,6 +16,8 @@
 //! The task ends after [`IDLE_EXIT`] without requests (or when its runtime shuts down); the next
 //! call starts a new one.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -64,7 +66,11 @@ fn key_of(client: &JolokiaClient) -> BatchKey {
 /// The sender of the batcher for this client's key, starting one if none runs.
 fn batcher_for(client: &JolokiaClient) -> mpsc::Sender<Pending> {
     let key = key_of(client);
-    let mut batchers = registry().batchers.lock().unwrap_or_else(|p| p.into_inner());
+    static BATCHERS: OnceLock<Mutex<HashMap<BatchKey, mpsc::Sender<Pending>>>> = OnceLock::new();
+    let mut batchers = BATCHERS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
     if let Some(tx) = batchers.get(&key).filter(|tx| !tx.is_closed()) {
         return tx.clone();
     }
@@ -73,6 +79,20 @@ fn batcher_for(client: &JolokiaClient) -> mpsc::Sender<Pending> {
     tokio::spawn(run(rx, budget_for(client.url())));
     batchers.insert(key, tx.clone());
     tx
+}
+
+impl JolokiaClient {
+    /// One operation. Concurrent calls to the same endpoint (same credentials and Origin) share
+    /// a POST; the result is this request's own element.
+    pub async fn call(&self, request: JolokiaRequest) -> Result<Value, BrokerError> {
+        call(self, request).await
+    }
+
+    /// Several operations that travel in the same POST, in this order, coalesced with concurrent
+    /// ones to the same endpoint: one result per request.
+    pub async fn call_together(&self, requests: Vec<JolokiaRequest>) -> Vec<Result<Value, BrokerError>> {
+        together(self, requests).await
+    }
 }
 
 /// One operation, coalesced with concurrent ones to the same endpoint.

@@ -22,14 +22,14 @@
 //! - a connection refused is not a load signal: no change.
 //!
 //! The budgets live in a process-wide registry ([`budget_for`]), keyed by the endpoint URL
-//! without user info ([`node_key`]); the per-endpoint batchers (`super::batch`) live there too.
+//! without user info ([`node_key`]); the per-endpoint batchers (`super::batch`) keep their own map, keyed by [`BatchKey`].
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::telemetry::jolokia::{NodeLabels, metrics};
@@ -349,7 +349,7 @@ impl Drop for Permit {
     }
 }
 
-/// The process-wide registry of node budgets and per-endpoint batchers.
+/// The process-wide registry of node budgets.
 ///
 /// A `OnceLock` static rather than a handle threaded through callers: the budget must be shared
 /// by *every* Jolokia client in the process (topology polls, every controller, tests), clients
@@ -358,7 +358,6 @@ impl Drop for Permit {
 /// this prevents. Entries are small; a batcher whose task ended is pruned when a new one starts.
 pub(crate) struct Registry {
     budgets: Mutex<HashMap<String, Arc<NodeBudget>>>,
-    pub(crate) batchers: Mutex<HashMap<BatchKey, mpsc::Sender<super::batch::Pending>>>,
     /// Keys credentials for the batcher map; random per process, so a key reveals nothing.
     hasher: RandomState,
 }
@@ -381,7 +380,6 @@ pub(crate) fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(|| Registry {
         budgets: Mutex::new(HashMap::new()),
-        batchers: Mutex::new(HashMap::new()),
         hasher: RandomState::new(),
     })
 }

@@ -218,18 +218,6 @@ impl JolokiaClient {
         &self.credentials
     }
 
-    /// One operation. Concurrent calls to the same endpoint (same credentials and Origin) share
-    /// a POST; the result is this request's own element.
-    pub async fn call(&self, request: JolokiaRequest) -> Result<Value, BrokerError> {
-        super::batch::call(self, request).await
-    }
-
-    /// Several operations that travel in the same POST, in this order, coalesced with concurrent
-    /// ones to the same endpoint: one result per request.
-    pub async fn call_together(&self, requests: Vec<JolokiaRequest>) -> Vec<Result<Value, BrokerError>> {
-        super::batch::together(self, requests).await
-    }
-
     /// Many operations in one POST, sent as they are (within the node's budget); one result per
     /// request, in order.
     pub async fn bulk(

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use kube::Resource;
 
-use super::{Context, ReconcileError, cluster};
+use super::{Context, ReconcileError, runtime};
 use crate::api::{NodeOutcome, Outcome};
 use crate::broker::BrokerError;
 use crate::fanout::{self, NodeFailure, NodeReport, Target};
@@ -145,10 +145,10 @@ async fn report_evidence(
         .find(|n| n.outcome == Outcome::Failed && n.refusal == Some(crate::api::RefusalKind::NotAuthorized));
     if let Some(n) = refused {
         let e = BrokerError::refused(crate::api::RefusalKind::NotAuthorized, n.message.clone());
-        return cluster::report_write(ctx, cluster_ns, cluster_name, command, &n.node, Err(&e)).await;
+        return runtime::report_write(ctx, cluster_ns, cluster_name, command, &n.node, Err(&e)).await;
     }
     if let Some(n) = nodes.iter().find(|n| n.outcome == Outcome::Applied) {
-        return cluster::report_write(ctx, cluster_ns, cluster_name, command, &n.node, Ok(())).await;
+        return runtime::report_write(ctx, cluster_ns, cluster_name, command, &n.node, Ok(())).await;
     }
     Ok(())
 }

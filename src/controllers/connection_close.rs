@@ -12,8 +12,8 @@ use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
-use super::cluster::{ClusterRuntime, current_topology};
 use super::command::{self, Scope};
+use super::runtime::{ClusterRuntime, current_topology};
 use super::{Context, ReconcileError, actor_of, conditions};
 use crate::api::connection_close::{
     ClosePhase, CloseTarget, ConnectionClose, ConnectionCloseStatus, NodeConnections, TargetSnapshot,

@@ -10,6 +10,7 @@ pub mod feed;
 pub mod pipeline;
 pub mod queue;
 pub mod report;
+pub mod runtime;
 
 use std::sync::Arc;
 
@@ -187,7 +188,7 @@ pub struct Context {
     pub namespaces: Namespaces,
     pub caches: Caches,
     pub topologies: TopologyCache,
-    pub clusters: cluster::ClusterRegistry,
+    pub clusters: runtime::ClusterRegistry,
     pub recorder: Recorder,
     pub metrics: Arc<crate::telemetry::Metrics>,
     pub triggers: Triggers,
@@ -467,7 +468,7 @@ impl Context {
                 secrets,
             },
             topologies: TopologyCache::default(),
-            clusters: cluster::ClusterRegistry::default(),
+            clusters: runtime::ClusterRegistry::default(),
             metrics: Arc::new(crate::telemetry::Metrics::default()),
             triggers: Triggers::default(),
             backoff: Backoff::default(),

@@ -32,8 +32,8 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use serde_json::Value;
 
-use super::cluster::ClusterRuntime;
 use super::command::{self, Scope};
+use super::runtime::ClusterRuntime;
 use super::{Context, ReconcileError, StatusConditions, actor_of, conditions, is_paused, key};
 use crate::api::cluster::DeclarationMode;
 use crate::api::{ClusterRef, Condition, DeletionPolicy, NodeOutcome, Outcome, RefusalKind};
