@@ -4,159 +4,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::ListParams;
+use kube::ResourceExt;
 use kube::runtime::controller::Action;
-use kube::{Api, ResourceExt};
 use tokio::sync::Mutex;
 
+pub use super::access::{AccessProblem, resolve_access, secret_names};
 use super::runtime::{ClusterRuntime, access_is_current};
 use super::{Context, ReconcileError, conditions, key};
 use crate::api::RefusalKind;
-use crate::api::cluster::{
-    ArtemisCluster, ArtemisClusterSpec, ArtemisClusterStatus, EndpointProblem, LogicalNodeStatus,
-};
-use crate::broker::{BrokerError, Credentials, jolokia};
+use crate::api::cluster::{ArtemisCluster, ArtemisClusterStatus, EndpointProblem, LogicalNodeStatus};
+use crate::broker::BrokerError;
 use crate::topology::{self, ClusterAccess, Topology, TopologyMemory};
-
-/// Why a cluster cannot be reached at all: a condition reason and a message naming the fix.
-#[derive(Debug)]
-pub struct AccessProblem {
-    pub reason: &'static str,
-    pub message: String,
-}
-
-/// The values of `keys` in one Secret, read with one GET, and the Secret's resourceVersion.
-async fn secret_values(
-    client: &kube::Client,
-    ns: &str,
-    name: &str,
-    keys: &[&str],
-    field: &str,
-) -> Result<(Vec<Vec<u8>>, String), AccessProblem> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
-    let secret = secrets.get_opt(name).await.map_err(|e| AccessProblem {
-        reason: "SecretUnreadable",
-        message: format!("{field}: cannot read Secret {ns}/{name}: {e}"),
-    })?;
-    let secret = secret.ok_or_else(|| AccessProblem {
-        reason: "SecretMissing",
-        message: format!("{field}: Secret {ns}/{name} does not exist: create it (e.g. kubectl -n {ns} create secret generic {name} --from-literal=username=… --from-literal=password=…)"),
-    })?;
-    let values = keys
-        .iter()
-        .map(|key| {
-            let value = secret
-                .data
-                .as_ref()
-                .and_then(|d| d.get(*key))
-                .map(|b| b.0.clone());
-            value.ok_or_else(|| AccessProblem {
-                reason: "SecretKeyMissing",
-                message: format!(
-                    "{field}: Secret {ns}/{name} has no key '{key}': add it, or set the key name in the spec"
-                ),
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok((values, secret.resource_version().unwrap_or_default()))
-}
-
-/// The Secrets a cluster's access is read from: the credentials, and the CA when TLS is set.
-pub fn secret_names(spec: &ArtemisClusterSpec) -> Vec<String> {
-    let mut names = vec![spec.credentials.secret_name.clone()];
-    if let Some(tls) = &spec.tls {
-        names.push(tls.ca_secret_name.clone());
-    }
-    names
-}
-
-/// Dereference a cluster's spec into something that can be polled.
-pub async fn resolve_access(
-    client: &kube::Client,
-    ns: &str,
-    spec: &ArtemisClusterSpec,
-) -> Result<ClusterAccess, AccessProblem> {
-    let c = &spec.credentials;
-    let keys = [c.username_key.as_str(), c.password_key.as_str()];
-    let mut secret_versions = std::collections::BTreeMap::new();
-    // One value per key, in order (an absent key is an error above).
-    let (values, version) = secret_values(client, ns, &c.secret_name, &keys, "spec.credentials").await?;
-    secret_versions.insert(c.secret_name.clone(), version);
-    let mut values = values.into_iter();
-    let (username, password) = (
-        values.next().unwrap_or_default(),
-        values.next().unwrap_or_default(),
-    );
-    let credentials = Credentials {
-        username: String::from_utf8_lossy(&username).trim().to_string(),
-        password: String::from_utf8_lossy(&password)
-            .trim_end_matches(['\n', '\r'])
-            .to_string(),
-    };
-    let ca = match &spec.tls {
-        Some(tls) => {
-            let (mut values, version) =
-                secret_values(client, ns, &tls.ca_secret_name, &[&tls.ca_key], "spec.tls").await?;
-            secret_versions.insert(tls.ca_secret_name.clone(), version);
-            values.pop()
-        }
-        None => None,
-    };
-    let http = jolokia::http_client(ca.as_deref()).map_err(|e| AccessProblem {
-        reason: "InvalidTls",
-        message: format!("spec.tls.caSecretName: {e}"),
-    })?;
-    let endpoints = endpoints(client, ns, spec).await?;
-    Ok(ClusterAccess {
-        http,
-        endpoints,
-        origin: spec.origin.clone(),
-        credentials,
-        request_timeout: Duration::from_secs(spec.request_timeout_seconds.into()),
-        poll_timeout: Duration::from_secs(spec.poll_timeout_seconds.into()),
-        secret_versions,
-    })
-}
-
-/// The endpoints to poll: the static list, and the pods discovery finds.
-async fn endpoints(
-    client: &kube::Client,
-    ns: &str,
-    spec: &ArtemisClusterSpec,
-) -> Result<Vec<String>, AccessProblem> {
-    let mut endpoints: Vec<String> = spec.brokers.iter().map(|b| b.url.clone()).collect();
-    if let Some(d) = &spec.discovery {
-        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-        let selector = d
-            .match_labels
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        let list = pods
-            .list(&ListParams::default().labels(&selector))
-            .await
-            .map_err(|e| AccessProblem {
-                reason: "DiscoveryFailed",
-                message: format!("spec.discovery: listing pods with labels {selector}: {e}"),
-            })?;
-        for pod in list {
-            if let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.as_ref()) {
-                endpoints.push(format!("{}://{}:{}{}", d.scheme, ip, d.port, d.path));
-            }
-        }
-    }
-    endpoints.sort();
-    endpoints.dedup();
-    if endpoints.is_empty() {
-        return Err(AccessProblem {
-            reason: "NoEndpoints",
-            message: "no endpoints: spec.brokers is empty and spec.discovery matched no running pod".into(),
-        });
-    }
-    Ok(endpoints)
-}
 
 /// Why an endpoint failed, with the fix, for the Degraded/Ready messages.
 fn explain_endpoint(url: &str, e: &BrokerError) -> String {

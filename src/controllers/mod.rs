@@ -1,6 +1,7 @@
 //! Controllers: one module per kind, sharing one Context. Every mutating reconcile follows the
 //! same pipeline: dereference → plan → preflight → command → record (OPERATOR.md).
 
+pub mod access;
 pub mod cluster;
 pub mod command;
 pub mod conditions;
@@ -819,9 +820,6 @@ where
 /// namespace. Controllers start once the caches have synced, so no decision is taken on a
 /// partial view.
 pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
-    use futures::future::join_all;
-    let client = ctx.client.clone();
-    let ns = ctx.namespaces.clone();
     let Reflectors {
         clusters,
         queues,
@@ -829,91 +827,122 @@ pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
         subscriptions,
         secrets,
     } = reflectors;
-    let (cluster_watches, cluster_feeds) = split_feeds(clusters, &ctx.caches.clusters);
-    let (queue_watches, queue_feeds) = split_feeds(queues, &ctx.caches.queues);
-    let (divert_watches, divert_feeds) = split_feeds(diverts, &ctx.caches.diverts);
-    let controllers = {
-        let ctx = ctx.clone();
-        let ns = ns.clone();
-        let client = client.clone();
-        async move {
-            let caches = &ctx.caches;
-            caches.clusters.wait_until_ready().await;
-            caches.queues.wait_until_ready().await;
-            caches.diverts.wait_until_ready().await;
-            caches.subscriptions.wait_until_ready().await;
-            caches.secrets.wait_until_ready().await;
-            ctx.metrics.set_ready();
-            let scopes = ns.scopes();
-            let closes = scopes.iter().map(|scope| {
-                let w = Wiring::new(
-                    Source::Watch(Box::new(scoped_api(&client, scope))),
-                    futures::StreamExt::boxed(futures::stream::pending()),
-                    ctx.concurrency.connection_close,
-                );
-                connection_close::run(ctx.clone(), w)
-            });
-            let clusters = scopes.iter().zip(cluster_feeds).map(|(scope, source)| {
-                let t = trigger_stream(&ctx.triggers.clusters, scope.clone());
-                cluster::run(ctx.clone(), Wiring::new(source, t, ctx.concurrency.cluster))
-            });
-            let queues = scopes.iter().zip(queue_feeds).map(|(scope, source)| {
-                let t = trigger_stream(&ctx.triggers.queues, scope.clone());
-                queue::run(ctx.clone(), Wiring::new(source, t, ctx.concurrency.queue))
-            });
-            let diverts = scopes.iter().zip(divert_feeds).map(|(scope, source)| {
-                let t = trigger_stream(&ctx.triggers.diverts, scope.clone());
-                divert::run(ctx.clone(), Wiring::new(source, t, ctx.concurrency.divert))
-            });
-            tokio::join!(
-                join_all(closes),
-                join_all(clusters),
-                join_all(queues),
-                join_all(diverts)
-            );
-        }
+    let (cluster_watches, clusters) = split_feeds(clusters, &ctx.caches.clusters);
+    let (queue_watches, queues) = split_feeds(queues, &ctx.caches.queues);
+    let (divert_watches, diverts) = split_feeds(diverts, &ctx.caches.diverts);
+    let feeds = Feeds {
+        clusters,
+        queues,
+        diverts,
     };
-    let reflect_all =
-        async {
-            let c = ns
-            .apis::<ArtemisCluster>(&client)
-            .into_iter().zip(cluster_watches).map(|(a, (w, tx))| {
+    let watches = Watches {
+        clusters: cluster_watches,
+        queues: queue_watches,
+        diverts: divert_watches,
+        subscriptions,
+        secrets,
+    };
+    tokio::select! {
+        _ = run_controllers(ctx.clone(), feeds) => {}
+        _ = reflect_all(ctx.clone(), watches) => {}
+        _ = reap_abandoned_commands(ctx.clone()) => {}
+    }
+}
+
+/// Each kind's controllers' sources, one per watched scope.
+struct Feeds {
+    clusters: Vec<Source<ArtemisCluster>>,
+    queues: Vec<Source<ArtemisQueue>>,
+    diverts: Vec<Source<ArtemisDivert>>,
+}
+
+/// Each kind's watches (the one watch per kind and scope that caches and controllers share).
+struct Watches {
+    clusters: Vec<Watch<ArtemisCluster>>,
+    queues: Vec<Watch<ArtemisQueue>>,
+    diverts: Vec<Watch<ArtemisDivert>>,
+    subscriptions: Vec<reflector::store::Writer<ArtemisCaptureSubscription>>,
+    secrets: Vec<reflector::store::Writer<SecretMeta>>,
+}
+
+/// Every controller of every scope, once every cache has its first list (readiness follows).
+async fn run_controllers(ctx: Arc<Context>, feeds: Feeds) {
+    use futures::future::join_all;
+    let caches = &ctx.caches;
+    caches.clusters.wait_until_ready().await;
+    caches.queues.wait_until_ready().await;
+    caches.diverts.wait_until_ready().await;
+    caches.subscriptions.wait_until_ready().await;
+    caches.secrets.wait_until_ready().await;
+    ctx.metrics.set_ready();
+    let scopes = ctx.namespaces.scopes();
+    let closes = scopes.iter().map(|scope| {
+        let w = Wiring::new(
+            Source::Watch(Box::new(scoped_api(&ctx.client, scope))),
+            futures::StreamExt::boxed(futures::stream::pending()),
+            ctx.concurrency.connection_close,
+        );
+        connection_close::run(ctx.clone(), w)
+    });
+    let clusters = scopes.iter().zip(feeds.clusters).map(|(scope, source)| {
+        let t = trigger_stream(&ctx.triggers.clusters, scope.clone());
+        cluster::run(ctx.clone(), Wiring::new(source, t, ctx.concurrency.cluster))
+    });
+    let queues = scopes.iter().zip(feeds.queues).map(|(scope, source)| {
+        let t = trigger_stream(&ctx.triggers.queues, scope.clone());
+        queue::run(ctx.clone(), Wiring::new(source, t, ctx.concurrency.queue))
+    });
+    let diverts = scopes.iter().zip(feeds.diverts).map(|(scope, source)| {
+        let t = trigger_stream(&ctx.triggers.diverts, scope.clone());
+        divert::run(ctx.clone(), Wiring::new(source, t, ctx.concurrency.divert))
+    });
+    tokio::join!(
+        join_all(closes),
+        join_all(clusters),
+        join_all(queues),
+        join_all(diverts)
+    );
+}
+
+/// Every watch of every scope, feeding the caches (and through them the controllers).
+async fn reflect_all(ctx: Arc<Context>, watches: Watches) {
+    use futures::future::join_all;
+    let (client, ns) = (&ctx.client, &ctx.namespaces);
+    let c = ns
+        .apis::<ArtemisCluster>(client)
+        .into_iter()
+        .zip(watches.clusters)
+        .map(|(a, (w, tx))| {
             let ctx = ctx.clone();
             async move { reflect(a, w, Some(tx), |c: &ArtemisCluster| cluster_deleted(&ctx, c)).await }
         });
-            let q = ns
-                .apis::<ArtemisQueue>(&client)
-                .into_iter()
-                .zip(queue_watches)
-                .map(|(a, (w, tx))| reflect(a, w, Some(tx), |_: &ArtemisQueue| {}));
-            let d = ns
-                .apis::<ArtemisDivert>(&client)
-                .into_iter()
-                .zip(divert_watches)
-                .map(|(a, (w, tx))| reflect(a, w, Some(tx), |_: &ArtemisDivert| {}));
-            let s = ns
-                .apis::<ArtemisCaptureSubscription>(&client)
-                .into_iter()
-                .zip(subscriptions)
-                .map(|(a, w)| reflect(a, w, None, |_: &ArtemisCaptureSubscription| {}));
-            let secrets = ns
-                .apis::<SecretMeta>(&client)
-                .into_iter()
-                .zip(secrets)
-                .map(|(a, w)| watch_secrets(ctx.clone(), a, w));
-            tokio::join!(
-                join_all(c),
-                join_all(q),
-                join_all(d),
-                join_all(s),
-                join_all(secrets)
-            );
-        };
-    tokio::select! {
-        _ = controllers => {}
-        _ = reflect_all => {}
-        _ = reap_abandoned_commands(ctx.clone()) => {}
-    }
+    let q = ns
+        .apis::<ArtemisQueue>(client)
+        .into_iter()
+        .zip(watches.queues)
+        .map(|(a, (w, tx))| reflect(a, w, Some(tx), |_: &ArtemisQueue| {}));
+    let d = ns
+        .apis::<ArtemisDivert>(client)
+        .into_iter()
+        .zip(watches.diverts)
+        .map(|(a, (w, tx))| reflect(a, w, Some(tx), |_: &ArtemisDivert| {}));
+    let s = ns
+        .apis::<ArtemisCaptureSubscription>(client)
+        .into_iter()
+        .zip(watches.subscriptions)
+        .map(|(a, w)| reflect(a, w, None, |_: &ArtemisCaptureSubscription| {}));
+    let secrets = ns
+        .apis::<SecretMeta>(client)
+        .into_iter()
+        .zip(watches.secrets)
+        .map(|(a, w)| watch_secrets(ctx.clone(), a, w));
+    tokio::join!(
+        join_all(c),
+        join_all(q),
+        join_all(d),
+        join_all(s),
+        join_all(secrets)
+    );
 }
 
 /// A watch's writer and feed sender

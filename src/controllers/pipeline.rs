@@ -310,67 +310,34 @@ pub async fn ensure_credentials(ctx: &Context, ns: &str, cluster: &str) -> Resul
         .clusters
         .get(ns, cluster)
         .ok_or_else(|| DereferenceError::ClusterNotFound(k.clone()))?;
-    let creds = &c.spec.credentials;
-    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
-        kube::Api::namespaced(ctx.client.clone(), ns);
-    let secret = secrets.get_opt(&creds.secret_name).await.map_err(|e| {
-        DereferenceError::CredentialsMissing(
-            k.clone(),
-            format!("cannot read Secret {ns}/{}: {e}", creds.secret_name),
-        )
-    })?;
-    let Some(secret) = secret else {
-        ctx.clusters.remove(&k);
-        return Err(DereferenceError::CredentialsMissing(
-            k,
-            format!(
-                "its credentials Secret {ns}/{} does not exist: nothing is written to the brokers without it; recreate the Secret",
-                creds.secret_name
-            ),
-        ));
+    let now = match super::access::read_secrets(&ctx.client, ns, &c.spec).await {
+        Ok(material) => material.versions,
+        Err(problem) => {
+            // Withdrawn (a Secret or a key gone): nothing uses the access read from it.
+            if problem.reason != "SecretUnreadable" {
+                ctx.clusters.remove(&k);
+            }
+            let message = format!(
+                "{}: nothing is written to the brokers without it",
+                problem.message
+            );
+            return Err(DereferenceError::CredentialsMissing(k, message));
+        }
     };
-    let has = |key: &str| secret.data.as_ref().is_some_and(|d| d.contains_key(key));
-    if !has(&creds.username_key) || !has(&creds.password_key) {
-        return Err(DereferenceError::CredentialsMissing(
-            k,
-            format!(
-                "Secret {ns}/{} lacks key '{}' or '{}'",
-                creds.secret_name, creds.username_key, creds.password_key
-            ),
-        ));
-    }
-    let mut now = vec![(
-        creds.secret_name.clone(),
-        secret.metadata.resource_version.clone(),
-    )];
-    if let Some(tls) = &c.spec.tls
-        && tls.ca_secret_name != creds.secret_name
-    {
-        let ca = secrets.get_opt(&tls.ca_secret_name).await.map_err(|e| {
-            DereferenceError::CredentialsMissing(
-                k.clone(),
-                format!("cannot read Secret {ns}/{}: {e}", tls.ca_secret_name),
-            )
-        })?;
-        now.push((
-            tls.ca_secret_name.clone(),
-            ca.and_then(|s| s.metadata.resource_version),
-        ));
-    }
     let Some(rt) = ctx.clusters.get(&k) else {
         return Err(DereferenceError::ClusterNotReady(
             k,
             "it is being polled again".into(),
         ));
     };
-    let changed: Vec<String> = now
-        .into_iter()
-        .filter(|(name, version)| rt.access.secret_versions.get(name) != version.as_ref())
-        .map(|(name, _)| name)
-        .collect();
-    if changed.is_empty() {
+    if rt.access.secret_versions == now {
         return Ok(());
     }
+    let changed: Vec<&str> = now
+        .iter()
+        .filter(|(name, version)| rt.access.secret_versions.get(*name) != Some(*version))
+        .map(|(name, _)| name.as_str())
+        .collect();
     ctx.clusters.remove(&k);
     let _ = ctx
         .triggers
