@@ -552,7 +552,7 @@ async fn reread_before_call(
 
 /// The one broker call of a close by id, on its node.
 async fn close_on(target: CloseTarget, tg: fanout::Target) -> Result<NodeReport, fanout::NodeFailure> {
-    let m = &tg.management;
+    let m = &tg.ops;
     let closed = match (&target.connection_id, &target.session_id, &target.consumer_id) {
         (Some(c), None, None) => m.close_connection(c).await?,
         (Some(c), Some(sid), None) => m.close_session(c, sid).await?,
@@ -770,10 +770,7 @@ async fn close_address_everywhere(
     let close = move |tg: fanout::Target| {
         let addr = addr.clone();
         async move {
-            let closed = tg
-                .management
-                .close_consumer_connections_for_address(&addr)
-                .await?;
+            let closed = tg.ops.close_consumer_connections_for_address(&addr).await?;
             Ok(if closed {
                 NodeReport::new(Outcome::Applied, "closed")
             } else {

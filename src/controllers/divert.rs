@@ -15,7 +15,7 @@ use crate::api::divert::{ArtemisDivert, ArtemisDivertSpec, ArtemisDivertStatus, 
 use crate::api::{ClusterRef, DeletionPolicy, Outcome, RefusalKind};
 use crate::broker::BrokerError;
 use crate::fanout::{self, NodeFailure, NodeReport, Target};
-use crate::topology::inventory::{self, NodeInventory, ScopedRead};
+use crate::topology::inventory::{NodeInventory, ScopedRead};
 
 pub const FINALIZER: &str = "artemis-studio.io/divert";
 
@@ -138,15 +138,13 @@ pub fn plan_divert(d: &DesiredDivert, inv: &NodeInventory) -> DivertAction {
 /// The fresh read a divert write needs: every divert (cheap: few per node) and the two
 /// addresses it joins — never every queue of the node.
 async fn read_divert(t: &Target, d: &DesiredDivert) -> Result<NodeInventory, BrokerError> {
-    inventory::read_scoped(
-        &t.management,
-        &ScopedRead {
+    t.ops
+        .read_scoped(ScopedRead {
             queues: &[],
             addresses: &[d.spec.address.as_str(), d.spec.forwarding_address.as_str()],
             diverts: true,
-        },
-    )
-    .await
+        })
+        .await
 }
 
 /// Create or update on one node, from the preflight's fresh read. `createDivert` is ignored
@@ -157,14 +155,14 @@ async fn apply_on(t: Target, d: DesiredDivert, inv: Arc<NodeInventory>) -> Resul
         DivertAction::Converged => Ok(NodeReport::new(Outcome::Already, "exists; configuration matches")),
         DivertAction::Refuse { kind, message } => Err(fanout::refuse(kind, message)),
         DivertAction::Update { changed } => {
-            t.management.update_divert(&d.document()).await?;
+            t.ops.update_divert(&d.document()).await?;
             Ok(
                 NodeReport::new(Outcome::Applied, format!("updated: {}", changed.join(", ")))
                     .with_detail(changed),
             )
         }
         DivertAction::Create => {
-            t.management.create_divert(&d.document()).await?;
+            t.ops.create_divert(&d.document()).await?;
             Ok(NodeReport::new(Outcome::Applied, "created"))
         }
     }
@@ -192,7 +190,7 @@ async fn delete_on(t: Target, d: DesiredDivert, inv: Arc<NodeInventory>) -> Resu
         Step::Refuse { kind, message } => Err(fanout::refuse(kind, message)),
         Step::Write { .. } => {
             let found = inv.diverts.get(&d.name).cloned().unwrap_or_default();
-            match t.management.destroy_divert(&d.name).await {
+            match t.ops.destroy_divert(&d.name).await {
                 Ok(()) => Ok(
                     NodeReport::new(Outcome::Applied, "removed").with_detail(vec![format!(
                         "removed divert {}",

@@ -1795,10 +1795,7 @@ async fn fresh_reads<K: TopologyObject>(
     let reads = deref.topology.live_nodes().filter(|n| nodes.contains(&n.node_id)).filter_map(|n| {
         let management = n.active.clone()?;
         Some(async move {
-            let t = Target {
-                node_id: n.node_id.clone(),
-                management,
-            };
+            let t = Target::new(n.node_id.clone(), management);
             let read = tokio::time::timeout(timeout, K::read_fresh(&t, d, for_delete))
                 .await
                 .unwrap_or(Err(crate::broker::BrokerError::Timeout(timeout.as_secs())));
@@ -1954,5 +1951,179 @@ mod contested_tests {
         );
         let create = node(Outcome::WouldApply, &[], None);
         assert_eq!(held_back(&[recent], &create, true, true), None);
+    }
+}
+
+/// The execute stage on a fake broker node (`fanout::fake`): what each write sends and what
+/// it takes as evidence (issue 23: a create is one write and no read; ADR-0049: an update
+/// reads, writes and verifies; ADR-0084 §3: a delete removes the diverts first).
+#[cfg(test)]
+mod on_a_fake_broker {
+    use std::sync::Mutex;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::api::ArtemisQueue;
+    use crate::controllers::queue::plan::DesiredQueue;
+    use crate::fanout::fake::{FakeBroker, target};
+    use crate::topology::inventory::{AddressInfo, DivertInfo, QueueInfo};
+
+    fn desired(spec: serde_json::Value) -> DesiredQueue {
+        let mut spec = spec;
+        spec["clusterRef"] = json!({"name": "c"});
+        let spec = serde_json::from_value(spec).unwrap_or_else(|e| panic!("spec: {e}"));
+        DesiredQueue::checked("orders", &spec).unwrap_or_else(|e| panic!("desired: {e}"))
+    }
+
+    fn node_with_address() -> NodeInventory {
+        let mut inv = NodeInventory::default();
+        inv.addresses.insert(
+            "orders".into(),
+            AddressInfo {
+                name: "orders".into(),
+                routing_types: vec!["ANYCAST".into()],
+                queue_names: vec![],
+            },
+        );
+        inv
+    }
+
+    fn existing(d: &DesiredQueue) -> NodeInventory {
+        let mut inv = node_with_address();
+        let answer = Value::String(queue::plan::create_document(d).to_string());
+        let q: QueueInfo = crate::topology::inventory::created_queue(&answer).unwrap_or_default();
+        inv.addresses
+            .entry("orders".into())
+            .or_default()
+            .queue_names
+            .push(q.name.clone());
+        inv.queues.insert(q.name.clone(), q);
+        inv
+    }
+
+    async fn apply(
+        fake: &Arc<FakeBroker>,
+        d: &DesiredQueue,
+        planned: Planned,
+    ) -> Result<NodeReport, NodeFailure> {
+        let seen = Mutex::new(BTreeMap::new());
+        let t = target("n1", fake.clone());
+        apply_with_evidence::<ArtemisQueue>(t, d.clone(), planned, &seen).await
+    }
+
+    use super::super::queue;
+
+    #[tokio::test]
+    async fn a_create_is_one_write_and_no_read() {
+        let d = desired(json!({}));
+        let fake = Arc::new(FakeBroker::with(node_with_address()));
+        let snapshot = Arc::new(node_with_address());
+        let report = apply(&fake, &d, Planned::Snapshot(snapshot))
+            .await
+            .expect("created");
+        assert_eq!(report.outcome, Outcome::Applied);
+        assert_eq!(fake.calls(), vec!["createQueue \"orders\""]);
+        assert!(
+            report.seen.is_some_and(|s| s.queues.contains_key("orders")),
+            "the answer is the evidence"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_queue_made_behind_the_snapshots_back_is_read_and_judged_not_written_again() {
+        let d = desired(json!({}));
+        let fake = Arc::new(FakeBroker::with(existing(&d)));
+        let report = apply(&fake, &d, Planned::Snapshot(Arc::new(node_with_address())))
+            .await
+            .expect("judged");
+        assert_eq!(report.outcome, Outcome::Already);
+        assert_eq!(fake.calls(), vec!["createQueue \"orders\"", "read"]);
+    }
+
+    #[tokio::test]
+    async fn an_update_writes_once_and_verifies_by_a_fresh_read() {
+        let d = desired(json!({"maxConsumers": 5}));
+        let before = existing(&desired(json!({})));
+        let fake = Arc::new(FakeBroker::with(before.clone()));
+        let report = apply(&fake, &d, Planned::Fresh(Arc::new(before)))
+            .await
+            .expect("updated");
+        assert_eq!(report.outcome, Outcome::Applied);
+        assert_eq!(fake.calls(), vec!["updateQueue \"orders\"", "read"]);
+        assert_eq!(
+            fake.state.lock().map(|s| s.queues["orders"].max_consumers).ok(),
+            Some(5)
+        );
+    }
+
+    #[tokio::test]
+    async fn an_update_the_broker_ignores_is_not_converging_after_one_write() {
+        let d = desired(json!({"exclusive": true}));
+        let before = existing(&desired(json!({})));
+        let fake = Arc::new(FakeBroker {
+            ignored_on_update: vec!["exclusive"],
+            ..FakeBroker::with(before.clone())
+        });
+        let failure = apply(&fake, &d, Planned::Fresh(Arc::new(before)))
+            .await
+            .expect_err("not converging");
+        assert_eq!(failure.error.refusal_kind(), RefusalKind::NotConverging);
+        assert_eq!(
+            fake.count("updateQueue"),
+            1,
+            "sent once, never again in this pass"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_delete_removes_the_diverts_into_the_address_first_then_the_queue() {
+        let d = desired(json!({}));
+        let mut inv = existing(&d);
+        inv.addresses.insert(
+            "in".into(),
+            AddressInfo {
+                name: "in".into(),
+                routing_types: vec!["ANYCAST".into()],
+                queue_names: vec![],
+            },
+        );
+        let divert = DivertInfo {
+            name: "to-orders".into(),
+            address: "in".into(),
+            forwarding_address: "orders".into(),
+            routing_type: "STRIP".into(),
+            ..Default::default()
+        };
+        inv.diverts.insert(divert.name.clone(), divert);
+        let fake = Arc::new(FakeBroker::with(inv.clone()));
+        let facts = Arc::new(PlanFacts::default());
+        let t = target("n1", fake.clone());
+        let report = ArtemisQueue::delete_on(t, d, facts, Arc::new(inv))
+            .await
+            .expect("deleted");
+        assert_eq!(report.outcome, Outcome::Applied);
+        assert_eq!(
+            fake.calls(),
+            vec!["destroyDivert to-orders", "destroyQueue orders"]
+        );
+        assert!(
+            fake.state
+                .lock()
+                .is_ok_and(|s| s.queues.is_empty() && s.diverts.is_empty())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_delete_of_a_queue_that_is_not_there_writes_nothing() {
+        let d = desired(json!({}));
+        let fake = Arc::new(FakeBroker::with(node_with_address()));
+        let t = target("n1", fake.clone());
+        let facts = Arc::new(PlanFacts::default());
+        let report = ArtemisQueue::delete_on(t, d, facts, Arc::new(node_with_address()))
+            .await
+            .expect("nothing to do");
+        assert_eq!(report.outcome, Outcome::Already);
+        assert!(fake.calls().is_empty());
     }
 }

@@ -3,6 +3,7 @@
 //! and never called. A partial failure is reported, never rolled back.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -10,6 +11,12 @@ use futures::StreamExt;
 use crate::api::{NodeOutcome, Outcome, RefusalKind};
 use crate::broker::{BrokerError, BrokerManagement};
 use crate::topology::{LogicalNode, Topology};
+
+#[cfg(test)]
+pub mod fake;
+pub mod ops;
+
+pub use ops::BrokerOps;
 
 /// What an operation reports for its node when it did not fail.
 #[derive(Debug, Clone, PartialEq)]
@@ -60,11 +67,24 @@ impl From<BrokerError> for NodeFailure {
     }
 }
 
-/// The node an operation runs on: its ID and its active endpoint's management.
+/// The node an operation runs on: its ID and its active endpoint's management — `ops`, the seam
+/// queues, diverts and closes use (a fake in unit tests), and `management`, the whole Jolokia
+/// surface capture's installs still use directly.
 #[derive(Clone, Debug)]
 pub struct Target {
     pub node_id: String,
+    pub ops: Arc<dyn BrokerOps>,
     pub management: BrokerManagement,
+}
+
+impl Target {
+    pub fn new(node_id: impl Into<String>, management: BrokerManagement) -> Self {
+        Target {
+            node_id: node_id.into(),
+            ops: Arc::new(management.clone()),
+            management,
+        }
+    }
 }
 
 /// Most nodes called at once.
@@ -104,10 +124,7 @@ where
         return skipped(node);
     };
     let endpoint = Some(management.client().url().to_string());
-    let target = Target {
-        node_id: node.node_id.clone(),
-        management,
-    };
+    let target = Target::new(node.node_id.clone(), management);
     let result = tokio::time::timeout(timeout, op(target)).await;
     let result = result.unwrap_or_else(|_| Err(BrokerError::Timeout(timeout.as_secs()).into()));
     match result {

@@ -24,15 +24,13 @@ pub const FINALIZER: &str = "artemis-studio.io/queue";
 /// The fresh read an apply or a delete makes on one node: the queue, its address and (for a
 /// delete) every divert — never every queue of the node.
 async fn read_queue(t: &Target, d: &DesiredQueue, diverts: bool) -> Result<NodeInventory, BrokerError> {
-    inventory::read_scoped(
-        &t.management,
-        &ScopedRead {
+    t.ops
+        .read_scoped(ScopedRead {
             queues: &[d.name.as_str()],
             addresses: &[d.address.as_str()],
             diverts,
-        },
-    )
-    .await
+        })
+        .await
 }
 
 /// Create, or converge, on one node, from the preflight's fresh read of the queue (ADR-0049: the
@@ -48,7 +46,7 @@ async fn apply_on(t: Target, d: DesiredQueue, inv: Arc<NodeInventory>) -> Result
         NodeAction::Update { changed } => {
             let current = inv.queues.get(&d.name).cloned().unwrap_or_default();
             let doc = plan::update_document(&current, &d.spec);
-            match t.management.update_queue(&doc).await {
+            match t.ops.update_queue(&doc).await {
                 Ok(_) => Ok(
                     NodeReport::new(Outcome::Applied, format!("updated: {}", changed.join(", ")))
                         .with_detail(changed),
@@ -76,7 +74,7 @@ async fn create_on(
 ) -> Result<NodeReport, NodeFailure> {
     let created = if create_address {
         let (address, queue) = t
-            .management
+            .ops
             .create_address_and_queue(&d.address, d.routing_type, document)
             .await;
         match (address, queue) {
@@ -86,7 +84,7 @@ async fn create_on(
             (_, queue) => queue,
         }
     } else {
-        t.management.create_queue(document).await
+        t.ops.create_queue(document).await
     };
     match created {
         Ok(answer) => {
@@ -131,7 +129,7 @@ async fn delete_on(
     }
     let mut removed: Vec<String> = vec![];
     for div in &dependent {
-        match t.management.destroy_divert(&div.name).await {
+        match t.ops.destroy_divert(&div.name).await {
             Ok(()) => removed.push(format!("removed divert {}", plan::divert_document(div))),
             Err(e) if e.refusal_kind() == RefusalKind::DivertDoesNotExist => {}
             Err(e) => {
@@ -147,7 +145,7 @@ async fn delete_on(
         }
     }
     if let Err(e) = t
-        .management
+        .ops
         .destroy_queue(&d.name, d.spec.deletion.disconnect_consumers)
         .await
     {
@@ -178,7 +176,7 @@ async fn delete_on(
     }
     message.push(')');
     if d.spec.deletion.remove_empty_address {
-        match t.management.delete_address(&d.address).await {
+        match t.ops.delete_address(&d.address).await {
             Ok(()) => message.push_str("; address removed"),
             Err(e) => removed.push(format!("address {} kept: {e}", d.address)),
         }
