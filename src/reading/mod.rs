@@ -351,7 +351,8 @@ async fn tail<W: Write>(a: TailArgs, out: W) -> Result<(), ReadError> {
         },
     })?;
     if a.last > 0 {
-        print_before_start(&store, &mut printer, &a, &sub, start).await?;
+        let before = tail_query(&a, &sub, None, Some(start), a.last);
+        print_before_start(&store, &mut printer, before).await?;
     }
     print_until_stopped(&store, &mut printer, &a, &sub, start).await?;
     let end = db_now(&store).await?;
@@ -390,19 +391,17 @@ fn tail_query(
     }
 }
 
-/// `--last`: the newest rows stored before the tail started.
+/// `--last`: the newest rows `before` matches (the rows up to the tail's start).
 async fn print_before_start<W: Write>(
     store: &Store,
     printer: &mut Printer<W>,
-    a: &TailArgs,
-    sub: &KnownSubscription,
-    start: DateTime<Utc>,
+    before: MessageQuery,
 ) -> Result<(), ReadError> {
     // The newest `last` rows before the start, printed oldest first.
     let mut earlier = store
         .captured_messages(&MessageQuery {
             newest_first: true,
-            ..tail_query(a, sub, None, Some(start), a.last)
+            ..before
         })
         .await?;
     earlier.reverse();
