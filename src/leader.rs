@@ -108,6 +108,12 @@ impl Timing {
             retry_period: Duration::from_secs(retry_period_seconds.into()),
         })
     }
+
+    /// Releasing is a read and a replace; it must fit in the pod's termination grace (the
+    /// chart gives 10 s past SHUTDOWN_GRACE_SECONDS).
+    fn release_timeout(&self) -> Duration {
+        self.renew_deadline.min(Duration::from_secs(5))
+    }
 }
 
 /// Name of the Lease the replicas of one installation share.
@@ -355,22 +361,28 @@ pub async fn run_elected<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
-    let timing = lock.timing;
-    // Releasing is a read and a replace; it must fit in the pod's termination grace (the
-    // chart gives 10 s past SHUTDOWN_GRACE_SECONDS).
-    let release_timeout = timing.renew_deadline.min(Duration::from_secs(5));
     metrics.set_leader(false);
+    let Some(renewed_at) = wait_for_the_lease(&mut lock, &shutdown, &metrics).await else {
+        return Exit::Stopped;
+    };
+    lead(lock, shutdown, metrics, grace, renewed_at, controllers).await
+}
+
+/// Standby: try to take the Lease every retry period. When this process holds it, the start
+/// of the attempt that took it; None on a requested stop (the Lease released if taken).
+async fn wait_for_the_lease(lock: &mut LeaseLock, shutdown: &Shutdown, metrics: &Metrics) -> Option<Instant> {
+    let timing = lock.timing;
+    let release_timeout = timing.release_timeout();
     let mut last_holder: Option<Option<String>> = None;
-    // Standby: try to take the Lease every retry period.
-    let mut renewed_at = loop {
+    loop {
         if shutdown.is_requested() {
             // An attempt that timed out may still have taken the Lease.
             let _ = tokio::time::timeout(release_timeout, lock.release()).await;
-            return Exit::Stopped;
+            return None;
         }
         let started = Instant::now();
         match tokio::time::timeout(timing.renew_deadline, lock.try_acquire_or_renew()).await {
-            Ok(Ok(Attempt::Leading)) => break started,
+            Ok(Ok(Attempt::Leading)) => return Some(started),
             Ok(Ok(Attempt::Standby { holder })) => {
                 if last_holder.as_ref() != Some(&holder) {
                     tracing::info!(lease = %lock.name, holder = ?holder, identity = %lock.identity, "standby: the Lease is held by another process");
@@ -385,8 +397,25 @@ where
             _ = tokio::time::sleep(timing.retry_period) => {}
             _ = shutdown.requested() => {}
         }
-    };
+    }
+}
 
+/// As the leader (the Lease renewed at `renewed_at`): run `controllers`, stopped at once when
+/// the Lease is not renewed within the renew deadline or another process takes it, and given
+/// the grace to finish on a requested stop.
+async fn lead<F>(
+    mut lock: LeaseLock,
+    shutdown: Shutdown,
+    metrics: Arc<Metrics>,
+    grace: Duration,
+    mut renewed_at: Instant,
+    controllers: F,
+) -> Exit
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let timing = lock.timing;
+    let release_timeout = timing.release_timeout();
     // Leader: the controllers run while the Lease is renewed every retry period.
     tracing::info!(lease = %lock.name, identity = %lock.identity, "leading: starting the controllers");
     metrics.set_not_ready();
@@ -409,12 +438,7 @@ where
                 metrics.set_leader(false);
                 // The controllers watch the same request: they may end before its arm here ran.
                 if stop_by.is_some() || shutdown.is_requested() {
-                    match tokio::time::timeout(release_timeout, lock.release()).await {
-                        Ok(Ok(true)) => tracing::info!(lease = %lock.name, "controllers stopped; the Lease released"),
-                        Ok(Ok(false)) => tracing::warn!(lease = %lock.name, "controllers stopped; the Lease was no longer ours"),
-                        Ok(Err(e)) => tracing::warn!(error = %e, lease = %lock.name, "controllers stopped; could not release the Lease (it expires)"),
-                        Err(_) => tracing::warn!(lease = %lock.name, "controllers stopped; releasing the Lease timed out (it expires)"),
-                    }
+                    release_after_stop(&mut lock, release_timeout).await;
                     return Exit::Stopped;
                 }
                 tracing::error!(result = ?ended.err(), "the controllers ended unasked");
@@ -447,6 +471,22 @@ where
                     Err(_) => tracing::warn!(lease = %lock.name, "renewing the Lease timed out"),
                 }
             }
+        }
+    }
+}
+
+/// After the controllers stopped on request: release the Lease, saying how that went.
+async fn release_after_stop(lock: &mut LeaseLock, release_timeout: Duration) {
+    match tokio::time::timeout(release_timeout, lock.release()).await {
+        Ok(Ok(true)) => tracing::info!(lease = %lock.name, "controllers stopped; the Lease released"),
+        Ok(Ok(false)) => {
+            tracing::warn!(lease = %lock.name, "controllers stopped; the Lease was no longer ours")
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, lease = %lock.name, "controllers stopped; could not release the Lease (it expires)")
+        }
+        Err(_) => {
+            tracing::warn!(lease = %lock.name, "controllers stopped; releasing the Lease timed out (it expires)")
         }
     }
 }

@@ -5,7 +5,7 @@ use clap::Parser;
 use kube::Api;
 
 use artemis_studio_operator::cli::{Cli, Command, RunArgs};
-use artemis_studio_operator::controllers::{self, Context, Namespaces};
+use artemis_studio_operator::controllers::{self, Context, Namespaces, Reflectors};
 use artemis_studio_operator::leader;
 use artemis_studio_operator::store::Store;
 
@@ -21,18 +21,7 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let (filter, bad_filter) = match tracing_subscriber::EnvFilter::try_new(&args.log_filter) {
-        Ok(f) => (f, None),
-        Err(e) => (tracing_subscriber::EnvFilter::new("info"), Some(e)),
-    };
-    if args.log_json {
-        tracing_subscriber::fmt().json().with_env_filter(filter).init();
-    } else {
-        tracing_subscriber::fmt().with_env_filter(filter).init();
-    }
-    if let Some(e) = bad_filter {
-        tracing::warn!(error = %e, filter = %args.log_filter, "invalid log filter (RUST_LOG); logging at info");
-    }
+    init_logging(&args);
     let namespaces = Namespaces::from_list(args.watch_namespaces());
     // Refused before anything starts: a renew deadline not under the lease duration could let
     // two leaders act.
@@ -47,16 +36,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // Every Kubernetes API request is counted (artemis_studio_api_requests_total).
     let metrics = Arc::new(artemis_studio_operator::telemetry::Metrics::default());
     let client = artemis_studio_operator::telemetry::api_client(metrics.clone()).await?;
-    let (mut ctx, reflectors) = Context::new(
-        client.clone(),
-        store,
-        args.instance_id.clone(),
-        namespaces.clone(),
-    );
-    ctx.metrics = metrics;
-    ctx.concurrency = args.concurrency();
-    ctx.capture_pass_interval = Duration::from_secs(args.capture_pass_seconds.into());
-    let ctx = Arc::new(ctx);
+    let (ctx, reflectors) = context(&args, client.clone(), store, namespaces.clone(), metrics);
     tracing::info!(
         instance_id = %args.instance_id,
         namespaces = ?namespaces,
@@ -65,24 +45,78 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         pod_namespace = ?args.pod_namespace,
         "starting"
     );
-    let metrics = ctx.metrics.clone();
-    let listen = args.listen;
+    serve_health_and_metrics(args.listen, ctx.metrics.clone());
+    stop_on_signals(ctx.shutdown.clone())?;
+    // Capture is not leader-only: every replica runs it, and a Postgres advisory lock per
+    // cluster decides which replica serves which cluster (ADR-0062 D7).
+    tokio::spawn(artemis_studio_operator::capture::run(ctx.clone()));
+    let exit = run_controllers(&args, client, timing, ctx, reflectors).await;
+    tracing::info!(?exit, "stopped");
+    if exit.code() != 0 {
+        // At once: nothing of this process may act after its Lease is lost.
+        std::process::exit(exit.code());
+    }
+    Ok(())
+}
+
+/// Logs as JSON or text, filtered by RUST_LOG (at info, with a warning, when it does not parse).
+fn init_logging(args: &RunArgs) {
+    let (filter, bad_filter) = match tracing_subscriber::EnvFilter::try_new(&args.log_filter) {
+        Ok(f) => (f, None),
+        Err(e) => (tracing_subscriber::EnvFilter::new("info"), Some(e)),
+    };
+    if args.log_json {
+        tracing_subscriber::fmt().json().with_env_filter(filter).init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
+    if let Some(e) = bad_filter {
+        tracing::warn!(error = %e, filter = %args.log_filter, "invalid log filter (RUST_LOG); logging at info");
+    }
+}
+
+/// The controllers' shared context, configured from the arguments.
+fn context(
+    args: &RunArgs,
+    client: kube::Client,
+    store: Store,
+    namespaces: Namespaces,
+    metrics: Arc<artemis_studio_operator::telemetry::Metrics>,
+) -> (Arc<Context>, Reflectors) {
+    let (mut ctx, reflectors) = Context::new(client, store, args.instance_id.clone(), namespaces);
+    ctx.metrics = metrics;
+    ctx.concurrency = args.concurrency();
+    ctx.capture_pass_interval = Duration::from_secs(args.capture_pass_seconds.into());
+    (Arc::new(ctx), reflectors)
+}
+
+/// The health and metrics endpoint, in the background.
+fn serve_health_and_metrics(
+    listen: std::net::SocketAddr,
+    metrics: Arc<artemis_studio_operator::telemetry::Metrics>,
+) {
     tokio::spawn(async move {
         if let Err(e) = artemis_studio_operator::telemetry::serve(listen, metrics).await {
             tracing::error!(error = %e, %listen, "the health and metrics endpoint stopped");
         }
     });
-    stop_on_signals(ctx.shutdown.clone())?;
-    // Capture is not leader-only: every replica runs it, and a Postgres advisory lock per
-    // cluster decides which replica serves which cluster (ADR-0062 D7).
-    tokio::spawn(artemis_studio_operator::capture::run(ctx.clone()));
+}
+
+/// Run the controllers, as the Lease's holder when leader election is on, until they stop.
+async fn run_controllers(
+    args: &RunArgs,
+    client: kube::Client,
+    timing: leader::Timing,
+    ctx: Arc<Context>,
+    reflectors: Reflectors,
+) -> leader::Exit {
     let grace = Duration::from_secs(args.shutdown_grace_seconds.into());
     let metrics = ctx.metrics.clone();
     let shutdown = ctx.shutdown.clone();
     // /readyz turns true once the caches have synced and the controllers start (as the
     // leader), or once the Lease is seen held by another process (as a standby).
     let controllers = controllers::run_all(ctx, reflectors);
-    let exit = if args.leader_election {
+    if args.leader_election {
         let namespace =
             leader::lease_namespace(args.lease_namespace.as_deref(), args.pod_namespace.as_deref());
         let lock = leader::LeaseLock::new(
@@ -96,13 +130,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     } else {
         tracing::info!("leader election off: this process acts at once");
         leader::run_unelected(shutdown, metrics, grace, controllers).await
-    };
-    tracing::info!(?exit, "stopped");
-    if exit.code() != 0 {
-        // At once: nothing of this process may act after its Lease is lost.
-        std::process::exit(exit.code());
     }
-    Ok(())
 }
 
 /// SIGTERM or SIGINT asks for a graceful stop; a second one ends the process at once.

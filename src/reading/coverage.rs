@@ -89,6 +89,28 @@ pub fn assess(
     taps: &[TapIncarnation],
     losses: &[LossTally],
 ) -> Vec<TapCoverage> {
+    let mut intervals = drained_intervals(window, now, sessions, taps);
+    let mut lost = losses_by_tap(window, losses);
+    for k in lost.keys() {
+        intervals.entry(k.clone()).or_default();
+    }
+    intervals
+        .into_iter()
+        .map(|(k, mut list)| {
+            list.sort();
+            let lost = lost.remove(&k).unwrap_or_default();
+            tap_coverage(window, k, &list, lost)
+        })
+        .collect()
+}
+
+/// Every installed or drained tap, with the parts of the window its drain sessions covered.
+fn drained_intervals(
+    window: Window,
+    now: DateTime<Utc>,
+    sessions: &[CoverageSession],
+    taps: &[TapIncarnation],
+) -> BTreeMap<TapKey, Intervals> {
     let mut intervals: BTreeMap<TapKey, Intervals> = BTreeMap::new();
     for t in taps {
         intervals
@@ -109,59 +131,68 @@ pub fn assess(
             list.push((start, end));
         }
     }
+    intervals
+}
+
+/// The loss counted at each tap, per cause, and whether it grew in the window.
+fn losses_by_tap(window: Window, losses: &[LossTally]) -> BTreeMap<TapKey, Vec<Loss>> {
     let mut lost: BTreeMap<TapKey, Vec<Loss>> = BTreeMap::new();
     for l in losses {
-        let k = key(&l.subscription, &l.node, &l.source_address);
-        intervals.entry(k.clone()).or_default();
-        lost.entry(k).or_default().push(Loss {
-            cause: l.cause.clone(),
-            messages: l.messages,
-            last_grew_at: l.updated_at,
-            in_window: l.updated_at >= window.from,
+        lost.entry(key(&l.subscription, &l.node, &l.source_address))
+            .or_default()
+            .push(Loss {
+                cause: l.cause.clone(),
+                messages: l.messages,
+                last_grew_at: l.updated_at,
+                in_window: l.updated_at >= window.from,
+            });
+    }
+    lost
+}
+
+/// The parts of the window no interval covers, oldest first (`drained` sorted by start).
+fn gaps(window: Window, drained: &Intervals) -> Vec<Window> {
+    let mut gaps = vec![];
+    let mut cursor = window.from;
+    for (start, end) in drained {
+        if *start > cursor {
+            gaps.push(Window {
+                from: cursor,
+                to: *start,
+            });
+        }
+        cursor = cursor.max(*end);
+    }
+    if cursor < window.to {
+        gaps.push(Window {
+            from: cursor,
+            to: window.to,
         });
     }
-    intervals
-        .into_iter()
-        .map(|(k, mut list)| {
-            list.sort();
-            let mut gaps = vec![];
-            let mut cursor = window.from;
-            for (start, end) in &list {
-                if *start > cursor {
-                    gaps.push(Window {
-                        from: cursor,
-                        to: *start,
-                    });
-                }
-                cursor = cursor.max(*end);
-            }
-            if cursor < window.to {
-                gaps.push(Window {
-                    from: cursor,
-                    to: window.to,
-                });
-            }
-            let lost = lost.remove(&k).unwrap_or_default();
-            let verdict = if list.is_empty() {
-                CoverageVerdict::NotDrained
-            } else if !gaps.is_empty() {
-                CoverageVerdict::Gaps
-            } else if lost.iter().any(|l| l.in_window) {
-                CoverageVerdict::Lossy
-            } else {
-                CoverageVerdict::Complete
-            };
-            TapCoverage {
-                subscription: k.0,
-                node: k.1,
-                address: k.2,
-                verdict,
-                gaps,
-                first_drained: list.first().map(|(start, _)| *start),
-                lost,
-            }
-        })
-        .collect()
+    gaps
+}
+
+/// One tap's verdict over the window from its sorted drained intervals and its loss.
+fn tap_coverage(window: Window, k: TapKey, drained: &Intervals, lost: Vec<Loss>) -> TapCoverage {
+    let gaps = gaps(window, drained);
+    let verdict = if drained.is_empty() {
+        CoverageVerdict::NotDrained
+    } else if !gaps.is_empty() {
+        CoverageVerdict::Gaps
+    } else if lost.iter().any(|l| l.in_window) {
+        CoverageVerdict::Lossy
+    } else {
+        CoverageVerdict::Complete
+    };
+    TapCoverage {
+        subscription: k.0,
+        node: k.1,
+        address: k.2,
+        verdict,
+        gaps,
+        first_drained: drained.first().map(|(start, _)| *start),
+        lost,
+    }
 }
 
 #[cfg(test)]

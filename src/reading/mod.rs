@@ -350,66 +350,11 @@ async fn tail<W: Write>(a: TailArgs, out: W) -> Result<(), ReadError> {
             CAPTURED_CLAIM
         },
     })?;
-    let query = |from: Option<DateTime<Utc>>, to: Option<DateTime<Utc>>, limit: i64| MessageQuery {
-        cluster: sub.cluster.clone(),
-        subscription: Some(sub.subscription.clone()),
-        address: a.filter.address.clone(),
-        from,
-        to,
-        properties: a.filter.properties.clone(),
-        text: a.filter.text.clone(),
-        after_row: None,
-        limit,
-        newest_first: false,
-    };
     if a.last > 0 {
-        // The newest `last` rows before the start, printed oldest first.
-        let mut earlier = store
-            .captured_messages(&MessageQuery {
-                newest_first: true,
-                ..query(None, Some(start), a.last)
-            })
-            .await?;
-        earlier.reverse();
-        for r in &earlier {
-            printer.print(&message_doc(r))?;
-        }
+        let before = tail_query(&a, &sub, None, Some(start), a.last);
+        print_before_start(&store, &mut printer, before).await?;
     }
-    // A batch's rows carry its transaction's start time and become visible at its commit: each
-    // poll looks back over this overlap and skips the rows it has printed.
-    let overlap = chrono::Duration::seconds(30);
-    let mut seen: BTreeMap<i64, DateTime<Utc>> = BTreeMap::new();
-    let mut printed: u64 = 0;
-    let deadline = a.run_for.map(|d| tokio::time::Instant::now() + d);
-    let mut tick = tokio::time::interval(a.interval.max(Duration::from_millis(100)));
-    let interrupted = tokio::signal::ctrl_c();
-    tokio::pin!(interrupted);
-    'polling: loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = &mut interrupted => break 'polling,
-            _ = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d).await,
-                    None => std::future::pending().await,
-                }
-            } => break 'polling,
-        }
-        let polled_at = db_now(&store).await?;
-        let from = start.max(polled_at - overlap);
-        let rows = store.captured_messages(&query(Some(from), None, 10_000)).await?;
-        for r in rows.iter().filter(|r| r.captured_at >= start) {
-            if seen.insert(r.row_id, r.captured_at).is_some() {
-                continue;
-            }
-            printer.print(&message_doc(r))?;
-            printed += 1;
-            if a.count.is_some_and(|c| printed >= c) {
-                break 'polling;
-            }
-        }
-        seen.retain(|_, at| *at >= polled_at - overlap - overlap);
-    }
+    print_until_stopped(&store, &mut printer, &a, &sub, start).await?;
     let end = db_now(&store).await?;
     let doc = coverage_of(
         &store,
@@ -422,6 +367,96 @@ async fn tail<W: Write>(a: TailArgs, out: W) -> Result<(), ReadError> {
     .await?;
     printer.print(&Document::Coverage(doc))?;
     Ok(())
+}
+
+/// What a tail reads: the subscription's rows that pass its filter, oldest first.
+fn tail_query(
+    a: &TailArgs,
+    sub: &KnownSubscription,
+    from: Option<DateTime<Utc>>,
+    to: Option<DateTime<Utc>>,
+    limit: i64,
+) -> MessageQuery {
+    MessageQuery {
+        cluster: sub.cluster.clone(),
+        subscription: Some(sub.subscription.clone()),
+        address: a.filter.address.clone(),
+        from,
+        to,
+        properties: a.filter.properties.clone(),
+        text: a.filter.text.clone(),
+        after_row: None,
+        limit,
+        newest_first: false,
+    }
+}
+
+/// `--last`: the newest rows `before` matches (the rows up to the tail's start).
+async fn print_before_start<W: Write>(
+    store: &Store,
+    printer: &mut Printer<W>,
+    before: MessageQuery,
+) -> Result<(), ReadError> {
+    // The newest `last` rows before the start, printed oldest first.
+    let mut earlier = store
+        .captured_messages(&MessageQuery {
+            newest_first: true,
+            ..before
+        })
+        .await?;
+    earlier.reverse();
+    for r in &earlier {
+        printer.print(&message_doc(r))?;
+    }
+    Ok(())
+}
+
+/// Poll for rows stored since `start` and print each once, until interrupted, `--for` has
+/// passed or `--count` rows were printed.
+async fn print_until_stopped<W: Write>(
+    store: &Store,
+    printer: &mut Printer<W>,
+    a: &TailArgs,
+    sub: &KnownSubscription,
+    start: DateTime<Utc>,
+) -> Result<(), ReadError> {
+    // A batch's rows carry its transaction's start time and become visible at its commit: each
+    // poll looks back over this overlap and skips the rows it has printed.
+    let overlap = chrono::Duration::seconds(30);
+    let mut seen: BTreeMap<i64, DateTime<Utc>> = BTreeMap::new();
+    let mut printed: u64 = 0;
+    let deadline = a.run_for.map(|d| tokio::time::Instant::now() + d);
+    let mut tick = tokio::time::interval(a.interval.max(Duration::from_millis(100)));
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = &mut interrupted => return Ok(()),
+            _ = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            } => return Ok(()),
+        }
+        let polled_at = db_now(store).await?;
+        let from = start.max(polled_at - overlap);
+        let rows = store
+            .captured_messages(&tail_query(a, sub, Some(from), None, 10_000))
+            .await?;
+        for r in rows.iter().filter(|r| r.captured_at >= start) {
+            if seen.insert(r.row_id, r.captured_at).is_some() {
+                continue;
+            }
+            printer.print(&message_doc(r))?;
+            printed += 1;
+            if a.count.is_some_and(|c| printed >= c) {
+                return Ok(());
+            }
+        }
+        seen.retain(|_, at| *at >= polled_at - overlap - overlap);
+    }
 }
 
 async fn search<W: Write>(a: SearchArgs, out: W) -> Result<(), ReadError> {

@@ -180,8 +180,8 @@ impl<W: Write> Printer<W> {
         self.out.flush()
     }
 
+    /// One document as table lines: a message, exchange or audit row under its column heads.
     fn table(&mut self, doc: &Document<'_>) -> std::io::Result<()> {
-        let o = &mut self.out;
         match doc {
             Document::TailStarted {
                 cluster,
@@ -189,151 +189,178 @@ impl<W: Write> Printer<W> {
                 mode,
                 at,
                 ..
-            } => {
-                writeln!(o, "tailing {subscription} (cluster {cluster}) from {}", time(*at))?;
-                if mode == "sample" {
-                    writeln!(o, "# {SAMPLED_CLAIM}")?;
-                } else {
-                    writeln!(o, "# {CAPTURED_CLAIM}")?;
-                }
-            }
+            } => tail_started_lines(&mut self.out, cluster, subscription, mode, *at),
             Document::Message(m) => {
-                if !self.message_head {
-                    self.message_head = true;
-                    writeln!(
-                        o,
-                        "{:<8} {:<24} {:<9} {:<8} {:<24} {:<14} {:<30} BODY",
-                        "ROW", "AT", "ORIGIN", "NODE", "ADDRESS", "CORRELATION", "PROPERTIES"
-                    )?;
-                }
-                let r = m.row;
-                // A sampled row is marked in its origin and its row number (ADR-0062 D10).
-                let (row, origin) = if r.sampled() {
-                    (format!("~{}", r.row_id), "~SAMPLED")
-                } else {
-                    (r.row_id.to_string(), "captured")
-                };
-                writeln!(
-                    o,
-                    "{:<8} {:<24} {:<9} {:<8} {:<24} {:<14} {:<30} {}",
-                    row,
-                    time(r.captured_at),
-                    origin,
-                    short_node(&r.node),
-                    clip(&r.original_address, 24),
-                    clip(r.correlation_id.as_deref().unwrap_or("-"), 14),
-                    clip(&r.properties.to_string(), 30),
-                    clip(&body(r), 60)
-                )?;
+                self.head_once(format_args!(
+                    "{:<8} {:<24} {:<9} {:<8} {:<24} {:<14} {:<30} BODY",
+                    "ROW", "AT", "ORIGIN", "NODE", "ADDRESS", "CORRELATION", "PROPERTIES"
+                ))?;
+                message_line(&mut self.out, m.row)
             }
-            Document::Coverage(c) => {
-                writeln!(
-                    o,
-                    "coverage {} → {}: {}",
-                    time(c.window.from),
-                    time(c.window.to),
-                    c.statement
-                )?;
-                for t in &c.taps {
-                    let mut notes: Vec<String> = t
-                        .gaps
-                        .iter()
-                        .map(|g| {
-                            if g.from == c.window.from && t.first_drained.is_some_and(|f| f >= g.to) {
-                                format!("not drained before {}", time(g.to))
-                            } else {
-                                format!(
-                                    "gap {} → {} ({}s)",
-                                    time(g.from),
-                                    time(g.to),
-                                    (g.to - g.from).num_seconds()
-                                )
-                            }
-                        })
-                        .collect();
-                    notes.extend(t.lost.iter().map(|l| {
-                        format!(
-                            "lost≈{} {} (last grew {}{})",
-                            l.messages,
-                            l.cause,
-                            time(l.last_grew_at),
-                            if l.in_window { ", in this window" } else { "" }
-                        )
-                    }));
-                    writeln!(
-                        o,
-                        "  {:<20} {:<8} {:<24} {:<12} {}",
-                        clip(&t.subscription, 20),
-                        short_node(&t.node),
-                        clip(&t.address, 24),
-                        t.verdict.label(),
-                        notes.join("; ")
-                    )?;
-                }
-                if !c.sampled_subscriptions.is_empty() {
-                    writeln!(o, "# {SAMPLED_CLAIM}")?;
-                }
-                if !c.taps.is_empty() {
-                    writeln!(o, "# {CAPTURED_CLAIM}")?;
-                }
-            }
+            Document::Coverage(c) => coverage_lines(&mut self.out, c),
             Document::Exchange(x) => {
-                if !self.message_head {
-                    self.message_head = true;
-                    writeln!(
-                        o,
-                        "{:<8} {:<24} {:<22} {:<24} {:<8} REASON",
-                        "REQUEST", "AT", "VERDICT", "REPLY TO", "LATENCY"
-                    )?;
-                }
-                let verdict = match x.verdict {
-                    ReplyVerdict::Replied => "REPLIED",
-                    ReplyVerdict::NoReplyCaptured => "NO_REPLY_CAPTURED",
-                    ReplyVerdict::ReplyNotCapturable => "REPLY_NOT_CAPTURABLE",
-                };
-                let latency = match (x.latency_ms, x.latency_basis) {
-                    (Some(ms), Some(LatencyBasis::Routed)) => format!("{ms}ms"),
-                    (Some(ms), _) => format!("~{ms}ms"),
-                    (None, _) => "-".to_string(),
-                };
-                writeln!(
-                    o,
-                    "{:<8} {:<24} {:<22} {:<24} {:<8} {}",
-                    x.request_row,
-                    time(x.requested_at),
-                    verdict,
-                    clip(&x.reply_to, 24),
-                    latency,
-                    x.reason
-                )?;
+                self.head_once(format_args!(
+                    "{:<8} {:<24} {:<22} {:<24} {:<8} REASON",
+                    "REQUEST", "AT", "VERDICT", "REPLY TO", "LATENCY"
+                ))?;
+                exchange_line(&mut self.out, x)
             }
             Document::Audit(a) => {
-                if !self.message_head {
-                    self.message_head = true;
-                    writeln!(
-                        o,
-                        "{:<6} {:<24} {:<22} {:<30} {:<10} {:<20} NODES",
-                        "ID", "AT", "COMMAND", "TARGET", "OUTCOME", "ACTOR"
-                    )?;
-                }
-                writeln!(
-                    o,
-                    "{:<6} {:<24} {:<22} {:<30} {:<10} {:<20} {}",
-                    a.id,
-                    time(a.occurred_at),
-                    clip(&a.command, 22),
-                    clip(&a.target, 30),
-                    a.outcome,
-                    clip(&a.actor, 20),
-                    node_outcomes(a)
-                )?;
+                self.head_once(format_args!(
+                    "{:<6} {:<24} {:<22} {:<30} {:<10} {:<20} NODES",
+                    "ID", "AT", "COMMAND", "TARGET", "OUTCOME", "ACTOR"
+                ))?;
+                audit_line(&mut self.out, a)
             }
             Document::NextPage { after_row } => {
-                writeln!(o, "# more rows match: ask again with --after {after_row}")?;
+                writeln!(self.out, "# more rows match: ask again with --after {after_row}")
             }
+        }
+    }
+
+    /// The column heads, before the first row only (one answer prints one kind of row).
+    fn head_once(&mut self, head: std::fmt::Arguments<'_>) -> std::io::Result<()> {
+        if !self.message_head {
+            self.message_head = true;
+            writeln!(self.out, "{head}")?;
         }
         Ok(())
     }
+}
+
+/// What a tail shows, and the claim its rows make.
+fn tail_started_lines(
+    o: &mut impl Write,
+    cluster: &str,
+    subscription: &str,
+    mode: &str,
+    at: DateTime<Utc>,
+) -> std::io::Result<()> {
+    writeln!(o, "tailing {subscription} (cluster {cluster}) from {}", time(at))?;
+    if mode == "sample" {
+        writeln!(o, "# {SAMPLED_CLAIM}")?;
+    } else {
+        writeln!(o, "# {CAPTURED_CLAIM}")?;
+    }
+    Ok(())
+}
+
+fn message_line(o: &mut impl Write, r: &StoredMessage) -> std::io::Result<()> {
+    // A sampled row is marked in its origin and its row number (ADR-0062 D10).
+    let (row, origin) = if r.sampled() {
+        (format!("~{}", r.row_id), "~SAMPLED")
+    } else {
+        (r.row_id.to_string(), "captured")
+    };
+    writeln!(
+        o,
+        "{:<8} {:<24} {:<9} {:<8} {:<24} {:<14} {:<30} {}",
+        row,
+        time(r.captured_at),
+        origin,
+        short_node(&r.node),
+        clip(&r.original_address, 24),
+        clip(r.correlation_id.as_deref().unwrap_or("-"), 14),
+        clip(&r.properties.to_string(), 30),
+        clip(&body(r), 60)
+    )
+}
+
+/// The window's statement, a line per tap, and the claims of the rows it covers.
+fn coverage_lines(o: &mut impl Write, c: &CoverageDoc) -> std::io::Result<()> {
+    writeln!(
+        o,
+        "coverage {} → {}: {}",
+        time(c.window.from),
+        time(c.window.to),
+        c.statement
+    )?;
+    for t in &c.taps {
+        writeln!(
+            o,
+            "  {:<20} {:<8} {:<24} {:<12} {}",
+            clip(&t.subscription, 20),
+            short_node(&t.node),
+            clip(&t.address, 24),
+            t.verdict.label(),
+            tap_notes(t, c.window).join("; ")
+        )?;
+    }
+    if !c.sampled_subscriptions.is_empty() {
+        writeln!(o, "# {SAMPLED_CLAIM}")?;
+    }
+    if !c.taps.is_empty() {
+        writeln!(o, "# {CAPTURED_CLAIM}")?;
+    }
+    Ok(())
+}
+
+/// A tap's gaps (a gap from the window's start to the first drain is "not drained before"),
+/// then its estimated losses.
+fn tap_notes(t: &TapCoverage, window: Window) -> Vec<String> {
+    let mut notes: Vec<String> = t
+        .gaps
+        .iter()
+        .map(|g| {
+            if g.from == window.from && t.first_drained.is_some_and(|f| f >= g.to) {
+                format!("not drained before {}", time(g.to))
+            } else {
+                format!(
+                    "gap {} → {} ({}s)",
+                    time(g.from),
+                    time(g.to),
+                    (g.to - g.from).num_seconds()
+                )
+            }
+        })
+        .collect();
+    notes.extend(t.lost.iter().map(|l| {
+        format!(
+            "lost≈{} {} (last grew {}{})",
+            l.messages,
+            l.cause,
+            time(l.last_grew_at),
+            if l.in_window { ", in this window" } else { "" }
+        )
+    }));
+    notes
+}
+
+fn exchange_line(o: &mut impl Write, x: &Exchange) -> std::io::Result<()> {
+    let verdict = match x.verdict {
+        ReplyVerdict::Replied => "REPLIED",
+        ReplyVerdict::NoReplyCaptured => "NO_REPLY_CAPTURED",
+        ReplyVerdict::ReplyNotCapturable => "REPLY_NOT_CAPTURABLE",
+    };
+    let latency = match (x.latency_ms, x.latency_basis) {
+        (Some(ms), Some(LatencyBasis::Routed)) => format!("{ms}ms"),
+        (Some(ms), _) => format!("~{ms}ms"),
+        (None, _) => "-".to_string(),
+    };
+    writeln!(
+        o,
+        "{:<8} {:<24} {:<22} {:<24} {:<8} {}",
+        x.request_row,
+        time(x.requested_at),
+        verdict,
+        clip(&x.reply_to, 24),
+        latency,
+        x.reason
+    )
+}
+
+fn audit_line(o: &mut impl Write, a: &AuditRecord) -> std::io::Result<()> {
+    writeln!(
+        o,
+        "{:<6} {:<24} {:<22} {:<30} {:<10} {:<20} {}",
+        a.id,
+        time(a.occurred_at),
+        clip(&a.command, 22),
+        clip(&a.target, 30),
+        a.outcome,
+        clip(&a.actor, 20),
+        node_outcomes(a)
+    )
 }
 
 /// `node=OUTCOME(refusal)` per node of an audit row, or its reason when it has no nodes.
@@ -416,5 +443,48 @@ mod tests {
         assert_eq!(json["origin"], "sampled");
         assert_eq!(json["claim"], SAMPLED_CLAIM);
         assert!(printed(Format::Table, &s).contains("~7"));
+    }
+
+    #[test]
+    fn a_gap_before_the_first_drain_reads_as_not_drained_and_later_ones_as_gaps() {
+        let t = |s: i64| DateTime::from_timestamp(1_800_000_000 + s, 0).expect("time");
+        let window = Window {
+            from: t(0),
+            to: t(100),
+        };
+        let tap = TapCoverage {
+            subscription: "s".into(),
+            node: "n1".into(),
+            address: "a".into(),
+            verdict: CoverageVerdict::Gaps,
+            gaps: vec![
+                Window {
+                    from: t(0),
+                    to: t(10),
+                },
+                Window {
+                    from: t(40),
+                    to: t(70),
+                },
+            ],
+            first_drained: Some(t(10)),
+            lost: vec![crate::reading::coverage::Loss {
+                cause: "ring_overwrite".into(),
+                messages: 3,
+                last_grew_at: t(50),
+                in_window: true,
+            }],
+        };
+        assert_eq!(
+            tap_notes(&tap, window),
+            vec![
+                format!("not drained before {}", time(t(10))),
+                format!("gap {} → {} (30s)", time(t(40)), time(t(70))),
+                format!(
+                    "lost≈3 ring_overwrite (last grew {}, in this window)",
+                    time(t(50))
+                ),
+            ]
+        );
     }
 }

@@ -228,39 +228,53 @@ pub async fn poll(access: &ClusterAccess, memory: &Mutex<TopologyMemory>) -> Top
     }
 }
 
-/// Pure grouping: endpoints → logical nodes.
+/// What an endpoint that answered the poll reported: its management client, identity, and
+/// inventory (scraped only when active).
 type Answer = (
     BrokerManagement,
     NodeIdentity,
     Option<Result<inventory::NodeInventory, BrokerError>>,
 );
 
+/// Pure grouping: endpoints → logical nodes.
 fn group(
     answered: &[Answer],
     unreachable: &[(String, BrokerError)],
     last_node_of: &HashMap<String, String>,
 ) -> Vec<LogicalNode> {
     let mut nodes: BTreeMap<String, LogicalNode> = BTreeMap::new();
-    let entry = |nodes: &mut BTreeMap<String, LogicalNode>, id: &str| {
-        nodes
-            .entry(id.to_string())
-            .or_insert_with(|| LogicalNode {
-                node_id: id.to_string(),
-                active: None,
-                standby: vec![],
-                failed_over: false,
-                not_live_reason: None,
-                inventory: None,
-                inventory_error: None,
-            })
-            .node_id
-            .clone()
-    };
+    place_answers(&mut nodes, answered);
+    add_members_no_endpoint_answers_for(&mut nodes, answered);
+    add_unreachable(&mut nodes, unreachable, last_node_of);
+    for n in nodes.values_mut() {
+        if n.active.is_none() && n.not_live_reason.is_none() {
+            n.not_live_reason = Some(format!(
+                "no endpoint is active (standby: {})",
+                n.standby.join(", ")
+            ));
+        }
+    }
+    nodes.into_values().collect()
+}
+
+/// The logical node with this ID, added (with no endpoint yet) if it is not there.
+fn node_entry<'a>(nodes: &'a mut BTreeMap<String, LogicalNode>, id: &str) -> &'a mut LogicalNode {
+    nodes.entry(id.to_string()).or_insert_with(|| LogicalNode {
+        node_id: id.to_string(),
+        active: None,
+        standby: vec![],
+        failed_over: false,
+        not_live_reason: None,
+        inventory: None,
+        inventory_error: None,
+    })
+}
+
+/// Each answering endpoint under its node: the first active one is the node's target (with its
+/// inventory), every other is a standby.
+fn place_answers(nodes: &mut BTreeMap<String, LogicalNode>, answered: &[Answer]) {
     for (m, identity, inv) in answered {
-        entry(&mut nodes, &identity.node_id);
-        let Some(node) = nodes.get_mut(&identity.node_id) else {
-            continue;
-        };
+        let node = node_entry(nodes, &identity.node_id);
         if identity.active && node.active.is_none() {
             node.active = Some(m.clone());
             node.failed_over = identity.configured_backup;
@@ -273,6 +287,10 @@ fn group(
             node.standby.push(m.client().url().to_string());
         }
     }
+}
+
+/// Members other nodes see that no endpoint of ours answers for.
+fn add_members_no_endpoint_answers_for(nodes: &mut BTreeMap<String, LogicalNode>, answered: &[Answer]) {
     // The connector address each answering node claims for itself. A topology entry for another
     // node ID at one of these addresses is stale (e.g. a promoted backup's pre-sync ID).
     let claimed: HashMap<&str, &str> = answered
@@ -285,7 +303,6 @@ fn group(
                 .filter_map(|m| m.live.as_deref().map(|addr| (addr, identity.node_id.as_str())))
         })
         .collect();
-    // Members other nodes see that no endpoint of ours answers for.
     for (_, identity, _) in answered {
         for member in &identity.topology {
             let stale = member
@@ -294,34 +311,29 @@ fn group(
                 .and_then(|addr| claimed.get(addr))
                 .is_some_and(|owner| *owner != member.node_id);
             if !stale && !nodes.contains_key(&member.node_id) {
-                entry(&mut nodes, &member.node_id);
-                if let Some(n) = nodes.get_mut(&member.node_id) {
-                    n.not_live_reason = Some(format!(
-                        "in the cluster topology (at {}) but no configured endpoint answers for it",
-                        member.live.as_deref().unwrap_or("?")
-                    ));
-                }
+                node_entry(nodes, &member.node_id).not_live_reason = Some(format!(
+                    "in the cluster topology (at {}) but no configured endpoint answers for it",
+                    member.live.as_deref().unwrap_or("?")
+                ));
             }
         }
     }
-    // Endpoints that stopped answering: their last node ID, if no other endpoint serves it.
+}
+
+/// Endpoints that stopped answering: their last node ID, if no other endpoint serves it.
+fn add_unreachable(
+    nodes: &mut BTreeMap<String, LogicalNode>,
+    unreachable: &[(String, BrokerError)],
+    last_node_of: &HashMap<String, String>,
+) {
     for (url, e) in unreachable {
         if let Some(id) = last_node_of.get(url) {
-            entry(&mut nodes, id);
-            if let Some(n) = nodes.get_mut(id).filter(|n| n.active.is_none()) {
-                n.not_live_reason = Some(format!("{url} does not answer: {e}"));
+            let node = node_entry(nodes, id);
+            if node.active.is_none() {
+                node.not_live_reason = Some(format!("{url} does not answer: {e}"));
             }
         }
     }
-    for n in nodes.values_mut() {
-        if n.active.is_none() && n.not_live_reason.is_none() {
-            n.not_live_reason = Some(format!(
-                "no endpoint is active (standby: {})",
-                n.standby.join(", ")
-            ));
-        }
-    }
-    nodes.into_values().collect()
 }
 
 /// Shared state kept per cluster (`namespace/name`): the latest topology, the cluster's runtime.
