@@ -352,3 +352,31 @@ fn error_policy(_obj: Arc<ArtemisCluster>, error: &ReconcileError, _ctx: Arc<Con
 pub async fn run(ctx: Arc<Context>, wiring: super::Wiring<ArtemisCluster>) {
     super::run_controller(wiring, ctx, reconcile, error_policy).await;
 }
+
+#[cfg(test)]
+mod status_tests {
+    use super::*;
+    use crate::api::cluster::{ManagementWrite, ManagementWriteState};
+
+    #[test]
+    fn a_poll_that_changes_only_its_time_writes_nothing_and_write_evidence_does() {
+        let old = ArtemisClusterStatus {
+            last_poll_time: Some("2026-12-01T10:00:00Z".into()),
+            live_nodes: 3,
+            ..Default::default()
+        };
+        let polled = ArtemisClusterStatus {
+            last_poll_time: Some("2026-12-01T10:00:10Z".into()),
+            ..old.clone()
+        };
+        assert!(!status_changed(&old, &polled));
+        let evidence = ArtemisClusterStatus {
+            management_write: ManagementWrite {
+                state: ManagementWriteState::Available,
+                ..Default::default()
+            },
+            ..polled
+        };
+        assert!(status_changed(&old, &evidence));
+    }
+}

@@ -8,6 +8,8 @@ pub mod conditions;
 pub mod connection_close;
 pub mod divert;
 pub mod feed;
+#[cfg(test)]
+pub mod fixtures;
 pub mod pipeline;
 pub mod queue;
 pub mod report;

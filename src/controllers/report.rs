@@ -126,3 +126,133 @@ fn truncated(mut s: String, max: usize) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod on_a_mock_api {
+    use serde_json::json;
+
+    use super::*;
+    use crate::api::ArtemisQueue;
+    use crate::api::queue::ArtemisQueueStatus;
+    use crate::controllers::fixtures;
+
+    fn queue(status: Option<ArtemisQueueStatus>) -> ArtemisQueue {
+        let mut q: ArtemisQueue = serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+            "metadata": {"name": "orders", "namespace": "ns", "uid": "u1", "resourceVersion": "7", "generation": 2},
+            "spec": {"clusterRef": {"name": "c"}}
+        }))
+        .unwrap_or_else(|e| panic!("queue: {e}"));
+        q.status = status;
+        q
+    }
+
+    fn ready(message: &str) -> ArtemisQueueStatus {
+        let mut s = ArtemisQueueStatus {
+            observed_generation: Some(2),
+            ..Default::default()
+        };
+        conditions::set(
+            &mut s.conditions,
+            conditions::READY,
+            true,
+            "Applied",
+            message,
+            Some(2),
+        );
+        // As the API server has it: with the kstatus conditions the last write added.
+        conditions::kstatus(&mut s.conditions, &[], Some(2));
+        s
+    }
+
+    /// The server answers a status write with the object as written.
+    fn echo() -> fixtures::Answer {
+        Box::new(|sent| {
+            let mut q = serde_json::to_value(queue(None)).unwrap_or_default();
+            q["status"] = sent.body["status"].clone();
+            q["metadata"]["resourceVersion"] = json!("8");
+            (200, q)
+        })
+    }
+
+    #[tokio::test]
+    async fn an_unchanged_status_is_not_written() {
+        let (ctx, received) = fixtures::context(echo());
+        let old = ready("on every live node");
+        let mut same = old.clone();
+        // Only a transition time differs: nothing a user acts on.
+        same.conditions[0].last_transition_time =
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        write_status(&ctx, &queue(Some(old.clone())), Some(&old), &same)
+            .await
+            .expect("nothing to write");
+        assert!(received.all().is_empty(), "no API call: {:?}", received.all());
+    }
+
+    #[tokio::test]
+    async fn a_changed_status_is_one_forced_server_side_apply_of_the_status() {
+        let (ctx, received) = fixtures::context(echo());
+        let old = ready("on every live node");
+        let new = ready("on 2 of 3 live nodes");
+        write_status(&ctx, &queue(Some(old.clone())), Some(&old), &new)
+            .await
+            .expect("written");
+        let sent = received.all();
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        let s = &sent[0];
+        assert_eq!(s.method, "PATCH");
+        assert!(
+            s.uri
+                .starts_with("/apis/artemis-studio.io/v1alpha1/namespaces/ns/artemisqueues/orders/status?"),
+            "{}",
+            s.uri
+        );
+        assert!(
+            s.uri.contains("force=true") && s.uri.contains(&format!("fieldManager={MANAGER}")),
+            "{}",
+            s.uri
+        );
+        assert_eq!(s.body["kind"], "ArtemisQueue");
+        assert_eq!(
+            s.body["status"]["conditions"][0]["message"],
+            "on 2 of 3 live nodes"
+        );
+        // kstatus conditions follow Ready in the same write.
+        let types: Vec<&str> = s.body["status"]["conditions"]
+            .as_array()
+            .map(|c| c.iter().filter_map(|c| c["type"].as_str()).collect())
+            .unwrap_or_default();
+        assert!(
+            types.contains(&"Reconciling") && types.contains(&"Stalled"),
+            "{types:?}"
+        );
+        // The cache's older copy is not planned from again.
+        let cached = queue(Some(old));
+        assert!(
+            ctx.written
+                .newer_than::<ArtemisQueueStatus>(&cached.metadata)
+                .is_some()
+        );
+    }
+
+    #[tokio::test]
+    async fn arming_is_a_compare_and_swap_that_loses_to_another_writer() {
+        let (ctx, received) = fixtures::context(Box::new(|_| {
+            (
+                409,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409, "message": "the object has been modified"}),
+            )
+        }));
+        let won = replace_status_if_unchanged(&ctx.client, queue(Some(ready("x"))))
+            .await
+            .expect("answered");
+        assert!(!won);
+        let sent = received.all();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].method, "PUT");
+        assert_eq!(
+            sent[0].body["metadata"]["resourceVersion"], "7",
+            "the precondition"
+        );
+    }
+}

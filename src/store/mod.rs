@@ -141,6 +141,17 @@ impl Store {
         })
     }
 
+    /// A store that never connects unless used (unit tests of stages that write no audit row).
+    #[cfg(test)]
+    pub fn unconnected() -> Self {
+        Store {
+            pool: PgPoolOptions::new()
+                .connect_lazy("postgres://127.0.0.1:9/none")
+                .unwrap_or_else(|e| panic!("lazy pool: {e}")),
+            process_id: None,
+        }
+    }
+
     /// Apply the migrations on a dedicated connection that is closed afterwards (sqlx's
     /// migration lock can outlive a failed migration on a pooled connection).
     pub async fn migrate(url: &str) -> Result<(), StoreError> {
