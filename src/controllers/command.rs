@@ -46,6 +46,8 @@ where
 {
     let audit_id = ctx.store.audit_intent(&intent).await?;
     let nodes = fanout::fan_out(scope.topology, fanout::DEFAULT_CONCURRENCY, scope.timeout, op).await;
+    // The crash window between the broker's answers and the outcome (test builds only).
+    crate::crash_window::pause(crate::crash_window::Window::MidFanout, &audit_id.to_string()).await;
     finish(
         ctx,
         obj,

@@ -1284,34 +1284,25 @@ async fn write<K: TopologyObject>(
     params["plan"] = serde_json::to_value(plan.iter().map(|(n, _)| n).collect::<Vec<_>>())?;
     let ns = obj.namespace().unwrap_or_default();
     let intent = intent(ctx, obj, d, &command_name, params);
-    let audit_id = ctx.store.audit_intent(&intent).await?;
     let from = Arc::new(from);
-    let executed = fanout::fan_out(
-        &deref.topology.restricted_to(&targets),
-        fanout::DEFAULT_CONCURRENCY,
-        deref.rt.request_timeout * 3,
-        |t| {
-            let (d, from, seen) = (d.clone(), from.clone(), seen.clone());
-            async move {
-                crate::crash_window::hold_all_but_first_node().await;
-                let planned = from.get(&t.node_id).cloned();
-                let planned = planned.unwrap_or_else(|| Planned::Fresh(Default::default()));
-                apply_with_evidence::<K>(t, d, planned, &seen).await
-            }
-        },
-    )
-    .await;
-    crate::crash_window::pause(Window::MidFanout, &audit_id.to_string()).await;
-    let mut result = command::finish(
-        ctx,
-        obj,
-        &ns,
-        &obj.cluster_ref().name,
-        &command_name,
-        audit_id,
-        executed,
-    )
+    let scope = Scope {
+        cluster_ns: &ns,
+        cluster_name: &obj.cluster_ref().name,
+        topology: &deref.topology.restricted_to(&targets),
+        timeout: deref.rt.request_timeout * 3,
+    };
+    let seen_by_nodes = seen.clone();
+    let mut result = command::run(ctx, obj, scope, intent, |t| {
+        let (d, from, seen) = (d.clone(), from.clone(), seen_by_nodes.clone());
+        async move {
+            crate::crash_window::hold_all_but_first_node().await;
+            let planned = from.get(&t.node_id).cloned();
+            let planned = planned.unwrap_or_else(|| Planned::Fresh(Default::default()));
+            apply_with_evidence::<K>(t, d, planned, &seen).await
+        }
+    })
     .await?;
+    let audit_id = result.audit_id;
     overlay_seen(ctx, &deref.cluster_key, &seen, obj.meta().uid.as_deref());
     stamp(&mut result.nodes, &command_name, audit_id);
     Ok((merge(plan, result.nodes), Some(audit_id)))
