@@ -71,7 +71,8 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
         Err(problem) => {
             forget_access(&ctx, &ns, &name);
             status.management_write = old.management_write.clone();
-            set_both(&mut status, false, true, problem.reason, &problem.message);
+            let judged = |ok| (ok, problem.reason, problem.message.clone());
+            set_ready_and_degraded(&mut status, judged(false), judged(true));
         }
         Ok(access) => {
             let rt = runtime_for(&ctx, &obj, access, &old, poll_interval);
@@ -136,25 +137,15 @@ fn forget_access(ctx: &Context, ns: &str, name: &str) {
     }
 }
 
-/// Ready and Degraded with one reason and message.
-fn set_both(status: &mut ArtemisClusterStatus, ready: bool, degraded: bool, reason: &str, message: &str) {
+/// A condition's status, reason and message.
+type Judged<'a> = (bool, &'a str, String);
+
+/// Ready and Degraded, at the status's generation.
+fn set_ready_and_degraded(status: &mut ArtemisClusterStatus, ready: Judged<'_>, degraded: Judged<'_>) {
     let generation = status.observed_generation;
-    conditions::set(
-        &mut status.conditions,
-        conditions::READY,
-        ready,
-        reason,
-        message,
-        generation,
-    );
-    conditions::set(
-        &mut status.conditions,
-        conditions::DEGRADED,
-        degraded,
-        reason,
-        message,
-        generation,
-    );
+    for (type_, (ok, reason, message)) in [(conditions::READY, ready), (conditions::DEGRADED, degraded)] {
+        conditions::set(&mut status.conditions, type_, ok, reason, message, generation);
+    }
 }
 
 /// The runtime for freshly resolved access, keeping the topology memory, the poll lock and
@@ -256,7 +247,6 @@ fn record_poll_metrics(ctx: &Context, k: &str, topology: &Topology, started: std
 
 /// Nodes, endpoints, Ready and Degraded, and the poll time, from one poll.
 fn describe_topology(status: &mut ArtemisClusterStatus, topology: &Topology) {
-    let generation = status.observed_generation;
     status.nodes = node_statuses(topology);
     status.total_nodes = topology.nodes.len() as u32;
     status.live_nodes = topology.live_nodes().count() as u32;
@@ -268,16 +258,8 @@ fn describe_topology(status: &mut ArtemisClusterStatus, topology: &Topology) {
             message: explain_endpoint(url, e),
         })
         .collect();
-    let (ready, reason, message) = readiness(status, topology);
-    conditions::set(
-        &mut status.conditions,
-        conditions::READY,
-        ready,
-        reason,
-        message,
-        generation,
-    );
-    let (degraded, reason, message) = if status.unreachable_endpoints.is_empty() {
+    let ready = readiness(status, topology);
+    let degraded = if status.unreachable_endpoints.is_empty() {
         (
             false,
             "AllEndpointsAnswer",
@@ -291,14 +273,7 @@ fn describe_topology(status: &mut ArtemisClusterStatus, topology: &Topology) {
             .collect();
         (true, "EndpointsUnreachable", names.join("; "))
     };
-    conditions::set(
-        &mut status.conditions,
-        conditions::DEGRADED,
-        degraded,
-        reason,
-        message,
-        generation,
-    );
+    set_ready_and_degraded(status, ready, degraded);
     status.last_poll_time = Some(
         topology
             .polled_at_utc
