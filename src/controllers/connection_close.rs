@@ -803,6 +803,59 @@ fn record_address_result(
     }
 }
 
+/// What a pass does with a close in its stored phase (ADR-0057 D5), decided from the status
+/// alone: a pure step, unit-tested without a broker or an API server.
+#[derive(Debug, PartialEq)]
+enum Step {
+    /// Nothing now; look again after this long (None: when the object changes).
+    Wait(Option<Duration>),
+    /// Finished and past `ttlSecondsAfterFinished`: delete the object.
+    DeleteObject,
+    /// Armed by a process that did not record the outcome: Failed, outcome unknown, never
+    /// called again.
+    FailUnknown,
+    /// Not armed yet: read the target, show the consequence, arm when confirmed.
+    Act,
+}
+
+fn step(
+    status: &ConnectionCloseStatus,
+    ttl_after_finished: Option<i64>,
+    process_id: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Step {
+    let since = |t: Option<&str>| {
+        t.and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| now.signed_duration_since(t))
+    };
+    match status.phase {
+        ClosePhase::Completed | ClosePhase::Failed => {
+            let Some(ttl) = ttl_after_finished else {
+                return Step::Wait(None);
+            };
+            let left = since(status.completed_at.as_deref()).map_or(0, |d| ttl - d.num_seconds());
+            if left <= 0 {
+                Step::DeleteObject
+            } else {
+                Step::Wait(Some(Duration::from_secs(left as u64)))
+            }
+        }
+        ClosePhase::Closing => {
+            let mine = status.armed_by.as_deref() == Some(process_id);
+            let armed_for = since(status.armed_at.as_deref()).and_then(|d| d.to_std().ok());
+            match armed_for
+                .filter(|_| !mine)
+                .and_then(|d| ARMED_GRACE.checked_sub(d))
+            {
+                // Another process armed it moments ago and may be calling the broker now.
+                Some(left) => Step::Wait(Some(left + Duration::from_secs(1))),
+                None => Step::FailUnknown,
+            }
+        }
+        ClosePhase::Pending | ClosePhase::AwaitingConfirmation => Step::Act,
+    }
+}
+
 async fn reconcile(o: Arc<ConnectionClose>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     let ns = o.namespace().unwrap_or_default();
     let api: Api<ConnectionClose> = Api::namespaced(ctx.client.clone(), &ns);
@@ -812,66 +865,35 @@ async fn reconcile(o: Arc<ConnectionClose>, ctx: Arc<Context>) -> Result<Action,
     let generation = fresh.metadata.generation;
     status.observed_generation = generation;
     status.target_description = Some(describe(&fresh.spec.target));
-    match status.phase {
-        ClosePhase::Completed | ClosePhase::Failed => {
-            let Some(ttl) = fresh.spec.ttl_seconds_after_finished else {
-                return Ok(Action::await_change());
-            };
-            let done = status
-                .completed_at
-                .as_deref()
-                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
-            let left = done
-                .map(|d| ttl - chrono::Utc::now().signed_duration_since(d).num_seconds())
-                .unwrap_or(0);
-            if left <= 0 {
-                api.delete(&fresh.name_any(), &DeleteParams::default()).await?;
-                return Ok(Action::await_change());
-            }
-            return Ok(Action::requeue(Duration::from_secs(left as u64)));
-        }
-        ClosePhase::Closing => {
-            let mine = status.armed_by.as_deref() == Some(ctx.process_id.as_str());
-            let armed_for = status
-                .armed_at
-                .as_deref()
-                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-                .map(|t| chrono::Utc::now().signed_duration_since(t))
-                .and_then(|d| d.to_std().ok());
-            if let Some(left) = armed_for
-                .filter(|_| !mine)
-                .and_then(|d| ARMED_GRACE.checked_sub(d))
-            {
-                // Another process armed it moments ago and may be calling the broker now.
-                return Ok(Action::requeue(left + Duration::from_secs(1)));
-            }
-            // D5: the process that armed it did not finish: never called again.
-            let why = "outcome unknown, not retried: the operator process that armed the close stopped before recording its outcome (ADR-0057 D5)";
-            finish(
-                &mut status,
-                ClosePhase::Failed,
-                format!("Failed: {why}"),
-                generation,
-            );
-            if !write_if_unchanged(&ctx, &fresh, &status).await? {
-                return Ok(Action::requeue(Duration::from_secs(2)));
-            }
-            ctx.store
-                .audit_unknown(&fresh.uid().unwrap_or_default(), why)
-                .await?;
+    let ttl = fresh.spec.ttl_seconds_after_finished;
+    match step(&status, ttl, &ctx.process_id, chrono::Utc::now()) {
+        Step::Wait(None) => return Ok(Action::await_change()),
+        Step::Wait(Some(after)) => return Ok(Action::requeue(after)),
+        Step::DeleteObject => {
+            api.delete(&fresh.name_any(), &DeleteParams::default()).await?;
             return Ok(Action::await_change());
         }
-        ClosePhase::Pending | ClosePhase::AwaitingConfirmation => {}
+        Step::FailUnknown => return fail_unknown(&ctx, &fresh, status).await,
+        Step::Act => {}
     }
-    let (rt, topology) = match current_topology(&ctx, &ns, &fresh.spec.cluster_ref.name, None).await {
+    let cluster = &fresh.spec.cluster_ref.name;
+    // The rules every broker write keeps: the cluster and its Secrets as they are now (a
+    // revoked credential is never used), then its current topology.
+    let usable = match super::pipeline::ensure_credentials(&ctx, &ns, cluster).await {
+        Ok(()) => current_topology(&ctx, &ns, cluster, None)
+            .await
+            .map_err(|e| ("ClusterNotReady", e.to_string())),
+        Err(e) => Err((e.reason(), e.to_string())),
+    };
+    let (rt, topology) = match usable {
         Ok(x) => x,
-        Err(e) => {
+        Err((reason, message)) => {
             conditions::set(
                 &mut status.conditions,
                 COMPLETE,
                 false,
-                "ClusterNotReady",
-                e.to_string(),
+                reason,
+                message,
                 generation,
             );
             write(&ctx, &fresh, &status).await?;
@@ -882,6 +904,30 @@ async fn reconcile(o: Arc<ConnectionClose>, ctx: Arc<Context>) -> Result<Action,
         Some(address) => close_address(&ctx, &fresh, &rt, &topology, status, &address).await,
         None => close_by_id(&ctx, &fresh, &rt, &topology, status).await,
     }
+}
+
+/// D5: the process that armed the close did not finish: Failed with the outcome unknown, its
+/// audit row resolved as such, never called again.
+async fn fail_unknown(
+    ctx: &Context,
+    fresh: &ConnectionClose,
+    mut status: ConnectionCloseStatus,
+) -> Result<Action, ReconcileError> {
+    let why = "outcome unknown, not retried: the operator process that armed the close stopped before recording its outcome (ADR-0057 D5)";
+    let generation = fresh.metadata.generation;
+    finish(
+        &mut status,
+        ClosePhase::Failed,
+        format!("Failed: {why}"),
+        generation,
+    );
+    if !write_if_unchanged(ctx, fresh, &status).await? {
+        return Ok(Action::requeue(Duration::from_secs(2)));
+    }
+    ctx.store
+        .audit_unknown(&fresh.uid().unwrap_or_default(), why)
+        .await?;
+    Ok(Action::await_change())
 }
 
 fn error_policy(_o: Arc<ConnectionClose>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {
@@ -914,5 +960,57 @@ mod tests {
         assert!(consequence(Some(3)).contains("returns 3 in-flight"));
         assert!(consequence(None).contains("not reported"));
         assert!(consequence(Some(0)).contains("DLQ"));
+    }
+}
+
+#[cfg(test)]
+mod step_tests {
+    use super::*;
+
+    fn at(s: i64) -> chrono::DateTime<chrono::Utc> {
+        chrono::DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap_or_default()
+    }
+
+    fn status(phase: ClosePhase) -> ConnectionCloseStatus {
+        ConnectionCloseStatus {
+            phase,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_close_not_armed_is_acted_on_and_a_finished_one_waits_for_its_ttl() {
+        assert_eq!(step(&status(ClosePhase::Pending), None, "p", at(0)), Step::Act);
+        assert_eq!(
+            step(&status(ClosePhase::AwaitingConfirmation), None, "p", at(0)),
+            Step::Act
+        );
+        let mut done = status(ClosePhase::Completed);
+        done.completed_at = Some(at(0).to_rfc3339());
+        assert_eq!(step(&done, None, "p", at(10)), Step::Wait(None));
+        assert_eq!(
+            step(&done, Some(60), "p", at(10)),
+            Step::Wait(Some(Duration::from_secs(50)))
+        );
+        assert_eq!(step(&done, Some(60), "p", at(60)), Step::DeleteObject);
+    }
+
+    #[test]
+    fn a_close_armed_by_another_process_is_left_alone_for_the_grace_then_failed_unknown() {
+        let mut armed = status(ClosePhase::Closing);
+        armed.armed_by = Some("other".into());
+        armed.armed_at = Some(at(0).to_rfc3339());
+        let grace = ARMED_GRACE.as_secs() as i64;
+        assert_eq!(
+            step(&armed, None, "me", at(10)),
+            Step::Wait(Some(
+                ARMED_GRACE - Duration::from_secs(10) + Duration::from_secs(1)
+            ))
+        );
+        assert_eq!(step(&armed, None, "me", at(grace + 1)), Step::FailUnknown);
+        // Armed by this process in a pass that ended before its outcome (an error after
+        // arming): never called again either.
+        armed.armed_by = Some("me".into());
+        assert_eq!(step(&armed, None, "me", at(10)), Step::FailUnknown);
     }
 }

@@ -17,7 +17,7 @@ use crate::support::{
 };
 
 impl Fixture {
-    fn closes(&self) -> Api<ConnectionClose> {
+    pub(crate) fn closes(&self) -> Api<ConnectionClose> {
         Api::namespaced(self.admin.clone(), &self.ns)
     }
 
@@ -36,7 +36,7 @@ impl Fixture {
     }
 
     /// A close confirmed at creation by automation (no review: the annotation says so).
-    async fn create_close_without_review(&self, name: &str, spec: serde_json::Value) {
+    pub(crate) async fn create_close_without_review(&self, name: &str, spec: serde_json::Value) {
         let mut spec = spec;
         spec["clusterRef"] = json!({"name": "c"});
         let c: ConnectionClose = serde_json::from_value(json!({
@@ -51,7 +51,7 @@ impl Fixture {
             .expect("create ConnectionClose");
     }
 
-    async fn wait_phase(&self, name: &str, phase: ClosePhase) -> ConnectionClose {
+    pub(crate) async fn wait_phase(&self, name: &str, phase: ClosePhase) -> ConnectionClose {
         let api = self.closes();
         wait_until(
             &format!("ConnectionClose {name} {phase:?}"),
@@ -81,14 +81,14 @@ impl Fixture {
     }
 
     /// The management of one test bed broker and its logical node ID.
-    async fn broker(&self, name: &str) -> (String, BrokerManagement) {
+    pub(crate) async fn broker(&self, name: &str) -> (String, BrokerManagement) {
         let url = self.bed.broker(name).jolokia;
         let t = self.topology().await;
         let node = t.find(&url).expect("node");
         (node.node_id.clone(), node.active.clone().expect("live"))
     }
 
-    async fn queue_on(&self, name: &str) -> String {
+    pub(crate) async fn queue_on(&self, name: &str) -> String {
         let q = format!("cc.{name}.{}", short_id());
         self.create(&q.replace('.', "-"), json!({"name": q})).await;
         self.wait_for(&q.replace('.', "-"), "Ready", ready).await;

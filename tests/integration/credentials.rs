@@ -101,3 +101,53 @@ async fn a_revoked_secret_is_never_written_with_and_a_restored_one_acts_at_once(
         .expect("delete");
     f.wait_gone(&obj).await;
 }
+
+/// The shared gate holds for a ConnectionClose too (issue 24): a close created right after the
+/// Secret was switched to a view-only user is never sent with the admin credentials the last
+/// poll held — the broker refuses it for authorization and the consumer stays connected.
+#[tokio::test]
+async fn a_close_after_the_secret_was_revoked_never_uses_the_old_credentials() {
+    use artemis_studio_operator::api::connection_close::ClosePhase;
+    use artemis_studio_operator::broker::management::ListKind;
+    let _b = brokers_shared().await;
+    let f = fixture("creds-close", Some(1)).await;
+    let queue = f.queue_on("revoked").await;
+    let client = format!("revoked-{}", short_id());
+    let _consumer = crate::support::amqp_consumer(&f.bed, "c1", &queue, &client).await;
+    let (_, admin) = f.broker("c1").await;
+
+    // Created at once after the switch: the close's first pass races the cluster's re-poll.
+    set_credentials(&f, f.bed.viewer_user()).await;
+    let spec = json!({"target": {"address": queue}, "confirm": queue, "allowBulk": true});
+    f.create_close_without_review("revoked", spec).await;
+    let c = f.wait_phase("revoked", ClosePhase::Failed).await;
+    let nodes = c.status.expect("status").nodes;
+    assert!(
+        nodes.iter().all(|n| n.outcome != Outcome::Applied),
+        "something was closed: {nodes:?}"
+    );
+    assert!(
+        nodes
+            .iter()
+            .any(|n| n.refusal == Some(RefusalKind::NotAuthorized)),
+        "sent with the view-only user, refused for it: {nodes:?}"
+    );
+    let consumers = admin
+        .list_all(ListKind::Consumers, "address", &queue)
+        .await
+        .expect("consumers");
+    assert_eq!(
+        consumers.len(),
+        1,
+        "the consumer is still connected: {consumers:?}"
+    );
+
+    // Tidy the shared brokers.
+    set_credentials(&f, f.bed.broker_user()).await;
+    let obj = queue.replace('.', "-");
+    f.queues()
+        .delete(&obj, &Default::default())
+        .await
+        .expect("delete");
+    f.wait_gone(&obj).await;
+}
