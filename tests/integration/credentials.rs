@@ -113,7 +113,7 @@ async fn a_close_after_the_secret_was_revoked_never_uses_the_old_credentials() {
     let f = fixture("creds-close", Some(1)).await;
     let queue = f.queue_on("revoked").await;
     let client = format!("revoked-{}", short_id());
-    let _consumer = crate::support::amqp_consumer(&f.bed, "c1", &queue, &client).await;
+    let mut consumer = crate::support::amqp_consumer(&f.bed, "c1", &queue, &client).await;
     let (_, admin) = f.broker("c1").await;
 
     // Created at once after the switch: the close's first pass races the cluster's re-poll.
@@ -143,6 +143,9 @@ async fn a_close_after_the_secret_was_revoked_never_uses_the_old_credentials() {
     );
 
     // Tidy the shared brokers.
+    let _ = consumer.receiver.close().await;
+    let _ = consumer.session.end().await;
+    let _ = consumer.connection.close().await;
     set_credentials(&f, f.bed.broker_user()).await;
     let obj = queue.replace('.', "-");
     f.queues()
