@@ -2,6 +2,7 @@
 //! queue per captured address per live node, kept by one reconciler per cluster.
 //!
 //! - `names`: ownership is in the name (D7); escaping; Artemis wildcards.
+//! - `arming`: pure — the blast radius shown before anything is installed, then armed.
 //! - `plan`: pure judgement — captured addresses, what a tap lacks, orphans, refusals (D8).
 //! - `pass`: one pass over one cluster — install, heal, sweep, audit, status (D6, ADR-0066 D2).
 //! - `sample`: mode Sample — browse (never consume) matching queues, no tap (D3, D10).
@@ -9,6 +10,7 @@
 //!   runs only while this process holds the cluster's Postgres advisory lock, so passes never
 //!   overlap and clusters spread across replicas.
 
+pub mod arming;
 pub mod drain;
 pub mod loss;
 pub mod names;

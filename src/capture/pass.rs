@@ -12,12 +12,13 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use tokio::sync::Mutex;
 
+use super::arming::{self, Arming};
 use super::drain::{DrainHealth, DrainKey};
 use super::names::TapName;
 use super::plan::{self, Part, Subscription, TapSpec, Verdict};
 use crate::api::capture::{
-    ArtemisCaptureSubscription, ArtemisCaptureSubscriptionStatus, CAPTURE_FINALIZER, CaptureMode, TapState,
-    TapStatus,
+    ArtemisCaptureSubscription, ArtemisCaptureSubscriptionStatus, CAPTURE_FINALIZER, CaptureArming,
+    CaptureMode, CapturePreview, TapState, TapStatus,
 };
 use crate::api::{ArtemisCluster, NodeOutcome, Outcome, RefusalKind};
 use crate::broker::{BrokerError, BrokerManagement};
@@ -131,9 +132,21 @@ pub(super) fn not_drained(why: &str) -> String {
     )
 }
 
-fn view(s: &ArtemisCaptureSubscription) -> Subscription {
+fn view(
+    s: &ArtemisCaptureSubscription,
+    arms: &BTreeMap<String, ArmState>,
+    records: &[crate::store::capture::TapRecord],
+) -> Subscription {
+    let name = s.name_any();
     Subscription {
-        name: s.name_any(),
+        armed: arms.get(&name).is_some_and(|a| a.armed().is_some()),
+        max_taps: s.spec.max_taps,
+        installed: records
+            .iter()
+            .filter(|r| r.subscription == name)
+            .map(|r| r.source_address.clone())
+            .collect(),
+        name,
         pattern: s.spec.queues.clone(),
         filter: s.spec.filter.clone().filter(|f| !f.trim().is_empty()),
         ring_size: s.spec.ring_size,
@@ -141,6 +154,64 @@ fn view(s: &ArtemisCaptureSubscription) -> Subscription {
         max_buffer_bytes: s.spec.max_buffer_bytes,
         deleting: s.metadata.deletion_timestamp.is_some(),
     }
+}
+
+/// A subscription's blast radius now and whether it is armed (issue 25 item 5).
+pub struct ArmState {
+    pub preview: CapturePreview,
+    pub arming: Arming,
+}
+
+impl ArmState {
+    pub fn armed(&self) -> Option<&CaptureArming> {
+        match &self.arming {
+            Arming::Armed(a) => Some(a),
+            Arming::Not { .. } => None,
+        }
+    }
+}
+
+fn without_review(s: &ArtemisCaptureSubscription) -> bool {
+    s.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::api::CONFIRM_WITHOUT_REVIEW_ANNOTATION))
+        .is_some_and(|v| v == "true")
+}
+
+/// The preview and the arming verdict of every capturing subscription, on the live nodes'
+/// inventories of this pass.
+fn arm_all(subs: &[Arc<ArtemisCaptureSubscription>], topology: &Topology) -> BTreeMap<String, ArmState> {
+    let live: BTreeMap<String, &crate::topology::inventory::NodeInventory> = topology
+        .live_nodes()
+        .filter_map(|n| n.inventory.as_deref().map(|i| (n.node_id.clone(), i)))
+        .collect();
+    let at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    subs.iter()
+        .filter(|s| !super::sample::is_sampling(s) && s.metadata.deletion_timestamp.is_none())
+        .map(|s| {
+            let (capturable, never) = plan::matched_addresses(&s.spec.queues, live.values().copied());
+            let resolved = arming::Resolved {
+                queues: &s.spec.queues,
+                max_taps: s.spec.max_taps,
+                capturable: &capturable,
+                never: &never,
+                live: &live,
+            };
+            let preview = arming::preview(&resolved, s.metadata.generation);
+            let old = s.status.as_ref();
+            let request = arming::Request {
+                queues: &s.spec.queues,
+                confirm: s.spec.confirm.as_deref(),
+                generation: s.metadata.generation,
+                without_review: without_review(s),
+                armed: old.and_then(|o| o.armed.as_ref()),
+                shown: old.and_then(|o| o.preview.as_ref()),
+            };
+            let arming = arming::decide(&request, &preview, &at);
+            (s.name_any(), ArmState { preview, arming })
+        })
+        .collect()
 }
 
 /// ADR-0062 D7 across the ArtemisClusters of one installation: a tap's name carries the
@@ -229,18 +300,20 @@ pub async fn run(
             .record_subscription_mode(&cluster_key, &s.name_any(), s.spec.mode.as_db(), interval)
             .await?;
     }
+    let records = ctx.store.open_taps(&cluster_key, instance).await?;
+    // Before anything new is installed: the blast radius shown, then armed (issue 25 item 5).
+    let arms = arm_all(subs, &topology);
     // A subscription in mode Sample wants no tap: the sweep removes any it had (ADR-0062 D6).
     let views: Vec<Subscription> = subs
         .iter()
         .filter(|s| !super::sample::is_sampling(s))
-        .map(|s| view(s))
+        .map(|s| view(s, &arms, &records))
         .collect();
     let inventories: Vec<&crate::topology::inventory::NodeInventory> = topology
         .live_nodes()
         .filter_map(|n| n.inventory.as_deref())
         .collect();
-    let desired = plan::desired_taps(instance, &role, &views, inventories.iter().copied());
-    let records = ctx.store.open_taps(&cluster_key, instance).await?;
+    let (desired, past_cap) = plan::desired_taps(instance, &role, &views, inventories.iter().copied());
 
     // Judge every desired tap on every live node; collect the writes and the orphans.
     let mut found: BTreeMap<(TapName, String), Found> = BTreeMap::new();
@@ -420,6 +493,7 @@ pub async fn run(
         holder,
         topology: &topology,
         timeout,
+        arms: &arms,
     };
     // Before a capture queue is re-created under an existing divert: the window's loss.
     record_window_loss(ctx, state, &cluster_key, &topology, &installs).await;
@@ -530,13 +604,15 @@ pub async fn run(
     let marks = ctx.store.sample_marks(&cluster_key).await?;
     for s in subs {
         if super::sample::is_sampling(s) {
-            super::sample::write_status(ctx, &ns, state, s, &topology, &marks, &totals).await?;
+            super::sample::write_status(ctx, state, s, &topology, &marks, &totals).await?;
             continue;
         }
         let stored = Stored {
             records: &records,
             totals: &totals,
             marks: &marks,
+            arms: &arms,
+            past_cap: &past_cap,
         };
         write_status(ctx, &ns, s, &topology, &desired, &found, &stored).await?;
     }
@@ -750,6 +826,8 @@ struct PassScope<'a> {
     holder: &'a str,
     topology: &'a Topology,
     timeout: Duration,
+    /// How each subscription was armed: its installs' audit rows say so.
+    arms: &'a BTreeMap<String, ArmState>,
 }
 
 fn intent(
@@ -795,6 +873,9 @@ async fn install(
         "queue": spec.queue_document(),
         "divertConfiguration": spec.divert_document(),
         "consumeRole": spec.role,
+        // Who accepted the blast radius: spec.confirm after the preview, or the annotation.
+        "armed": p.arms.get(&spec.name.subscription).and_then(ArmState::armed),
+        "confirmWithoutReview": sub.is_some_and(|s| without_review(s)),
     });
     let audit = intent(p, "capture.install", sub, &spec.name, params);
     let audit_id = ctx.store.audit_intent(&audit).await?;
@@ -1002,6 +1083,9 @@ struct Stored<'a> {
     totals: &'a [TapTotals],
     /// What an earlier mode Sample stored stays counted.
     marks: &'a [crate::store::sampled::SampleMark],
+    arms: &'a BTreeMap<String, ArmState>,
+    /// Per subscription: the addresses refused past its spec.maxTaps.
+    past_cap: &'a BTreeMap<String, Vec<String>>,
 }
 
 /// Status of one subscription after the pass (written only when it changed), and its
@@ -1109,23 +1193,113 @@ async fn write_status(
             }
         }
         set_tap_conditions(&mut status, &s.spec.queues, mine.is_empty(), generation);
+        if let Some(arm) = stored.arms.get(&name) {
+            set_arming(&mut status, s, arm, stored.past_cap.get(&name), generation);
+        }
     }
     // Over every tap this subscription ever had, not only today's addresses.
     let mine_totals = totals.iter().filter(|t| t.subscription == name);
     status.captured = mine_totals.clone().map(|t| t.captured.max(0) as u64).sum();
     status.dropped_estimate = mine_totals.map(|t| t.lost.max(0) as u64).sum();
     conditions::kstatus(&mut status.conditions, &[], generation);
+    stalled_past_cap(&mut status.conditions, generation);
     let unchanged = same_status(&old, &status);
     if !unchanged {
-        api.patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": status})),
-        )
-        .await?;
+        crate::controllers::report::apply_status(&ctx.client, s.as_ref(), &status).await?;
     }
     Ok(())
 }
+
+/// The condition that says whether (and how) the subscription is armed, the preview, and — while
+/// it is not armed, or past its cap — Ready=False naming the next action.
+fn set_arming(
+    status: &mut ArtemisCaptureSubscriptionStatus,
+    s: &ArtemisCaptureSubscription,
+    arm: &ArmState,
+    past_cap: Option<&Vec<String>>,
+    generation: Option<i64>,
+) {
+    status.preview = Some(arm.preview.clone());
+    status.armed = arm.armed().cloned();
+    let (armed, reason, message) = match &arm.arming {
+        Arming::Armed(a) => (
+            true,
+            a.how.clone(),
+            format!(
+                "armed at {} ({}) for spec.queues {:?}: its taps follow the pattern, up to spec.maxTaps ({})",
+                a.at, a.how, a.queues, s.spec.max_taps
+            ),
+        ),
+        Arming::Not { why, message } => (false, why.reason().to_string(), message.clone()),
+    };
+    conditions::set(
+        &mut status.conditions,
+        ARMED,
+        armed,
+        &reason,
+        &message,
+        generation,
+    );
+    if !armed {
+        conditions::set(
+            &mut status.conditions,
+            conditions::READY,
+            false,
+            &reason,
+            message,
+            generation,
+        );
+    } else if let Some(refused) = past_cap.filter(|r| !r.is_empty()) {
+        let shown: Vec<&str> = refused.iter().take(5).map(String::as_str).collect();
+        let message = format!(
+            "{} more addresses match spec.queues {:?} past spec.maxTaps ({}) and are not tapped ({}{}): raise spec.maxTaps to at least {} or narrow spec.queues",
+            refused.len(),
+            s.spec.queues,
+            s.spec.max_taps,
+            shown.join(", "),
+            if refused.len() > shown.len() { ", …" } else { "" },
+            arm.preview.taps
+        );
+        conditions::set(
+            &mut status.conditions,
+            conditions::READY,
+            false,
+            arming::NotArmed::TapCapExceeded.reason(),
+            message,
+            generation,
+        );
+    }
+}
+
+/// Past the cap only a person can act (raise spec.maxTaps or narrow spec.queues): Stalled.
+fn stalled_past_cap(list: &mut Vec<crate::api::Condition>, generation: Option<i64>) {
+    let Some(ready) = list
+        .iter()
+        .find(|c| c.type_ == conditions::READY && c.reason == arming::NotArmed::TapCapExceeded.reason())
+        .cloned()
+    else {
+        return;
+    };
+    conditions::set(
+        list,
+        conditions::STALLED,
+        true,
+        &ready.reason,
+        ready.message,
+        generation,
+    );
+    conditions::set(
+        list,
+        conditions::RECONCILING,
+        false,
+        "Settled",
+        "nothing left to do until the spec or the brokers change",
+        generation,
+    );
+}
+
+/// Whether the subscription is armed (issue 25 item 5).
+pub const ARMED: &str = "Armed";
 
 /// Ready and Degraded from the taps' states (`no_taps`: no queue matches `queues` anywhere).
 pub(super) fn set_tap_conditions(
@@ -1219,6 +1393,8 @@ pub(super) fn same_status(
         && old.addresses == new.addresses
         && old.instance_id == new.instance_id
         && old.observed_generation == new.observed_generation
+        && old.preview == new.preview
+        && old.armed == new.armed
         && conditions::comparable(&old.conditions) == conditions::comparable(&new.conditions)
 }
 

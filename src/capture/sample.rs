@@ -25,13 +25,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use kube::api::{Patch, PatchParams};
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 use serde_json::{Map, Value, json};
 
-use super::names::wildcard_matches;
+use super::names::{never_captured, wildcard_matches};
 use super::pass::ClusterState;
-use crate::api::CAPTURE_PREFIX;
 use crate::api::capture::{
     ArtemisCaptureSubscription, ArtemisCaptureSubscriptionStatus, CaptureMode, SampledQueueStatus,
 };
@@ -80,14 +78,14 @@ pub fn claim(interval_seconds: u32) -> String {
 }
 
 /// The queues a subscription samples on one node: its pattern over queue names (never one under
-/// the capture prefix, never a temporary queue), as capture matches them.
+/// the capture prefix or broker-internal, never a temporary queue), as capture matches them.
 pub fn sampled_queues(pattern: &str, inventory: &NodeInventory) -> Vec<BrowseTarget> {
     inventory
         .queues
         .values()
         .filter(|q| {
-            !q.name.starts_with(CAPTURE_PREFIX)
-                && !q.address.starts_with(CAPTURE_PREFIX)
+            !never_captured(&q.name)
+                && !never_captured(&q.address)
                 && !q.temporary
                 && wildcard_matches(pattern, &q.name)
         })
@@ -504,7 +502,6 @@ pub fn untruncate(text: &str, limit: Option<usize>) -> (String, Option<usize>) {
 /// matching queue, what its browses stored; Ready when the browses succeed; and the claim.
 pub async fn write_status(
     ctx: &Context,
-    ns: &str,
     state: &ClusterState,
     s: &ArtemisCaptureSubscription,
     topology: &Topology,
@@ -520,8 +517,12 @@ pub async fn write_status(
         conditions: old.conditions.clone(),
         instance_id: Some(ctx.instance_id.clone()),
         mode: Some(CaptureMode::Sample),
+        // Armed stays armed for its pattern: switching back to Capture needs no new arming.
+        armed: old.armed.clone(),
         ..Default::default()
     };
+    // Sampling installs nothing: no preview, nothing to arm.
+    status.conditions.retain(|c| c.type_ != super::pass::ARMED);
     let mut addresses = BTreeSet::new();
     for node in topology.live_nodes() {
         let Some(inv) = &node.inventory else { continue };
@@ -634,24 +635,8 @@ pub async fn write_status(
         generation,
     );
     conditions::kstatus(&mut status.conditions, &[], generation);
-    let unchanged = old.taps == status.taps
-        && old.mode == status.mode
-        && old.sampled_queues == status.sampled_queues
-        && old.sampled == status.sampled
-        && old.captured == status.captured
-        && old.dropped_estimate == status.dropped_estimate
-        && old.addresses == status.addresses
-        && old.instance_id == status.instance_id
-        && old.observed_generation == status.observed_generation
-        && conditions::comparable(&old.conditions) == conditions::comparable(&status.conditions);
-    if !unchanged {
-        let api: Api<ArtemisCaptureSubscription> = Api::namespaced(ctx.client.clone(), ns);
-        api.patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": status})),
-        )
-        .await?;
+    if !super::pass::same_status(&old, &status) {
+        crate::controllers::report::apply_status(&ctx.client, s, &status).await?;
     }
     Ok(())
 }

@@ -5,6 +5,7 @@ mod api_metrics;
 mod binary;
 mod broker_budget;
 mod capture;
+mod capture_blast;
 mod capture_faults;
 mod chart;
 mod close_once;
