@@ -17,6 +17,7 @@ pub mod names;
 pub mod outage;
 pub mod pass;
 pub mod plan;
+pub mod reconcile;
 pub mod row;
 pub mod sample;
 pub mod split;

@@ -55,6 +55,8 @@ pub struct ClusterState {
     pub source_marks: Mutex<BTreeMap<(String, String), SourceMark>>,
     /// Mode Sample: the latest topology, when each subscription was sampled, browse outcomes.
     pub sample: Mutex<super::sample::SampleState>,
+    /// Per (node, tap): the last read of the tap's source and capture sides (`reconcile`).
+    pub sides: Mutex<BTreeMap<(String, TapName), super::reconcile::Sides>>,
 }
 
 /// A source address's routed count, read while its capture queue existed.
@@ -497,6 +499,17 @@ pub async fn run(
     };
     // Before a capture queue is re-created under an existing divert: the window's loss.
     record_window_loss(ctx, state, &cluster_key, &topology, &installs).await;
+    // Existing taps whose divert is gone (removed behind our back): re-created below, and the
+    // copies routed meanwhile estimated as `tap_missing` (issue 25 item 3).
+    let divert_missing: BTreeSet<(TapName, String)> = installs
+        .iter()
+        .flat_map(|(tap, nodes)| {
+            nodes
+                .iter()
+                .filter(|(_, parts)| parts.contains(&Part::Divert) && !parts.contains(&Part::Queue))
+                .map(move |(node, _)| (tap.clone(), node.clone()))
+        })
+        .collect();
     // Installs: one audited command per tap, on the nodes that lack something.
     for (tap, parts_by_node) in installs {
         let Some(spec) = desired.get(&tap) else { continue };
@@ -570,6 +583,16 @@ pub async fn run(
 
     // Loss counters of every capture queue that existed, and the drains that should run.
     read_loss(ctx, state, &cluster_key, &topology, &drain_targets).await;
+    reconcile_sides(
+        ctx,
+        state,
+        &cluster_key,
+        &topology,
+        &drain_targets,
+        &divert_missing,
+        &desired,
+    )
+    .await;
     for (tap, node) in &drain_targets {
         let (Some(spec), Some(n)) = (desired.get(tap), topology.find(node)) else {
             continue;
@@ -796,6 +819,65 @@ async fn read_loss(
             if let Err(e) = result {
                 tracing::warn!(%node, error = %e, "capture: loss not recorded this pass");
             }
+        }
+    }
+}
+
+/// Issue 25 item 3: per tap and node, what the source routed against what reached the capture
+/// queue since the last read (one bulk request per node, `reconcile`); a shortfall no other
+/// cause explains goes to `capture_loss` as `tap_missing` or `unexplained`.
+async fn reconcile_sides(
+    ctx: &Context,
+    state: &ClusterState,
+    cluster_key: &str,
+    topology: &Topology,
+    taps: &[(TapName, String)],
+    divert_missing: &BTreeSet<(TapName, String)>,
+    desired: &BTreeMap<TapName, TapSpec>,
+) {
+    let mut by_node: BTreeMap<&str, Vec<&TapName>> = BTreeMap::new();
+    for (t, n) in taps {
+        by_node.entry(n.as_str()).or_default().push(t);
+    }
+    for (node, taps) in by_node {
+        let Some((m, inv)) = topology
+            .find(node)
+            .and_then(|n| n.active.as_ref().zip(n.inventory.as_deref()))
+        else {
+            continue;
+        };
+        let reads = match super::reconcile::read(m, inv, &taps).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(%node, error = %e, "capture: source and capture counters unreadable this pass");
+                continue;
+            }
+        };
+        for (tap, mut now) in reads {
+            let key = (node.to_string(), tap.clone());
+            let missing = divert_missing.contains(&(tap.clone(), node.to_string()));
+            let filtered = desired.get(&tap).is_some_and(|t| t.filter.is_some());
+            let mut sides = state.sides.lock().await;
+            let short = super::reconcile::shortfall(sides.get(&key), &mut now, missing, filtered);
+            sides.insert(key, now);
+            drop(sides);
+            let Some(short) = short else { continue };
+            tracing::warn!(%node, address = %tap.address, subscription = %tap.subscription, cause = short.cause, lost = short.messages, "capture: the source routed more than reached the capture queue");
+            let at = LossAt {
+                cluster: cluster_key,
+                subscription: &tap.subscription,
+                node,
+                source_address: &tap.address,
+            };
+            if let Err(e) = ctx.store.add_loss(&at, short.cause, short.messages).await {
+                tracing::warn!(%node, error = %e, "capture: the shortfall not recorded");
+            }
+            crate::telemetry::capture::metrics().dropped(
+                cluster_key,
+                &tap.subscription,
+                short.cause,
+                short.messages,
+            );
         }
     }
 }

@@ -7,6 +7,7 @@ mod broker_budget;
 mod capture;
 mod capture_blast;
 mod capture_faults;
+mod capture_reconcile;
 mod chart;
 mod close_once;
 mod cluster_core;
