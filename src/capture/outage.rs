@@ -10,7 +10,8 @@ use std::sync::Arc;
 use kube::ResourceExt;
 
 use super::drain::DrainKey;
-use super::pass::{DrainView, not_drained, same_status, set_tap_conditions};
+use super::pass::DrainView;
+use super::status::{not_drained, same_status, set_tap_conditions};
 use crate::api::capture::{ArtemisCaptureSubscription, TapState};
 use crate::controllers::Context;
 

@@ -7,8 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::{Patch, PatchParams};
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 use serde_json::json;
 use tokio::sync::Mutex;
 
@@ -16,9 +15,10 @@ use super::arming::{self, Arming};
 use super::drain::{DrainHealth, DrainKey};
 use super::names::TapName;
 use super::plan::{self, Part, Subscription, TapSpec, Verdict};
+use super::status::{ARMED, not_drained, same_status, set_tap_conditions};
 use crate::api::capture::{
-    ArtemisCaptureSubscription, ArtemisCaptureSubscriptionStatus, CAPTURE_FINALIZER, CaptureArming,
-    CaptureMode, CapturePreview, TapState, TapStatus,
+    ArtemisCaptureSubscription, ArtemisCaptureSubscriptionStatus, CaptureArming, CaptureMode, CapturePreview,
+    TapState, TapStatus,
 };
 use crate::api::{ArtemisCluster, NodeOutcome, Outcome, RefusalKind};
 use crate::broker::{BrokerError, BrokerManagement};
@@ -126,12 +126,6 @@ struct Found {
     state: TapState,
     refusal: Option<RefusalKind>,
     message: String,
-}
-
-pub(super) fn not_drained(why: &str) -> String {
-    format!(
-        "installed, not drained ({why}): copies wait in the ring (oldest overwritten first) and this node is not covered until the drain runs (ADR-0066 D2)"
-    )
 }
 
 fn view(
@@ -271,19 +265,7 @@ pub async fn run(
 
     // Finalizers first: a subscription never has a tap on a broker without one.
     for s in subs.iter().filter(|s| s.metadata.deletion_timestamp.is_none()) {
-        if !s.finalizers().iter().any(|f| f == CAPTURE_FINALIZER) {
-            let mut list = s.finalizers().to_vec();
-            list.push(CAPTURE_FINALIZER.to_string());
-            let api: Api<ArtemisCaptureSubscription> = Api::namespaced(ctx.client.clone(), &ns);
-            api.patch(
-                &s.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(
-                    json!({"metadata": {"finalizers": list, "resourceVersion": s.resource_version()}}),
-                ),
-            )
-            .await?;
-        }
+        super::status::set_finalizer(&ctx.client, s, true).await?;
     }
 
     let access = crate::controllers::cluster::resolve_access(&ctx.client, &ns, &cluster.spec)
@@ -619,7 +601,7 @@ pub async fn run(
     }
 
     // Mode Sample: browse what is due, on this pass's fresh topology.
-    super::sample::sample_due(ctx, state, &cluster_key, subs).await;
+    super::sample::sample_due(ctx, &state.sample, &cluster_key, subs).await;
 
     // Status and finalizers, from what is true after the writes.
     let records = ctx.store.open_taps(&cluster_key, instance).await?;
@@ -627,7 +609,7 @@ pub async fn run(
     let marks = ctx.store.sample_marks(&cluster_key).await?;
     for s in subs {
         if super::sample::is_sampling(s) {
-            super::sample::write_status(ctx, state, s, &topology, &marks, &totals).await?;
+            super::sample::write_status(ctx, &state.sample, s, &topology, &marks, &totals).await?;
             continue;
         }
         let stored = Stored {
@@ -637,7 +619,7 @@ pub async fn run(
             arms: &arms,
             past_cap: &past_cap,
         };
-        write_status(ctx, &ns, s, &topology, &desired, &found, &stored).await?;
+        write_status(ctx, s, &topology, &desired, &found, &stored).await?;
     }
     Ok(summary)
 }
@@ -795,32 +777,43 @@ async fn read_loss(
                 source_address: &tap.address,
             };
             let memo = (node.to_string(), queue.clone());
-            let result = async {
-                let before = match state.counters.lock().await.get(&memo) {
-                    Some(c) => Some(*c),
-                    None => ctx.store.last_counters(&at, queue).await?,
-                };
-                if before.as_ref() == Some(&now) {
-                    return Ok(());
-                }
-                let d = super::loss::delta(before.as_ref(), &now);
-                ctx.store.add_loss(&at, "ring_overwrite", d.ring).await?;
-                ctx.store.add_loss(&at, "address_full", d.address).await?;
-                ctx.store.add_loss(&at, "broker_restart", d.reset).await?;
-                ctx.store.save_counters(&at, queue, &now).await?;
-                let m = crate::telemetry::capture::metrics();
-                m.dropped(cluster_key, &tap.subscription, "ring_overwrite", d.ring);
-                m.dropped(cluster_key, &tap.subscription, "address_full", d.address);
-                m.dropped(cluster_key, &tap.subscription, "broker_restart", d.reset);
-                state.counters.lock().await.insert(memo.clone(), now);
-                Ok::<(), StoreError>(())
-            }
-            .await;
+            let result = record_queue_loss(ctx, state, &at, memo, &now).await;
             if let Err(e) = result {
                 tracing::warn!(%node, error = %e, "capture: loss not recorded this pass");
             }
         }
     }
+}
+
+/// What the capture queue's counters say was lost since their last read (the memo, else the
+/// saved read), added to `capture_loss` by cause and saved as the next baseline — only when
+/// they changed, so an idle tap costs no write.
+async fn record_queue_loss(
+    ctx: &Context,
+    state: &ClusterState,
+    at: &LossAt<'_>,
+    memo: (String, String),
+    now: &QueueCounters,
+) -> Result<(), StoreError> {
+    let queue = &memo.1;
+    let before = match state.counters.lock().await.get(&memo) {
+        Some(c) => Some(*c),
+        None => ctx.store.last_counters(at, queue).await?,
+    };
+    if before.as_ref() == Some(now) {
+        return Ok(());
+    }
+    let d = super::loss::delta(before.as_ref(), now);
+    ctx.store.add_loss(at, "ring_overwrite", d.ring).await?;
+    ctx.store.add_loss(at, "address_full", d.address).await?;
+    ctx.store.add_loss(at, "broker_restart", d.reset).await?;
+    ctx.store.save_counters(at, queue, now).await?;
+    let m = crate::telemetry::capture::metrics();
+    m.dropped(at.cluster, at.subscription, "ring_overwrite", d.ring);
+    m.dropped(at.cluster, at.subscription, "address_full", d.address);
+    m.dropped(at.cluster, at.subscription, "broker_restart", d.reset);
+    state.counters.lock().await.insert(memo, *now);
+    Ok(())
 }
 
 /// Issue 25 item 3: per tap and node, what the source routed against what reached the capture
@@ -1174,7 +1167,6 @@ struct Stored<'a> {
 /// finalizer released once no tap of it remains.
 async fn write_status(
     ctx: &Context,
-    ns: &str,
     s: &Arc<ArtemisCaptureSubscription>,
     topology: &Topology,
     desired: &BTreeMap<TapName, TapSpec>,
@@ -1183,7 +1175,6 @@ async fn write_status(
 ) -> Result<(), PassError> {
     let (records, totals) = (stored.records, stored.totals);
     let name = s.name_any();
-    let api: Api<ArtemisCaptureSubscription> = Api::namespaced(ctx.client.clone(), ns);
     let generation = s.metadata.generation;
     let old = s.status.clone().unwrap_or_default();
     let mut status = ArtemisCaptureSubscriptionStatus {
@@ -1207,73 +1198,13 @@ async fn write_status(
         records.iter().filter(|r| r.subscription == name).collect();
 
     if s.metadata.deletion_timestamp.is_some() {
-        // Some record still open means a node still holds (or may hold) a tap.
-        status.taps = remaining
-            .iter()
-            .map(|r| TapStatus {
-                address: r.source_address.clone(),
-                node: r.node.clone(),
-                state: TapState::Pending,
-                capture_queue: Some(r.capture_queue.clone()),
-                message: Some(
-                    "being removed: the capture pass removes this tap when the node is reachable".into(),
-                ),
-                coverage_start: Some(r.installed_at.to_rfc3339()),
-                ..Default::default()
-            })
-            .collect();
         if remaining.is_empty() {
-            let list: Vec<String> = s
-                .finalizers()
-                .iter()
-                .filter(|f| *f != CAPTURE_FINALIZER)
-                .cloned()
-                .collect();
-            api.patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(
-                    json!({"metadata": {"finalizers": list, "resourceVersion": s.resource_version()}}),
-                ),
-            )
-            .await?;
+            super::status::set_finalizer(&ctx.client, s, false).await?;
             return Ok(());
         }
-        conditions::set(
-            &mut status.conditions,
-            conditions::READY,
-            false,
-            "Deleting",
-            format!(
-                "being deleted: the capture pass removes its taps (ADR-0062 D6); {} remain, on nodes not reachable now; the finalizer is released when none remains",
-                remaining.len()
-            ),
-            generation,
-        );
+        being_removed(&mut status, &remaining, generation);
     } else {
-        for tap in &mine {
-            for node in &topology.nodes {
-                let f = found.get(&((*tap).clone(), node.node_id.clone()));
-                let coverage = remaining
-                    .iter()
-                    .find(|r| r.node == node.node_id && r.source_address == tap.address)
-                    .map(|r| r.installed_at.to_rfc3339());
-                let t = totals.iter().find(|t| {
-                    t.subscription == name && t.node == node.node_id && t.source_address == tap.address
-                });
-                status.taps.push(TapStatus {
-                    address: tap.address.clone(),
-                    node: node.node_id.clone(),
-                    state: f.map(|f| f.state).unwrap_or_default(),
-                    refusal: f.and_then(|f| f.refusal),
-                    message: f.map(|f| f.message.clone()),
-                    capture_queue: Some(tap.capture_queue()),
-                    coverage_start: coverage,
-                    captured: t.map(|t| t.captured.max(0) as u64).unwrap_or(0),
-                    dropped_estimate: t.map(|t| t.lost.max(0) as u64).unwrap_or(0),
-                });
-            }
-        }
+        status.taps = tap_statuses(&name, &mine, topology, found, &remaining, totals);
         set_tap_conditions(&mut status, &s.spec.queues, mine.is_empty(), generation);
         if let Some(arm) = stored.arms.get(&name) {
             set_arming(&mut status, s, arm, stored.past_cap.get(&name), generation);
@@ -1290,6 +1221,77 @@ async fn write_status(
         crate::controllers::report::apply_status(&ctx.client, s.as_ref(), &status).await?;
     }
     Ok(())
+}
+
+/// A subscription being deleted: its open records, each a tap the pass still has to remove.
+fn being_removed(
+    status: &mut ArtemisCaptureSubscriptionStatus,
+    remaining: &[&crate::store::capture::TapRecord],
+    generation: Option<i64>,
+) {
+    // Some record still open means a node still holds (or may hold) a tap.
+    status.taps = remaining
+        .iter()
+        .map(|r| TapStatus {
+            address: r.source_address.clone(),
+            node: r.node.clone(),
+            state: TapState::Pending,
+            capture_queue: Some(r.capture_queue.clone()),
+            message: Some(
+                "being removed: the capture pass removes this tap when the node is reachable".into(),
+            ),
+            coverage_start: Some(r.installed_at.to_rfc3339()),
+            ..Default::default()
+        })
+        .collect();
+    conditions::set(
+        &mut status.conditions,
+        conditions::READY,
+        false,
+        "Deleting",
+        format!(
+            "being deleted: the capture pass removes its taps (ADR-0062 D6); {} remain, on nodes not reachable now; the finalizer is released when none remains",
+            remaining.len()
+        ),
+        generation,
+    );
+}
+
+/// One status entry per tap of subscription `name` per node: what the pass found, where its
+/// coverage starts, what it stored and lost.
+fn tap_statuses(
+    name: &str,
+    mine: &[&TapName],
+    topology: &Topology,
+    found: &BTreeMap<(TapName, String), Found>,
+    remaining: &[&crate::store::capture::TapRecord],
+    totals: &[TapTotals],
+) -> Vec<TapStatus> {
+    let mut out = vec![];
+    for tap in mine {
+        for node in &topology.nodes {
+            let f = found.get(&((*tap).clone(), node.node_id.clone()));
+            let coverage = remaining
+                .iter()
+                .find(|r| r.node == node.node_id && r.source_address == tap.address)
+                .map(|r| r.installed_at.to_rfc3339());
+            let t = totals.iter().find(|t| {
+                t.subscription == name && t.node == node.node_id && t.source_address == tap.address
+            });
+            out.push(TapStatus {
+                address: tap.address.clone(),
+                node: node.node_id.clone(),
+                state: f.map(|f| f.state).unwrap_or_default(),
+                refusal: f.and_then(|f| f.refusal),
+                message: f.map(|f| f.message.clone()),
+                capture_queue: Some(tap.capture_queue()),
+                coverage_start: coverage,
+                captured: t.map(|t| t.captured.max(0) as u64).unwrap_or(0),
+                dropped_estimate: t.map(|t| t.lost.max(0) as u64).unwrap_or(0),
+            });
+        }
+    }
+    out
 }
 
 /// The condition that says whether (and how) the subscription is armed, the preview, and — while
@@ -1378,106 +1380,6 @@ fn stalled_past_cap(list: &mut Vec<crate::api::Condition>, generation: Option<i6
         "nothing left to do until the spec or the brokers change",
         generation,
     );
-}
-
-/// Whether the subscription is armed (issue 25 item 5).
-pub const ARMED: &str = "Armed";
-
-/// Ready and Degraded from the taps' states (`no_taps`: no queue matches `queues` anywhere).
-pub(super) fn set_tap_conditions(
-    status: &mut ArtemisCaptureSubscriptionStatus,
-    queues: &str,
-    no_taps: bool,
-    generation: Option<i64>,
-) {
-    let count = |st: TapState| status.taps.iter().filter(|t| t.state == st).count();
-    let (healthy, degraded, refused, pending) = (
-        count(TapState::Healthy),
-        count(TapState::Degraded),
-        count(TapState::Refused),
-        count(TapState::Pending),
-    );
-    let total = status.taps.len();
-    let (ready, reason, message) = if no_taps {
-        (
-            false,
-            "NoMatchingQueues",
-            format!(
-                "no queue matches {:?} on any live node: nothing to capture yet",
-                queues
-            ),
-        )
-    } else if healthy == total {
-        (
-            true,
-            "Draining",
-            format!("{total} taps installed and being drained"),
-        )
-    } else if refused > 0 {
-        (
-            false,
-            "Refused",
-            format!("{refused} of {total} taps refused (see taps[].refusal); {healthy} healthy"),
-        )
-    } else if degraded > 0 {
-        (
-            false,
-            "NotDrained",
-            format!("{degraded} of {total} taps installed and not drained; {healthy} healthy"),
-        )
-    } else {
-        (
-            false,
-            "Pending",
-            format!("{pending} of {total} taps pending; {healthy} healthy"),
-        )
-    };
-    conditions::set(
-        &mut status.conditions,
-        conditions::READY,
-        ready,
-        reason,
-        message,
-        generation,
-    );
-    let degraded_now = degraded + refused > 0;
-    conditions::set(
-        &mut status.conditions,
-        conditions::DEGRADED,
-        degraded_now,
-        if refused > 0 {
-            "Refused"
-        } else if degraded > 0 {
-            "NotDrained"
-        } else {
-            "AsExpected"
-        },
-        if degraded_now {
-            format!("{degraded} taps installed and not drained, {refused} refused")
-        } else {
-            "no tap is degraded or refused".to_string()
-        },
-        generation,
-    );
-}
-
-/// Nothing a status write would change (conditions compared without their timestamps).
-pub(super) fn same_status(
-    old: &ArtemisCaptureSubscriptionStatus,
-    new: &ArtemisCaptureSubscriptionStatus,
-) -> bool {
-    old.taps == new.taps
-        && old.mode == new.mode
-        && old.sampled_queues == new.sampled_queues
-        && old.sampled == new.sampled
-        && old.captured == new.captured
-        && old.dropped_estimate == new.dropped_estimate
-        && old.addresses == new.addresses
-        && old.instance_id == new.instance_id
-        && old.observed_generation == new.observed_generation
-        && old.preview == new.preview
-        && old.armed == new.armed
-        && conditions::comparable(&old.conditions) == conditions::comparable(&new.conditions)
 }
 
 #[cfg(test)]
