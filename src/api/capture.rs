@@ -104,6 +104,23 @@ pub struct ArtemisCaptureSubscriptionSpec {
     /// How long captured messages are kept in Postgres.
     #[serde(default)]
     pub retention: CaptureRetention,
+    /// Most taps (captured addresses: each one tap, installed on every live node where the
+    /// address exists) this subscription may have. A pattern matching more installs nothing
+    /// until it is narrowed or this is raised (condition Ready=False, reason TapCapExceeded);
+    /// one that grows past it later keeps its taps and gets no new ones past the cap.
+    #[serde(default = "default_max_taps")]
+    #[schemars(range(min = 1))]
+    pub max_taps: u32,
+    /// Arms the subscription after its blast radius was shown (the same "shown, then armed" rule
+    /// as a ConnectionClose, ADR-0057): set it to status.preview.confirmation, AFTER the
+    /// operator has written that preview. Until then a subscription whose `queues` holds a
+    /// wildcard installs nothing. A queue named without wildcards is one address, so its spec is
+    /// its own preview and needs no arming; automation that accepts any blast radius annotates
+    /// the object `artemis-studio.io/confirm-without-review: "true"` instead (recorded in the
+    /// audit rows of its installs). Arming holds for `queues` as armed: changing `queues` shows
+    /// a new preview and installs nothing new until it is armed again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirm: Option<String>,
 }
 
 /// How a subscription records messages.
@@ -126,6 +143,10 @@ impl CaptureMode {
             CaptureMode::Sample => "sample",
         }
     }
+}
+
+fn default_max_taps() -> u32 {
+    100
 }
 
 fn default_sample_interval() -> u32 {
@@ -217,6 +238,66 @@ pub struct ArtemisCaptureSubscriptionStatus {
     /// nodes. What a browse saw, never a count of what was sent.
     #[serde(default)]
     pub sampled: u64,
+    /// Mode Capture: what `spec.queues` installs on the brokers now (the blast radius), kept
+    /// current; shown before anything is installed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preview: Option<CapturePreview>,
+    /// How and when the subscription was armed (None: nothing new is installed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub armed: Option<CaptureArming>,
+}
+
+/// The blast radius of a subscription: what its pattern makes the operator install.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CapturePreview {
+    /// The pattern this preview is of (spec.queues when it was computed).
+    pub queues: String,
+    /// Taps: the captured addresses (each installed on every live node holding it).
+    pub taps: u64,
+    /// The first captured addresses, sorted (at most 50; `taps` counts them all).
+    #[serde(default)]
+    pub addresses: Vec<String>,
+    /// The live nodes the taps go on.
+    #[serde(default)]
+    pub nodes: Vec<String>,
+    /// Broker objects installed in all: a divert, a ring queue, an address setting and a security
+    /// setting per captured address per live node holding it.
+    pub broker_objects: u64,
+    /// Addresses the pattern matches that are never tapped: broker-internal ones
+    /// ($.artemis.internal.*, $sys.*, activemq.management*, activemq.notifications) and every
+    /// installation's capture prefix (artemis-studio.capture.*). The first 20, sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub never_tapped: Vec<String>,
+    /// spec.maxTaps when it was computed.
+    pub max_taps: u32,
+    /// What spec.confirm must say to arm exactly this preview.
+    pub confirmation: String,
+    /// The metadata.generation at which this preview was shown: spec.confirm counts only when
+    /// set at a later generation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shown_generation: Option<i64>,
+}
+
+/// How a subscription was armed: from then on its taps follow `queues` (up to spec.maxTaps).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CaptureArming {
+    /// The pattern armed; a different spec.queues needs arming again.
+    pub queues: String,
+    /// ConfirmedAfterPreview (spec.confirm, given after the preview was shown),
+    /// ConfirmWithoutReview (the annotation) or ExactQueueName (no wildcard: one address).
+    pub how: String,
+    /// The generation it was armed at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// spec.confirm as it was armed (ConfirmedAfterPreview).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirm: Option<String>,
+    /// The taps the preview showed when it was armed.
+    pub taps: u64,
+    /// When (RFC 3339).
+    pub at: String,
 }
 
 /// What sampling saw of one queue on one node (mode Sample).

@@ -2,22 +2,27 @@
 //! queue per captured address per live node, kept by one reconciler per cluster.
 //!
 //! - `names`: ownership is in the name (D7); escaping; Artemis wildcards.
+//! - `arming`: pure — the blast radius shown before anything is installed, then armed.
 //! - `plan`: pure judgement — captured addresses, what a tap lacks, orphans, refusals (D8).
 //! - `pass`: one pass over one cluster — install, heal, sweep, audit, status (D6, ADR-0066 D2).
+//! - `status`: what the status writers share (conditions, change test, the finalizer).
 //! - `sample`: mode Sample — browse (never consume) matching queues, no tap (D3, D10).
 //! - [`run`]: the worker every replica runs (capture is not leader-only): per cluster, a pass
 //!   runs only while this process holds the cluster's Postgres advisory lock, so passes never
 //!   overlap and clusters spread across replicas.
 
+pub mod arming;
 pub mod drain;
 pub mod loss;
 pub mod names;
 pub mod outage;
 pub mod pass;
 pub mod plan;
+pub mod reconcile;
 pub mod row;
 pub mod sample;
 pub mod split;
+pub mod status;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -285,7 +290,6 @@ async fn release_orphaned_in_deleted_namespaces(
     subs: &[Arc<ArtemisCaptureSubscription>],
     clusters: &BTreeMap<String, Arc<ArtemisCluster>>,
 ) {
-    use kube::api::{Api, Patch, PatchParams};
     for s in subs {
         let ns = s.namespace().unwrap_or_default();
         if s.metadata.deletion_timestamp.is_none()
@@ -305,23 +309,7 @@ async fn release_orphaned_in_deleted_namespaces(
             "capture: ArtemisCluster {} is gone and namespace {ns} is being deleted: finalizer released, its taps are left on the brokers",
             s.spec.cluster_ref.name
         );
-        let list: Vec<String> = s
-            .finalizers()
-            .iter()
-            .filter(|f| *f != crate::api::capture::CAPTURE_FINALIZER)
-            .cloned()
-            .collect();
-        let api: Api<ArtemisCaptureSubscription> = Api::namespaced(ctx.client.clone(), &ns);
-        if let Err(e) = api
-            .patch(
-                &s.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(
-                    serde_json::json!({"metadata": {"finalizers": list, "resourceVersion": s.resource_version()}}),
-                ),
-            )
-            .await
-        {
+        if let Err(e) = status::set_finalizer(&ctx.client, s, false).await {
             tracing::warn!(subscription = %s.name_any(), error = %e, "capture: cannot release the finalizer");
         }
     }
@@ -496,7 +484,7 @@ async fn worker(
             let mut wake = next_pass;
             for (cluster_key, s) in &served {
                 let mine = of_cluster(&all_subs, cluster_key);
-                if let Some(due) = sample::next_due(&s.state, &mine).await {
+                if let Some(due) = sample::next_due(&s.state.sample, &mine).await {
                     wake = wake.min(tokio::time::Instant::from_std(due));
                 }
             }
@@ -514,7 +502,7 @@ async fn worker(
             for (cluster_key, s) in served.iter_mut() {
                 let mine = of_cluster(&all_subs, cluster_key);
                 if mine.iter().any(|x| sample::is_sampling(x)) && s.lock.still_held().await {
-                    sample::sample_due(&ctx, &s.state, cluster_key, &mine).await;
+                    sample::sample_due(&ctx, &s.state.sample, cluster_key, &mine).await;
                 }
             }
         }

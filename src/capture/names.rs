@@ -154,9 +154,55 @@ pub fn wildcard_matches(pattern: &str, name: &str) -> bool {
     go(&p, &n)
 }
 
+/// A pattern with no `*` or `#` word names exactly one queue.
+pub fn is_exact(pattern: &str) -> bool {
+    pattern.split('.').all(|w| w != "*" && w != "#")
+}
+
+/// Prefixes of the broker's own addresses and queues: store-and-forward (`$.artemis.internal.sf.*`),
+/// MQTT and other protocol internals (`$sys.*`), management and notifications.
+const BROKER_INTERNAL: &[&str] = &[
+    "$.artemis.internal.",
+    "$sys.",
+    "activemq.management",
+    "activemq.notifications",
+];
+
+/// Never captured nor sampled, whatever the pattern: the broker's internal addresses and queues,
+/// and anything under the capture prefix — this installation's taps and every other
+/// installation's (all carry `artemis-studio.capture.<instance>.`), so capture never captures a
+/// capture queue.
+pub fn never_captured(name: &str) -> bool {
+    name.starts_with(CAPTURE_PREFIX) || BROKER_INTERNAL.iter().any(|p| name.starts_with(p))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn internal_and_capture_names_are_never_captured_and_wildcards_are_words() {
+        for n in [
+            "$.artemis.internal.sf.my-cluster.abc",
+            "$sys.mqtt.sessions",
+            "activemq.management",
+            "activemq.management.abc",
+            "activemq.notifications",
+            "artemis-studio.capture.other-install.orders.sub",
+        ] {
+            assert!(never_captured(n), "{n}");
+        }
+        for n in [
+            "orders",
+            "DLQ",
+            "ExpiryQueue",
+            "sys.orders",
+            "artemis-studio.orders",
+        ] {
+            assert!(!never_captured(n), "{n}");
+        }
+        assert!(is_exact("orders.in") && is_exact("orders*") && !is_exact("orders.#") && !is_exact("*"));
+    }
 
     #[test]
     fn any_address_maps_to_one_word_and_back() {

@@ -7,12 +7,11 @@
 
 use std::sync::Arc;
 
-use kube::api::{Patch, PatchParams};
-use kube::{Api, ResourceExt};
-use serde_json::json;
+use kube::ResourceExt;
 
 use super::drain::DrainKey;
-use super::pass::{DrainView, not_drained, same_status, set_tap_conditions};
+use super::pass::DrainView;
+use super::status::{not_drained, same_status, set_tap_conditions};
 use crate::api::capture::{ArtemisCaptureSubscription, TapState};
 use crate::controllers::Context;
 
@@ -55,16 +54,7 @@ pub async fn report(
         if same_status(&old, &status) {
             continue;
         }
-        let api: Api<ArtemisCaptureSubscription> =
-            Api::namespaced(ctx.client.clone(), &s.namespace().unwrap_or_default());
-        if let Err(e) = api
-            .patch_status(
-                &s.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": status})),
-            )
-            .await
-        {
+        if let Err(e) = crate::controllers::report::apply_status(&ctx.client, s.as_ref(), &status).await {
             tracing::warn!(subscription = %s.name_any(), error = %e, "capture: cannot write the outage status");
         }
     }

@@ -7,17 +7,18 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::{Patch, PatchParams};
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 use serde_json::json;
 use tokio::sync::Mutex;
 
+use super::arming::{self, Arming};
 use super::drain::{DrainHealth, DrainKey};
 use super::names::TapName;
 use super::plan::{self, Part, Subscription, TapSpec, Verdict};
+use super::status::{ARMED, not_drained, same_status, set_tap_conditions};
 use crate::api::capture::{
-    ArtemisCaptureSubscription, ArtemisCaptureSubscriptionStatus, CAPTURE_FINALIZER, CaptureMode, TapState,
-    TapStatus,
+    ArtemisCaptureSubscription, ArtemisCaptureSubscriptionStatus, CaptureArming, CaptureMode, CapturePreview,
+    TapState, TapStatus,
 };
 use crate::api::{ArtemisCluster, NodeOutcome, Outcome, RefusalKind};
 use crate::broker::{BrokerError, BrokerManagement};
@@ -54,6 +55,8 @@ pub struct ClusterState {
     pub source_marks: Mutex<BTreeMap<(String, String), SourceMark>>,
     /// Mode Sample: the latest topology, when each subscription was sampled, browse outcomes.
     pub sample: Mutex<super::sample::SampleState>,
+    /// Per (node, tap): the last read of the tap's source and capture sides (`reconcile`).
+    pub sides: Mutex<BTreeMap<(String, TapName), super::reconcile::Sides>>,
 }
 
 /// A source address's routed count, read while its capture queue existed.
@@ -125,15 +128,21 @@ struct Found {
     message: String,
 }
 
-pub(super) fn not_drained(why: &str) -> String {
-    format!(
-        "installed, not drained ({why}): copies wait in the ring (oldest overwritten first) and this node is not covered until the drain runs (ADR-0066 D2)"
-    )
-}
-
-fn view(s: &ArtemisCaptureSubscription) -> Subscription {
+fn view(
+    s: &ArtemisCaptureSubscription,
+    arms: &BTreeMap<String, ArmState>,
+    records: &[crate::store::capture::TapRecord],
+) -> Subscription {
+    let name = s.name_any();
     Subscription {
-        name: s.name_any(),
+        armed: arms.get(&name).is_some_and(|a| a.armed().is_some()),
+        max_taps: s.spec.max_taps,
+        installed: records
+            .iter()
+            .filter(|r| r.subscription == name)
+            .map(|r| r.source_address.clone())
+            .collect(),
+        name,
         pattern: s.spec.queues.clone(),
         filter: s.spec.filter.clone().filter(|f| !f.trim().is_empty()),
         ring_size: s.spec.ring_size,
@@ -141,6 +150,64 @@ fn view(s: &ArtemisCaptureSubscription) -> Subscription {
         max_buffer_bytes: s.spec.max_buffer_bytes,
         deleting: s.metadata.deletion_timestamp.is_some(),
     }
+}
+
+/// A subscription's blast radius now and whether it is armed (issue 25 item 5).
+pub struct ArmState {
+    pub preview: CapturePreview,
+    pub arming: Arming,
+}
+
+impl ArmState {
+    pub fn armed(&self) -> Option<&CaptureArming> {
+        match &self.arming {
+            Arming::Armed(a) => Some(a),
+            Arming::Not { .. } => None,
+        }
+    }
+}
+
+fn without_review(s: &ArtemisCaptureSubscription) -> bool {
+    s.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::api::CONFIRM_WITHOUT_REVIEW_ANNOTATION))
+        .is_some_and(|v| v == "true")
+}
+
+/// The preview and the arming verdict of every capturing subscription, on the live nodes'
+/// inventories of this pass.
+fn arm_all(subs: &[Arc<ArtemisCaptureSubscription>], topology: &Topology) -> BTreeMap<String, ArmState> {
+    let live: BTreeMap<String, &crate::topology::inventory::NodeInventory> = topology
+        .live_nodes()
+        .filter_map(|n| n.inventory.as_deref().map(|i| (n.node_id.clone(), i)))
+        .collect();
+    let at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    subs.iter()
+        .filter(|s| !super::sample::is_sampling(s) && s.metadata.deletion_timestamp.is_none())
+        .map(|s| {
+            let (capturable, never) = plan::matched_addresses(&s.spec.queues, live.values().copied());
+            let resolved = arming::Resolved {
+                queues: &s.spec.queues,
+                max_taps: s.spec.max_taps,
+                capturable: &capturable,
+                never: &never,
+                live: &live,
+            };
+            let preview = arming::preview(&resolved, s.metadata.generation);
+            let old = s.status.as_ref();
+            let request = arming::Request {
+                queues: &s.spec.queues,
+                confirm: s.spec.confirm.as_deref(),
+                generation: s.metadata.generation,
+                without_review: without_review(s),
+                armed: old.and_then(|o| o.armed.as_ref()),
+                shown: old.and_then(|o| o.preview.as_ref()),
+            };
+            let arming = arming::decide(&request, &preview, &at);
+            (s.name_any(), ArmState { preview, arming })
+        })
+        .collect()
 }
 
 /// ADR-0062 D7 across the ArtemisClusters of one installation: a tap's name carries the
@@ -198,19 +265,7 @@ pub async fn run(
 
     // Finalizers first: a subscription never has a tap on a broker without one.
     for s in subs.iter().filter(|s| s.metadata.deletion_timestamp.is_none()) {
-        if !s.finalizers().iter().any(|f| f == CAPTURE_FINALIZER) {
-            let mut list = s.finalizers().to_vec();
-            list.push(CAPTURE_FINALIZER.to_string());
-            let api: Api<ArtemisCaptureSubscription> = Api::namespaced(ctx.client.clone(), &ns);
-            api.patch(
-                &s.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(
-                    json!({"metadata": {"finalizers": list, "resourceVersion": s.resource_version()}}),
-                ),
-            )
-            .await?;
-        }
+        super::status::set_finalizer(&ctx.client, s, true).await?;
     }
 
     let access = crate::controllers::cluster::resolve_access(&ctx.client, &ns, &cluster.spec)
@@ -229,18 +284,20 @@ pub async fn run(
             .record_subscription_mode(&cluster_key, &s.name_any(), s.spec.mode.as_db(), interval)
             .await?;
     }
+    let records = ctx.store.open_taps(&cluster_key, instance).await?;
+    // Before anything new is installed: the blast radius shown, then armed (issue 25 item 5).
+    let arms = arm_all(subs, &topology);
     // A subscription in mode Sample wants no tap: the sweep removes any it had (ADR-0062 D6).
     let views: Vec<Subscription> = subs
         .iter()
         .filter(|s| !super::sample::is_sampling(s))
-        .map(|s| view(s))
+        .map(|s| view(s, &arms, &records))
         .collect();
     let inventories: Vec<&crate::topology::inventory::NodeInventory> = topology
         .live_nodes()
         .filter_map(|n| n.inventory.as_deref())
         .collect();
-    let desired = plan::desired_taps(instance, &role, &views, inventories.iter().copied());
-    let records = ctx.store.open_taps(&cluster_key, instance).await?;
+    let (desired, past_cap) = plan::desired_taps(instance, &role, &views, inventories.iter().copied());
 
     // Judge every desired tap on every live node; collect the writes and the orphans.
     let mut found: BTreeMap<(TapName, String), Found> = BTreeMap::new();
@@ -420,9 +477,21 @@ pub async fn run(
         holder,
         topology: &topology,
         timeout,
+        arms: &arms,
     };
     // Before a capture queue is re-created under an existing divert: the window's loss.
     record_window_loss(ctx, state, &cluster_key, &topology, &installs).await;
+    // Existing taps whose divert is gone (removed behind our back): re-created below, and the
+    // copies routed meanwhile estimated as `tap_missing` (issue 25 item 3).
+    let divert_missing: BTreeSet<(TapName, String)> = installs
+        .iter()
+        .flat_map(|(tap, nodes)| {
+            nodes
+                .iter()
+                .filter(|(_, parts)| parts.contains(&Part::Divert) && !parts.contains(&Part::Queue))
+                .map(move |(node, _)| (tap.clone(), node.clone()))
+        })
+        .collect();
     // Installs: one audited command per tap, on the nodes that lack something.
     for (tap, parts_by_node) in installs {
         let Some(spec) = desired.get(&tap) else { continue };
@@ -496,6 +565,16 @@ pub async fn run(
 
     // Loss counters of every capture queue that existed, and the drains that should run.
     read_loss(ctx, state, &cluster_key, &topology, &drain_targets).await;
+    reconcile_sides(
+        ctx,
+        state,
+        &cluster_key,
+        &topology,
+        &drain_targets,
+        &divert_missing,
+        &desired,
+    )
+    .await;
     for (tap, node) in &drain_targets {
         let (Some(spec), Some(n)) = (desired.get(tap), topology.find(node)) else {
             continue;
@@ -522,7 +601,7 @@ pub async fn run(
     }
 
     // Mode Sample: browse what is due, on this pass's fresh topology.
-    super::sample::sample_due(ctx, state, &cluster_key, subs).await;
+    super::sample::sample_due(ctx, &state.sample, &cluster_key, subs).await;
 
     // Status and finalizers, from what is true after the writes.
     let records = ctx.store.open_taps(&cluster_key, instance).await?;
@@ -530,15 +609,17 @@ pub async fn run(
     let marks = ctx.store.sample_marks(&cluster_key).await?;
     for s in subs {
         if super::sample::is_sampling(s) {
-            super::sample::write_status(ctx, &ns, state, s, &topology, &marks, &totals).await?;
+            super::sample::write_status(ctx, &state.sample, s, &topology, &marks, &totals).await?;
             continue;
         }
         let stored = Stored {
             records: &records,
             totals: &totals,
             marks: &marks,
+            arms: &arms,
+            past_cap: &past_cap,
         };
-        write_status(ctx, &ns, s, &topology, &desired, &found, &stored).await?;
+        write_status(ctx, s, &topology, &desired, &found, &stored).await?;
     }
     Ok(summary)
 }
@@ -696,30 +777,100 @@ async fn read_loss(
                 source_address: &tap.address,
             };
             let memo = (node.to_string(), queue.clone());
-            let result = async {
-                let before = match state.counters.lock().await.get(&memo) {
-                    Some(c) => Some(*c),
-                    None => ctx.store.last_counters(&at, queue).await?,
-                };
-                if before.as_ref() == Some(&now) {
-                    return Ok(());
-                }
-                let d = super::loss::delta(before.as_ref(), &now);
-                ctx.store.add_loss(&at, "ring_overwrite", d.ring).await?;
-                ctx.store.add_loss(&at, "address_full", d.address).await?;
-                ctx.store.add_loss(&at, "broker_restart", d.reset).await?;
-                ctx.store.save_counters(&at, queue, &now).await?;
-                let m = crate::telemetry::capture::metrics();
-                m.dropped(cluster_key, &tap.subscription, "ring_overwrite", d.ring);
-                m.dropped(cluster_key, &tap.subscription, "address_full", d.address);
-                m.dropped(cluster_key, &tap.subscription, "broker_restart", d.reset);
-                state.counters.lock().await.insert(memo.clone(), now);
-                Ok::<(), StoreError>(())
-            }
-            .await;
+            let result = record_queue_loss(ctx, state, &at, memo, &now).await;
             if let Err(e) = result {
                 tracing::warn!(%node, error = %e, "capture: loss not recorded this pass");
             }
+        }
+    }
+}
+
+/// What the capture queue's counters say was lost since their last read (the memo, else the
+/// saved read), added to `capture_loss` by cause and saved as the next baseline — only when
+/// they changed, so an idle tap costs no write.
+async fn record_queue_loss(
+    ctx: &Context,
+    state: &ClusterState,
+    at: &LossAt<'_>,
+    memo: (String, String),
+    now: &QueueCounters,
+) -> Result<(), StoreError> {
+    let queue = &memo.1;
+    let before = match state.counters.lock().await.get(&memo) {
+        Some(c) => Some(*c),
+        None => ctx.store.last_counters(at, queue).await?,
+    };
+    if before.as_ref() == Some(now) {
+        return Ok(());
+    }
+    let d = super::loss::delta(before.as_ref(), now);
+    ctx.store.add_loss(at, "ring_overwrite", d.ring).await?;
+    ctx.store.add_loss(at, "address_full", d.address).await?;
+    ctx.store.add_loss(at, "broker_restart", d.reset).await?;
+    ctx.store.save_counters(at, queue, now).await?;
+    let m = crate::telemetry::capture::metrics();
+    m.dropped(at.cluster, at.subscription, "ring_overwrite", d.ring);
+    m.dropped(at.cluster, at.subscription, "address_full", d.address);
+    m.dropped(at.cluster, at.subscription, "broker_restart", d.reset);
+    state.counters.lock().await.insert(memo, *now);
+    Ok(())
+}
+
+/// Issue 25 item 3: per tap and node, what the source routed against what reached the capture
+/// queue since the last read (one bulk request per node, `reconcile`); a shortfall no other
+/// cause explains goes to `capture_loss` as `tap_missing` or `unexplained`.
+async fn reconcile_sides(
+    ctx: &Context,
+    state: &ClusterState,
+    cluster_key: &str,
+    topology: &Topology,
+    taps: &[(TapName, String)],
+    divert_missing: &BTreeSet<(TapName, String)>,
+    desired: &BTreeMap<TapName, TapSpec>,
+) {
+    let mut by_node: BTreeMap<&str, Vec<&TapName>> = BTreeMap::new();
+    for (t, n) in taps {
+        by_node.entry(n.as_str()).or_default().push(t);
+    }
+    for (node, taps) in by_node {
+        let Some((m, inv)) = topology
+            .find(node)
+            .and_then(|n| n.active.as_ref().zip(n.inventory.as_deref()))
+        else {
+            continue;
+        };
+        let reads = match super::reconcile::read(m, inv, &taps).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(%node, error = %e, "capture: source and capture counters unreadable this pass");
+                continue;
+            }
+        };
+        for (tap, mut now) in reads {
+            let key = (node.to_string(), tap.clone());
+            let missing = divert_missing.contains(&(tap.clone(), node.to_string()));
+            let filtered = desired.get(&tap).is_some_and(|t| t.filter.is_some());
+            let mut sides = state.sides.lock().await;
+            let short = super::reconcile::shortfall(sides.get(&key), &mut now, missing, filtered);
+            sides.insert(key, now);
+            drop(sides);
+            let Some(short) = short else { continue };
+            tracing::warn!(%node, address = %tap.address, subscription = %tap.subscription, cause = short.cause, lost = short.messages, "capture: the source routed more than reached the capture queue");
+            let at = LossAt {
+                cluster: cluster_key,
+                subscription: &tap.subscription,
+                node,
+                source_address: &tap.address,
+            };
+            if let Err(e) = ctx.store.add_loss(&at, short.cause, short.messages).await {
+                tracing::warn!(%node, error = %e, "capture: the shortfall not recorded");
+            }
+            crate::telemetry::capture::metrics().dropped(
+                cluster_key,
+                &tap.subscription,
+                short.cause,
+                short.messages,
+            );
         }
     }
 }
@@ -750,6 +901,8 @@ struct PassScope<'a> {
     holder: &'a str,
     topology: &'a Topology,
     timeout: Duration,
+    /// How each subscription was armed: its installs' audit rows say so.
+    arms: &'a BTreeMap<String, ArmState>,
 }
 
 fn intent(
@@ -795,6 +948,9 @@ async fn install(
         "queue": spec.queue_document(),
         "divertConfiguration": spec.divert_document(),
         "consumeRole": spec.role,
+        // Who accepted the blast radius: spec.confirm after the preview, or the annotation.
+        "armed": p.arms.get(&spec.name.subscription).and_then(ArmState::armed),
+        "confirmWithoutReview": sub.is_some_and(|s| without_review(s)),
     });
     let audit = intent(p, "capture.install", sub, &spec.name, params);
     let audit_id = ctx.store.audit_intent(&audit).await?;
@@ -1002,13 +1158,15 @@ struct Stored<'a> {
     totals: &'a [TapTotals],
     /// What an earlier mode Sample stored stays counted.
     marks: &'a [crate::store::sampled::SampleMark],
+    arms: &'a BTreeMap<String, ArmState>,
+    /// Per subscription: the addresses refused past its spec.maxTaps.
+    past_cap: &'a BTreeMap<String, Vec<String>>,
 }
 
 /// Status of one subscription after the pass (written only when it changed), and its
 /// finalizer released once no tap of it remains.
 async fn write_status(
     ctx: &Context,
-    ns: &str,
     s: &Arc<ArtemisCaptureSubscription>,
     topology: &Topology,
     desired: &BTreeMap<TapName, TapSpec>,
@@ -1017,7 +1175,6 @@ async fn write_status(
 ) -> Result<(), PassError> {
     let (records, totals) = (stored.records, stored.totals);
     let name = s.name_any();
-    let api: Api<ArtemisCaptureSubscription> = Api::namespaced(ctx.client.clone(), ns);
     let generation = s.metadata.generation;
     let old = s.status.clone().unwrap_or_default();
     let mut status = ArtemisCaptureSubscriptionStatus {
@@ -1041,185 +1198,188 @@ async fn write_status(
         records.iter().filter(|r| r.subscription == name).collect();
 
     if s.metadata.deletion_timestamp.is_some() {
-        // Some record still open means a node still holds (or may hold) a tap.
-        status.taps = remaining
-            .iter()
-            .map(|r| TapStatus {
-                address: r.source_address.clone(),
-                node: r.node.clone(),
-                state: TapState::Pending,
-                capture_queue: Some(r.capture_queue.clone()),
-                message: Some(
-                    "being removed: the capture pass removes this tap when the node is reachable".into(),
-                ),
-                coverage_start: Some(r.installed_at.to_rfc3339()),
-                ..Default::default()
-            })
-            .collect();
         if remaining.is_empty() {
-            let list: Vec<String> = s
-                .finalizers()
-                .iter()
-                .filter(|f| *f != CAPTURE_FINALIZER)
-                .cloned()
-                .collect();
-            api.patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(
-                    json!({"metadata": {"finalizers": list, "resourceVersion": s.resource_version()}}),
-                ),
-            )
-            .await?;
+            super::status::set_finalizer(&ctx.client, s, false).await?;
             return Ok(());
         }
-        conditions::set(
-            &mut status.conditions,
-            conditions::READY,
-            false,
-            "Deleting",
-            format!(
-                "being deleted: the capture pass removes its taps (ADR-0062 D6); {} remain, on nodes not reachable now; the finalizer is released when none remains",
-                remaining.len()
-            ),
-            generation,
-        );
+        being_removed(&mut status, &remaining, generation);
     } else {
-        for tap in &mine {
-            for node in &topology.nodes {
-                let f = found.get(&((*tap).clone(), node.node_id.clone()));
-                let coverage = remaining
-                    .iter()
-                    .find(|r| r.node == node.node_id && r.source_address == tap.address)
-                    .map(|r| r.installed_at.to_rfc3339());
-                let t = totals.iter().find(|t| {
-                    t.subscription == name && t.node == node.node_id && t.source_address == tap.address
-                });
-                status.taps.push(TapStatus {
-                    address: tap.address.clone(),
-                    node: node.node_id.clone(),
-                    state: f.map(|f| f.state).unwrap_or_default(),
-                    refusal: f.and_then(|f| f.refusal),
-                    message: f.map(|f| f.message.clone()),
-                    capture_queue: Some(tap.capture_queue()),
-                    coverage_start: coverage,
-                    captured: t.map(|t| t.captured.max(0) as u64).unwrap_or(0),
-                    dropped_estimate: t.map(|t| t.lost.max(0) as u64).unwrap_or(0),
-                });
-            }
-        }
+        status.taps = tap_statuses(&name, &mine, topology, found, &remaining, totals);
         set_tap_conditions(&mut status, &s.spec.queues, mine.is_empty(), generation);
+        if let Some(arm) = stored.arms.get(&name) {
+            set_arming(&mut status, s, arm, stored.past_cap.get(&name), generation);
+        }
     }
     // Over every tap this subscription ever had, not only today's addresses.
     let mine_totals = totals.iter().filter(|t| t.subscription == name);
     status.captured = mine_totals.clone().map(|t| t.captured.max(0) as u64).sum();
     status.dropped_estimate = mine_totals.map(|t| t.lost.max(0) as u64).sum();
     conditions::kstatus(&mut status.conditions, &[], generation);
+    stalled_past_cap(&mut status.conditions, generation);
     let unchanged = same_status(&old, &status);
     if !unchanged {
-        api.patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": status})),
-        )
-        .await?;
+        crate::controllers::report::apply_status(&ctx.client, s.as_ref(), &status).await?;
     }
     Ok(())
 }
 
-/// Ready and Degraded from the taps' states (`no_taps`: no queue matches `queues` anywhere).
-pub(super) fn set_tap_conditions(
+/// A subscription being deleted: its open records, each a tap the pass still has to remove.
+fn being_removed(
     status: &mut ArtemisCaptureSubscriptionStatus,
-    queues: &str,
-    no_taps: bool,
+    remaining: &[&crate::store::capture::TapRecord],
     generation: Option<i64>,
 ) {
-    let count = |st: TapState| status.taps.iter().filter(|t| t.state == st).count();
-    let (healthy, degraded, refused, pending) = (
-        count(TapState::Healthy),
-        count(TapState::Degraded),
-        count(TapState::Refused),
-        count(TapState::Pending),
-    );
-    let total = status.taps.len();
-    let (ready, reason, message) = if no_taps {
-        (
-            false,
-            "NoMatchingQueues",
-            format!(
-                "no queue matches {:?} on any live node: nothing to capture yet",
-                queues
+    // Some record still open means a node still holds (or may hold) a tap.
+    status.taps = remaining
+        .iter()
+        .map(|r| TapStatus {
+            address: r.source_address.clone(),
+            node: r.node.clone(),
+            state: TapState::Pending,
+            capture_queue: Some(r.capture_queue.clone()),
+            message: Some(
+                "being removed: the capture pass removes this tap when the node is reachable".into(),
             ),
-        )
-    } else if healthy == total {
-        (
-            true,
-            "Draining",
-            format!("{total} taps installed and being drained"),
-        )
-    } else if refused > 0 {
-        (
-            false,
-            "Refused",
-            format!("{refused} of {total} taps refused (see taps[].refusal); {healthy} healthy"),
-        )
-    } else if degraded > 0 {
-        (
-            false,
-            "NotDrained",
-            format!("{degraded} of {total} taps installed and not drained; {healthy} healthy"),
-        )
-    } else {
-        (
-            false,
-            "Pending",
-            format!("{pending} of {total} taps pending; {healthy} healthy"),
-        )
-    };
+            coverage_start: Some(r.installed_at.to_rfc3339()),
+            ..Default::default()
+        })
+        .collect();
     conditions::set(
         &mut status.conditions,
         conditions::READY,
-        ready,
-        reason,
-        message,
-        generation,
-    );
-    let degraded_now = degraded + refused > 0;
-    conditions::set(
-        &mut status.conditions,
-        conditions::DEGRADED,
-        degraded_now,
-        if refused > 0 {
-            "Refused"
-        } else if degraded > 0 {
-            "NotDrained"
-        } else {
-            "AsExpected"
-        },
-        if degraded_now {
-            format!("{degraded} taps installed and not drained, {refused} refused")
-        } else {
-            "no tap is degraded or refused".to_string()
-        },
+        false,
+        "Deleting",
+        format!(
+            "being deleted: the capture pass removes its taps (ADR-0062 D6); {} remain, on nodes not reachable now; the finalizer is released when none remains",
+            remaining.len()
+        ),
         generation,
     );
 }
 
-/// Nothing a status write would change (conditions compared without their timestamps).
-pub(super) fn same_status(
-    old: &ArtemisCaptureSubscriptionStatus,
-    new: &ArtemisCaptureSubscriptionStatus,
-) -> bool {
-    old.taps == new.taps
-        && old.mode == new.mode
-        && old.sampled_queues == new.sampled_queues
-        && old.sampled == new.sampled
-        && old.captured == new.captured
-        && old.dropped_estimate == new.dropped_estimate
-        && old.addresses == new.addresses
-        && old.instance_id == new.instance_id
-        && old.observed_generation == new.observed_generation
-        && conditions::comparable(&old.conditions) == conditions::comparable(&new.conditions)
+/// One status entry per tap of subscription `name` per node: what the pass found, where its
+/// coverage starts, what it stored and lost.
+fn tap_statuses(
+    name: &str,
+    mine: &[&TapName],
+    topology: &Topology,
+    found: &BTreeMap<(TapName, String), Found>,
+    remaining: &[&crate::store::capture::TapRecord],
+    totals: &[TapTotals],
+) -> Vec<TapStatus> {
+    let mut out = vec![];
+    for tap in mine {
+        for node in &topology.nodes {
+            let f = found.get(&((*tap).clone(), node.node_id.clone()));
+            let coverage = remaining
+                .iter()
+                .find(|r| r.node == node.node_id && r.source_address == tap.address)
+                .map(|r| r.installed_at.to_rfc3339());
+            let t = totals.iter().find(|t| {
+                t.subscription == name && t.node == node.node_id && t.source_address == tap.address
+            });
+            out.push(TapStatus {
+                address: tap.address.clone(),
+                node: node.node_id.clone(),
+                state: f.map(|f| f.state).unwrap_or_default(),
+                refusal: f.and_then(|f| f.refusal),
+                message: f.map(|f| f.message.clone()),
+                capture_queue: Some(tap.capture_queue()),
+                coverage_start: coverage,
+                captured: t.map(|t| t.captured.max(0) as u64).unwrap_or(0),
+                dropped_estimate: t.map(|t| t.lost.max(0) as u64).unwrap_or(0),
+            });
+        }
+    }
+    out
+}
+
+/// The condition that says whether (and how) the subscription is armed, the preview, and — while
+/// it is not armed, or past its cap — Ready=False naming the next action.
+fn set_arming(
+    status: &mut ArtemisCaptureSubscriptionStatus,
+    s: &ArtemisCaptureSubscription,
+    arm: &ArmState,
+    past_cap: Option<&Vec<String>>,
+    generation: Option<i64>,
+) {
+    status.preview = Some(arm.preview.clone());
+    status.armed = arm.armed().cloned();
+    let (armed, reason, message) = match &arm.arming {
+        Arming::Armed(a) => (
+            true,
+            a.how.clone(),
+            format!(
+                "armed at {} ({}) for spec.queues {:?}: its taps follow the pattern, up to spec.maxTaps ({})",
+                a.at, a.how, a.queues, s.spec.max_taps
+            ),
+        ),
+        Arming::Not { why, message } => (false, why.reason().to_string(), message.clone()),
+    };
+    conditions::set(
+        &mut status.conditions,
+        ARMED,
+        armed,
+        &reason,
+        &message,
+        generation,
+    );
+    if !armed {
+        conditions::set(
+            &mut status.conditions,
+            conditions::READY,
+            false,
+            &reason,
+            message,
+            generation,
+        );
+    } else if let Some(refused) = past_cap.filter(|r| !r.is_empty()) {
+        let shown: Vec<&str> = refused.iter().take(5).map(String::as_str).collect();
+        let message = format!(
+            "{} more addresses match spec.queues {:?} past spec.maxTaps ({}) and are not tapped ({}{}): raise spec.maxTaps to at least {} or narrow spec.queues",
+            refused.len(),
+            s.spec.queues,
+            s.spec.max_taps,
+            shown.join(", "),
+            if refused.len() > shown.len() { ", …" } else { "" },
+            arm.preview.taps
+        );
+        conditions::set(
+            &mut status.conditions,
+            conditions::READY,
+            false,
+            arming::NotArmed::TapCapExceeded.reason(),
+            message,
+            generation,
+        );
+    }
+}
+
+/// Past the cap only a person can act (raise spec.maxTaps or narrow spec.queues): Stalled.
+fn stalled_past_cap(list: &mut Vec<crate::api::Condition>, generation: Option<i64>) {
+    let Some(ready) = list
+        .iter()
+        .find(|c| c.type_ == conditions::READY && c.reason == arming::NotArmed::TapCapExceeded.reason())
+        .cloned()
+    else {
+        return;
+    };
+    conditions::set(
+        list,
+        conditions::STALLED,
+        true,
+        &ready.reason,
+        ready.message,
+        generation,
+    );
+    conditions::set(
+        list,
+        conditions::RECONCILING,
+        false,
+        "Settled",
+        "nothing left to do until the spec or the brokers change",
+        generation,
+    );
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
-use super::names::{TapName, TapObject, wildcard_matches};
+use super::names::{TapName, TapObject, never_captured, wildcard_matches};
 use crate::api::{CAPTURE_PREFIX, RefusalKind};
 use crate::broker::management::{EffectiveSettings, SecurityRoles};
 use crate::topology::inventory::NodeInventory;
@@ -22,6 +22,12 @@ pub struct Subscription {
     pub max_buffer_bytes: i64,
     /// Being deleted: none of its taps is desired any more.
     pub deleting: bool,
+    /// Armed (see `arming`): its pattern's addresses are tapped, up to `max_taps`. Not armed:
+    /// only the taps it has already (`installed`), while its pattern still matches them.
+    pub armed: bool,
+    pub max_taps: u32,
+    /// The source addresses it has a tap on now (an open install record).
+    pub installed: BTreeSet<String>,
 }
 
 /// A tap as the broker should hold it on every live node.
@@ -36,37 +42,54 @@ pub struct TapSpec {
     pub role: String,
 }
 
-/// The addresses a subscription captures: those of the queues its pattern matches, on any node
-/// (a queue under the capture prefix never matches: capture never captures itself).
-pub fn captured_addresses<'a>(
+/// The addresses a pattern captures: those of the queues it matches, on any node; and second,
+/// those it matches that are never captured (`names::never_captured`: broker-internal, or
+/// under the capture prefix — capture never captures itself nor another installation's taps).
+pub fn matched_addresses<'a>(
     pattern: &str,
     inventories: impl IntoIterator<Item = &'a NodeInventory>,
-) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
+) -> (BTreeSet<String>, BTreeSet<String>) {
+    let (mut out, mut never) = (BTreeSet::new(), BTreeSet::new());
     for inv in inventories {
         for q in inv.queues.values() {
-            if !q.name.starts_with(CAPTURE_PREFIX)
-                && !q.address.starts_with(CAPTURE_PREFIX)
-                && !q.temporary
-                && wildcard_matches(pattern, &q.name)
-            {
+            if q.temporary || !wildcard_matches(pattern, &q.name) {
+                continue;
+            }
+            if never_captured(&q.name) || never_captured(&q.address) {
+                never.insert(q.address.clone());
+            } else {
                 out.insert(q.address.clone());
             }
         }
     }
-    out
+    (out, never)
 }
 
-/// The desired taps: every live subscription × its captured addresses.
+/// The addresses a subscription captures (see [`matched_addresses`]).
+pub fn captured_addresses<'a>(
+    pattern: &str,
+    inventories: impl IntoIterator<Item = &'a NodeInventory>,
+) -> BTreeSet<String> {
+    matched_addresses(pattern, inventories).0
+}
+
+/// The desired taps: every live subscription × the addresses it taps (`arming::chosen`); second,
+/// per subscription, the addresses refused past its cap.
 pub fn desired_taps<'a>(
     instance: &str,
     role: &str,
     subscriptions: &[Subscription],
     inventories: impl IntoIterator<Item = &'a NodeInventory> + Clone,
-) -> BTreeMap<TapName, TapSpec> {
+) -> (BTreeMap<TapName, TapSpec>, BTreeMap<String, Vec<String>>) {
     let mut out = BTreeMap::new();
+    let mut past_cap = BTreeMap::new();
     for s in subscriptions.iter().filter(|s| !s.deleting) {
-        for address in captured_addresses(&s.pattern, inventories.clone()) {
+        let matched = captured_addresses(&s.pattern, inventories.clone());
+        let (chosen, refused) = super::arming::chosen(s.armed, s.max_taps, &matched, &s.installed);
+        if !refused.is_empty() {
+            past_cap.insert(s.name.clone(), refused);
+        }
+        for address in chosen {
             let name = TapName::new(instance, &address, &s.name);
             out.insert(
                 name.clone(),
@@ -81,7 +104,7 @@ pub fn desired_taps<'a>(
             );
         }
     }
-    out
+    (out, past_cap)
 }
 
 /// The page size the broker wants below max-size-bytes ("pageSize has to be lower than
@@ -533,12 +556,82 @@ mod tests {
             expiry_delay_ms: 1,
             max_buffer_bytes: 1 << 20,
             deleting: false,
+            armed: true,
+            max_taps: 100,
+            installed: BTreeSet::new(),
         };
         assert_eq!(
-            desired_taps("i1", "amq", std::slice::from_ref(&s), [&inv]).len(),
+            desired_taps("i1", "amq", std::slice::from_ref(&s), [&inv])
+                .0
+                .len(),
             1
         );
         s.deleting = true;
-        assert!(desired_taps("i1", "amq", &[s], [&inv]).is_empty());
+        assert!(desired_taps("i1", "amq", &[s], [&inv]).0.is_empty());
+    }
+
+    #[test]
+    fn unarmed_subscriptions_desire_only_what_they_have_and_the_cap_refuses_the_rest() {
+        let mut inv = inv_with("orders.a");
+        for a in ["orders.b", "orders.c"] {
+            inv.queues.insert(
+                a.into(),
+                QueueInfo {
+                    name: a.into(),
+                    address: a.into(),
+                    ..Default::default()
+                },
+            );
+        }
+        let mut s = Subscription {
+            name: "sub".into(),
+            pattern: "orders.#".into(),
+            filter: None,
+            ring_size: 1,
+            expiry_delay_ms: 1,
+            max_buffer_bytes: 1 << 20,
+            deleting: false,
+            armed: false,
+            max_taps: 2,
+            installed: BTreeSet::from(["orders.c".to_string()]),
+        };
+        let (d, cap) = desired_taps("i1", "amq", std::slice::from_ref(&s), [&inv]);
+        assert_eq!(
+            d.keys().map(|t| t.address.as_str()).collect::<Vec<_>>(),
+            ["orders.c"]
+        );
+        assert!(cap.is_empty());
+        s.armed = true;
+        let (d, cap) = desired_taps("i1", "amq", std::slice::from_ref(&s), [&inv]);
+        assert_eq!(d.len(), 2);
+        assert_eq!(cap.get("sub"), Some(&vec!["orders.b".to_string()]));
+    }
+
+    #[test]
+    fn broker_internal_and_other_installations_addresses_never_match() {
+        let mut inv = inv_with("orders");
+        for (q, a) in [
+            ("$.artemis.internal.sf.cc.node1", "$.artemis.internal.sf.cc.node1"),
+            ("$sys.mqtt.sessions", "$sys.mqtt.sessions"),
+            ("activemq.management.x", "activemq.management.x"),
+            ("notif", "activemq.notifications"),
+            (
+                "artemis-studio.capture.other.orders.s",
+                "artemis-studio.capture.other.orders.s",
+            ),
+            ("DLQ", "DLQ"),
+        ] {
+            inv.queues.insert(
+                q.into(),
+                QueueInfo {
+                    name: q.into(),
+                    address: a.into(),
+                    ..Default::default()
+                },
+            );
+        }
+        let (tapped, never) = matched_addresses("#", [&inv]);
+        assert_eq!(tapped, BTreeSet::from(["orders".to_string(), "DLQ".to_string()]));
+        assert_eq!(never.len(), 5, "{never:?}");
     }
 }

@@ -25,13 +25,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use kube::api::{Patch, PatchParams};
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 use serde_json::{Map, Value, json};
 
-use super::names::wildcard_matches;
-use super::pass::ClusterState;
-use crate::api::CAPTURE_PREFIX;
+use super::names::{never_captured, wildcard_matches};
 use crate::api::capture::{
     ArtemisCaptureSubscription, ArtemisCaptureSubscriptionStatus, CaptureMode, SampledQueueStatus,
 };
@@ -42,6 +39,7 @@ use crate::store::captured::{CapturedRow, SubscriptionKey, TapTotals};
 use crate::store::sampled::{SampleAt, SampleMark};
 use crate::topology::Topology;
 use crate::topology::inventory::NodeInventory;
+use tokio::sync::Mutex;
 
 /// The most messages one browse reads from the head of a queue (Artemis's own default
 /// management-browse-page-size).
@@ -50,7 +48,7 @@ pub const SAMPLE_DEPTH: i32 = 200;
 /// The condition a subscription in mode Sample always carries: the claim it can make.
 pub const SAMPLING: &str = "Sampling";
 
-/// What the sampler keeps per cluster between samples (in [`ClusterState`]).
+/// What the sampler keeps per cluster between samples (in the pass's `ClusterState`).
 #[derive(Default)]
 pub struct SampleState {
     /// The latest pass's topology: which nodes are live and which queues they hold.
@@ -80,14 +78,14 @@ pub fn claim(interval_seconds: u32) -> String {
 }
 
 /// The queues a subscription samples on one node: its pattern over queue names (never one under
-/// the capture prefix, never a temporary queue), as capture matches them.
+/// the capture prefix or broker-internal, never a temporary queue), as capture matches them.
 pub fn sampled_queues(pattern: &str, inventory: &NodeInventory) -> Vec<BrowseTarget> {
     inventory
         .queues
         .values()
         .filter(|q| {
-            !q.name.starts_with(CAPTURE_PREFIX)
-                && !q.address.starts_with(CAPTURE_PREFIX)
+            !never_captured(&q.name)
+                && !never_captured(&q.address)
                 && !q.temporary
                 && wildcard_matches(pattern, &q.name)
         })
@@ -100,8 +98,11 @@ pub fn sampled_queues(pattern: &str, inventory: &NodeInventory) -> Vec<BrowseTar
 }
 
 /// When the next sample of these subscriptions is due (None: none samples).
-pub async fn next_due(state: &ClusterState, subs: &[Arc<ArtemisCaptureSubscription>]) -> Option<Instant> {
-    let s = state.sample.lock().await;
+pub async fn next_due(
+    state: &Mutex<SampleState>,
+    subs: &[Arc<ArtemisCaptureSubscription>],
+) -> Option<Instant> {
+    let s = state.lock().await;
     subs.iter()
         .filter(|x| is_sampling(x))
         .map(|x| match s.last.get(&x.name_any()) {
@@ -124,14 +125,14 @@ pub struct SampleSummary {
 /// Sample every due subscription of one cluster: one bulk request per live node.
 pub async fn sample_due(
     ctx: &Context,
-    state: &ClusterState,
+    state: &Mutex<SampleState>,
     cluster_key: &str,
     subs: &[Arc<ArtemisCaptureSubscription>],
 ) -> SampleSummary {
     let mut summary = SampleSummary::default();
     let now = Instant::now();
     let (due, topology) = {
-        let s = state.sample.lock().await;
+        let s = state.lock().await;
         let due: Vec<Arc<ArtemisCaptureSubscription>> = subs
             .iter()
             .filter(|x| is_sampling(x))
@@ -148,7 +149,7 @@ pub async fn sample_due(
         return summary;
     }
     {
-        let mut s = state.sample.lock().await;
+        let mut s = state.lock().await;
         for x in &due {
             s.last.insert(x.name_any(), now);
         }
@@ -172,10 +173,10 @@ pub async fn sample_due(
         let name = x.name_any();
         match ctx.store.subscription_key(cluster_key, &name).await {
             Ok(k) => {
-                let fresh = state.sample.lock().await.partitioned.insert(name.clone());
+                let fresh = state.lock().await.partitioned.insert(name.clone());
                 if fresh && let Err(e) = ctx.store.ensure_partitions(&k).await {
                     tracing::warn!(subscription = %name, error = %e, "sampling: partitions not made");
-                    state.sample.lock().await.partitioned.remove(&name);
+                    state.lock().await.partitioned.remove(&name);
                 }
                 keys.insert(name, k);
             }
@@ -213,7 +214,7 @@ pub async fn sample_due(
             Err(e) => {
                 let why = format!("browse request failed: {e}");
                 tracing::warn!(%node, cluster = %cluster_key, error = %e, "sampling: browse request failed");
-                let mut s = state.sample.lock().await;
+                let mut s = state.lock().await;
                 for (t, subs) in wanted {
                     for x in subs {
                         s.outcomes
@@ -230,7 +231,7 @@ pub async fn sample_due(
                 Err(e) => {
                     summary.failed += 1;
                     let why = format!("browse of {} refused: {e}", t.queue);
-                    let mut s = state.sample.lock().await;
+                    let mut s = state.lock().await;
                     for x in subs {
                         s.outcomes
                             .insert((x.name_any(), node.clone(), t.queue.clone()), Err(why.clone()));
@@ -281,7 +282,6 @@ pub async fn sample_due(
                     }
                 };
                 state
-                    .sample
                     .lock()
                     .await
                     .outcomes
@@ -504,8 +504,7 @@ pub fn untruncate(text: &str, limit: Option<usize>) -> (String, Option<usize>) {
 /// matching queue, what its browses stored; Ready when the browses succeed; and the claim.
 pub async fn write_status(
     ctx: &Context,
-    ns: &str,
-    state: &ClusterState,
+    state: &Mutex<SampleState>,
     s: &ArtemisCaptureSubscription,
     topology: &Topology,
     marks: &[SampleMark],
@@ -514,14 +513,18 @@ pub async fn write_status(
     let name = s.name_any();
     let generation = s.metadata.generation;
     let old = s.status.clone().unwrap_or_default();
-    let outcomes = state.sample.lock().await.outcomes.clone();
+    let outcomes = state.lock().await.outcomes.clone();
     let mut status = ArtemisCaptureSubscriptionStatus {
         observed_generation: generation,
         conditions: old.conditions.clone(),
         instance_id: Some(ctx.instance_id.clone()),
         mode: Some(CaptureMode::Sample),
+        // Armed stays armed for its pattern: switching back to Capture needs no new arming.
+        armed: old.armed.clone(),
         ..Default::default()
     };
+    // Sampling installs nothing: no preview, nothing to arm.
+    status.conditions.retain(|c| c.type_ != super::status::ARMED);
     let mut addresses = BTreeSet::new();
     for node in topology.live_nodes() {
         let Some(inv) = &node.inventory else { continue };
@@ -634,24 +637,8 @@ pub async fn write_status(
         generation,
     );
     conditions::kstatus(&mut status.conditions, &[], generation);
-    let unchanged = old.taps == status.taps
-        && old.mode == status.mode
-        && old.sampled_queues == status.sampled_queues
-        && old.sampled == status.sampled
-        && old.captured == status.captured
-        && old.dropped_estimate == status.dropped_estimate
-        && old.addresses == status.addresses
-        && old.instance_id == status.instance_id
-        && old.observed_generation == status.observed_generation
-        && conditions::comparable(&old.conditions) == conditions::comparable(&status.conditions);
-    if !unchanged {
-        let api: Api<ArtemisCaptureSubscription> = Api::namespaced(ctx.client.clone(), ns);
-        api.patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": status})),
-        )
-        .await?;
+    if !super::status::same_status(&old, &status) {
+        crate::controllers::report::apply_status(&ctx.client, s, &status).await?;
     }
     Ok(())
 }

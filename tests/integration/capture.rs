@@ -94,14 +94,31 @@ impl Fixture {
         Api::namespaced(self.admin.clone(), &self.ns)
     }
 
+    /// A subscription as automation makes one: it accepts the blast radius without review
+    /// (the annotation, recorded in the audit rows). The preview-then-arm flow a person follows
+    /// is `subscribe_for_review`.
     pub async fn subscribe(&self, name: &str, spec: Value) {
+        self.create_subscription(name, spec, true).await
+    }
+
+    /// A subscription with no annotation: it installs nothing until armed (or it names one queue).
+    pub async fn subscribe_for_review(&self, name: &str, spec: Value) {
+        self.create_subscription(name, spec, false).await
+    }
+
+    async fn create_subscription(&self, name: &str, spec: Value, without_review: bool) {
         let mut spec = spec;
         if spec.get("clusterRef").is_none() {
             spec["clusterRef"] = json!({"name": "c"});
         }
+        let annotations = if without_review {
+            json!({"artemis-studio.io/confirm-without-review": "true"})
+        } else {
+            json!({})
+        };
         let s: ArtemisCaptureSubscription = serde_json::from_value(json!({
             "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCaptureSubscription",
-            "metadata": {"name": name}, "spec": spec
+            "metadata": {"name": name, "annotations": annotations}, "spec": spec
         }))
         .expect("subscription json");
         self.subscriptions()
@@ -127,6 +144,20 @@ impl Fixture {
             },
         )
         .await
+    }
+
+    /// Wait until the subscription is gone (its finalizer released once its taps are swept).
+    pub async fn wait_subscription_gone(&self, name: &str) {
+        let api = self.subscriptions();
+        wait_until(
+            &format!("subscription {name} is gone"),
+            Duration::from_secs(120),
+            || {
+                let api = api.clone();
+                async move { api.get_opt(name).await.ok().flatten().is_none().then_some(()) }
+            },
+        )
+        .await;
     }
 
     /// Passes this operator recorded over the cluster so far.
