@@ -262,29 +262,88 @@ pub async fn run(
     let cluster_key = key(&ns, &cluster.name_any());
     let instance = ctx.instance_id.as_str();
     let mut summary = PassSummary::default();
+    let seen = survey(ctx, state, cluster, subs, &cluster_key).await?;
+    let mut judged = Judged::default();
+    for node in &seen.topology.nodes {
+        judge_node(&seen, node, instance, &cluster_key, drains, &mut judged).await;
+    }
+    let subs_by_name: BTreeMap<String, &Arc<ArtemisCaptureSubscription>> =
+        subs.iter().map(|s| (s.name_any(), s)).collect();
+    record_unrecorded(ctx, &cluster_key, instance, &seen, &subs_by_name, &judged).await?;
+    let scope = PassScope {
+        ctx,
+        cluster_key: &cluster_key,
+        ns: &ns,
+        holder,
+        topology: &seen.topology,
+        timeout: seen.access.request_timeout,
+        arms: &seen.arms,
+    };
+    // Before a capture queue is re-created under an existing divert: the window's loss.
+    record_window_loss(ctx, state, &cluster_key, &seen.topology, &judged.installs).await;
+    let divert_missing = divert_missing(&judged.installs);
+    summary.commands += install_all(&scope, &seen, &subs_by_name, &mut judged).await?;
+    let sweeps = std::mem::take(&mut judged.sweeps);
+    summary.commands += sweep_all(&scope, state, sweeps, &subs_by_name, elsewhere).await?;
+    // Loss counters of every capture queue that existed, and the drains that should run.
+    let (topology, targets) = (&seen.topology, &judged.drain_targets);
+    read_loss(ctx, state, &cluster_key, topology, targets).await;
+    reconcile_sides(
+        ctx,
+        state,
+        &cluster_key,
+        topology,
+        targets,
+        &divert_missing,
+        &seen.desired,
+    )
+    .await;
+    summary.drains = drains_to_run(state, &cluster_key, &seen, &subs_by_name, targets).await;
+    // Mode Sample: browse what is due, on this pass's fresh topology.
+    super::sample::sample_due(ctx, &state.sample, &cluster_key, subs).await;
+    write_statuses(ctx, state, &cluster_key, subs, &seen, &judged.found).await?;
+    Ok(summary)
+}
 
+/// What a pass starts from: the cluster's access and a fresh topology, the open tap records,
+/// how each subscription is armed, and the taps wanted (and those past a subscription's cap).
+struct Survey {
+    access: topology::ClusterAccess,
+    topology: Topology,
+    records: Vec<crate::store::capture::TapRecord>,
+    arms: BTreeMap<String, ArmState>,
+    desired: BTreeMap<TapName, TapSpec>,
+    past_cap: BTreeMap<String, Vec<String>>,
+}
+
+async fn survey(
+    ctx: &Context,
+    state: &ClusterState,
+    cluster: &ArtemisCluster,
+    subs: &[Arc<ArtemisCaptureSubscription>],
+    cluster_key: &str,
+) -> Result<Survey, PassError> {
+    let ns = cluster.namespace().unwrap_or_default();
+    let instance = ctx.instance_id.as_str();
     // Finalizers first: a subscription never has a tap on a broker without one.
     for s in subs.iter().filter(|s| s.metadata.deletion_timestamp.is_none()) {
         super::status::set_finalizer(&ctx.client, s, true).await?;
     }
-
     let access = crate::controllers::cluster::resolve_access(&ctx.client, &ns, &cluster.spec)
         .await
         .map_err(|p| PassError::Access(p.message))?;
-    let timeout = access.request_timeout;
     let topology = topology::poll(&access, &state.memory).await;
     // Sampling browses on this snapshot until the next pass.
     state.sample.lock().await.topology = Some(topology.clone());
-    let role = cluster.spec.capture_role.clone();
     // The reading commands label a tail by capture_subscription.mode: kept current here.
     for s in subs.iter().filter(|s| s.metadata.deletion_timestamp.is_none()) {
         let interval = (s.spec.mode == CaptureMode::Sample)
             .then(|| i32::try_from(s.spec.sample_interval_seconds).unwrap_or(i32::MAX));
         ctx.store
-            .record_subscription_mode(&cluster_key, &s.name_any(), s.spec.mode.as_db(), interval)
+            .record_subscription_mode(cluster_key, &s.name_any(), s.spec.mode.as_db(), interval)
             .await?;
     }
-    let records = ctx.store.open_taps(&cluster_key, instance).await?;
+    let records = ctx.store.open_taps(cluster_key, instance).await?;
     // Before anything new is installed: the blast radius shown, then armed (issue 25 item 5).
     let arms = arm_all(subs, &topology);
     // A subscription in mode Sample wants no tap: the sweep removes any it had (ADR-0062 D6).
@@ -297,193 +356,255 @@ pub async fn run(
         .live_nodes()
         .filter_map(|n| n.inventory.as_deref())
         .collect();
+    let role = cluster.spec.capture_role.clone();
     let (desired, past_cap) = plan::desired_taps(instance, &role, &views, inventories.iter().copied());
+    Ok(Survey {
+        access,
+        topology,
+        records,
+        arms,
+        desired,
+        past_cap,
+    })
+}
 
-    // Judge every desired tap on every live node; collect the writes and the orphans.
-    let mut found: BTreeMap<(TapName, String), Found> = BTreeMap::new();
-    let mut installs: BTreeMap<TapName, BTreeMap<String, Vec<Part>>> = BTreeMap::new();
-    let mut sweeps: BTreeMap<TapName, BTreeMap<String, (bool, bool)>> = BTreeMap::new();
-    let mut installed_unrecorded: Vec<(TapName, String, Option<String>)> = vec![];
-    // (tap, node) whose capture queue exists: drained, and their loss counters read.
-    let mut drain_targets: Vec<(TapName, String)> = vec![];
-    for node in &topology.nodes {
-        let (Some(m), Some(inv)) = (&node.active, &node.inventory) else {
-            let why = node
-                .not_live_reason
-                .clone()
-                .or_else(|| {
-                    node.inventory_error
-                        .as_ref()
-                        .map(|e| format!("inventory unreadable: {e}"))
-                })
-                .unwrap_or_else(|| "not live".into());
-            for tap in desired.keys() {
-                found.insert(
-                    (tap.clone(), node.node_id.clone()),
-                    Found {
-                        state: TapState::Pending,
-                        refusal: None,
-                        message: format!(
-                            "node not served now ({why}): the tap is checked at the first pass after it is"
-                        ),
-                    },
-                );
-            }
-            continue;
-        };
-        let drain_key = |n: &TapName| DrainKey {
-            cluster: cluster_key.clone(),
-            node: node.node_id.clone(),
-            capture_queue: n.capture_queue(),
-        };
-        let drain_of = |n: &TapName| drains.health.draining(&drain_key(n), drains.within);
-        let mut verdicts: BTreeMap<&TapName, Verdict> = desired
-            .iter()
-            .map(|(n, t)| (n, plan::assess(t, inv, None, drain_of(n).is_ok())))
-            .collect();
-        // ADR-0066 D2: a node not being drained gets the whole install checked, settings too.
-        let recheck: Vec<&TapName> = verdicts
-            .iter()
-            .filter(|(_, v)| matches!(v, Verdict::Missing(_) | Verdict::Installed { drained: false }))
-            .map(|(n, _)| *n)
-            .collect();
-        let mut node_problem: Option<(RefusalKind, String)> = None;
-        if !recheck.is_empty() {
-            let queues: Vec<String> = recheck.iter().map(|n| n.capture_queue()).collect();
-            match m.effective_settings(&queues).await {
-                Ok(settings) => {
-                    for (n, s) in recheck.iter().zip(settings.iter()) {
-                        if let Some(t) = desired.get(*n) {
-                            verdicts.insert(*n, plan::assess(t, inv, Some(s), drain_of(n).is_ok()));
-                        }
-                    }
-                }
-                Err(e) => {
-                    node_problem = Some((
-                        e.refusal_kind(),
-                        format!("settings unreadable, nothing written: {e}"),
-                    ))
-                }
-            }
-        }
-        if node_problem.is_none() && verdicts.values().any(|v| matches!(v, Verdict::Missing(_))) {
-            node_problem = security_preflight(m).await;
-        }
-        for (name, verdict) in verdicts {
-            let k = (name.clone(), node.node_id.clone());
-            let f = match (verdict, &node_problem) {
-                (Verdict::AddressAbsent, _) => Found {
-                    state: TapState::Pending,
-                    refusal: None,
-                    message: format!(
-                        "address {} does not exist on this node (no matching queue here): the tap is installed at the first pass after it appears",
-                        name.address
-                    ),
-                },
-                (Verdict::Refused { kind, message }, _) => Found {
-                    state: TapState::Refused,
-                    refusal: Some(kind),
-                    message,
-                },
-                (Verdict::Missing(_), Some((kind, message))) => Found {
-                    state: if *kind == RefusalKind::NoSecurityAuthority {
-                        TapState::Refused
-                    } else {
-                        TapState::Pending
-                    },
-                    refusal: Some(*kind),
-                    message: message.clone(),
-                },
-                (Verdict::Missing(parts), None) => {
-                    installs
-                        .entry(name.clone())
-                        .or_default()
-                        .insert(node.node_id.clone(), parts);
-                    continue;
-                }
-                (Verdict::Installed { drained }, _) => {
-                    if !records.iter().any(|r| {
-                        r.node == node.node_id
-                            && r.subscription == name.subscription
-                            && r.source_address == name.address
-                    }) {
-                        installed_unrecorded.push((
-                            name.clone(),
-                            node.node_id.clone(),
-                            node.active_endpoint().map(str::to_string),
-                        ));
-                    }
-                    drain_targets.push((name.clone(), node.node_id.clone()));
-                    if drained {
-                        Found {
-                            state: TapState::Healthy,
-                            refusal: None,
-                            message: "being drained into Postgres".into(),
-                        }
-                    } else {
-                        Found {
-                            state: TapState::Degraded,
-                            refusal: None,
-                            message: not_drained(&drain_of(name).err().unwrap_or_default()),
-                        }
-                    }
-                }
-            };
-            found.insert(k, f);
-        }
-        // Orphans: our objects (this instance only, ADR-0062 D7), and what our records say we
-        // installed here, that no subscription wants any more.
-        let mut ours = plan::our_objects(instance, inv);
-        for r in records.iter().filter(|r| r.node == node.node_id) {
-            ours.entry(TapName::new(instance, &r.source_address, &r.subscription))
-                .or_insert((false, false));
-        }
-        for (tap, objects) in ours {
-            if !desired.contains_key(&tap) {
-                sweeps
-                    .entry(tap)
+/// What the pass judged of every desired tap on every node, and the writes it will make.
+#[derive(Default)]
+struct Judged {
+    found: BTreeMap<(TapName, String), Found>,
+    installs: BTreeMap<TapName, BTreeMap<String, Vec<Part>>>,
+    sweeps: BTreeMap<TapName, BTreeMap<String, (bool, bool)>>,
+    installed_unrecorded: Vec<(TapName, String, Option<String>)>,
+    /// (tap, node) whose capture queue exists: drained, and their loss counters read.
+    drain_targets: Vec<(TapName, String)>,
+}
+
+/// Judge every desired tap on one node; collect its writes and its orphans.
+async fn judge_node(
+    seen: &Survey,
+    node: &crate::topology::LogicalNode,
+    instance: &str,
+    cluster_key: &str,
+    drains: &DrainView<'_>,
+    judged: &mut Judged,
+) {
+    let (Some(m), Some(inv)) = (&node.active, &node.inventory) else {
+        not_served(&seen.desired, node, judged);
+        return;
+    };
+    let drain_key = |n: &TapName| DrainKey {
+        cluster: cluster_key.to_string(),
+        node: node.node_id.clone(),
+        capture_queue: n.capture_queue(),
+    };
+    let drain_of = |n: &TapName| drains.health.draining(&drain_key(n), drains.within);
+    let (verdicts, node_problem) = verdicts_on(&seen.desired, m, inv, &drain_of).await;
+    for (name, verdict) in verdicts {
+        let k = (name.clone(), node.node_id.clone());
+        let f = match (verdict, &node_problem) {
+            (Verdict::Missing(parts), None) => {
+                judged
+                    .installs
+                    .entry(name.clone())
                     .or_default()
-                    .insert(node.node_id.clone(), objects);
+                    .insert(node.node_id.clone(), parts);
+                continue;
+            }
+            (Verdict::Installed { drained }, _) => {
+                installed(seen, node, name, judged);
+                let why = (!drained).then(|| drain_of(name).err().unwrap_or_default());
+                found_installed(why)
+            }
+            (verdict, problem) => found_elsewise(name, verdict, problem.as_ref()),
+        };
+        judged.found.insert(k, f);
+    }
+    orphans_on(seen, node, instance, inv, judged);
+}
+
+/// A node not served now: every desired tap waits for it.
+fn not_served(
+    desired: &BTreeMap<TapName, TapSpec>,
+    node: &crate::topology::LogicalNode,
+    judged: &mut Judged,
+) {
+    let why = node
+        .not_live_reason
+        .clone()
+        .or_else(|| {
+            node.inventory_error
+                .as_ref()
+                .map(|e| format!("inventory unreadable: {e}"))
+        })
+        .unwrap_or_else(|| "not live".into());
+    for tap in desired.keys() {
+        let found = Found {
+            state: TapState::Pending,
+            refusal: None,
+            message: format!("node not served now ({why}): the tap is checked at the first pass after it is"),
+        };
+        judged.found.insert((tap.clone(), node.node_id.clone()), found);
+    }
+}
+
+/// Each desired tap's verdict on a live node, and a problem that stops any write there.
+async fn verdicts_on<'d>(
+    desired: &'d BTreeMap<TapName, TapSpec>,
+    m: &BrokerManagement,
+    inv: &crate::topology::inventory::NodeInventory,
+    drain_of: &impl Fn(&TapName) -> Result<(), String>,
+) -> (BTreeMap<&'d TapName, Verdict>, Option<(RefusalKind, String)>) {
+    let mut verdicts: BTreeMap<&TapName, Verdict> = desired
+        .iter()
+        .map(|(n, t)| (n, plan::assess(t, inv, None, drain_of(n).is_ok())))
+        .collect();
+    // ADR-0066 D2: a node not being drained gets the whole install checked, settings too.
+    let recheck: Vec<&TapName> = verdicts
+        .iter()
+        .filter(|(_, v)| matches!(v, Verdict::Missing(_) | Verdict::Installed { drained: false }))
+        .map(|(n, _)| *n)
+        .collect();
+    let mut node_problem: Option<(RefusalKind, String)> = None;
+    if !recheck.is_empty() {
+        let queues: Vec<String> = recheck.iter().map(|n| n.capture_queue()).collect();
+        match m.effective_settings(&queues).await {
+            Ok(settings) => {
+                for (n, s) in recheck.iter().zip(settings.iter()) {
+                    if let Some(t) = desired.get(*n) {
+                        verdicts.insert(*n, plan::assess(t, inv, Some(s), drain_of(n).is_ok()));
+                    }
+                }
+            }
+            Err(e) => {
+                let message = format!("settings unreadable, nothing written: {e}");
+                node_problem = Some((e.refusal_kind(), message));
             }
         }
     }
+    if node_problem.is_none() && verdicts.values().any(|v| matches!(v, Verdict::Missing(_))) {
+        node_problem = security_preflight(m).await;
+    }
+    (verdicts, node_problem)
+}
 
-    let subs_by_name: BTreeMap<String, &Arc<ArtemisCaptureSubscription>> =
-        subs.iter().map(|s| (s.name_any(), s)).collect();
+/// A tap installed on a node: drained from now on, and recorded if no record says so.
+fn installed(seen: &Survey, node: &crate::topology::LogicalNode, name: &TapName, judged: &mut Judged) {
+    let recorded = seen.records.iter().any(|r| {
+        r.node == node.node_id && r.subscription == name.subscription && r.source_address == name.address
+    });
+    if !recorded {
+        let endpoint = node.active_endpoint().map(str::to_string);
+        judged
+            .installed_unrecorded
+            .push((name.clone(), node.node_id.clone(), endpoint));
+    }
+    judged.drain_targets.push((name.clone(), node.node_id.clone()));
+}
 
-    for (tap, node, endpoint) in installed_unrecorded {
+/// An installed tap: healthy when drained, else degraded with why not.
+fn found_installed(not_drained_because: Option<String>) -> Found {
+    match not_drained_because {
+        None => Found {
+            state: TapState::Healthy,
+            refusal: None,
+            message: "being drained into Postgres".into(),
+        },
+        Some(why) => Found {
+            state: TapState::Degraded,
+            refusal: None,
+            message: not_drained(&why),
+        },
+    }
+}
+
+/// A tap that is neither to install nor installed: waiting for its address, refused, or held
+/// by the node's problem.
+fn found_elsewise(name: &TapName, verdict: Verdict, problem: Option<&(RefusalKind, String)>) -> Found {
+    match (verdict, problem) {
+        (Verdict::Refused { kind, message }, _) => Found {
+            state: TapState::Refused,
+            refusal: Some(kind),
+            message,
+        },
+        (Verdict::Missing(_), Some((kind, message))) => Found {
+            state: if *kind == RefusalKind::NoSecurityAuthority {
+                TapState::Refused
+            } else {
+                TapState::Pending
+            },
+            refusal: Some(*kind),
+            message: message.clone(),
+        },
+        _ => Found {
+            state: TapState::Pending,
+            refusal: None,
+            message: format!(
+                "address {} does not exist on this node (no matching queue here): the tap is installed at the first pass after it appears",
+                name.address
+            ),
+        },
+    }
+}
+
+/// Orphans: our objects (this instance only, ADR-0062 D7), and what our records say we
+/// installed here, that no subscription wants any more.
+fn orphans_on(
+    seen: &Survey,
+    node: &crate::topology::LogicalNode,
+    instance: &str,
+    inv: &crate::topology::inventory::NodeInventory,
+    judged: &mut Judged,
+) {
+    let mut ours = plan::our_objects(instance, inv);
+    for r in seen.records.iter().filter(|r| r.node == node.node_id) {
+        ours.entry(TapName::new(instance, &r.source_address, &r.subscription))
+            .or_insert((false, false));
+    }
+    for (tap, objects) in ours {
+        if !seen.desired.contains_key(&tap) {
+            judged
+                .sweeps
+                .entry(tap)
+                .or_default()
+                .insert(node.node_id.clone(), objects);
+        }
+    }
+}
+
+/// Installed taps no record names (installed by a pass that stopped before recording them).
+async fn record_unrecorded(
+    ctx: &Context,
+    cluster_key: &str,
+    instance: &str,
+    seen: &Survey,
+    subs_by_name: &BTreeMap<String, &Arc<ArtemisCaptureSubscription>>,
+    judged: &Judged,
+) -> Result<(), PassError> {
+    for (tap, node, endpoint) in &judged.installed_unrecorded {
         let sub = subs_by_name.get(&tap.subscription);
         ctx.store
             .ensure_tap_recorded(&TapInstall {
-                cluster: &cluster_key,
+                cluster: cluster_key,
                 subscription: &tap.subscription,
                 subscription_uid: sub.and_then(|s| s.metadata.uid.as_deref()),
                 instance_id: instance,
-                node: &node,
+                node,
                 endpoint: endpoint.as_deref(),
                 source_address: &tap.address,
                 capture_queue: &tap.capture_queue(),
                 divert: &tap.divert(),
-                filter: desired.get(&tap).and_then(|t| t.filter.as_deref()),
+                filter: seen.desired.get(tap).and_then(|t| t.filter.as_deref()),
                 audit_id: None,
             })
             .await?;
     }
+    Ok(())
+}
 
-    let scope = PassScope {
-        ctx,
-        cluster_key: &cluster_key,
-        ns: &ns,
-        holder,
-        topology: &topology,
-        timeout,
-        arms: &arms,
-    };
-    // Before a capture queue is re-created under an existing divert: the window's loss.
-    record_window_loss(ctx, state, &cluster_key, &topology, &installs).await;
-    // Existing taps whose divert is gone (removed behind our back): re-created below, and the
-    // copies routed meanwhile estimated as `tap_missing` (issue 25 item 3).
-    let divert_missing: BTreeSet<(TapName, String)> = installs
+/// Existing taps whose divert is gone (removed behind our back): re-created by the installs,
+/// and the copies routed meanwhile estimated as `tap_missing` (issue 25 item 3).
+fn divert_missing(installs: &BTreeMap<TapName, BTreeMap<String, Vec<Part>>>) -> BTreeSet<(TapName, String)> {
+    installs
         .iter()
         .flat_map(|(tap, nodes)| {
             nodes
@@ -491,66 +612,81 @@ pub async fn run(
                 .filter(|(_, parts)| parts.contains(&Part::Divert) && !parts.contains(&Part::Queue))
                 .map(move |(node, _)| (tap.clone(), node.clone()))
         })
-        .collect();
-    // Installs: one audited command per tap, on the nodes that lack something.
-    for (tap, parts_by_node) in installs {
-        let Some(spec) = desired.get(&tap) else { continue };
+        .collect()
+}
+
+/// Installs: one audited command per tap, on the nodes that lack something. The number of
+/// commands sent.
+async fn install_all(
+    scope: &PassScope<'_>,
+    seen: &Survey,
+    subs_by_name: &BTreeMap<String, &Arc<ArtemisCaptureSubscription>>,
+    judged: &mut Judged,
+) -> Result<i32, PassError> {
+    let mut commands = 0;
+    for (tap, parts_by_node) in std::mem::take(&mut judged.installs) {
+        let Some(spec) = seen.desired.get(&tap) else {
+            continue;
+        };
         let sub = subs_by_name.get(&tap.subscription).copied();
-        let outcomes = install(&scope, sub, spec, &parts_by_node).await?;
-        summary.commands += 1;
+        let outcomes = install(scope, sub, spec, &parts_by_node).await?;
+        commands += 1;
         for o in outcomes {
-            let f = if o.outcome == Outcome::Applied {
-                drain_targets.push((tap.clone(), o.node.clone()));
-                Found {
-                    state: TapState::Degraded,
-                    refusal: None,
-                    message: format!(
-                        "{}; {}",
-                        o.message,
-                        not_drained("its drain starts after this pass")
-                    ),
-                }
-            } else {
-                Found {
-                    state: if o.refusal == Some(RefusalKind::NoSecurityAuthority) {
-                        TapState::Refused
-                    } else {
-                        TapState::Pending
-                    },
-                    refusal: o.refusal,
-                    message: o.message,
-                }
-            };
-            found.insert((tap.clone(), o.node), f);
+            if o.outcome == Outcome::Applied {
+                judged.drain_targets.push((tap.clone(), o.node.clone()));
+            }
+            judged
+                .found
+                .insert((tap.clone(), o.node.clone()), found_after_install(o));
         }
     }
+    Ok(commands)
+}
 
-    // The orphan sweep: the only thing that ever removes a tap (ADR-0062 D6).
+fn found_after_install(o: NodeOutcome) -> Found {
+    if o.outcome == Outcome::Applied {
+        return Found {
+            state: TapState::Degraded,
+            refusal: None,
+            message: format!(
+                "{}; {}",
+                o.message,
+                not_drained("its drain starts after this pass")
+            ),
+        };
+    }
+    Found {
+        state: if o.refusal == Some(RefusalKind::NoSecurityAuthority) {
+            TapState::Refused
+        } else {
+            TapState::Pending
+        },
+        refusal: o.refusal,
+        message: o.message,
+    }
+}
+
+/// The orphan sweep: the only thing that ever removes a tap (ADR-0062 D6). The number of
+/// commands sent.
+async fn sweep_all(
+    scope: &PassScope<'_>,
+    state: &ClusterState,
+    sweeps: BTreeMap<TapName, BTreeMap<String, (bool, bool)>>,
+    subs_by_name: &BTreeMap<String, &Arc<ArtemisCaptureSubscription>>,
+    elsewhere: &BTreeMap<String, String>,
+) -> Result<i32, PassError> {
+    let mut commands = 0;
     for (tap, nodes) in sweeps {
         let sub = subs_by_name.get(&tap.subscription).copied();
         if let (None, Some(owner)) = (sub, elsewhere.get(&tap.subscription)) {
             tracing::debug!(tap = %tap.divert(), %owner, "not this cluster's tap: its subscription is another cluster's on these brokers");
             continue;
         }
-        let reason = match sub {
-            Some(s) if s.metadata.deletion_timestamp.is_some() => "subscription deleted".to_string(),
-            Some(s) if super::sample::is_sampling(s) => {
-                "the subscription switched to mode Sample: it browses, and installs no tap".to_string()
-            }
-            Some(_) => {
-                "the subscription no longer captures this address (no queue it matches is bound there)"
-                    .to_string()
-            }
-            None => format!(
-                "orphan: no ArtemisCaptureSubscription {} (deleted while no operator ran, or its finalizer was removed)",
-                tap.subscription
-            ),
-        };
         // The drain goes first: a consumer re-attaching to a queue the sweep just removed could
         // have the broker auto-create an ordinary queue in its place.
         for node in nodes.keys() {
             let k = DrainKey {
-                cluster: cluster_key.clone(),
+                cluster: scope.cluster_key.to_string(),
                 node: node.clone(),
                 capture_queue: tap.capture_queue(),
             };
@@ -559,24 +695,39 @@ pub async fn run(
                 h.stop(Duration::from_secs(10)).await;
             }
         }
-        remove(&scope, sub, &tap, &nodes, &reason).await?;
-        summary.commands += 1;
+        remove(scope, sub, &tap, &nodes, &sweep_reason(sub, &tap)).await?;
+        commands += 1;
     }
+    Ok(commands)
+}
 
-    // Loss counters of every capture queue that existed, and the drains that should run.
-    read_loss(ctx, state, &cluster_key, &topology, &drain_targets).await;
-    reconcile_sides(
-        ctx,
-        state,
-        &cluster_key,
-        &topology,
-        &drain_targets,
-        &divert_missing,
-        &desired,
-    )
-    .await;
-    for (tap, node) in &drain_targets {
-        let (Some(spec), Some(n)) = (desired.get(tap), topology.find(node)) else {
+/// Why a tap is swept, for its audit row.
+fn sweep_reason(sub: Option<&Arc<ArtemisCaptureSubscription>>, tap: &TapName) -> String {
+    match sub {
+        Some(s) if s.metadata.deletion_timestamp.is_some() => "subscription deleted".to_string(),
+        Some(s) if super::sample::is_sampling(s) => {
+            "the subscription switched to mode Sample: it browses, and installs no tap".to_string()
+        }
+        Some(_) => "the subscription no longer captures this address (no queue it matches is bound there)"
+            .to_string(),
+        None => format!(
+            "orphan: no ArtemisCaptureSubscription {} (deleted while no operator ran, or its finalizer was removed)",
+            tap.subscription
+        ),
+    }
+}
+
+/// The drains that should run: one per installed tap and node, with the cluster's credentials.
+async fn drains_to_run(
+    state: &ClusterState,
+    cluster_key: &str,
+    seen: &Survey,
+    subs_by_name: &BTreeMap<String, &Arc<ArtemisCaptureSubscription>>,
+    targets: &[(TapName, String)],
+) -> Vec<DrainTarget> {
+    let mut drains = vec![];
+    for (tap, node) in targets {
+        let (Some(spec), Some(n)) = (seen.desired.get(tap), seen.topology.find(node)) else {
             continue;
         };
         let (Some(sub), Some(m)) = (subs_by_name.get(&tap.subscription), &n.active) else {
@@ -585,43 +736,50 @@ pub async fn run(
         let Some(url) = amqp_url(state, m).await else {
             continue;
         };
-        summary.drains.push(DrainTarget {
+        drains.push(DrainTarget {
             key: DrainKey {
-                cluster: cluster_key.clone(),
+                cluster: cluster_key.to_string(),
                 node: node.clone(),
                 capture_queue: spec.name.capture_queue(),
             },
             tap: tap.clone(),
             url,
-            username: access.credentials.username.clone(),
-            password: access.credentials.password.clone(),
+            username: seen.access.credentials.username.clone(),
+            password: seen.access.credentials.password.clone(),
             max_body_bytes: sub.spec.max_body_bytes as usize,
             max_ingest_per_second: sub.spec.max_ingest_per_second,
         });
     }
+    drains
+}
 
-    // Mode Sample: browse what is due, on this pass's fresh topology.
-    super::sample::sample_due(ctx, &state.sample, &cluster_key, subs).await;
-
-    // Status and finalizers, from what is true after the writes.
-    let records = ctx.store.open_taps(&cluster_key, instance).await?;
-    let totals = ctx.store.capture_totals(&cluster_key).await?;
-    let marks = ctx.store.sample_marks(&cluster_key).await?;
+/// Status and finalizers, from what is true after the writes.
+async fn write_statuses(
+    ctx: &Context,
+    state: &ClusterState,
+    cluster_key: &str,
+    subs: &[Arc<ArtemisCaptureSubscription>],
+    seen: &Survey,
+    found: &BTreeMap<(TapName, String), Found>,
+) -> Result<(), PassError> {
+    let records = ctx.store.open_taps(cluster_key, &ctx.instance_id).await?;
+    let totals = ctx.store.capture_totals(cluster_key).await?;
+    let marks = ctx.store.sample_marks(cluster_key).await?;
     for s in subs {
         if super::sample::is_sampling(s) {
-            super::sample::write_status(ctx, &state.sample, s, &topology, &marks, &totals).await?;
+            super::sample::write_status(ctx, &state.sample, s, &seen.topology, &marks, &totals).await?;
             continue;
         }
         let stored = Stored {
             records: &records,
             totals: &totals,
             marks: &marks,
-            arms: &arms,
-            past_cap: &past_cap,
+            arms: &seen.arms,
+            past_cap: &seen.past_cap,
         };
-        write_status(ctx, s, &topology, &desired, &found, &stored).await?;
+        write_status(ctx, s, &seen.topology, &seen.desired, found, &stored).await?;
     }
-    Ok(summary)
+    Ok(())
 }
 
 /// The AMQP endpoint of a node's active broker: its AMQP acceptor's port, on the Jolokia
