@@ -130,32 +130,8 @@ pub async fn sample_due(
     subs: &[Arc<ArtemisCaptureSubscription>],
 ) -> SampleSummary {
     let mut summary = SampleSummary::default();
-    let now = Instant::now();
-    let (due, topology) = {
-        let s = state.lock().await;
-        let due: Vec<Arc<ArtemisCaptureSubscription>> = subs
-            .iter()
-            .filter(|x| is_sampling(x))
-            .filter(|x| {
-                s.last
-                    .get(&x.name_any())
-                    .is_none_or(|at| now >= *at + interval(x))
-            })
-            .cloned()
-            .collect();
-        (due, s.topology.clone())
-    };
-    if due.is_empty() {
-        return summary;
-    }
-    {
-        let mut s = state.lock().await;
-        for x in &due {
-            s.last.insert(x.name_any(), now);
-        }
-    }
     // No topology yet (no pass got that far): the next one samples after its poll.
-    let Some(topology) = topology else {
+    let Some((due, topology)) = take_due(state, subs).await else {
         return summary;
     };
     let marks: BTreeMap<(String, String, String), i64> = match ctx.store.sample_marks(cluster_key).await {
@@ -168,8 +144,76 @@ pub async fn sample_due(
             return summary;
         }
     };
-    let mut keys: BTreeMap<String, SubscriptionKey> = BTreeMap::new();
+    let keys = subscription_keys(ctx, state, cluster_key, &due).await;
+    let per_node = browse_plan(&topology, &due);
+    let browses = futures::future::join_all(per_node.iter().map(|(_, m, wanted)| async move {
+        let targets: Vec<BrowseTarget> = wanted.keys().cloned().collect();
+        m.browse_queues(&targets, SAMPLE_DEPTH).await
+    }))
+    .await;
+    let sampling = Sampling {
+        ctx,
+        state,
+        cluster_key,
+        keys: &keys,
+        marks: &marks,
+    };
+    for ((node, _, wanted), result) in per_node.iter().zip(browses) {
+        summary.requests += 1;
+        let results: Vec<Browse> = match result {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(%node, cluster = %cluster_key, error = %e, "sampling: browse request failed");
+                let why = format!("browse request failed: {e}");
+                record_failure(state, node, wanted.iter(), &why).await;
+                summary.failed += wanted.len();
+                continue;
+            }
+        };
+        for ((t, subs), browse) in wanted.iter().zip(results) {
+            sampling.store_browse(node, t, subs, browse, &mut summary).await;
+        }
+    }
+    tracing::debug!(cluster = %cluster_key, ?summary, "sampled");
+    summary
+}
+
+/// The subscriptions due now (marked as sampled now) and the topology to browse on; None when
+/// nothing is due or no pass has polled yet.
+async fn take_due(
+    state: &Mutex<SampleState>,
+    subs: &[Arc<ArtemisCaptureSubscription>],
+) -> Option<(Vec<Arc<ArtemisCaptureSubscription>>, Topology)> {
+    let now = Instant::now();
+    let mut s = state.lock().await;
+    let due: Vec<Arc<ArtemisCaptureSubscription>> = subs
+        .iter()
+        .filter(|x| is_sampling(x))
+        .filter(|x| {
+            s.last
+                .get(&x.name_any())
+                .is_none_or(|at| now >= *at + interval(x))
+        })
+        .cloned()
+        .collect();
+    if due.is_empty() {
+        return None;
+    }
     for x in &due {
+        s.last.insert(x.name_any(), now);
+    }
+    s.topology.clone().map(|t| (due, t))
+}
+
+/// Each due subscription's key in the store (its partitions made once per process).
+async fn subscription_keys(
+    ctx: &Context,
+    state: &Mutex<SampleState>,
+    cluster_key: &str,
+    due: &[Arc<ArtemisCaptureSubscription>],
+) -> BTreeMap<String, SubscriptionKey> {
+    let mut keys = BTreeMap::new();
+    for x in due {
         let name = x.name_any();
         match ctx.store.subscription_key(cluster_key, &name).await {
             Ok(k) => {
@@ -185,14 +229,24 @@ pub async fn sample_due(
             }
         }
     }
-    // Per live node: each queue to browse once, and the subscriptions that want it.
+    keys
+}
+
+/// Each queue to browse, once per live node, with the subscriptions that want it.
+type Wanted<'a> = BTreeMap<BrowseTarget, Vec<&'a Arc<ArtemisCaptureSubscription>>>;
+
+/// Per live node: each queue to browse once, and the subscriptions that want it.
+fn browse_plan<'a>(
+    topology: &Topology,
+    due: &'a [Arc<ArtemisCaptureSubscription>],
+) -> Vec<(String, crate::broker::BrokerManagement, Wanted<'a>)> {
     let mut per_node = vec![];
     for node in topology.live_nodes() {
         let (Some(m), Some(inv)) = (&node.active, &node.inventory) else {
             continue;
         };
-        let mut wanted: BTreeMap<BrowseTarget, Vec<&Arc<ArtemisCaptureSubscription>>> = BTreeMap::new();
-        for x in &due {
+        let mut wanted: Wanted<'a> = BTreeMap::new();
+        for x in due {
             for t in sampled_queues(&x.spec.queues, inv) {
                 wanted.entry(t).or_default().push(x);
             }
@@ -201,96 +255,111 @@ pub async fn sample_due(
             per_node.push((node.node_id.clone(), m.clone(), wanted));
         }
     }
-    let browses = futures::future::join_all(per_node.iter().map(|(_, m, wanted)| async move {
-        let targets: Vec<BrowseTarget> = wanted.keys().cloned().collect();
-        m.browse_queues(&targets, SAMPLE_DEPTH).await
-    }))
-    .await;
-    let metrics = crate::telemetry::capture::metrics();
-    for ((node, _, wanted), result) in per_node.iter().zip(browses) {
-        summary.requests += 1;
-        let results: Vec<Browse> = match result {
-            Ok(r) => r,
+    per_node
+}
+
+/// A failed browse, told on every (subscription, node, queue) it concerned.
+async fn record_failure<'a>(
+    state: &Mutex<SampleState>,
+    node: &str,
+    wanted: impl Iterator<Item = (&'a BrowseTarget, &'a Vec<&'a Arc<ArtemisCaptureSubscription>>)>,
+    why: &str,
+) {
+    let mut s = state.lock().await;
+    for (t, subs) in wanted {
+        for x in subs {
+            s.outcomes.insert(
+                (x.name_any(), node.to_string(), t.queue.clone()),
+                Err(why.to_string()),
+            );
+        }
+    }
+}
+
+/// What one sampling round stores with.
+struct Sampling<'a> {
+    ctx: &'a Context,
+    state: &'a Mutex<SampleState>,
+    cluster_key: &'a str,
+    keys: &'a BTreeMap<String, SubscriptionKey>,
+    marks: &'a BTreeMap<(String, String, String), i64>,
+}
+
+impl Sampling<'_> {
+    /// One queue's browse: its new messages stored for every subscription that wants it.
+    async fn store_browse(
+        &self,
+        node: &str,
+        t: &BrowseTarget,
+        subs: &[&Arc<ArtemisCaptureSubscription>],
+        browse: Browse,
+        summary: &mut SampleSummary,
+    ) {
+        let messages = match browse.messages {
+            Ok(m) => m,
             Err(e) => {
-                let why = format!("browse request failed: {e}");
-                tracing::warn!(%node, cluster = %cluster_key, error = %e, "sampling: browse request failed");
-                let mut s = state.lock().await;
-                for (t, subs) in wanted {
-                    for x in subs {
-                        s.outcomes
-                            .insert((x.name_any(), node.clone(), t.queue.clone()), Err(why.clone()));
-                    }
-                }
-                summary.failed += wanted.len();
-                continue;
+                summary.failed += 1;
+                let why = format!("browse of {} refused: {e}", t.queue);
+                let subs = subs.to_vec();
+                record_failure(self.state, node, std::iter::once((t, &subs)), &why).await;
+                return;
             }
         };
-        for ((t, subs), browse) in wanted.iter().zip(results) {
-            let messages = match browse.messages {
-                Ok(m) => m,
-                Err(e) => {
-                    summary.failed += 1;
-                    let why = format!("browse of {} refused: {e}", t.queue);
-                    let mut s = state.lock().await;
-                    for x in subs {
-                        s.outcomes
-                            .insert((x.name_any(), node.clone(), t.queue.clone()), Err(why.clone()));
-                    }
-                    continue;
-                }
-            };
-            summary.browses += 1;
-            for x in subs {
-                let name = x.name_any();
-                let Some(key) = keys.get(&name) else { continue };
-                let mark = marks
-                    .get(&(name.clone(), node.clone(), t.queue.clone()))
-                    .copied()
-                    .unwrap_or(0);
-                let fresh = new_rows(
-                    node,
-                    t,
-                    &messages,
-                    mark,
-                    x.spec.max_body_bytes as usize,
-                    browse.preview_limit,
-                );
-                let high_water = fresh.iter().map(|(id, _)| *id).max().unwrap_or(mark).max(mark);
-                let rows: Vec<CapturedRow> = fresh.into_iter().map(|(_, r)| r).collect();
-                let at = SampleAt {
-                    node,
-                    queue: &t.queue,
-                    address: &t.address,
+        summary.browses += 1;
+        for x in subs {
+            let name = x.name_any();
+            let Some(key) = self.keys.get(&name) else { continue };
+            let mark = self
+                .marks
+                .get(&(name.clone(), node.to_string(), t.queue.clone()))
+                .copied()
+                .unwrap_or(0);
+            let max_body = x.spec.max_body_bytes as usize;
+            let fresh = new_rows(node, t, &messages, mark, max_body, browse.preview_limit);
+            let (outcome, stored) = self.store_rows(key, &name, node, t, fresh, mark).await;
+            summary.stored += stored;
+            let mut s = self.state.lock().await;
+            s.outcomes
+                .insert((name, node.to_string(), t.queue.clone()), outcome);
+        }
+    }
+
+    /// Store one subscription's new rows of one queue: when, or why not, and how many.
+    async fn store_rows(
+        &self,
+        key: &SubscriptionKey,
+        name: &str,
+        node: &str,
+        t: &BrowseTarget,
+        fresh: Vec<(i64, CapturedRow)>,
+        mark: i64,
+    ) -> (Result<DateTime<Utc>, String>, u64) {
+        let high_water = fresh.iter().map(|(id, _)| *id).max().unwrap_or(mark).max(mark);
+        let rows: Vec<CapturedRow> = fresh.into_iter().map(|(_, r)| r).collect();
+        let at = SampleAt {
+            node,
+            queue: &t.queue,
+            address: &t.address,
+        };
+        match store(self.ctx, key, &at, &rows, high_water).await {
+            Ok(n) => {
+                let labels = crate::telemetry::capture::SubscriptionLabels {
+                    cluster: self.cluster_key.to_string(),
+                    subscription: name.to_string(),
                 };
-                let outcome = match store(ctx, key, &at, &rows, high_water).await {
-                    Ok(n) => {
-                        summary.stored += n;
-                        metrics
-                            .sampled
-                            .get_or_create(&crate::telemetry::capture::SubscriptionLabels {
-                                cluster: cluster_key.to_string(),
-                                subscription: name.clone(),
-                            })
-                            .inc_by(n);
-                        Ok(Utc::now())
-                    }
-                    Err(e) => {
-                        tracing::warn!(%node, subscription = %name, error = %e, "sampling: rows not stored");
-                        Err(format!(
-                            "browsed, not stored (database: {e}); the next browse tries again"
-                        ))
-                    }
-                };
-                state
-                    .lock()
-                    .await
-                    .outcomes
-                    .insert((name, node.clone(), t.queue.clone()), outcome);
+                crate::telemetry::capture::metrics()
+                    .sampled
+                    .get_or_create(&labels)
+                    .inc_by(n);
+                (Ok(Utc::now()), n)
+            }
+            Err(e) => {
+                tracing::warn!(%node, subscription = %name, error = %e, "sampling: rows not stored");
+                let why = format!("browsed, not stored (database: {e}); the next browse tries again");
+                (Err(why), 0)
             }
         }
     }
-    tracing::debug!(cluster = %cluster_key, ?summary, "sampled");
-    summary
 }
 
 /// Store, making the day's partition once if the insert found none.
@@ -302,7 +371,8 @@ async fn store(
     high_water: i64,
 ) -> Result<u64, StoreError> {
     match ctx.store.store_sample(key, at, rows, high_water).await {
-        Err(e) if e.to_string().contains("no partition") => {
+        // By SQLSTATE: the day's partition does not exist yet (retention makes the next ones).
+        Err(e) if e.sqlstate().as_deref() == Some(crate::store::NO_PARTITION_OR_CHECK) => {
             ctx.store.ensure_partitions(key).await?;
             ctx.store.store_sample(key, at, rows, high_water).await
         }
