@@ -461,55 +461,9 @@ pub fn row(
     };
     let correlation_id = text_of("JMSCorrelationID").or_else(|| text_of("properties.correlationId"));
     let reply_to = text_of("JMSReplyTo").or_else(|| text_of("properties.replyTo"));
-    let mut headers = Map::new();
-    for k in [
-        "protocol",
-        "type",
-        "durable",
-        "priority",
-        "expiration",
-        "redelivered",
-        "largeMessage",
-        "persistentSize",
-    ] {
-        if let Some(v) = m.get(k) {
-            headers.insert(k.into(), v.clone());
-        }
-    }
-    if !sections.is_empty() {
-        headers.insert("amqp".into(), Value::Object(sections));
-    }
-    headers.insert("sampled".into(), json!(true));
+    let headers = headers_of(m, sections);
     let large = m.get("largeMessage").and_then(Value::as_bool) == Some(true);
-    let limit = preview_limit.filter(|l| *l >= 0).map(|l| l as usize);
-    let (text, binary, size, cut_by_broker) = match (m.get("text"), m.get("BodyPreview")) {
-        (Some(Value::String(t)), _) if large || NO_BODY.contains(&t.as_str()) => {
-            (None, None, persistent(m), true)
-        }
-        (Some(Value::String(t)), _) => {
-            let (body, full_chars) = untruncate(t, limit);
-            let size = match full_chars {
-                // Cut by the broker: the prefix's bytes plus the characters it says are missing.
-                Some(missing) => body.len() + missing,
-                None => body.len(),
-            };
-            (Some(body), None, size, full_chars.is_some())
-        }
-        (_, Some(Value::Array(bytes))) if !large => {
-            // Java bytes are signed.
-            let b: Vec<u8> = bytes
-                .iter()
-                .filter_map(Value::as_i64)
-                .map(|x| x as i8 as u8)
-                .collect();
-            // A preview as long as the limit may have been cut: the full size is unknown, and
-            // the row says it may be truncated rather than claim a complete body.
-            let cut = limit.is_some_and(|l| b.len() >= l);
-            let n = b.len();
-            (None, Some(b), n, cut)
-        }
-        _ => (None, None, if large { persistent(m) } else { 0 }, large),
-    };
+    let (text, binary, size, cut_by_broker) = body_of(m, large, preview_limit);
     let truncated = cut_by_broker || size > max_body;
     let text = text.map(|mut t| {
         crate::store::storable::truncate_at_char_boundary(&mut t, max_body);
@@ -544,6 +498,68 @@ pub fn row(
             .and_then(DateTime::from_timestamp_millis),
         body_kind: None,
         escaped: vec![],
+    }
+}
+
+/// The message's headers as a sampled row keeps them (AMQP sections under `amqp`).
+fn headers_of(m: &Value, sections: Map<String, Value>) -> Map<String, Value> {
+    let mut headers = Map::new();
+    for k in [
+        "protocol",
+        "type",
+        "durable",
+        "priority",
+        "expiration",
+        "redelivered",
+        "largeMessage",
+        "persistentSize",
+    ] {
+        if let Some(v) = m.get(k) {
+            headers.insert(k.into(), v.clone());
+        }
+    }
+    if !sections.is_empty() {
+        headers.insert("amqp".into(), Value::Object(sections));
+    }
+    headers.insert("sampled".into(), json!(true));
+    headers
+}
+
+/// The body a browse shows: text, or binary (Java's signed bytes), its size, and whether the
+/// broker cut it (a large message, a body type it does not preview, a preview at its limit).
+fn body_of(
+    m: &Value,
+    large: bool,
+    preview_limit: Option<i64>,
+) -> (Option<String>, Option<Vec<u8>>, usize, bool) {
+    let limit = preview_limit.filter(|l| *l >= 0).map(|l| l as usize);
+    match (m.get("text"), m.get("BodyPreview")) {
+        (Some(Value::String(t)), _) if large || NO_BODY.contains(&t.as_str()) => {
+            (None, None, persistent(m), true)
+        }
+        (Some(Value::String(t)), _) => {
+            let (body, full_chars) = untruncate(t, limit);
+            let size = match full_chars {
+                // Cut by the broker: the prefix's bytes plus the characters it says are missing.
+                Some(missing) => body.len() + missing,
+                None => body.len(),
+            };
+            (Some(body), None, size, full_chars.is_some())
+        }
+        (_, Some(Value::Array(bytes))) if !large => {
+            // Java bytes are signed.
+            let b: Vec<u8> = bytes
+                .iter()
+                .filter_map(Value::as_i64)
+                .map(|x| x as i8 as u8)
+                .collect();
+            // A preview as long as the limit may have been cut: the full size is unknown, and
+            // the row says it may be truncated rather than claim a complete body.
+            let cut = limit.is_some_and(|l| b.len() >= l);
+            let n = b.len();
+            (None, Some(b), n, cut)
+        }
+        _ => (None, None, if large { persistent(m) } else { 0 }, large),
     }
 }
 
@@ -595,6 +611,35 @@ pub async fn write_status(
     };
     // Sampling installs nothing: no preview, nothing to arm.
     status.conditions.retain(|c| c.type_ != super::status::ARMED);
+    let (queues, addresses) = sampled_queue_statuses(s, topology, marks, &outcomes);
+    status.sampled_queues = queues;
+    status.addresses = addresses;
+    status.sampled = marks
+        .iter()
+        .filter(|m| m.subscription == name)
+        .map(|m| m.sampled.max(0) as u64)
+        .sum();
+    // What an earlier Capture mode stored and lost stays counted.
+    let mine = totals.iter().filter(|t| t.subscription == name);
+    status.captured = mine.clone().map(|t| t.captured.max(0) as u64).sum();
+    status.dropped_estimate = mine.map(|t| t.lost.max(0) as u64).sum();
+    set_sampling_conditions(&mut status, s);
+    conditions::kstatus(&mut status.conditions, &[], generation);
+    if !super::status::same_status(&old, &status) {
+        crate::controllers::report::apply_status(&ctx.client, s, &status).await?;
+    }
+    Ok(())
+}
+
+/// Each sampled queue on each live node, with its last browse, and the addresses they are on.
+fn sampled_queue_statuses(
+    s: &ArtemisCaptureSubscription,
+    topology: &Topology,
+    marks: &[SampleMark],
+    outcomes: &BTreeMap<(String, String, String), Result<DateTime<Utc>, String>>,
+) -> (Vec<SampledQueueStatus>, Vec<String>) {
+    let name = s.name_any();
+    let mut queues = vec![];
     let mut addresses = BTreeSet::new();
     for node in topology.live_nodes() {
         let Some(inv) = &node.inventory else { continue };
@@ -604,7 +649,7 @@ pub async fn write_status(
                 .find(|m| m.subscription == name && m.node == node.node_id && m.queue == t.queue);
             let outcome = outcomes.get(&(name.clone(), node.node_id.clone(), t.queue.clone()));
             addresses.insert(t.address.clone());
-            status.sampled_queues.push(SampledQueueStatus {
+            queues.push(SampledQueueStatus {
                 node: node.node_id.clone(),
                 queue: t.queue.clone(),
                 address: t.address.clone(),
@@ -619,16 +664,12 @@ pub async fn write_status(
             });
         }
     }
-    status.addresses = addresses.into_iter().collect();
-    status.sampled = marks
-        .iter()
-        .filter(|m| m.subscription == name)
-        .map(|m| m.sampled.max(0) as u64)
-        .sum();
-    // What an earlier Capture mode stored and lost stays counted.
-    let mine = totals.iter().filter(|t| t.subscription == name);
-    status.captured = mine.clone().map(|t| t.captured.max(0) as u64).sum();
-    status.dropped_estimate = mine.map(|t| t.lost.max(0) as u64).sum();
+    (queues, addresses.into_iter().collect())
+}
+
+/// Ready, Degraded and Sampling from the browses' outcomes.
+fn set_sampling_conditions(status: &mut ArtemisCaptureSubscriptionStatus, s: &ArtemisCaptureSubscription) {
+    let generation = status.observed_generation;
     let every = s.spec.sample_interval_seconds;
     let total = status.sampled_queues.len();
     let failed = status
@@ -706,11 +747,6 @@ pub async fn write_status(
         claim(every),
         generation,
     );
-    conditions::kstatus(&mut status.conditions, &[], generation);
-    if !super::status::same_status(&old, &status) {
-        crate::controllers::report::apply_status(&ctx.client, s, &status).await?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
