@@ -321,26 +321,97 @@ async fn worker(
     clusters: Vec<reflector::Store<ArtemisCluster>>,
     changed: Arc<tokio::sync::Notify>,
 ) {
-    let holder = ctx.process_id.clone();
-    let health = drain::DrainHealth::default();
-    // Presence: this process counts as one capture worker for as long as it lives.
-    let mut presence = None;
-    let mut served: BTreeMap<String, Served> = BTreeMap::new();
+    let mut w = Worker {
+        holder: ctx.process_id.clone(),
+        ctx,
+        subs,
+        clusters,
+        health: drain::DrainHealth::default(),
+        presence: None,
+        served: BTreeMap::new(),
+    };
     loop {
-        if presence.is_none() {
-            presence = ctx
-                .store
-                .dedicated_connection(&format!("{}{holder}", presence_prefix(&ctx.instance_id)))
-                .await
-                .map_err(|e| tracing::warn!(error = %e, "capture: no presence connection to Postgres"))
-                .ok();
-        }
-        let all_subs: Vec<Arc<ArtemisCaptureSubscription>> = subs.iter().flat_map(|s| s.state()).collect();
-        let all_clusters: BTreeMap<String, Arc<ArtemisCluster>> = clusters
+        w.ensure_presence().await;
+        let all_subs = w.all_subs();
+        let all_clusters: BTreeMap<String, Arc<ArtemisCluster>> = w
+            .clusters
             .iter()
             .flat_map(|s| s.state())
             .map(|c| (key(&c.namespace().unwrap_or_default(), &c.name_any()), c))
             .collect();
+        let (wanted, workers) = w.wanted(&all_subs, &all_clusters).await;
+        for gone in w
+            .served
+            .keys()
+            .filter(|c| !wanted.contains(*c))
+            .cloned()
+            .collect::<Vec<_>>()
+        {
+            if let Some(s) = w.served.remove(&gone) {
+                s.release().await;
+            }
+        }
+        let fair = wanted.len().div_ceil(workers);
+        for cluster_key in &wanted {
+            let Some(cluster) = all_clusters.get(cluster_key) else {
+                continue;
+            };
+            if w.take_on(cluster_key, fair).await {
+                w.serve(cluster_key, cluster, &all_subs, &all_clusters).await;
+            }
+        }
+        // More than a fair share (another replica joined): hand one cluster over.
+        if w.served.len() > fair
+            && let Some(k) = w.served.keys().next_back().cloned()
+            && let Some(s) = w.served.remove(&k)
+        {
+            tracing::info!(cluster = %k, "capture: releasing this cluster to another replica");
+            s.release().await;
+        }
+        w.sample_until_next_pass(&changed).await;
+    }
+}
+
+/// One capture worker's state between passes: its presence in Postgres, its drains' health,
+/// and the clusters it serves (under their advisory locks).
+struct Worker {
+    ctx: Arc<Context>,
+    subs: Vec<reflector::Store<ArtemisCaptureSubscription>>,
+    clusters: Vec<reflector::Store<ArtemisCluster>>,
+    holder: String,
+    health: drain::DrainHealth,
+    /// Presence: this process counts as one capture worker for as long as it lives.
+    presence: Option<sqlx::PgConnection>,
+    served: BTreeMap<String, Served>,
+}
+
+impl Worker {
+    async fn ensure_presence(&mut self) {
+        if self.presence.is_some() {
+            return;
+        }
+        let name = format!("{}{}", presence_prefix(&self.ctx.instance_id), self.holder);
+        self.presence = self
+            .ctx
+            .store
+            .dedicated_connection(&name)
+            .await
+            .map_err(|e| tracing::warn!(error = %e, "capture: no presence connection to Postgres"))
+            .ok();
+    }
+
+    fn all_subs(&self) -> Vec<Arc<ArtemisCaptureSubscription>> {
+        self.subs.iter().flat_map(|s| s.state()).collect()
+    }
+
+    /// The clusters to serve (a subscription names it, or one of our taps is still open there)
+    /// that this process can reach, and how many capture workers share them.
+    async fn wanted(
+        &self,
+        all_subs: &[Arc<ArtemisCaptureSubscription>],
+        all_clusters: &BTreeMap<String, Arc<ArtemisCluster>>,
+    ) -> (BTreeSet<String>, usize) {
+        let ctx = &self.ctx;
         let mut wanted: BTreeSet<String> = all_subs
             .iter()
             .map(|s| key(&s.namespace().unwrap_or_default(), &s.spec.cluster_ref.name))
@@ -359,130 +430,96 @@ async fn worker(
             Err(_) => tracing::warn!("capture: capture_tap not readable in time"),
         }
         let workers = workers.ok().and_then(Result::ok).unwrap_or(1).max(1) as usize;
-        release_orphaned_in_deleted_namespaces(&ctx, &all_subs, &all_clusters).await;
+        release_orphaned_in_deleted_namespaces(ctx, all_subs, all_clusters).await;
         // Only clusters this process can reach (the ArtemisCluster exists and is watched).
         wanted.retain(|c| all_clusters.contains_key(c));
-        for gone in served
-            .keys()
-            .filter(|c| !wanted.contains(*c))
-            .cloned()
-            .collect::<Vec<_>>()
-        {
-            if let Some(s) = served.remove(&gone) {
-                s.release().await;
+        (wanted, workers)
+    }
+
+    /// Whether this process serves the cluster this pass: already, or by taking its advisory
+    /// lock while under its fair share.
+    async fn take_on(&mut self, cluster_key: &str, fair: usize) -> bool {
+        if self.served.contains_key(cluster_key) {
+            return true;
+        }
+        if self.served.len() >= fair {
+            return false;
+        }
+        let ctx = &self.ctx;
+        match ClusterLock::try_acquire(&ctx.store, &ctx.instance_id, cluster_key, &self.holder).await {
+            Ok(Some(lock)) => {
+                tracing::info!(cluster = %cluster_key, "capture: serving this cluster (advisory lock held)");
+                let served = Served {
+                    lock,
+                    state: pass::ClusterState::default(),
+                    caps: BTreeMap::new(),
+                    retained_at: None,
+                    store_lost: None,
+                };
+                self.served.insert(cluster_key.to_string(), served);
+                true
+            }
+            Ok(None) => false,
+            Err(e) => {
+                tracing::warn!(cluster = %cluster_key, error = %e, "capture: advisory lock unavailable");
+                false
             }
         }
-        let fair = wanted.len().div_ceil(workers);
-        for cluster_key in &wanted {
-            let Some(cluster) = all_clusters.get(cluster_key) else {
-                continue;
-            };
-            if !served.contains_key(cluster_key) {
-                if served.len() >= fair {
-                    continue;
-                }
-                match ClusterLock::try_acquire(&ctx.store, &ctx.instance_id, cluster_key, &holder).await {
-                    Ok(Some(lock)) => {
-                        tracing::info!(cluster = %cluster_key, "capture: serving this cluster (advisory lock held)");
-                        served.insert(
-                            cluster_key.clone(),
-                            Served {
-                                lock,
-                                state: pass::ClusterState::default(),
-                                caps: BTreeMap::new(),
-                                retained_at: None,
-                                store_lost: None,
-                            },
-                        );
-                    }
-                    Ok(None) => continue,
-                    Err(e) => {
-                        tracing::warn!(cluster = %cluster_key, error = %e, "capture: advisory lock unavailable");
-                        continue;
-                    }
-                }
-            }
-            let Some(s) = served.get_mut(cluster_key) else {
-                continue;
-            };
-            let mine: Vec<Arc<ArtemisCaptureSubscription>> = of_cluster(&all_subs, cluster_key);
-            let view = pass::DrainView {
-                health: &health,
-                within: ctx.capture_pass_interval * 3 + Duration::from_secs(5),
-            };
-            if !lock_still_ours(&ctx, s, cluster_key, &holder, &mine, &view).await {
-                if s.store_lost.is_none()
-                    && let Some(mut s) = served.remove(cluster_key)
-                {
-                    // The lock is gone: another replica serves the cluster now.
-                    s.stop_drains().await;
-                }
-                continue;
-            }
-            let started = chrono::Utc::now();
-            let elsewhere = pass::claimed_elsewhere(&ctx, cluster_key, cluster, &all_subs, &all_clusters);
-            let mut outcome = pass::run(&ctx, &s.state, cluster, &mine, &holder, &view, &elsewhere).await;
-            if let Ok(p) = &mut outcome {
-                s.converge_drains(&ctx, &health, std::mem::take(&mut p.drains))
-                    .await;
-                // Retention works on whole day partitions: every RETENTION_PASSES passes is
-                // plenty, and keeps DDL off the busy path.
-                if s.retained_at
-                    .is_none_or(|t| t.elapsed() >= ctx.capture_pass_interval * RETENTION_PASSES)
-                {
-                    retention(&ctx, cluster_key, &mine).await;
-                    s.retained_at = Some(std::time::Instant::now());
-                }
-            }
-            let (commands, result) = match &outcome {
-                Ok(p) => (p.commands, "ok".to_string()),
-                Err(e) => {
-                    tracing::warn!(cluster = %cluster_key, error = %e, "capture pass failed");
-                    if let pass::PassError::Store(store) = e {
-                        // The pass could not read or write Postgres: status still says what
-                        // the drains know.
-                        let cause = format!("the capture pass cannot use Postgres: {store}");
-                        outage::report(&ctx, cluster_key, &mine, &view, &cause).await;
-                    }
-                    (0, format!("failed: {e}"))
-                }
-            };
-            ctx.metrics
-                .capture_passes
-                .get_or_create(&crate::telemetry::CapturePassLabels {
-                    result: if outcome.is_ok() { "ok" } else { "failed" }.into(),
-                })
-                .inc();
-            if let Err(e) = ctx
-                .store
-                .record_pass(&PassRecord {
-                    cluster: cluster_key,
-                    instance_id: &ctx.instance_id,
-                    holder: &holder,
-                    started_at: started,
-                    commands,
-                    result: &result,
-                })
-                .await
+    }
+
+    /// One pass on a served cluster (while its lock is still ours), its drains converged, and
+    /// the pass recorded.
+    async fn serve(
+        &mut self,
+        cluster_key: &str,
+        cluster: &ArtemisCluster,
+        all_subs: &[Arc<ArtemisCaptureSubscription>],
+        all_clusters: &BTreeMap<String, Arc<ArtemisCluster>>,
+    ) {
+        let ctx = self.ctx.clone();
+        let Some(s) = self.served.get_mut(cluster_key) else {
+            return;
+        };
+        let mine: Vec<Arc<ArtemisCaptureSubscription>> = of_cluster(all_subs, cluster_key);
+        let view = pass::DrainView {
+            health: &self.health,
+            within: ctx.capture_pass_interval * 3 + Duration::from_secs(5),
+        };
+        if !lock_still_ours(&ctx, s, cluster_key, &self.holder, &mine, &view).await {
+            if s.store_lost.is_none()
+                && let Some(mut s) = self.served.remove(cluster_key)
             {
-                tracing::warn!(cluster = %cluster_key, error = %e, "capture: cannot record the pass");
+                // The lock is gone: another replica serves the cluster now.
+                s.stop_drains().await;
+            }
+            return;
+        }
+        let started = chrono::Utc::now();
+        let elsewhere = pass::claimed_elsewhere(&ctx, cluster_key, cluster, all_subs, all_clusters);
+        let mut outcome = pass::run(&ctx, &s.state, cluster, &mine, &self.holder, &view, &elsewhere).await;
+        if let Ok(p) = &mut outcome {
+            s.converge_drains(&ctx, &self.health, std::mem::take(&mut p.drains))
+                .await;
+            // Retention works on whole day partitions: every RETENTION_PASSES passes is
+            // plenty, and keeps DDL off the busy path.
+            if s.retained_at
+                .is_none_or(|t| t.elapsed() >= ctx.capture_pass_interval * RETENTION_PASSES)
+            {
+                retention(&ctx, cluster_key, &mine).await;
+                s.retained_at = Some(std::time::Instant::now());
             }
         }
-        // More than a fair share (another replica joined): hand one cluster over.
-        if served.len() > fair
-            && let Some(k) = served.keys().next_back().cloned()
-            && let Some(s) = served.remove(&k)
-        {
-            tracing::info!(cluster = %k, "capture: releasing this cluster to another replica");
-            s.release().await;
-        }
-        // Until the next pass: the samples that fall due (mode Sample), under the same locks.
-        let next_pass = tokio::time::Instant::now() + ctx.capture_pass_interval;
+        record_pass(&ctx, cluster_key, &self.holder, started, &outcome, &mine, &view).await;
+    }
+
+    /// Until the next pass: the samples that fall due (mode Sample), under the same locks; a
+    /// change to a subscription or cluster ends the wait (a burst settles into one pass).
+    async fn sample_until_next_pass(&mut self, changed: &tokio::sync::Notify) {
+        let next_pass = tokio::time::Instant::now() + self.ctx.capture_pass_interval;
         loop {
-            let all_subs: Vec<Arc<ArtemisCaptureSubscription>> =
-                subs.iter().flat_map(|s| s.state()).collect();
+            let all_subs = self.all_subs();
             let mut wake = next_pass;
-            for (cluster_key, s) in &served {
+            for (cluster_key, s) in &self.served {
                 let mine = of_cluster(&all_subs, cluster_key);
                 if let Some(due) = sample::next_due(&s.state.sample, &mine).await {
                     wake = wake.min(tokio::time::Instant::from_std(due));
@@ -491,21 +528,59 @@ async fn worker(
             tokio::select! {
                 _ = tokio::time::sleep_until(wake) => {}
                 _ = changed.notified() => {
-                    // Let a burst of changes settle into one pass.
                     tokio::time::sleep(Duration::from_millis(300)).await;
-                    break;
+                    return;
                 }
             }
             if tokio::time::Instant::now() >= next_pass {
-                break;
+                return;
             }
-            for (cluster_key, s) in served.iter_mut() {
+            for (cluster_key, s) in self.served.iter_mut() {
                 let mine = of_cluster(&all_subs, cluster_key);
                 if mine.iter().any(|x| sample::is_sampling(x)) && s.lock.still_held().await {
-                    sample::sample_due(&ctx, &s.state.sample, cluster_key, &mine).await;
+                    sample::sample_due(&self.ctx, &s.state.sample, cluster_key, &mine).await;
                 }
             }
         }
+    }
+}
+
+/// A pass's metric and its row in `capture_pass`; a pass that could not use Postgres still
+/// reports what the drains know in status.
+async fn record_pass(
+    ctx: &Context,
+    cluster_key: &str,
+    holder: &str,
+    started: chrono::DateTime<chrono::Utc>,
+    outcome: &Result<pass::PassSummary, pass::PassError>,
+    mine: &[Arc<ArtemisCaptureSubscription>],
+    view: &pass::DrainView<'_>,
+) {
+    let (commands, result) = match outcome {
+        Ok(p) => (p.commands, "ok".to_string()),
+        Err(e) => {
+            tracing::warn!(cluster = %cluster_key, error = %e, "capture pass failed");
+            if let pass::PassError::Store(store) = e {
+                let cause = format!("the capture pass cannot use Postgres: {store}");
+                outage::report(ctx, cluster_key, mine, view, &cause).await;
+            }
+            (0, format!("failed: {e}"))
+        }
+    };
+    let labels = crate::telemetry::CapturePassLabels {
+        result: if outcome.is_ok() { "ok" } else { "failed" }.into(),
+    };
+    ctx.metrics.capture_passes.get_or_create(&labels).inc();
+    let row = PassRecord {
+        cluster: cluster_key,
+        instance_id: &ctx.instance_id,
+        holder,
+        started_at: started,
+        commands,
+        result: &result,
+    };
+    if let Err(e) = ctx.store.record_pass(&row).await {
+        tracing::warn!(cluster = %cluster_key, error = %e, "capture: cannot record the pass");
     }
 }
 
