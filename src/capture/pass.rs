@@ -22,8 +22,8 @@ use crate::api::capture::{
 };
 use crate::api::{ArtemisCluster, NodeOutcome, Outcome, RefusalKind};
 use crate::broker::{BrokerError, BrokerManagement};
-use crate::controllers::{Context, conditions, key};
-use crate::fanout::{self, NodeFailure, NodeReport, Target};
+use crate::controllers::{Context, command, conditions, key};
+use crate::fanout::{NodeFailure, NodeReport, Target};
 use crate::store::capture::{TapInstall, TapKey};
 use crate::store::captured::{LossAt, QueueCounters, TapTotals};
 use crate::store::{AuditIntent, StoreError};
@@ -33,10 +33,24 @@ use crate::topology::{self, Topology, TopologyMemory};
 pub enum PassError {
     #[error("cluster access: {0}")]
     Access(String),
+    #[error("{0}")]
+    Command(String),
     #[error("store: {0}")]
     Store(#[from] StoreError),
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+}
+
+impl From<crate::controllers::ReconcileError> for PassError {
+    fn from(e: crate::controllers::ReconcileError) -> Self {
+        use crate::controllers::ReconcileError as R;
+        match e {
+            // Postgres stays Postgres: the worker reports an outage from it.
+            R::Store(e) => PassError::Store(e),
+            R::Kube(e) => PassError::Kube(e),
+            other => PassError::Command(other.to_string()),
+        }
+    }
 }
 
 /// What a process keeps per cluster it serves.
@@ -1111,15 +1125,14 @@ async fn install(
         "confirmWithoutReview": sub.is_some_and(|s| without_review(s)),
     });
     let audit = intent(p, "capture.install", sub, &spec.name, params);
-    let audit_id = ctx.store.audit_intent(&audit).await?;
     let nodes: BTreeSet<String> = parts_by_node.keys().cloned().collect();
     let scope = p.topology.restricted_to(&nodes);
-    let outcomes = fanout::fan_out(&scope, fanout::DEFAULT_CONCURRENCY, p.timeout * 6, |t: Target| {
+    let result = command::execute(ctx, told(sub), &scope, p.timeout * 6, audit, |t: Target| {
         let parts = parts_by_node.get(&t.node_id).cloned().unwrap_or_default();
         async move { install_on(&t.management, spec, &parts).await }
     })
-    .await;
-    finish(ctx, sub, "capture.install", audit_id, &outcomes).await?;
+    .await?;
+    let (audit_id, outcomes) = (result.audit_id, result.nodes);
     for o in outcomes.iter().filter(|o| o.outcome == Outcome::Applied) {
         let queue_created = parts_by_node
             .get(&o.node)
@@ -1235,14 +1248,13 @@ async fn remove(
         "nodes": nodes.keys().collect::<Vec<_>>(),
     });
     let audit = intent(p, "capture.remove", sub, tap, params);
-    let audit_id = ctx.store.audit_intent(&audit).await?;
     let scope = p.topology.restricted_to(&nodes.keys().cloned().collect());
-    let outcomes = fanout::fan_out(&scope, fanout::DEFAULT_CONCURRENCY, p.timeout * 6, |t: Target| {
+    let result = command::execute(ctx, told(sub), &scope, p.timeout * 6, audit, |t: Target| {
         let (queue, divert) = nodes.get(&t.node_id).copied().unwrap_or((true, true));
         async move { remove_on(&t.management, tap, queue, divert).await }
     })
-    .await;
-    finish(ctx, sub, "capture.remove", audit_id, &outcomes).await?;
+    .await?;
+    let (audit_id, outcomes) = (result.audit_id, result.nodes);
     for o in outcomes.iter().filter(|o| o.outcome == Outcome::Applied) {
         let key = TapKey {
             cluster: cluster_key,
@@ -1294,20 +1306,13 @@ async fn remove_on(
     ))
 }
 
-async fn finish(
-    ctx: &Context,
-    sub: Option<&Arc<ArtemisCaptureSubscription>>,
-    command: &str,
-    audit_id: i64,
-    outcomes: &[NodeOutcome],
-) -> Result<(), PassError> {
-    // As a management command ends, minus the write evidence: capture's writes say nothing
-    // about the credentials' authority over queues (ADR-0049).
-    let verdict = crate::controllers::command::record_outcome(ctx, command, audit_id, outcomes).await?;
-    if let Some(s) = sub {
-        crate::controllers::command::announce(ctx, s.as_ref(), command, verdict, outcomes).await;
+/// A capture command tells its subscription (none for an orphan's sweep), and is no evidence
+/// of the management user's authority over queues (ADR-0049).
+fn told(sub: Option<&Arc<ArtemisCaptureSubscription>>) -> command::Told<'_, ArtemisCaptureSubscription> {
+    command::Told {
+        on: sub.map(|s| s.as_ref()),
+        evidence_for: None,
     }
-    Ok(())
 }
 
 /// What Postgres holds of a cluster's taps after the pass.

@@ -44,20 +44,42 @@ where
     F: Fn(Target) -> Fut,
     Fut: Future<Output = Result<NodeReport, NodeFailure>>,
 {
+    let told = Told {
+        on: Some(obj),
+        evidence_for: Some((scope.cluster_ns, scope.cluster_name)),
+    };
+    execute(ctx, told, scope.topology, scope.timeout, intent, op).await
+}
+
+/// What a command's end tells besides its audit row: the object its Event goes on (None: an
+/// orphan's sweep, which no object asked for) and the cluster whose managementWrite its outcome
+/// is evidence for (None for capture's writes: they say nothing of the management user's
+/// authority over queues, ADR-0049).
+pub struct Told<'a, K> {
+    pub on: Option<&'a K>,
+    pub evidence_for: Option<(&'a str, &'a str)>,
+}
+
+/// The execute stage, the one every kind's broker writes go through: audit intent → fan-out on
+/// `topology`'s live nodes → audit outcome, metrics, write evidence and Event.
+pub async fn execute<K, F, Fut>(
+    ctx: &Context,
+    told: Told<'_, K>,
+    topology: &Topology,
+    timeout: Duration,
+    intent: AuditIntent,
+    op: F,
+) -> Result<CommandResult, ReconcileError>
+where
+    K: Resource<DynamicType = ()>,
+    F: Fn(Target) -> Fut,
+    Fut: Future<Output = Result<NodeReport, NodeFailure>>,
+{
     let audit_id = ctx.store.audit_intent(&intent).await?;
-    let nodes = fanout::fan_out(scope.topology, fanout::DEFAULT_CONCURRENCY, scope.timeout, op).await;
+    let nodes = fanout::fan_out(topology, fanout::DEFAULT_CONCURRENCY, timeout, op).await;
     // The crash window between the broker's answers and the outcome (test builds only).
     crate::crash_window::pause(crate::crash_window::Window::MidFanout, &audit_id.to_string()).await;
-    finish(
-        ctx,
-        obj,
-        scope.cluster_ns,
-        scope.cluster_name,
-        &intent.command,
-        audit_id,
-        nodes,
-    )
-    .await
+    conclude(ctx, told, &intent.command, audit_id, nodes).await
 }
 
 /// Complete a command whose intent row was written (by [`run`], or by a one-shot kind that
@@ -75,9 +97,30 @@ pub async fn finish<K>(
 where
     K: Resource<DynamicType = ()>,
 {
+    let told = Told {
+        on: Some(obj),
+        evidence_for: Some((cluster_ns, cluster_name)),
+    };
+    conclude(ctx, told, command, audit_id, nodes).await
+}
+
+async fn conclude<K>(
+    ctx: &Context,
+    told: Told<'_, K>,
+    command: &str,
+    audit_id: i64,
+    nodes: Vec<NodeOutcome>,
+) -> Result<CommandResult, ReconcileError>
+where
+    K: Resource<DynamicType = ()>,
+{
     let verdict = record_outcome(ctx, command, audit_id, &nodes).await?;
-    report_evidence(ctx, cluster_ns, cluster_name, command, &nodes).await?;
-    announce(ctx, obj, command, verdict, &nodes).await;
+    if let Some((ns, cluster)) = told.evidence_for {
+        report_evidence(ctx, ns, cluster, command, &nodes).await?;
+    }
+    if let Some(obj) = told.on {
+        announce(ctx, obj, command, verdict, &nodes).await;
+    }
     Ok(CommandResult {
         audit_id,
         nodes,
@@ -87,7 +130,7 @@ where
 
 /// The first half of every command's end, management or capture: its verdict counted, the
 /// per-node outcomes counted, and the audit row completed with them.
-pub async fn record_outcome(
+async fn record_outcome(
     ctx: &Context,
     command: &str,
     audit_id: i64,
@@ -116,13 +159,8 @@ pub async fn record_outcome(
 }
 
 /// The Event a human sees for a finished command on its object.
-pub async fn announce<K>(
-    ctx: &Context,
-    obj: &K,
-    command: &str,
-    verdict: CommandVerdict,
-    nodes: &[NodeOutcome],
-) where
+async fn announce<K>(ctx: &Context, obj: &K, command: &str, verdict: CommandVerdict, nodes: &[NodeOutcome])
+where
     K: Resource<DynamicType = ()>,
 {
     let (warning, reason) = match verdict {
