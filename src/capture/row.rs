@@ -178,14 +178,7 @@ pub fn row(node: &str, tap: &TapName, max_body: usize, m: &Message<Body<Value>>)
         .map(String::len)
         .or(binary.as_ref().map(Vec::len))
         .unwrap_or(0);
-    let text = text.map(|mut t| {
-        crate::store::storable::truncate_at_char_boundary(&mut t, max_body);
-        t
-    });
-    let binary = binary.map(|mut b| {
-        b.truncate(max_body);
-        b
-    });
+    let (text, binary) = crate::store::storable::cut_body(text, binary, max_body);
     CapturedRow {
         node: node.into(),
         original_address: tap.address.clone(),

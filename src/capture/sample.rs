@@ -465,14 +465,7 @@ pub fn row(
     let large = m.get("largeMessage").and_then(Value::as_bool) == Some(true);
     let (text, binary, size, cut_by_broker) = body_of(m, large, preview_limit);
     let truncated = cut_by_broker || size > max_body;
-    let text = text.map(|mut t| {
-        crate::store::storable::truncate_at_char_boundary(&mut t, max_body);
-        t
-    });
-    let binary = binary.map(|mut b| {
-        b.truncate(max_body);
-        b
-    });
+    let (text, binary) = crate::store::storable::cut_body(text, binary, max_body);
     CapturedRow {
         node: node.into(),
         original_address: target.address.clone(),
@@ -719,34 +712,17 @@ fn set_sampling_conditions(status: &mut ArtemisCaptureSubscriptionStatus, s: &Ar
             ),
         )
     };
-    conditions::set(
-        &mut status.conditions,
-        conditions::READY,
-        ready,
-        reason,
-        message,
-        generation,
-    );
-    conditions::set(
-        &mut status.conditions,
-        conditions::DEGRADED,
-        failed > 0,
-        if failed > 0 { "BrowseFailed" } else { "AsExpected" },
-        if failed > 0 {
-            format!("{failed} queue browses failed")
-        } else {
-            "no browse failed".to_string()
-        },
-        generation,
-    );
-    conditions::set(
-        &mut status.conditions,
-        SAMPLING,
-        true,
-        "Sampled",
-        claim(every),
-        generation,
-    );
+    let degraded = if failed > 0 {
+        (true, "BrowseFailed", format!("{failed} queue browses failed"))
+    } else {
+        (false, "AsExpected", "no browse failed".to_string())
+    };
+    let judged = [
+        (conditions::READY, (ready, reason, message)),
+        (conditions::DEGRADED, degraded),
+        (SAMPLING, (true, "Sampled", claim(every))),
+    ];
+    conditions::set_all(&mut status.conditions, generation, judged);
 }
 
 #[cfg(test)]

@@ -70,33 +70,27 @@ pub fn set_tap_conditions(
             format!("{pending} of {total} taps pending; {healthy} healthy"),
         )
     };
-    conditions::set(
-        &mut status.conditions,
-        conditions::READY,
-        ready,
-        reason,
-        message,
-        generation,
-    );
     let degraded_now = degraded + refused > 0;
-    conditions::set(
-        &mut status.conditions,
-        conditions::DEGRADED,
-        degraded_now,
-        if refused > 0 {
-            "Refused"
-        } else if degraded > 0 {
-            "NotDrained"
-        } else {
-            "AsExpected"
-        },
-        if degraded_now {
-            format!("{degraded} taps installed and not drained, {refused} refused")
-        } else {
-            "no tap is degraded or refused".to_string()
-        },
-        generation,
-    );
+    let degraded_reason = if refused > 0 {
+        "Refused"
+    } else if degraded > 0 {
+        "NotDrained"
+    } else {
+        "AsExpected"
+    };
+    let degraded_message = if degraded_now {
+        format!("{degraded} taps installed and not drained, {refused} refused")
+    } else {
+        "no tap is degraded or refused".to_string()
+    };
+    let judged = [
+        (conditions::READY, (ready, reason, message)),
+        (
+            conditions::DEGRADED,
+            (degraded_now, degraded_reason, degraded_message),
+        ),
+    ];
+    conditions::set_all(&mut status.conditions, generation, judged);
 }
 
 /// Nothing a status write would change (conditions compared without their timestamps).

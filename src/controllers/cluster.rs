@@ -137,15 +137,12 @@ fn forget_access(ctx: &Context, ns: &str, name: &str) {
     }
 }
 
-/// A condition's status, reason and message.
-type Judged<'a> = (bool, &'a str, String);
+use conditions::Judged;
 
 /// Ready and Degraded, at the status's generation.
 fn set_ready_and_degraded(status: &mut ArtemisClusterStatus, ready: Judged<'_>, degraded: Judged<'_>) {
-    let generation = status.observed_generation;
-    for (type_, (ok, reason, message)) in [(conditions::READY, ready), (conditions::DEGRADED, degraded)] {
-        conditions::set(&mut status.conditions, type_, ok, reason, message, generation);
-    }
+    let judged = [(conditions::READY, ready), (conditions::DEGRADED, degraded)];
+    conditions::set_all(&mut status.conditions, status.observed_generation, judged);
 }
 
 /// The runtime for freshly resolved access, keeping the topology memory, the poll lock and

@@ -113,6 +113,20 @@ pub fn kstatus(conditions: &mut Vec<Condition>, nodes: &[NodeOutcome], generatio
 }
 
 /// Set (or replace) the condition of `type_`.
+/// A condition's status, reason and message, as judged.
+pub type Judged<'a> = (bool, &'a str, String);
+
+/// Set each `(type, judged)` at one generation.
+pub fn set_all<'a>(
+    conditions: &mut Vec<Condition>,
+    generation: Option<i64>,
+    judged: impl IntoIterator<Item = (&'a str, Judged<'a>)>,
+) {
+    for (type_, (status, reason, message)) in judged {
+        set(conditions, type_, status, reason, message, generation);
+    }
+}
+
 pub fn set(
     conditions: &mut Vec<Condition>,
     type_: &str,

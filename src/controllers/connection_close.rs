@@ -165,14 +165,8 @@ fn with_phase_conditions(status: &ConnectionCloseStatus) -> ConnectionCloseStatu
         ClosePhase::AwaitingConfirmation => (false, "AwaitingConfirmation"),
         ClosePhase::Pending | ClosePhase::Closing => (false, "Closing"),
     };
-    conditions::set(
-        &mut status.conditions,
-        conditions::READY,
-        ready,
-        reason,
-        message,
-        generation,
-    );
+    let judged = [(conditions::READY, (ready, reason, message))];
+    conditions::set_all(&mut status.conditions, generation, judged);
     conditions::kstatus(&mut status.conditions, &[], generation);
     status
 }

@@ -161,6 +161,23 @@ pub fn salvage(row: &CapturedRow, sqlstate: &str) -> Option<CapturedRow> {
     Some(r)
 }
 
+/// A body cut to `max` bytes: text at a character boundary, binary at the byte.
+pub fn cut_body(
+    text: Option<String>,
+    binary: Option<Vec<u8>>,
+    max: usize,
+) -> (Option<String>, Option<Vec<u8>>) {
+    let text = text.map(|mut t| {
+        truncate_at_char_boundary(&mut t, max);
+        t
+    });
+    let binary = binary.map(|mut b| {
+        b.truncate(max);
+        b
+    });
+    (text, binary)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
