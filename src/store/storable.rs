@@ -8,7 +8,31 @@ use std::borrow::Cow;
 
 use serde_json::Value;
 
-use super::captured::CapturedRow;
+use chrono::{DateTime, Utc};
+
+/// One captured copy, ready to store.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CapturedRow {
+    pub node: String,
+    pub original_address: String,
+    pub capture_queue: String,
+    pub source_message_id: Option<String>,
+    pub message_id: Option<String>,
+    pub correlation_id: Option<String>,
+    pub reply_to: Option<String>,
+    pub properties: serde_json::Value,
+    pub headers: serde_json::Value,
+    pub body_text: Option<String>,
+    pub body_binary: Option<Vec<u8>>,
+    pub body_size: i32,
+    pub body_truncated: bool,
+    pub routed_at: Option<DateTime<Utc>>,
+    /// The body section: `data`, `amqp-value`, `amqp-sequence` or `empty` (None: sampled).
+    pub body_kind: Option<&'static str>,
+    /// What was changed so that Postgres could take the copy (see `store::storable`); empty
+    /// when it is stored as received.
+    pub escaped: Vec<String>,
+}
 
 /// Identifiers (source, message and correlation IDs, reply-to) are indexed: a b-tree entry
 /// holds at most ~2.7 kB, so longer ones are cut here.
