@@ -768,18 +768,8 @@ async fn a_broker_restart_loses_only_the_ring_queue_and_the_next_pass_recreates_
 /// Send `n` messages to an address over a real AMQP 1.0 connection; every one must be accepted.
 async fn amqp_send(bed: &TestBed, broker: &str, address: &str, n: usize, tag: &str) -> Result<(), String> {
     use fe2o3_amqp::types::messaging::Outcome;
-    let b = bed.broker(broker);
-    let (u, p) = bed.broker_user();
-    let url = b.amqp.replace("amqp://", &format!("amqp://{u}:{p}@"));
-    let mut connection = fe2o3_amqp::Connection::open(format!("producer-{tag}"), url.as_str())
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
-    let mut session = fe2o3_amqp::Session::begin(&mut connection)
-        .await
-        .map_err(|e| format!("session: {e}"))?;
-    let mut sender = fe2o3_amqp::Sender::attach(&mut session, format!("tx-{tag}"), address)
-        .await
-        .map_err(|e| format!("attach: {e}"))?;
+    let mut producer = crate::support::amqp_producer(bed, broker, address, tag).await?;
+    let sender = &mut producer.sender;
     for i in 0..n {
         match sender.send(format!("{tag} {i}")).await {
             Ok(Outcome::Accepted(_)) => {}
@@ -787,9 +777,7 @@ async fn amqp_send(bed: &TestBed, broker: &str, address: &str, n: usize, tag: &s
             Err(e) => return Err(format!("message {i}: {e}")),
         }
     }
-    let _ = sender.close().await;
-    let _ = session.end().await;
-    let _ = connection.close().await;
+    producer.close().await;
     Ok(())
 }
 

@@ -8,10 +8,11 @@
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use artemis_studio_operator::api::capture::{ArtemisCaptureSubscription, TapState};
+use artemis_studio_operator::api::capture::TapState;
 
 use crate::capture::{divert_names, taps_in};
 use crate::queue::fixture;
+use crate::sampling::condition;
 use crate::support::{Broker, TestBed, brokers_shared, jolokia_raw, short_id};
 
 const ORIGIN: Option<&str> = Some("http://localhost");
@@ -42,15 +43,6 @@ async fn bulk_queues(bed: &TestBed, queues: &[(String, String)], create: bool) {
             assert!(failed.is_empty(), "create on {}: {failed:?}", b.name);
         }
     }
-}
-
-fn condition(s: &ArtemisCaptureSubscription, kind: &str) -> Option<(String, String, String)> {
-    s.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == kind)
-        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
 /// Every divert of this operator instance's subscription `sub`, on every node of cluster c.

@@ -18,28 +18,17 @@ use crate::support::{TestBed, brokers_shared, short_id};
 /// Send each message (one AMQP connection, in order) to an address on one broker; every one
 /// must be accepted.
 async fn amqp_send_messages(bed: &TestBed, broker: &str, address: &str, messages: Vec<Message<Body<Value>>>) {
-    let b = bed.broker(broker);
-    let (u, p) = bed.broker_user();
-    let url = b.amqp.replace("amqp://", &format!("amqp://{u}:{p}@"));
-    let tag = short_id();
-    let mut connection = fe2o3_amqp::Connection::open(format!("producer-{tag}"), url.as_str())
+    let mut producer = crate::support::amqp_producer(bed, broker, address, &short_id())
         .await
-        .expect("AMQP connection");
-    let mut session = fe2o3_amqp::Session::begin(&mut connection)
-        .await
-        .expect("session");
-    let mut sender = fe2o3_amqp::Sender::attach(&mut session, format!("tx-{tag}"), address)
-        .await
-        .expect("attach");
+        .expect("AMQP producer");
+    let sender = &mut producer.sender;
     for (i, m) in messages.into_iter().enumerate() {
         match sender.send(m).await {
             Ok(Outcome::Accepted(_)) => {}
             other => panic!("message {i} not accepted: {other:?}"),
         }
     }
-    let _ = sender.close().await;
-    let _ = session.end().await;
-    let _ = connection.close().await;
+    producer.close().await;
 }
 
 fn with_id(id: &str, body: Body<Value>) -> Message<Body<Value>> {

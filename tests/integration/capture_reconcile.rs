@@ -27,19 +27,10 @@ struct Cli {
 
 /// Send text messages to `address` on `broker` until `stop`; counts the accepted ones.
 async fn produce(bed: TestBed, broker: &str, address: String, stop: Arc<AtomicBool>, sent: Arc<AtomicU64>) {
-    let b = bed.broker(broker);
-    let (u, p) = bed.broker_user();
-    let url = b.amqp.replace("amqp://", &format!("amqp://{u}:{p}@"));
-    let tag = short_id();
-    let mut connection = fe2o3_amqp::Connection::open(format!("producer-{tag}"), url.as_str())
+    let mut producer = crate::support::amqp_producer(&bed, broker, &address, &short_id())
         .await
-        .expect("AMQP connection");
-    let mut session = fe2o3_amqp::Session::begin(&mut connection)
-        .await
-        .expect("session");
-    let mut sender = fe2o3_amqp::Sender::attach(&mut session, format!("tx-{tag}"), address)
-        .await
-        .expect("attach");
+        .expect("AMQP producer");
+    let sender = &mut producer.sender;
     let mut i = 0u64;
     while !stop.load(Ordering::SeqCst) {
         let m = Message::builder().body(AmqpValue(format!("m {i}"))).build();
@@ -49,9 +40,7 @@ async fn produce(bed: TestBed, broker: &str, address: String, stop: Arc<AtomicBo
         i += 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let _ = sender.close().await;
-    let _ = session.end().await;
-    let _ = connection.close().await;
+    producer.close().await;
 }
 
 async fn count(pool: &sqlx::PgPool, sql: &str, ns: &str) -> i64 {

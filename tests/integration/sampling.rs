@@ -17,7 +17,7 @@ use crate::support::{TestBed, brokers_shared, jolokia_raw, send_messages, short_
 
 const ORIGIN: Option<&str> = Some("http://localhost");
 
-fn condition(s: &ArtemisCaptureSubscription, kind: &str) -> Option<(String, String, String)> {
+pub(crate) fn condition(s: &ArtemisCaptureSubscription, kind: &str) -> Option<(String, String, String)> {
     s.status
         .as_ref()?
         .conditions
@@ -334,27 +334,17 @@ impl Drop for FastConsumer {
 /// `n` AMQP messages to an address on c1, each accepted.
 async fn amqp_send(bed: &TestBed, address: &str, n: usize, tag: &str) {
     use fe2o3_amqp::types::messaging::Outcome;
-    let b = bed.broker("c1");
-    let (u, p) = bed.broker_user();
-    let url = b.amqp.replace("amqp://", &format!("amqp://{u}:{p}@"));
-    let mut connection = fe2o3_amqp::Connection::open(format!("producer-{tag}"), url.as_str())
+    let mut producer = crate::support::amqp_producer(bed, "c1", address, tag)
         .await
-        .expect("connect");
-    let mut session = fe2o3_amqp::Session::begin(&mut connection)
-        .await
-        .expect("session");
-    let mut sender = fe2o3_amqp::Sender::attach(&mut session, format!("tx-{tag}"), address)
-        .await
-        .expect("attach");
+        .expect("AMQP producer");
+    let sender = &mut producer.sender;
     for i in 0..n {
         match sender.send(format!("{tag} {i}")).await {
             Ok(Outcome::Accepted(_)) => {}
             other => panic!("message {i} to {address} not accepted: {other:?}"),
         }
     }
-    let _ = sender.close().await;
-    let _ = session.end().await;
-    let _ = connection.close().await;
+    producer.close().await;
 }
 
 #[tokio::test]

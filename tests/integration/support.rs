@@ -616,6 +616,47 @@ pub async fn amqp_consumer(bed: &TestBed, broker: &str, address: &str, container
     }
 }
 
+/// A real AMQP 1.0 producer attached to an address on one broker (container `producer-{tag}`).
+pub struct AmqpProducer {
+    pub connection: fe2o3_amqp::connection::ConnectionHandle<()>,
+    pub session: fe2o3_amqp::session::SessionHandle<()>,
+    pub sender: fe2o3_amqp::Sender,
+}
+
+impl AmqpProducer {
+    /// Detach, end the session and close the connection.
+    pub async fn close(mut self) {
+        let _ = self.sender.close().await;
+        let _ = self.session.end().await;
+        let _ = self.connection.close().await;
+    }
+}
+
+pub async fn amqp_producer(
+    bed: &TestBed,
+    broker: &str,
+    address: &str,
+    tag: &str,
+) -> Result<AmqpProducer, String> {
+    let b = bed.broker(broker);
+    let (u, p) = bed.broker_user();
+    let url = b.amqp.replace("amqp://", &format!("amqp://{u}:{p}@"));
+    let mut connection = fe2o3_amqp::Connection::open(format!("producer-{tag}"), url.as_str())
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let mut session = fe2o3_amqp::Session::begin(&mut connection)
+        .await
+        .map_err(|e| format!("session: {e}"))?;
+    let sender = fe2o3_amqp::Sender::attach(&mut session, format!("tx-{tag}"), address.to_string())
+        .await
+        .map_err(|e| format!("attach: {e}"))?;
+    Ok(AmqpProducer {
+        connection,
+        session,
+        sender,
+    })
+}
+
 /// Puts the HA cluster back (plain node started, pair failed back) however a test ends.
 pub struct RestoreHa<'a>(pub &'a TestBed);
 impl Drop for RestoreHa<'_> {
