@@ -2,6 +2,7 @@
 //! Bring it up with `deploy/dev/testbed up` (the README's test command does).
 
 mod api_metrics;
+mod audit_log;
 mod binary;
 mod broker_budget;
 mod capture;
