@@ -2,6 +2,7 @@
 //! The ADRs in the design records are the spec; each module below owns one concept.
 
 pub mod api;
+pub mod backoff;
 pub mod broker;
 pub mod capture;
 pub mod cli;

@@ -214,12 +214,25 @@ pub struct ArtemisCaptureSubscriptionStatus {
     /// The operator instance whose taps these are (their names carry it, ADR-0062 D7).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_id: Option<String>,
-    /// The captured addresses (resolved from the matching queues).
+    /// The captured addresses (resolved from the matching queues), sorted; at most
+    /// 100 are listed, `addressCount` counts them all.
     #[serde(default)]
     pub addresses: Vec<String>,
-    /// One tap per captured address per live node.
+    /// How many addresses are captured (listed or not).
+    #[serde(default)]
+    pub address_count: u64,
+    /// One tap per captured address per live node; at most 100 are listed (status is
+    /// bounded, whatever the pattern matches), every tap that is not HEALTHY first, and
+    /// `tapCounts` counts them all.
     #[serde(default)]
     pub taps: Vec<TapStatus>,
+    /// Every tap by state, listed or not.
+    #[serde(default)]
+    pub tap_counts: TapCounts,
+    /// Taps not listed in `taps` (the list is bounded; the capture_tap table in the audit
+    /// database has every one).
+    #[serde(default)]
+    pub taps_omitted: u64,
     /// Messages stored so far, summed over taps.
     #[serde(default)]
     pub captured: u64,
@@ -320,6 +333,26 @@ pub struct SampledQueueStatus {
     /// Why the latest browse failed, when it did, with the next action.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+/// Every tap of a subscription by state.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TapCounts {
+    /// Installed and being drained.
+    pub healthy: u64,
+    /// Installed and not drained.
+    pub degraded: u64,
+    /// Not installed yet.
+    pub pending: u64,
+    /// Refused by their node.
+    pub refused: u64,
+}
+
+impl TapCounts {
+    pub fn total(&self) -> u64 {
+        self.healthy + self.degraded + self.pending + self.refused
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]

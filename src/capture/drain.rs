@@ -8,15 +8,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use fe2o3_amqp::Receiver;
 use fe2o3_amqp::link::RecvError;
 use fe2o3_amqp::link::delivery::Delivery;
 use fe2o3_amqp::link::delivery::DeliveryInfo;
-use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::types::messaging::Body;
 use fe2o3_amqp::types::primitives::Value;
-use fe2o3_amqp::{Connection, Receiver, Session};
 use tokio::sync::watch;
 
+use super::connection::{LinkKey, NodeLinks};
 use super::names::TapName;
 use super::split::{Refusal, Sink, SplitInsert};
 use crate::store::captured::{CapturedRow, LossAt, SubscriptionKey};
@@ -28,9 +28,10 @@ use crate::store::{NO_PARTITION_OR_CHECK, Store, StoreError};
 /// (CAPTURE-NOTES: delivering messages do not count toward the ring size).
 pub const BATCH: u32 = 200;
 
-/// How often an idle drain confirms in Postgres that its coverage interval is still open: the
-/// precision of a coverage gap's end when the operator dies.
-const COVERAGE_CONFIRM: Duration = Duration::from_secs(5);
+/// How often the open coverage intervals of idle drains are confirmed in Postgres (all of the
+/// process's in one statement, [`confirm_coverage`]): the precision of a coverage gap's end
+/// when the operator dies.
+pub const COVERAGE_CONFIRM: Duration = Duration::from_secs(5);
 
 /// One drain: a capture queue on one node.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -61,11 +62,18 @@ pub struct DrainState {
     pub held: usize,
 }
 
-/// Every drain of this process.
+/// Every drain of this process, and the coverage interval each has open.
 #[derive(Clone, Default)]
 pub struct DrainHealth {
     inner: Arc<Mutex<HashMap<DrainKey, DrainState>>>,
+    open: Arc<Mutex<HashMap<DrainKey, (SubscriptionKey, i64)>>>,
+    /// Why the last confirmation of coverage failed, and since when (None: it succeeded): no
+    /// drain is draining while nothing it copies can be recorded.
+    store_problem: Arc<Mutex<Option<Problem>>>,
 }
+
+/// A problem and since when.
+type Problem = (String, chrono::DateTime<chrono::Utc>);
 
 fn rfc3339(t: chrono::DateTime<chrono::Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
@@ -105,6 +113,46 @@ impl DrainHealth {
         }
     }
 
+    /// The drain's coverage interval is open (or, with None, ends now).
+    fn set_coverage(&self, key: &DrainKey, open: Option<(SubscriptionKey, i64)>) {
+        if let Ok(mut m) = self.open.lock() {
+            match open {
+                Some(c) => m.insert(key.clone(), c),
+                None => m.remove(key),
+            };
+        }
+    }
+
+    fn set_store_problem(&self, problem: Option<String>) {
+        if let Ok(mut p) = self.store_problem.lock() {
+            *p = match (problem, p.take()) {
+                (None, _) => None,
+                (Some(why), Some((_, since))) => Some((why, since)),
+                (Some(why), None) => Some((why, chrono::Utc::now())),
+            };
+        }
+    }
+
+    /// The open intervals of the drains that are draining now: what may be confirmed.
+    fn coverage_to_confirm(&self) -> Vec<(SubscriptionKey, i64)> {
+        let open: Vec<(DrainKey, (SubscriptionKey, i64))> = self
+            .open
+            .lock()
+            .map(|m| m.iter().map(|(k, c)| (k.clone(), c.clone())).collect())
+            .unwrap_or_default();
+        // Judged without the store's own problem: a confirmation is how it is found gone.
+        let store_problem = self.store_problem.lock().ok().and_then(|mut p| p.take());
+        let draining: Vec<(SubscriptionKey, i64)> = open
+            .into_iter()
+            .filter(|(k, _)| self.draining(k, COVERAGE_CONFIRM).is_ok())
+            .map(|(_, c)| c)
+            .collect();
+        if let (Some(p), Ok(mut slot)) = (store_problem, self.store_problem.lock()) {
+            *slot = Some(p);
+        }
+        draining
+    }
+
     /// Being drained: connected, no problem, no batch waiting on the database longer than
     /// [`STORE_STALLED`], alive within `within` (ADR-0066 D2's definition of a healthy tap).
     /// Err carries why not: the drain's own problem, since when, and the copies it holds.
@@ -116,6 +164,12 @@ impl DrainHealth {
         let Some(s) = m.get(key) else {
             return Err("no drain runs for this capture queue (yet)".into());
         };
+        if let Some((why, since)) = self.store_problem.lock().ok().and_then(|p| p.clone()) {
+            return Err(format!(
+                "its coverage cannot be recorded: {why} (since {})",
+                rfc3339(since)
+            ));
+        }
         let since = s
             .problem_since
             .map(|t| format!(" (since {})", rfc3339(t)))
@@ -137,6 +191,30 @@ impl DrainHealth {
                 Err(format!("drain silent for {}s", s.alive_at.elapsed().as_secs()))
             }
             None => Ok(()),
+        }
+    }
+}
+
+/// Confirm, every [`COVERAGE_CONFIRM`], the open coverage of every drain of this process that
+/// is draining, in one statement (issue 25: capture's database cost per process, not per tap).
+/// A drain that is not draining is left unconfirmed, so its interval claims nothing past its
+/// last sign of life. While confirmations fail, no drain counts as draining (nothing it
+/// copies can be recorded); the next one that succeeds, or a batch's insert, catches up.
+pub async fn confirm_coverage(store: Store, health: DrainHealth) {
+    let mut every = tokio::time::interval(COVERAGE_CONFIRM);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let open = health.coverage_to_confirm();
+        if open.is_empty() {
+            continue;
+        }
+        match store.coverage_confirm_all(&open).await {
+            Ok(()) => health.set_store_problem(None),
+            Err(e) => {
+                tracing::warn!(error = %e, intervals = open.len(), "capture: coverage not confirmed this time");
+                health.set_store_problem(Some(format!("Postgres: {e}")));
+            }
         }
     }
 }
@@ -180,19 +258,19 @@ pub struct DrainSpec {
     pub key: DrainKey,
     pub tap: TapName,
     pub subscription: SubscriptionKey,
-    /// `amqp://host:port` of the node's active broker.
-    pub url: String,
-    pub username: String,
-    pub password: String,
+    /// The node's active broker and the credentials: the shared connection it attaches to.
+    pub link: LinkKey,
     pub max_body_bytes: usize,
     pub rate_cap: Arc<Mutex<RateCap>>,
-    pub container_id: String,
+    /// This drain's receiver's link name (unique on its connection).
+    pub link_name: String,
 }
 
 /// A running drain. [`DrainHandle::stop`] stops it after the batch in hand; dropping the handle
 /// (the worker is gone) aborts it, and its unsettled copies go back to the queue.
 pub struct DrainHandle {
-    pub url: String,
+    /// Where it is attached, and as whom: a drain whose node or credentials changed is replaced.
+    pub link: LinkKey,
     stop: watch::Sender<bool>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -218,9 +296,9 @@ impl Drop for DrainHandle {
     }
 }
 
-pub fn spawn(store: Store, health: DrainHealth, spec: DrainSpec) -> DrainHandle {
+pub fn spawn(store: Store, health: DrainHealth, links: NodeLinks, spec: DrainSpec) -> DrainHandle {
     let (stop, stopped) = watch::channel(false);
-    let url = spec.url.clone();
+    let link = spec.link.clone();
     let task = tokio::spawn(async move {
         let drains = &crate::telemetry::capture::metrics().drains;
         drains.inc();
@@ -232,64 +310,53 @@ pub fn spawn(store: Store, health: DrainHealth, spec: DrainSpec) -> DrainHandle 
             }
         }
         let _running = Running(drains);
-        run(store, health, spec, stopped).await
+        run(store, health, links, spec, stopped).await
     });
     DrainHandle {
-        url,
+        link,
         stop,
         task: Some(task),
     }
 }
 
-async fn run(store: Store, health: DrainHealth, spec: DrainSpec, mut stopped: watch::Receiver<bool>) {
-    let mut delay = Duration::from_millis(500);
+async fn run(
+    store: Store,
+    health: DrainHealth,
+    links: NodeLinks,
+    spec: DrainSpec,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let mut delays = crate::backoff::doubling(Duration::from_millis(500), Duration::from_secs(30));
     while !*stopped.borrow() {
-        match session(&store, &health, &spec, &mut stopped).await {
+        match session(&store, &health, &links, &spec, &mut stopped).await {
             Ok(()) => break,
             Err(e) => {
                 tracing::warn!(queue = %spec.key.capture_queue, node = %spec.key.node, error = %e, "capture drain stopped; reconnecting");
                 health.set(&spec.key, false, Some(format!("drain stopped: {e}")));
             }
         }
+        let delay = delays.next().unwrap_or(Duration::from_secs(30));
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = stopped.changed() => {}
         }
-        delay = (delay * 2).min(Duration::from_secs(30));
     }
     health.forget(&spec.key);
 }
 
-/// One connection's life: attach, then batches until stopped or broken.
+/// One receiver's life on the node's shared connection: attach, then batches until stopped
+/// or broken.
 async fn session(
     store: &Store,
     health: &DrainHealth,
+    links: &NodeLinks,
     spec: &DrainSpec,
     stopped: &mut watch::Receiver<bool>,
 ) -> Result<(), String> {
-    let url = spec.url.replacen(
-        "amqp://",
-        &format!(
-            "amqp://{}:{}@",
-            urlencode(&spec.username),
-            urlencode(&spec.password)
-        ),
-        1,
-    );
-    let mut connection = Connection::open(spec.container_id.clone(), url.as_str())
-        .await
-        .map_err(|e| format!("connect to {}: {e}", spec.url))?;
-    let mut amqp = Session::begin(&mut connection)
-        .await
-        .map_err(|e| format!("session: {e}"))?;
     let queue = spec.tap.capture_queue();
-    let mut receiver = Receiver::builder()
-        .name(format!("{}-{}", spec.container_id, spec.key.node))
-        .source(format!("{queue}::{queue}"))
-        .credit_mode(CreditMode::Manual)
-        .attach(&mut amqp)
-        .await
-        .map_err(|e| format!("attach to {queue}: {e}"))?;
+    let (mut receiver, lease) = links
+        .attach(&spec.link, &spec.link_name, &format!("{queue}::{queue}"))
+        .await?;
     store
         .ensure_partitions(&spec.subscription)
         .await
@@ -299,11 +366,12 @@ async fn session(
         .await
         .map_err(|e| format!("coverage: {e}"))?;
     health.set(&spec.key, true, None);
+    health.set_coverage(&spec.key, Some((spec.subscription.clone(), coverage)));
     let result = batches(store, health, spec, &mut receiver, coverage, stopped).await;
+    health.set_coverage(&spec.key, None);
     let _ = store.coverage_end(&spec.subscription, coverage).await;
     let _ = receiver.close().await;
-    let _ = amqp.end().await;
-    let _ = connection.close().await;
+    drop(lease);
     result
 }
 
@@ -360,9 +428,9 @@ async fn batches(
     coverage: i64,
     stopped: &mut watch::Receiver<bool>,
 ) -> Result<(), String> {
-    let mut last_confirm = Instant::now();
     // Credit is granted again only after a batch used it: an idle drain sends nothing to the
-    // broker and touches the database once per COVERAGE_CONFIRM. It is granted before the batch
+    // broker and nothing to the database (its coverage is confirmed with every other drain's,
+    // [`confirm_coverage`]). It is granted before the batch
     // is committed (the broker streams the next batch meanwhile), never while a batch is held
     // for a database that refuses: at most two batches are unsettled.
     receiver
@@ -376,13 +444,6 @@ async fn batches(
         let batch = collect(receiver, stopped).await?;
         if batch.is_empty() {
             health.set(&spec.key, true, None);
-            if last_confirm.elapsed() > COVERAGE_CONFIRM {
-                store
-                    .coverage_confirm(&spec.subscription, coverage, 0)
-                    .await
-                    .map_err(|e| format!("coverage: {e}"))?;
-                last_confirm = Instant::now();
-            }
             continue;
         }
         receiver
@@ -400,7 +461,6 @@ async fn batches(
             .accept_all(batch.iter().map(Received::info))
             .await
             .map_err(|e| format!("settle: {e}"))?;
-        last_confirm = Instant::now();
         health.set(&spec.key, true, None);
     }
 }
@@ -608,18 +668,6 @@ fn record_batch(
     for (cause, n) in lost {
         m.dropped(&spec.key.cluster, &spec.tap.subscription, cause, *n);
     }
-}
-
-fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 //!   overlap and clusters spread across replicas.
 
 pub mod arming;
+pub mod connection;
 pub mod drain;
 pub mod loss;
 pub mod names;
@@ -74,6 +75,7 @@ impl Served {
         &mut self,
         ctx: &Context,
         health: &drain::DrainHealth,
+        links: &connection::NodeLinks,
         targets: Vec<pass::DrainTarget>,
     ) {
         let wanted: BTreeMap<drain::DrainKey, pass::DrainTarget> =
@@ -81,7 +83,7 @@ impl Served {
         let mut drains = self.state.drains.lock().await;
         let stale: Vec<drain::DrainKey> = drains
             .iter()
-            .filter(|(k, h)| wanted.get(*k).is_none_or(|t| t.url != h.url))
+            .filter(|(k, h)| wanted.get(*k).is_none_or(|t| t.link != h.link))
             .map(|(k, _)| k.clone())
             .collect();
         for k in stale {
@@ -116,14 +118,15 @@ impl Served {
                 key: k.clone(),
                 tap: t.tap.clone(),
                 subscription,
-                url: t.url.clone(),
-                username: t.username.clone(),
-                password: t.password.clone(),
+                link: t.link.clone(),
                 max_body_bytes: t.max_body_bytes,
                 rate_cap: cap,
-                container_id: format!("artemis-studio-capture-{}", uuid::Uuid::new_v4().simple()),
+                link_name: format!("{}-{}", t.tap.capture_queue(), uuid::Uuid::new_v4().simple()),
             };
-            drains.insert(k, drain::spawn(ctx.store.clone(), health.clone(), spec));
+            drains.insert(
+                k,
+                drain::spawn(ctx.store.clone(), health.clone(), links.clone(), spec),
+            );
         }
     }
 }
@@ -209,13 +212,30 @@ pub async fn run(ctx: Arc<Context>) {
         .zip(sub_writers)
     {
         let changed = changed.clone();
+        // Only a change that asks for a pass wakes the worker (spec, arming annotation,
+        // finalizers, deletion), never capture's own status writes (issue 25).
+        let mut changes = crate::controllers::feed::Changes::default();
         streams.push(Box::pin(
             reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff())
                 .for_each(move |r| {
-                    if let Err(e) = r {
-                        tracing::warn!(error = %e, "capture: subscription watch");
+                    let asks = match r {
+                        Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                            changes.asks_for_reconcile(&o)
+                        }
+                        Ok(watcher::Event::Delete(o)) => {
+                            changes.forget(&o);
+                            true
+                        }
+                        Ok(watcher::Event::InitDone) => true,
+                        Ok(watcher::Event::Init) => false,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "capture: subscription watch");
+                            false
+                        }
+                    };
+                    if asks {
+                        changed.notify_one();
                     }
-                    changed.notify_one();
                     futures::future::ready(())
                 }),
         ));
@@ -302,7 +322,7 @@ async fn release_orphaned_in_deleted_namespaces(
         {
             continue;
         }
-        let taps = s.status.as_ref().map_or(0, |st| st.taps.len());
+        let taps = s.status.as_ref().map_or(0, |st| st.tap_counts.total());
         tracing::warn!(
             subscription = %key(&ns, &s.name_any()),
             taps,
@@ -323,6 +343,7 @@ async fn worker(
 ) {
     let mut w = Worker {
         holder: ctx.process_id.clone(),
+        links: connection::NodeLinks::new(&ctx.instance_id),
         ctx,
         subs,
         clusters,
@@ -330,45 +351,53 @@ async fn worker(
         presence: None,
         served: BTreeMap::new(),
     };
-    loop {
-        w.ensure_presence().await;
-        let all_subs = w.all_subs();
-        let all_clusters: BTreeMap<String, Arc<ArtemisCluster>> = w
-            .clusters
-            .iter()
-            .flat_map(|s| s.state())
-            .map(|c| (key(&c.namespace().unwrap_or_default(), &c.name_any()), c))
-            .collect();
-        let (wanted, workers) = w.wanted(&all_subs, &all_clusters).await;
-        for gone in w
-            .served
-            .keys()
-            .filter(|c| !wanted.contains(*c))
-            .cloned()
-            .collect::<Vec<_>>()
-        {
-            if let Some(s) = w.served.remove(&gone) {
+    // Idle drains' coverage is confirmed together, beside the passes.
+    let beat = drain::confirm_coverage(w.ctx.store.clone(), w.health.clone());
+    let passes = async move {
+        loop {
+            w.ensure_presence().await;
+            let all_subs = w.all_subs();
+            let all_clusters: BTreeMap<String, Arc<ArtemisCluster>> = w
+                .clusters
+                .iter()
+                .flat_map(|s| s.state())
+                .map(|c| (key(&c.namespace().unwrap_or_default(), &c.name_any()), c))
+                .collect();
+            let (wanted, workers) = w.wanted(&all_subs, &all_clusters).await;
+            for gone in w
+                .served
+                .keys()
+                .filter(|c| !wanted.contains(*c))
+                .cloned()
+                .collect::<Vec<_>>()
+            {
+                if let Some(s) = w.served.remove(&gone) {
+                    s.release().await;
+                }
+            }
+            let fair = wanted.len().div_ceil(workers);
+            for cluster_key in &wanted {
+                let Some(cluster) = all_clusters.get(cluster_key) else {
+                    continue;
+                };
+                if w.take_on(cluster_key, fair).await {
+                    w.serve(cluster_key, cluster, &all_subs, &all_clusters).await;
+                }
+            }
+            // More than a fair share (another replica joined): hand one cluster over.
+            if w.served.len() > fair
+                && let Some(k) = w.served.keys().next_back().cloned()
+                && let Some(s) = w.served.remove(&k)
+            {
+                tracing::info!(cluster = %k, "capture: releasing this cluster to another replica");
                 s.release().await;
             }
+            w.sample_until_next_pass(&changed).await;
         }
-        let fair = wanted.len().div_ceil(workers);
-        for cluster_key in &wanted {
-            let Some(cluster) = all_clusters.get(cluster_key) else {
-                continue;
-            };
-            if w.take_on(cluster_key, fair).await {
-                w.serve(cluster_key, cluster, &all_subs, &all_clusters).await;
-            }
-        }
-        // More than a fair share (another replica joined): hand one cluster over.
-        if w.served.len() > fair
-            && let Some(k) = w.served.keys().next_back().cloned()
-            && let Some(s) = w.served.remove(&k)
-        {
-            tracing::info!(cluster = %k, "capture: releasing this cluster to another replica");
-            s.release().await;
-        }
-        w.sample_until_next_pass(&changed).await;
+    };
+    tokio::select! {
+        _ = beat => {}
+        _ = passes => {}
     }
 }
 
@@ -380,6 +409,8 @@ struct Worker {
     clusters: Vec<reflector::Store<ArtemisCluster>>,
     holder: String,
     health: drain::DrainHealth,
+    /// One AMQP connection per node for all the drains there.
+    links: connection::NodeLinks,
     /// Presence: this process counts as one capture worker for as long as it lives.
     presence: Option<sqlx::PgConnection>,
     served: BTreeMap<String, Served>,
@@ -498,7 +529,7 @@ impl Worker {
         let elsewhere = pass::claimed_elsewhere(&ctx, cluster_key, cluster, all_subs, all_clusters);
         let mut outcome = pass::run(&ctx, &s.state, cluster, &mine, &self.holder, &view, &elsewhere).await;
         if let Ok(p) = &mut outcome {
-            s.converge_drains(&ctx, &self.health, std::mem::take(&mut p.drains))
+            s.converge_drains(&ctx, &self.health, &self.links, std::mem::take(&mut p.drains))
                 .await;
             // Retention works on whole day partitions: every RETENTION_PASSES passes is
             // plenty, and keeps DDL off the busy path.

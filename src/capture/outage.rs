@@ -47,8 +47,12 @@ pub async fn report(
             t.state = TapState::Degraded;
             t.message = Some(not_drained(&why.unwrap_or_else(|| cause.to_string())));
         }
+        // The taps not listed are HEALTHY ones (the list puts the others first): none is now.
+        let c = &mut status.tap_counts;
+        c.degraded += c.healthy;
+        c.healthy = 0;
         let generation = s.metadata.generation;
-        let no_taps = status.taps.is_empty();
+        let no_taps = status.tap_counts.total() == 0;
         set_tap_conditions(&mut status, &s.spec.queues, no_taps, generation);
         crate::controllers::conditions::kstatus(&mut status.conditions, &[], generation);
         if same_status(&old, &status) {

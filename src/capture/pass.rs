@@ -12,10 +12,11 @@ use serde_json::json;
 use tokio::sync::Mutex;
 
 use super::arming::{self, Arming};
+use super::connection::LinkKey;
 use super::drain::{DrainHealth, DrainKey};
 use super::names::TapName;
 use super::plan::{self, Part, Subscription, TapSpec, Verdict};
-use super::status::{ARMED, not_drained, same_status, set_tap_conditions};
+use super::status::{ARMED, not_drained, same_status, set_tap_conditions, set_taps};
 use crate::api::capture::{
     ArtemisCaptureSubscription, ArtemisCaptureSubscriptionStatus, CaptureArming, CaptureMode, CapturePreview,
     TapState, TapStatus,
@@ -120,9 +121,8 @@ pub struct PassSummary {
 pub struct DrainTarget {
     pub key: DrainKey,
     pub tap: TapName,
-    pub url: String,
-    pub username: String,
-    pub password: String,
+    /// The node's AMQP URL and the credentials its drain connects with.
+    pub link: LinkKey,
     pub max_body_bytes: usize,
     pub max_ingest_per_second: u32,
 }
@@ -637,13 +637,41 @@ async fn install_all(
     subs_by_name: &BTreeMap<String, &Arc<ArtemisCaptureSubscription>>,
     judged: &mut Judged,
 ) -> Result<i32, PassError> {
+    use futures::StreamExt;
+    // The taps' installs run side by side, so their operations to one node share bulk POSTs
+    // (issue 25: installs of one pass batched per node); each keeps its own audit row.
+    let installs = std::mem::take(&mut judged.installs);
+    let prepared: Vec<_> = installs
+        .into_iter()
+        .filter_map(|(tap, parts)| {
+            let spec = seen.desired.get(&tap)?;
+            let sub = subs_by_name.get(&tap.subscription).copied();
+            Some((tap, spec, sub, parts))
+        })
+        .collect();
+    type Installed = (TapName, Result<Vec<NodeOutcome>, PassError>);
+    // Boxed as Send: rustc cannot prove it of the unboxed futures inside a spawned task.
+    let mut each: Vec<futures::future::BoxFuture<'_, Installed>> = vec![];
+    for (tap, spec, sub, parts) in prepared {
+        each.push(Box::pin(async move {
+            let outcomes = install(scope, sub, spec, &parts).await;
+            (tap, outcomes)
+        }));
+    }
+    let results: Vec<Installed> = futures::stream::iter(each)
+        .buffer_unordered(INSTALLS_AT_ONCE)
+        .collect()
+        .await;
     let mut commands = 0;
-    for (tap, parts_by_node) in std::mem::take(&mut judged.installs) {
-        let Some(spec) = seen.desired.get(&tap) else {
-            continue;
+    let mut first_error = None;
+    for (tap, outcomes) in results {
+        let outcomes = match outcomes {
+            Ok(o) => o,
+            Err(e) => {
+                first_error.get_or_insert(e);
+                continue;
+            }
         };
-        let sub = subs_by_name.get(&tap.subscription).copied();
-        let outcomes = install(scope, sub, spec, &parts_by_node).await?;
         commands += 1;
         for o in outcomes {
             if o.outcome == Outcome::Applied {
@@ -654,8 +682,11 @@ async fn install_all(
                 .insert((tap.clone(), o.node.clone()), found_after_install(o));
         }
     }
-    Ok(commands)
+    first_error.map_or(Ok(commands), Err)
 }
+
+/// Taps installed at once by a pass.
+const INSTALLS_AT_ONCE: usize = 16;
 
 fn found_after_install(o: NodeOutcome) -> Found {
     if o.outcome == Outcome::Applied {
@@ -757,9 +788,11 @@ async fn drains_to_run(
                 capture_queue: spec.name.capture_queue(),
             },
             tap: tap.clone(),
-            url,
-            username: seen.access.credentials.username.clone(),
-            password: seen.access.credentials.password.clone(),
+            link: LinkKey {
+                url,
+                username: seen.access.credentials.username.clone(),
+                password: seen.access.credentials.password.clone(),
+            },
             max_body_bytes: sub.spec.max_body_bytes as usize,
             max_ingest_per_second: sub.spec.max_ingest_per_second,
         });
@@ -1356,7 +1389,7 @@ async fn write_status(
     // The claim of mode Sample does not describe a capturing subscription.
     status.conditions.retain(|c| c.type_ != super::sample::SAMPLING);
     let mine: Vec<&TapName> = desired.keys().filter(|t| t.subscription == name).collect();
-    status.addresses = mine.iter().map(|t| t.address.clone()).collect();
+    let addresses: Vec<String> = mine.iter().map(|t| t.address.clone()).collect();
     let remaining: Vec<&crate::store::capture::TapRecord> =
         records.iter().filter(|r| r.subscription == name).collect();
 
@@ -1365,9 +1398,10 @@ async fn write_status(
             super::status::set_finalizer(&ctx.client, s, false).await?;
             return Ok(());
         }
-        being_removed(&mut status, &remaining, generation);
+        being_removed(&mut status, &remaining, addresses, generation);
     } else {
-        status.taps = tap_statuses(&name, &mine, topology, found, &remaining, totals);
+        let taps = tap_statuses(&name, &mine, topology, found, &remaining, totals);
+        set_taps(&mut status, taps, addresses);
         set_tap_conditions(&mut status, &s.spec.queues, mine.is_empty(), generation);
         if let Some(arm) = stored.arms.get(&name) {
             set_arming(&mut status, s, arm, stored.past_cap.get(&name), generation);
@@ -1390,10 +1424,11 @@ async fn write_status(
 fn being_removed(
     status: &mut ArtemisCaptureSubscriptionStatus,
     remaining: &[&crate::store::capture::TapRecord],
+    addresses: Vec<String>,
     generation: Option<i64>,
 ) {
     // Some record still open means a node still holds (or may hold) a tap.
-    status.taps = remaining
+    let taps = remaining
         .iter()
         .map(|r| TapStatus {
             address: r.source_address.clone(),
@@ -1407,6 +1442,7 @@ fn being_removed(
             ..Default::default()
         })
         .collect();
+    set_taps(status, taps, addresses);
     conditions::set(
         &mut status.conditions,
         conditions::READY,

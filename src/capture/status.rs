@@ -8,7 +8,8 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 
 use crate::api::capture::{
-    ArtemisCaptureSubscription, ArtemisCaptureSubscriptionStatus, CAPTURE_FINALIZER, TapState,
+    ArtemisCaptureSubscription, ArtemisCaptureSubscriptionStatus, CAPTURE_FINALIZER, TapCounts, TapState,
+    TapStatus,
 };
 use crate::controllers::conditions;
 
@@ -21,6 +22,42 @@ pub fn not_drained(why: &str) -> String {
 /// Whether the subscription is armed (issue 25 item 5).
 pub const ARMED: &str = "Armed";
 
+/// The most taps and addresses a status lists (issue 25: a status stays far below etcd's
+/// object limit whatever a pattern matches; 2,000 listed taps take ~560 KB, past etcd's 1.5 MiB at ~5,500).
+pub const MOST_LISTED: usize = 100;
+
+/// Set `taps` (every tap) and `addresses` (every captured address) bounded: the counts of
+/// all of them, and at most [`MOST_LISTED`] of each listed — every tap a person must look at
+/// (REFUSED, DEGRADED, PENDING) before the HEALTHY ones.
+pub fn set_taps(
+    status: &mut ArtemisCaptureSubscriptionStatus,
+    mut taps: Vec<TapStatus>,
+    addresses: Vec<String>,
+) {
+    let mut counts = TapCounts::default();
+    for t in &taps {
+        *match t.state {
+            TapState::Healthy => &mut counts.healthy,
+            TapState::Degraded => &mut counts.degraded,
+            TapState::Pending => &mut counts.pending,
+            TapState::Refused => &mut counts.refused,
+        } += 1;
+    }
+    let attention = |s: TapState| match s {
+        TapState::Refused => 0,
+        TapState::Degraded => 1,
+        TapState::Pending => 2,
+        TapState::Healthy => 3,
+    };
+    taps.sort_by_key(|t| attention(t.state));
+    status.taps_omitted = taps.len().saturating_sub(MOST_LISTED) as u64;
+    taps.truncate(MOST_LISTED);
+    status.taps = taps;
+    status.tap_counts = counts;
+    status.address_count = addresses.len() as u64;
+    status.addresses = addresses.into_iter().take(MOST_LISTED).collect();
+}
+
 /// Ready and Degraded from the taps' states (`no_taps`: no queue matches `queues` anywhere).
 pub fn set_tap_conditions(
     status: &mut ArtemisCaptureSubscriptionStatus,
@@ -28,14 +65,9 @@ pub fn set_tap_conditions(
     no_taps: bool,
     generation: Option<i64>,
 ) {
-    let count = |st: TapState| status.taps.iter().filter(|t| t.state == st).count();
-    let (healthy, degraded, refused, pending) = (
-        count(TapState::Healthy),
-        count(TapState::Degraded),
-        count(TapState::Refused),
-        count(TapState::Pending),
-    );
-    let total = status.taps.len();
+    let c = status.tap_counts;
+    let (healthy, degraded, refused, pending) = (c.healthy, c.degraded, c.refused, c.pending);
+    let total = c.total();
     let (ready, reason, message) = if no_taps {
         (
             false,
@@ -96,6 +128,9 @@ pub fn set_tap_conditions(
 /// Nothing a status write would change (conditions compared without their timestamps).
 pub fn same_status(old: &ArtemisCaptureSubscriptionStatus, new: &ArtemisCaptureSubscriptionStatus) -> bool {
     old.taps == new.taps
+        && old.tap_counts == new.tap_counts
+        && old.taps_omitted == new.taps_omitted
+        && old.address_count == new.address_count
         && old.mode == new.mode
         && old.sampled_queues == new.sampled_queues
         && old.sampled == new.sampled
@@ -140,4 +175,63 @@ pub async fn set_finalizer(
     )
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tap(n: usize, state: TapState) -> TapStatus {
+        TapStatus {
+            address: format!("orders.{n:05}"),
+            node: format!("{:08x}-0000-0000-0000-000000000000", n % 2),
+            state,
+            capture_queue: Some(format!("$artemis-studio.capture.test-instance.orders.{n:05}.sub")),
+            message: Some("installed and being drained".into()),
+            captured: 12_345,
+            coverage_start: Some("2026-12-01T18:00:00Z".into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn two_thousand_taps_make_a_bounded_status_that_lists_what_needs_a_person_first() {
+        let mut taps: Vec<TapStatus> = (0..2_000).map(|n| tap(n, TapState::Healthy)).collect();
+        taps[1_500].state = TapState::Refused;
+        taps[1_999].state = TapState::Degraded;
+        let addresses: Vec<String> = (0..1_000).map(|n| format!("orders.{n:05}")).collect();
+        let mut status = ArtemisCaptureSubscriptionStatus::default();
+        set_taps(&mut status, taps, addresses);
+        set_tap_conditions(&mut status, "orders.#", false, Some(1));
+
+        assert_eq!(
+            status.tap_counts,
+            TapCounts {
+                healthy: 1_998,
+                degraded: 1,
+                pending: 0,
+                refused: 1
+            }
+        );
+        assert_eq!((status.taps.len(), status.taps_omitted), (MOST_LISTED, 1_900));
+        assert_eq!(
+            (status.taps[0].state, status.taps[1].state),
+            (TapState::Refused, TapState::Degraded)
+        );
+        assert_eq!(
+            (status.addresses.len(), status.address_count),
+            (MOST_LISTED, 1_000)
+        );
+        let ready = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .expect("Ready");
+        assert_eq!(
+            ready.message,
+            "1 of 2000 taps refused (see taps[].refusal); 1998 healthy"
+        );
+        let bytes = serde_json::to_vec(&status).expect("json").len();
+        assert!(bytes < 64 * 1024, "{bytes} bytes of status for 2,000 taps");
+    }
 }

@@ -351,47 +351,7 @@ where
     .boxed()
 }
 
-/// Per-object retry delays after failed reconciles (or failed nodes): doubled at each failure in
-/// a row, reset on success, capped; a retry is not due before its delay has passed.
-#[derive(Clone, Default)]
-pub struct Backoff {
-    failures: Arc<std::sync::Mutex<std::collections::HashMap<String, (u32, std::time::Instant)>>>,
-}
-
-impl Backoff {
-    /// The delay before the next attempt after one more failure of `key`.
-    pub fn next(
-        &self,
-        key: &str,
-        base: std::time::Duration,
-        cap: std::time::Duration,
-    ) -> std::time::Duration {
-        let Ok(mut m) = self.failures.lock() else {
-            return base;
-        };
-        let entry = m.entry(key.to_string()).or_insert((0, std::time::Instant::now()));
-        entry.0 = entry.0.saturating_add(1);
-        let delay = base.saturating_mul(1u32 << (entry.0 - 1).min(16)).min(cap);
-        entry.1 = std::time::Instant::now() + delay;
-        delay
-    }
-    /// What is left of `key`'s delay (None: no failure is waiting).
-    pub fn remaining(&self, key: &str) -> Option<std::time::Duration> {
-        let m = self.failures.lock().ok()?;
-        let (_, at) = m.get(key)?;
-        at.checked_duration_since(std::time::Instant::now())
-            .filter(|d| !d.is_zero())
-    }
-    /// No failure of `key` is waiting out its delay.
-    pub fn due(&self, key: &str) -> bool {
-        self.remaining(key).is_none()
-    }
-    pub fn reset(&self, key: &str) {
-        if let Ok(mut m) = self.failures.lock() {
-            m.remove(key);
-        }
-    }
-}
+pub use crate::backoff::Backoff;
 
 /// How one kind's controller is wired: what it reconciles on (its cache's watch, or a watch of
 /// its own for a kind without a cache), the external triggers, and how many reconciles run at

@@ -167,6 +167,25 @@ impl Store {
         Ok(())
     }
 
+    /// Confirm many open intervals at once (the idle drains of a process): one statement.
+    pub async fn coverage_confirm_all(&self, open: &[(SubscriptionKey, i64)]) -> Result<(), StoreError> {
+        let clusters: Vec<&str> = open.iter().map(|(k, _)| k.cluster.as_str()).collect();
+        let subscriptions: Vec<&str> = open.iter().map(|(k, _)| k.subscription.as_str()).collect();
+        let ids: Vec<i64> = open.iter().map(|(_, id)| *id).collect();
+        sqlx::query(
+            "UPDATE capture_coverage c SET confirmed_until = now() \
+             FROM unnest($1::text[], $2::text[], $3::int8[]) AS o(cluster, subscription, id) \
+             WHERE c.cluster = o.cluster AND c.subscription = o.subscription AND c.id = o.id \
+               AND c.ended_at IS NULL",
+        )
+        .bind(clusters)
+        .bind(subscriptions)
+        .bind(ids)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
     /// The session ended (the drain stopped); coverage ends at its last confirmation.
     pub async fn coverage_end(&self, key: &SubscriptionKey, id: i64) -> Result<(), StoreError> {
         sqlx::query(

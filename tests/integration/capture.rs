@@ -766,7 +766,13 @@ async fn a_broker_restart_loses_only_the_ring_queue_and_the_next_pass_recreates_
 }
 
 /// Send `n` messages to an address over a real AMQP 1.0 connection; every one must be accepted.
-async fn amqp_send(bed: &TestBed, broker: &str, address: &str, n: usize, tag: &str) -> Result<(), String> {
+pub async fn amqp_send(
+    bed: &TestBed,
+    broker: &str,
+    address: &str,
+    n: usize,
+    tag: &str,
+) -> Result<(), String> {
     use fe2o3_amqp::types::messaging::Outcome;
     let mut producer = crate::support::amqp_producer(bed, broker, address, tag).await?;
     let sender = &mut producer.sender;

@@ -212,6 +212,17 @@ async fn a_broad_pattern_is_previewed_installs_nothing_until_armed_and_the_cap_r
             .all(|(_, p)| p["armed"]["how"] == "ConfirmWithoutReview" && p["confirmWithoutReview"] == true),
         "{early:?}"
     );
+    // 18 drains, one AMQP connection per node (issue 25: capture pays per node).
+    let prefix = artemis_studio_operator::capture::connection::container_prefix(&instance);
+    for b in &brokers {
+        let sessions = crate::capture_cost::connections(&f.bed, b, &prefix).await;
+        assert_eq!(
+            sessions,
+            vec![1],
+            "{}: one connection, one session for its 6 drains",
+            b.name
+        );
+    }
     // The wide one still has nothing, many passes later.
     assert!(diverts_of(&f.bed, &brokers, &instance, "wide").await.is_empty());
 

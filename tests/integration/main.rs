@@ -7,6 +7,7 @@ mod binary;
 mod broker_budget;
 mod capture;
 mod capture_blast;
+mod capture_cost;
 mod capture_faults;
 mod capture_reconcile;
 mod chart;

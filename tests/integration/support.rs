@@ -426,6 +426,19 @@ impl TestBed {
         instance_id: &str,
         config: Config,
     ) -> OperatorHandle {
+        self.start_operator_passing_every(namespaces, db, instance_id, config, Duration::from_secs(2))
+            .await
+    }
+
+    /// The operator with capture passes every `pass_interval` (2 s elsewhere in the tests).
+    pub async fn start_operator_passing_every(
+        &self,
+        namespaces: &[&str],
+        db: &str,
+        instance_id: &str,
+        config: Config,
+        pass_interval: Duration,
+    ) -> OperatorHandle {
         // The operator's logs go to the test's output (shown when it fails); RUST_LOG filters.
         let _ = tracing_subscriber::fmt()
             .with_env_filter(
@@ -451,7 +464,7 @@ impl TestBed {
             ),
         );
         ctx.metrics = metrics;
-        ctx.capture_pass_interval = Duration::from_secs(2);
+        ctx.capture_pass_interval = pass_interval;
         let ctx = std::sync::Arc::new(ctx);
         let controllers = tokio::spawn(artemis_studio_operator::controllers::run_all(
             ctx.clone(),

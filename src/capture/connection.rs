@@ -1,0 +1,176 @@
+//! One AMQP connection and one session per node for all of a process's drains there (issue 25:
+//! capture pays per node, not per tap). Each drain attaches its own receiver (its own credit,
+//! settlement and failure) to the node's session; the connection lives while a drain uses it
+//! and closes with the last one (dropping fe2o3's handles sends Close and End). A connection
+//! that broke is replaced by the next drain that attaches; a receiver that failed alone (its
+//! queue gone) leaves the others attached.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use fe2o3_amqp::link::receiver::CreditMode;
+use fe2o3_amqp::{Connection, Receiver, Session};
+
+/// The session's incoming window: large, so link credit alone paces each drain (fe2o3 widens
+/// it again at half way).
+const SESSION_WINDOW: u32 = 65_536;
+
+/// Where a drain connects, and as whom: one connection per distinct value.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct LinkKey {
+    /// `amqp://host:port` of the node's active broker.
+    pub url: String,
+    pub username: String,
+    pub password: String,
+}
+
+struct Link {
+    // Kept for its lifetime: dropping it closes the connection.
+    connection: fe2o3_amqp::connection::ConnectionHandle<()>,
+    session: fe2o3_amqp::session::SessionHandle<()>,
+}
+
+impl Link {
+    fn broken(&self) -> bool {
+        self.connection.is_closed() || self.session.is_ended()
+    }
+}
+
+/// How long opening a connection, or an attach, may take before the connection is given up.
+const ATTACH_WITHIN: std::time::Duration = std::time::Duration::from_secs(20);
+
+type Slot = tokio::sync::Mutex<Option<Link>>;
+
+/// What a drain holds while its receiver is attached: the node's connection stays open for it.
+pub struct Lease {
+    _slot: Arc<Slot>,
+}
+
+/// The process's connections, by node and credentials.
+#[derive(Clone)]
+pub struct NodeLinks {
+    /// The connections' container-id prefix: `artemis-studio-capture-<instance>-`, so a broker's
+    /// connection list says which installation holds each.
+    prefix: String,
+    slots: Arc<Mutex<HashMap<LinkKey, Weak<Slot>>>>,
+}
+
+impl NodeLinks {
+    pub fn new(instance_id: &str) -> Self {
+        NodeLinks {
+            prefix: container_prefix(instance_id),
+            slots: Arc::default(),
+        }
+    }
+
+    /// A receiver on `source` (an FQQN) with manual credit, on the node's shared session,
+    /// opening the connection first when there is none or it broke.
+    pub async fn attach(
+        &self,
+        key: &LinkKey,
+        link_name: &str,
+        source: &str,
+    ) -> Result<(Receiver, Lease), String> {
+        let slot = self.slot(key);
+        let mut link = slot.lock().await;
+        if link.as_ref().is_none_or(Link::broken) {
+            *link = None;
+            let opened = tokio::time::timeout(ATTACH_WITHIN, self.open(key))
+                .await
+                .map_err(|_| {
+                    format!(
+                        "connect to {}: no answer within {}s",
+                        key.url,
+                        ATTACH_WITHIN.as_secs()
+                    )
+                })?;
+            *link = Some(opened?);
+        }
+        let Some(l) = link.as_mut() else {
+            return Err(format!("no connection to {}", key.url));
+        };
+        let attach = Receiver::builder()
+            .name(link_name)
+            .source(source)
+            .credit_mode(CreditMode::Manual)
+            .attach(&mut l.session);
+        let receiver = match tokio::time::timeout(ATTACH_WITHIN, attach).await {
+            Ok(r) => r.map_err(|e| format!("attach to {source}: {e}"))?,
+            Err(_) => {
+                // A connection that cannot attach in time is not used again: the next drain
+                // to attach opens a new one (the others' receivers end with this one).
+                *link = None;
+                return Err(format!(
+                    "attach to {source}: no answer within {}s",
+                    ATTACH_WITHIN.as_secs()
+                ));
+            }
+        };
+        drop(link);
+        Ok((receiver, Lease { _slot: slot }))
+    }
+
+    /// How many connections are open now (a gauge for the metrics).
+    pub fn open_connections(&self) -> usize {
+        self.slots
+            .lock()
+            .map_or(0, |m| m.values().filter(|w| w.strong_count() > 0).count())
+    }
+
+    fn slot(&self, key: &LinkKey) -> Arc<Slot> {
+        let Ok(mut slots) = self.slots.lock() else {
+            return Arc::new(tokio::sync::Mutex::new(None));
+        };
+        slots.retain(|_, w| w.strong_count() > 0);
+        if let Some(s) = slots.get(key).and_then(Weak::upgrade) {
+            return s;
+        }
+        let s = Arc::new(tokio::sync::Mutex::new(None));
+        slots.insert(key.clone(), Arc::downgrade(&s));
+        s
+    }
+
+    async fn open(&self, key: &LinkKey) -> Result<Link, String> {
+        let url = with_credentials(key)?;
+        let container = format!("{}{}", self.prefix, uuid::Uuid::new_v4().simple());
+        let mut connection = Connection::open(container, url)
+            .await
+            .map_err(|e| format!("connect to {}: {e}", key.url))?;
+        let session = Session::builder()
+            .incoming_window(SESSION_WINDOW)
+            .begin(&mut connection)
+            .await
+            .map_err(|e| format!("session on {}: {e}", key.url))?;
+        Ok(Link { connection, session })
+    }
+}
+
+/// The container-id prefix of an installation's capture connections.
+pub fn container_prefix(instance_id: &str) -> String {
+    format!("artemis-studio-capture-{instance_id}-")
+}
+
+/// The node's URL with the credentials in its userinfo, percent-encoded by `url`.
+fn with_credentials(key: &LinkKey) -> Result<url::Url, String> {
+    let mut url = url::Url::parse(&key.url).map_err(|e| format!("AMQP URL {}: {e}", key.url))?;
+    url.set_username(&key.username)
+        .and_then(|()| url.set_password(Some(&key.password)))
+        .map_err(|()| format!("AMQP URL {} takes no credentials", key.url))?;
+    Ok(url)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_go_in_the_userinfo_percent_encoded() {
+        let key = LinkKey {
+            url: "amqp://127.0.0.1:5672".into(),
+            username: "ad min".into(),
+            password: "p@ss:w/rd".into(),
+        };
+        let url = with_credentials(&key).expect("url");
+        assert_eq!(url.as_str(), "amqp://ad%20min:p%40ss%3Aw%2Frd@127.0.0.1:5672");
+    }
+}
