@@ -2,6 +2,7 @@
 //! same pipeline: dereference → plan → preflight → command → record (OPERATOR.md).
 
 pub mod access;
+pub mod claims;
 pub mod cluster;
 pub mod command;
 pub mod conditions;
@@ -104,6 +105,8 @@ impl Namespaces {
 #[derive(Clone)]
 pub struct Cache<K: Resource<DynamicType = ()> + Clone + 'static> {
     stores: Vec<reflector::Store<K>>,
+    /// Which objects claim which broker object (kinds with claims: queues, diverts).
+    pub claims: claims::ClaimIndex,
 }
 
 impl<K> Cache<K>
@@ -112,7 +115,17 @@ where
 {
     fn new(n: usize) -> (Self, Vec<reflector::store::Writer<K>>) {
         let (stores, writers) = (0..n).map(|_| reflector::store()).unzip();
-        (Cache { stores }, writers)
+        let claims = claims::ClaimIndex::default();
+        (Cache { stores, claims }, writers)
+    }
+
+    /// The objects that claim `claim`, from the claim index.
+    pub fn claimants(&self, claim: &str) -> Vec<Arc<K>> {
+        self.claims
+            .claimants(claim)
+            .into_iter()
+            .filter_map(|(ns, name)| self.get(&ns, &name))
+            .collect()
     }
 
     /// Every object held.
@@ -667,13 +680,17 @@ fn cluster_deleted(ctx: &Context, c: &ArtemisCluster) {
     );
 }
 
-/// Keep one reflector cache in sync until shutdown. `feed` (a kind with a controller) gets every
+/// A kind's claim index and what an object of it claims.
+type Claims<K> = (claims::ClaimIndex, fn(&K) -> Option<String>);
+
+/// Keep one reflector cache (and its claim index, `claims`) in sync until shutdown. `feed` (a kind with a controller) gets every
 /// object once the cache holds it, when it asks for a reconcile (`feed::Changes`); `deleted` runs
 /// for each object the watch reports deleted, after the cache has dropped it.
 async fn reflect<K>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
     feed: Option<tokio::sync::mpsc::UnboundedSender<K>>,
+    claims: Option<Claims<K>>,
     deleted: impl Fn(&K),
 ) where
     K: Resource<DynamicType = ()>
@@ -694,11 +711,20 @@ async fn reflect<K>(
             o.meta_mut().managed_fields = None;
         });
     let changes = std::sync::Mutex::new(feed::Changes::default());
-    let (deleted, changes, feed) = (&deleted, &changes, &feed);
+    let (deleted, changes, feed, claims) = (&deleted, &changes, &feed, &claims);
+    let object = |o: &K| {
+        (
+            o.meta().namespace.clone().unwrap_or_default(),
+            o.meta().name.clone().unwrap_or_default(),
+        )
+    };
     reflector::reflector(writer, stream)
         .for_each(|r| async move {
             match r {
                 Ok(Watched::Apply(o) | Watched::InitApply(o)) => {
+                    if let Some((index, claim_of)) = claims {
+                        index.set(object(&o), claim_of(&o));
+                    }
                     let asks = changes.lock().is_ok_and(|mut c| c.asks_for_reconcile(&o));
                     if let (true, Some(tx)) = (asks, feed) {
                         let _ = tx.send(o);
@@ -707,6 +733,9 @@ async fn reflect<K>(
                 Ok(Watched::Delete(o)) => {
                     if let Ok(mut c) = changes.lock() {
                         c.forget(&o);
+                    }
+                    if let Some((index, _)) = claims {
+                        index.remove(&object(&o));
                     }
                     deleted(&o)
                 }
@@ -876,23 +905,40 @@ async fn reflect_all(ctx: Arc<Context>, watches: Watches) {
         .zip(watches.clusters)
         .map(|(a, (w, tx))| {
             let ctx = ctx.clone();
-            async move { reflect(a, w, Some(tx), |c: &ArtemisCluster| cluster_deleted(&ctx, c)).await }
+            async move {
+                reflect(a, w, Some(tx), None, |c: &ArtemisCluster| {
+                    cluster_deleted(&ctx, c)
+                })
+                .await
+            }
         });
     let q = ns
         .apis::<ArtemisQueue>(client)
         .into_iter()
         .zip(watches.queues)
-        .map(|(a, (w, tx))| reflect(a, w, Some(tx), |_: &ArtemisQueue| {}));
+        .map(|(a, (w, tx))| {
+            let claims = (
+                ctx.caches.queues.claims.clone(),
+                pipeline::claim_of::<ArtemisQueue> as fn(&_) -> _,
+            );
+            reflect(a, w, Some(tx), Some(claims), |_: &ArtemisQueue| {})
+        });
     let d = ns
         .apis::<ArtemisDivert>(client)
         .into_iter()
         .zip(watches.diverts)
-        .map(|(a, (w, tx))| reflect(a, w, Some(tx), |_: &ArtemisDivert| {}));
+        .map(|(a, (w, tx))| {
+            let claims = (
+                ctx.caches.diverts.claims.clone(),
+                pipeline::claim_of::<ArtemisDivert> as fn(&_) -> _,
+            );
+            reflect(a, w, Some(tx), Some(claims), |_: &ArtemisDivert| {})
+        });
     let s = ns
         .apis::<ArtemisCaptureSubscription>(client)
         .into_iter()
         .zip(watches.subscriptions)
-        .map(|(a, w)| reflect(a, w, None, |_: &ArtemisCaptureSubscription| {}));
+        .map(|(a, w)| reflect(a, w, None, None, |_: &ArtemisCaptureSubscription| {}));
     let secrets = ns
         .apis::<SecretMeta>(client)
         .into_iter()

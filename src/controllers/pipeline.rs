@@ -413,6 +413,11 @@ pub fn same_brokers(ctx: &Context, a: &str, b: &str) -> Option<bool> {
     Some(tb.nodes.iter().any(|n| ids.contains(n.node_id.as_str())))
 }
 
+/// What an object claims (None: its spec does not validate), for the claim index.
+pub fn claim_of<K: TopologyObject>(o: &K) -> Option<String> {
+    o.desired().ok().map(|d| K::claim(&d))
+}
+
 /// Two objects claiming one broker object on one broker cluster: the oldest wins (creation
 /// time, then namespace/name). `Some(winner)` when this object is not the winner. An older
 /// claimant whose cluster has no topology yet counts as a winner until it is known.
@@ -432,7 +437,7 @@ pub fn conflict_winner<K: TopologyObject>(
     };
     let mine = order(obj);
     K::cache(ctx)
-        .state()
+        .claimants(&claim)
         .iter()
         .filter(|o| o.uid() != obj.uid())
         .filter(|o| ctx.watches(&o.namespace().unwrap_or_default()))

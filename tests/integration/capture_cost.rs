@@ -205,17 +205,22 @@ async fn asked_pass(f: &Fixture, n: usize) {
 /// Wait until the subscription has stored at least `n` rows.
 async fn stored_at_least(f: &Fixture, subscription: &str, n: i64) {
     let pool = f.op.store.pool().clone();
-    wait_until(&format!("{n} rows of {subscription}"), Duration::from_secs(60), || {
-        let pool = pool.clone();
-        async move {
-            let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM captured_message WHERE subscription = $1")
-                .bind(subscription)
-                .fetch_one(&pool)
-                .await
-                .ok()?;
-            (stored >= n).then_some(())
-        }
-    })
+    wait_until(
+        &format!("{n} rows of {subscription}"),
+        Duration::from_secs(60),
+        || {
+            let pool = pool.clone();
+            async move {
+                let stored: i64 =
+                    sqlx::query_scalar("SELECT count(*) FROM captured_message WHERE subscription = $1")
+                        .bind(subscription)
+                        .fetch_one(&pool)
+                        .await
+                        .ok()?;
+                (stored >= n).then_some(())
+            }
+        },
+    )
     .await;
 }
 
