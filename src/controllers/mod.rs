@@ -683,6 +683,11 @@ fn cluster_deleted(ctx: &Context, c: &ArtemisCluster) {
 /// A kind's claim index and what an object of it claims.
 type Claims<K> = (claims::ClaimIndex, fn(&K) -> Option<String>);
 
+/// A kind's claim index, and how an object of it names its claim.
+fn claims_of<K: pipeline::TopologyObject>(ctx: &Context) -> Claims<K> {
+    (K::cache(ctx).claims.clone(), pipeline::claim_of::<K>)
+}
+
 /// Keep one reflector cache (and its claim index, `claims`) in sync until shutdown. `feed` (a kind with a controller) gets every
 /// object once the cache holds it, when it asks for a reconcile (`feed::Changes`); `deleted` runs
 /// for each object the watch reports deleted, after the cache has dropped it.
@@ -917,22 +922,26 @@ async fn reflect_all(ctx: Arc<Context>, watches: Watches) {
         .into_iter()
         .zip(watches.queues)
         .map(|(a, (w, tx))| {
-            let claims = (
-                ctx.caches.queues.claims.clone(),
-                pipeline::claim_of::<ArtemisQueue> as fn(&_) -> _,
-            );
-            reflect(a, w, Some(tx), Some(claims), |_: &ArtemisQueue| {})
+            reflect(
+                a,
+                w,
+                Some(tx),
+                Some(claims_of::<ArtemisQueue>(&ctx)),
+                |_: &ArtemisQueue| {},
+            )
         });
     let d = ns
         .apis::<ArtemisDivert>(client)
         .into_iter()
         .zip(watches.diverts)
         .map(|(a, (w, tx))| {
-            let claims = (
-                ctx.caches.diverts.claims.clone(),
-                pipeline::claim_of::<ArtemisDivert> as fn(&_) -> _,
-            );
-            reflect(a, w, Some(tx), Some(claims), |_: &ArtemisDivert| {})
+            reflect(
+                a,
+                w,
+                Some(tx),
+                Some(claims_of::<ArtemisDivert>(&ctx)),
+                |_: &ArtemisDivert| {},
+            )
         });
     let s = ns
         .apis::<ArtemisCaptureSubscription>(client)
