@@ -110,13 +110,6 @@ impl NodeLinks {
         Ok((receiver, Lease { _slot: slot }))
     }
 
-    /// How many connections are open now (a gauge for the metrics).
-    pub fn open_connections(&self) -> usize {
-        self.slots
-            .lock()
-            .map_or(0, |m| m.values().filter(|w| w.strong_count() > 0).count())
-    }
-
     fn slot(&self, key: &LinkKey) -> Arc<Slot> {
         let Ok(mut slots) = self.slots.lock() else {
             return Arc::new(tokio::sync::Mutex::new(None));

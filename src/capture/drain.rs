@@ -133,30 +133,36 @@ impl DrainHealth {
         }
     }
 
-    /// The open intervals of the drains that are draining now: what may be confirmed.
+    /// The open intervals of the drains that are alive now: what may be confirmed (judged
+    /// without the confirmations' own failure: a confirmation is how Postgres is found back).
     fn coverage_to_confirm(&self) -> Vec<(SubscriptionKey, i64)> {
         let open: Vec<(DrainKey, (SubscriptionKey, i64))> = self
             .open
             .lock()
             .map(|m| m.iter().map(|(k, c)| (k.clone(), c.clone())).collect())
             .unwrap_or_default();
-        // Judged without the store's own problem: a confirmation is how it is found gone.
-        let store_problem = self.store_problem.lock().ok().and_then(|mut p| p.take());
-        let draining: Vec<(SubscriptionKey, i64)> = open
-            .into_iter()
-            .filter(|(k, _)| self.draining(k, COVERAGE_CONFIRM).is_ok())
+        open.into_iter()
+            .filter(|(k, _)| self.drain_alive(k, COVERAGE_CONFIRM).is_ok())
             .map(|(_, c)| c)
-            .collect();
-        if let (Some(p), Ok(mut slot)) = (store_problem, self.store_problem.lock()) {
-            *slot = Some(p);
-        }
-        draining
+            .collect()
     }
 
     /// Being drained: connected, no problem, no batch waiting on the database longer than
     /// [`STORE_STALLED`], alive within `within` (ADR-0066 D2's definition of a healthy tap).
     /// Err carries why not: the drain's own problem, since when, and the copies it holds.
     pub fn draining(&self, key: &DrainKey, within: Duration) -> Result<(), String> {
+        let runs = self.inner.lock().is_ok_and(|m| m.contains_key(key));
+        if let (true, Some((why, since))) = (runs, self.store_problem.lock().ok().and_then(|p| p.clone())) {
+            return Err(format!(
+                "its coverage cannot be recorded: {why} (since {})",
+                rfc3339(since)
+            ));
+        }
+        self.drain_alive(key, within)
+    }
+
+    /// The drain's own state, whatever the coverage confirmations found.
+    fn drain_alive(&self, key: &DrainKey, within: Duration) -> Result<(), String> {
         let m = self
             .inner
             .lock()
@@ -164,12 +170,6 @@ impl DrainHealth {
         let Some(s) = m.get(key) else {
             return Err("no drain runs for this capture queue (yet)".into());
         };
-        if let Some((why, since)) = self.store_problem.lock().ok().and_then(|p| p.clone()) {
-            return Err(format!(
-                "its coverage cannot be recorded: {why} (since {})",
-                rfc3339(since)
-            ));
-        }
         let since = s
             .problem_since
             .map(|t| format!(" (since {})", rfc3339(t)))

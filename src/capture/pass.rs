@@ -640,19 +640,14 @@ async fn install_all(
     use futures::StreamExt;
     // The taps' installs run side by side, so their operations to one node share bulk POSTs
     // (issue 25: installs of one pass batched per node); each keeps its own audit row.
-    let installs = std::mem::take(&mut judged.installs);
-    let prepared: Vec<_> = installs
-        .into_iter()
-        .filter_map(|(tap, parts)| {
-            let spec = seen.desired.get(&tap)?;
-            let sub = subs_by_name.get(&tap.subscription).copied();
-            Some((tap, spec, sub, parts))
-        })
-        .collect();
     type Installed = (TapName, Result<Vec<NodeOutcome>, PassError>);
     // Boxed as Send: rustc cannot prove it of the unboxed futures inside a spawned task.
     let mut each: Vec<futures::future::BoxFuture<'_, Installed>> = vec![];
-    for (tap, spec, sub, parts) in prepared {
+    for (tap, parts) in std::mem::take(&mut judged.installs) {
+        let Some(spec) = seen.desired.get(&tap) else {
+            continue;
+        };
+        let sub = subs_by_name.get(&tap.subscription).copied();
         each.push(Box::pin(async move {
             let outcomes = install(scope, sub, spec, &parts).await;
             (tap, outcomes)

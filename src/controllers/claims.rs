@@ -1,6 +1,6 @@
 //! Who claims what, kept as the watch reports changes: the objects of one kind that claim a
-//! broker object (a queue's or divert's name), so a reconcile judges a conflict (ADR-0084:
-//! the oldest claimant wins) from the few objects with its claim instead of scanning every
+//! broker object (a queue's or divert's name), so a reconcile judges a conflict (the oldest
+//! claimant wins) from the few objects with its claim instead of scanning every
 //! object of the kind — a cost that grew with the kind's size, per reconcile (issue 23).
 
 use std::collections::{HashMap, HashSet};
