@@ -1,7 +1,9 @@
 //! Who claims what, kept as the watch reports changes: the objects of one kind that claim a
 //! broker object (a queue's or divert's name), so a reconcile judges a conflict (the oldest
 //! claimant wins) from the few objects with its claim instead of scanning every
-//! object of the kind — a cost that grew with the kind's size, per reconcile (issue 23).
+//! object of the kind — a cost that grew with the kind's size, per reconcile (issue 23). The
+//! same index, keyed by every broker name an object's plan looks at, says which objects a change
+//! of the cluster's broker objects concerns (one lookup per changed name, not a scan).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -12,7 +14,7 @@ pub type ObjectKey = (String, String);
 #[derive(Default)]
 struct Index {
     by_claim: HashMap<String, HashSet<ObjectKey>>,
-    by_object: HashMap<ObjectKey, String>,
+    by_object: HashMap<ObjectKey, Vec<String>>,
 }
 
 /// The claim index of one kind, shared by its watch (the writer) and its reconciles.
@@ -22,17 +24,25 @@ pub struct ClaimIndex(Arc<Mutex<Index>>);
 impl ClaimIndex {
     /// The object now claims `claim` (None: nothing, e.g. a spec that does not validate).
     pub fn set(&self, object: ObjectKey, claim: Option<String>) {
+        self.set_all(object, claim.into_iter().collect());
+    }
+
+    /// The object now claims each of `claims` (none: nothing).
+    pub fn set_all(&self, object: ObjectKey, claims: Vec<String>) {
         let Ok(mut ix) = self.0.lock() else { return };
-        if let Some(old) = ix.by_object.remove(&object) {
+        for old in ix.by_object.remove(&object).unwrap_or_default() {
             forget(&mut ix.by_claim, &old, &object);
         }
-        if let Some(claim) = claim {
+        if claims.is_empty() {
+            return;
+        }
+        for claim in &claims {
             ix.by_claim
                 .entry(claim.clone())
                 .or_default()
                 .insert(object.clone());
-            ix.by_object.insert(object, claim);
         }
+        ix.by_object.insert(object, claims);
     }
 
     /// The object is gone.
@@ -83,5 +93,24 @@ mod tests {
         assert!(ix.claimants("queue orders").is_empty());
         ix.set(k("a", "q2"), None);
         assert_eq!(ix.claimants("queue payments"), vec![k("a", "q1")]);
+    }
+
+    #[test]
+    fn an_object_claims_several_names_and_a_change_drops_the_old_ones() {
+        let ix = ClaimIndex::default();
+        ix.set_all(
+            k("a", "d1"),
+            vec!["divert d1".into(), "address x".into(), "address y".into()],
+        );
+        ix.set_all(k("a", "q1"), vec!["queue q1".into(), "address x".into()]);
+        let mut on_x = ix.claimants("address x");
+        on_x.sort();
+        assert_eq!(on_x, vec![k("a", "d1"), k("a", "q1")]);
+        ix.set_all(k("a", "d1"), vec!["divert d1".into(), "address z".into()]);
+        assert_eq!(ix.claimants("address x"), vec![k("a", "q1")]);
+        assert!(ix.claimants("address y").is_empty());
+        assert_eq!(ix.claimants("address z"), vec![k("a", "d1")]);
+        ix.remove(&k("a", "d1"));
+        assert!(ix.claimants("divert d1").is_empty());
     }
 }

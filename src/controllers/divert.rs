@@ -310,10 +310,13 @@ impl TopologyObject for ArtemisDivert {
     ) -> Result<NodeReport, NodeFailure> {
         delete_on(t, d, before).await
     }
-    fn touches(d: &DesiredDivert, change: &crate::topology::TopologyChange) -> bool {
-        change.diverts.contains(&d.name)
-            || change.addresses.contains(&d.spec.address)
-            || change.addresses.contains(&d.spec.forwarding_address)
+    fn touch_keys(d: &DesiredDivert) -> Vec<String> {
+        use crate::topology::TopologyChange as C;
+        vec![
+            C::divert_key(&d.name),
+            C::address_key(&d.spec.address),
+            C::address_key(&d.spec.forwarding_address),
+        ]
     }
     fn status(&self, pass: &Pass<'_, Self>) -> ArtemisDivertStatus {
         ArtemisDivertStatus {

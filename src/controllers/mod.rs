@@ -107,6 +107,9 @@ pub struct Cache<K: Resource<DynamicType = ()> + Clone + 'static> {
     stores: Vec<reflector::Store<K>>,
     /// Which objects claim which broker object (kinds with claims: queues, diverts).
     pub claims: claims::ClaimIndex,
+    /// Which objects look at which broker names (`TopologyObject::touch_keys`): whom a change
+    /// of the cluster's broker objects concerns.
+    pub touched: claims::ClaimIndex,
 }
 
 impl<K> Cache<K>
@@ -115,8 +118,15 @@ where
 {
     fn new(n: usize) -> (Self, Vec<reflector::store::Writer<K>>) {
         let (stores, writers) = (0..n).map(|_| reflector::store()).unzip();
-        let claims = claims::ClaimIndex::default();
-        (Cache { stores, claims }, writers)
+        let (claims, touched) = (claims::ClaimIndex::default(), claims::ClaimIndex::default());
+        (
+            Cache {
+                stores,
+                claims,
+                touched,
+            },
+            writers,
+        )
     }
 
     /// The objects that claim `claim`, from the claim index.
@@ -680,22 +690,32 @@ fn cluster_deleted(ctx: &Context, c: &ArtemisCluster) {
     );
 }
 
-/// A kind's claim index and what an object of it claims.
-type Claims<K> = (claims::ClaimIndex, fn(&K) -> Option<String>);
-
-/// A kind's claim index, and how an object of it names its claim.
-fn claims_of<K: pipeline::TopologyObject>(ctx: &Context) -> Claims<K> {
-    (K::cache(ctx).claims.clone(), pipeline::claim_of::<K>)
+/// A kind's indexes kept by its watch: what an object claims, and what its plan looks at.
+struct Indexes<K> {
+    claims: claims::ClaimIndex,
+    claim_of: fn(&K) -> Option<String>,
+    touched: claims::ClaimIndex,
+    touch_keys_of: fn(&K) -> Vec<String>,
 }
 
-/// Keep one reflector cache (and its claim index, `claims`) in sync until shutdown. `feed` (a kind with a controller) gets every
+fn indexes_of<K: pipeline::TopologyObject>(ctx: &Context) -> Indexes<K> {
+    let cache = K::cache(ctx);
+    Indexes {
+        claims: cache.claims.clone(),
+        claim_of: pipeline::claim_of::<K>,
+        touched: cache.touched.clone(),
+        touch_keys_of: pipeline::touch_keys_of::<K>,
+    }
+}
+
+/// Keep one reflector cache (and its indexes) in sync until shutdown. `feed` (a kind with a controller) gets every
 /// object once the cache holds it, when it asks for a reconcile (`feed::Changes`); `deleted` runs
 /// for each object the watch reports deleted, after the cache has dropped it.
 async fn reflect<K>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
     feed: Option<tokio::sync::mpsc::UnboundedSender<K>>,
-    claims: Option<Claims<K>>,
+    indexes: Option<Indexes<K>>,
     deleted: impl Fn(&K),
 ) where
     K: Resource<DynamicType = ()>
@@ -716,7 +736,7 @@ async fn reflect<K>(
             o.meta_mut().managed_fields = None;
         });
     let changes = std::sync::Mutex::new(feed::Changes::default());
-    let (deleted, changes, feed, claims) = (&deleted, &changes, &feed, &claims);
+    let (deleted, changes, feed, indexes) = (&deleted, &changes, &feed, &indexes);
     let object = |o: &K| {
         (
             o.meta().namespace.clone().unwrap_or_default(),
@@ -727,8 +747,9 @@ async fn reflect<K>(
         .for_each(|r| async move {
             match r {
                 Ok(Watched::Apply(o) | Watched::InitApply(o)) => {
-                    if let Some((index, claim_of)) = claims {
-                        index.set(object(&o), claim_of(&o));
+                    if let Some(ix) = indexes {
+                        ix.claims.set(object(&o), (ix.claim_of)(&o));
+                        ix.touched.set_all(object(&o), (ix.touch_keys_of)(&o));
                     }
                     let asks = changes.lock().is_ok_and(|mut c| c.asks_for_reconcile(&o));
                     if let (true, Some(tx)) = (asks, feed) {
@@ -739,8 +760,9 @@ async fn reflect<K>(
                     if let Ok(mut c) = changes.lock() {
                         c.forget(&o);
                     }
-                    if let Some((index, _)) = claims {
-                        index.remove(&object(&o));
+                    if let Some(ix) = indexes {
+                        ix.claims.remove(&object(&o));
+                        ix.touched.remove(&object(&o));
                     }
                     deleted(&o)
                 }
@@ -926,7 +948,7 @@ async fn reflect_all(ctx: Arc<Context>, watches: Watches) {
                 a,
                 w,
                 Some(tx),
-                Some(claims_of::<ArtemisQueue>(&ctx)),
+                Some(indexes_of::<ArtemisQueue>(&ctx)),
                 |_: &ArtemisQueue| {},
             )
         });
@@ -939,7 +961,7 @@ async fn reflect_all(ctx: Arc<Context>, watches: Watches) {
                 a,
                 w,
                 Some(tx),
-                Some(claims_of::<ArtemisDivert>(&ctx)),
+                Some(indexes_of::<ArtemisDivert>(&ctx)),
                 |_: &ArtemisDivert| {},
             )
         });

@@ -166,9 +166,10 @@ pub trait TopologyObject:
         before: Arc<NodeInventory>,
     ) -> impl Future<Output = Result<NodeReport, NodeFailure>> + Send;
 
-    /// The object is concerned by this change of its cluster's broker objects (the cluster's
-    /// poll triggers it).
-    fn touches(d: &Self::Desired, change: &crate::topology::TopologyChange) -> bool;
+    /// The broker names the object's plan looks at (`TopologyChange::queue_key` and the
+    /// others): a change of any of them concerns it, and the cluster's poll (or a command's
+    /// fresh read) triggers it, found through the kind's index of these keys.
+    fn touch_keys(d: &Self::Desired) -> Vec<String>;
 
     /// status (pure): the kind's status document from the pass.
     fn status(&self, pass: &Pass<'_, Self>) -> Self::Status;
@@ -541,14 +542,31 @@ fn dependents<K: TopologyObject>(
     change: &crate::topology::TopologyChange,
     except: Option<&str>,
 ) -> Vec<kube::runtime::reflector::ObjectRef<K>> {
-    K::cache(ctx)
-        .state()
+    let cache = K::cache(ctx);
+    let concerned: Vec<Arc<K>> = if change.everything {
+        cache.state()
+    } else {
+        // One lookup per changed name: a command's write changes one or two, and the cost of
+        // finding who they concern must not grow with the kind's size (issue 23).
+        let keys: std::collections::BTreeSet<(String, String)> = change
+            .keys()
+            .iter()
+            .flat_map(|k| cache.touched.claimants(k))
+            .collect();
+        keys.iter().filter_map(|(ns, name)| cache.get(ns, name)).collect()
+    };
+    concerned
         .iter()
         .filter(|o| except.is_none() || o.meta().uid.as_deref() != except)
         .filter(|o| of_cluster(o.as_ref(), ns, cluster))
-        .filter(|o| change.everything || o.desired().is_ok_and(|d| K::touches(&d, change)))
         .map(|o| kube::runtime::reflector::ObjectRef::from_obj(o.as_ref()))
         .collect()
+}
+
+/// The index keys of what an object's plan looks at (none for a spec that does not validate:
+/// it plans nothing).
+pub fn touch_keys_of<K: TopologyObject>(o: &K) -> Vec<String> {
+    o.desired().map(|d| K::touch_keys(&d)).unwrap_or_default()
 }
 
 /// A Warning Event when Ready turns False, or says something new while False, in a pass that

@@ -3,7 +3,7 @@
 //! diverts with their attributes. Controllers compare desired state against it instead of
 //! reading per object; fresh reads stay where an ADR says "re-read" or "preflight".
 
-use std::collections::BTreeMap;
+use imbl::OrdMap;
 
 use serde_json::Value;
 
@@ -65,12 +65,12 @@ pub struct AddressInfo {
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeInventory {
-    pub queues: BTreeMap<String, QueueInfo>,
-    pub addresses: BTreeMap<String, AddressInfo>,
-    pub diverts: BTreeMap<String, DivertInfo>,
+    pub queues: OrdMap<String, QueueInfo>,
+    pub addresses: OrdMap<String, AddressInfo>,
+    pub diverts: OrdMap<String, DivertInfo>,
     /// Queues the broker listed whose attributes could not be read as their types: nothing is
     /// planned or written for them on a guess (a failed attribute is never read as false or 0).
-    pub unreadable_queues: BTreeMap<String, String>,
+    pub unreadable_queues: OrdMap<String, String>,
     /// What a scoped read covered (None: the whole node was scraped).
     pub scope: Option<ReadScope>,
 }

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use imbl::OrdMap;
+use imbl::ordmap::DiffItem;
 use tokio::sync::Mutex;
 
 use crate::broker::{BrokerError, BrokerManagement, Credentials, JolokiaClient, NodeIdentity};
@@ -418,20 +420,44 @@ impl TopologyChange {
     pub fn is_empty(&self) -> bool {
         !self.everything && self.queues.is_empty() && self.addresses.is_empty() && self.diverts.is_empty()
     }
+
+    /// The key under which an object that looks at queue `name` is indexed.
+    pub fn queue_key(name: &str) -> String {
+        format!("queue {name}")
+    }
+    pub fn address_key(name: &str) -> String {
+        format!("address {name}")
+    }
+    pub fn divert_key(name: &str) -> String {
+        format!("divert {name}")
+    }
+
+    /// The keys of every broker name this change touched (`everything` aside).
+    pub fn keys(&self) -> Vec<String> {
+        let queues = self.queues.iter().map(|q| Self::queue_key(q));
+        let addresses = self.addresses.iter().map(|a| Self::address_key(a));
+        let diverts = self.diverts.iter().map(|d| Self::divert_key(d));
+        queues.chain(addresses).chain(diverts).collect()
+    }
 }
 
-fn changed_keys<V>(
-    a: &BTreeMap<String, V>,
-    b: &BTreeMap<String, V>,
+/// The keys whose values differ (added, removed, or not `same`). Maps that share structure (a
+/// snapshot and the same snapshot with a command's fresh read laid over it) are compared without
+/// visiting what they share: the cost follows the change, not the node's size.
+fn changed_keys<V: PartialEq + Clone>(
+    a: &OrdMap<String, V>,
+    b: &OrdMap<String, V>,
     same: impl Fn(&V, &V) -> bool,
 ) -> Vec<String> {
-    let mut out: Vec<String> = a
-        .iter()
-        .filter(|(k, v)| b.get(*k).is_none_or(|w| !same(v, w)))
-        .map(|(k, _)| k.clone())
-        .collect();
-    out.extend(b.keys().filter(|k| !a.contains_key(*k)).cloned());
-    out
+    a.diff(b)
+        .filter_map(|d| match d {
+            DiffItem::Add(k, _) | DiffItem::Remove(k, _) => Some(k.clone()),
+            DiffItem::Update {
+                old: (k, v),
+                new: (_, w),
+            } => (!same(v, w)).then(|| k.clone()),
+        })
+        .collect()
 }
 
 fn same_queue_config(a: &inventory::QueueInfo, b: &inventory::QueueInfo) -> bool {

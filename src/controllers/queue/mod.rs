@@ -95,7 +95,7 @@ async fn create_on(
                         queues: vec![q.name.clone()],
                         ..Default::default()
                     }),
-                    queues: [(q.name.clone(), q)].into(),
+                    queues: imbl::OrdMap::unit(q.name.clone(), q),
                     ..Default::default()
                 }),
                 None => report,
@@ -408,8 +408,9 @@ impl TopologyObject for ArtemisQueue {
         delete_on(t, d, facts, before).await
     }
 
-    fn touches(d: &DesiredQueue, change: &crate::topology::TopologyChange) -> bool {
-        change.queues.contains(&d.name) || change.addresses.contains(&d.address)
+    fn touch_keys(d: &DesiredQueue) -> Vec<String> {
+        use crate::topology::TopologyChange as C;
+        vec![C::queue_key(&d.name), C::address_key(&d.address)]
     }
 
     fn status(&self, pass: &Pass<'_, Self>) -> ArtemisQueueStatus {
