@@ -1393,7 +1393,7 @@ async fn write_status(
             super::status::set_finalizer(&ctx.client, s, false).await?;
             return Ok(());
         }
-        being_removed(&mut status, &remaining, addresses, generation);
+        being_removed(&mut status, &remaining, topology, addresses, generation);
     } else {
         let taps = tap_statuses(&name, &mine, topology, found, &remaining, totals);
         set_taps(&mut status, taps, addresses);
@@ -1415,14 +1415,22 @@ async fn write_status(
     Ok(())
 }
 
-/// A subscription being deleted: its open records, each a tap the pass still has to remove.
+/// A subscription being deleted: its open records, each a tap the pass still has to remove,
+/// and why it is still there — its node not live now, or not in the cluster at all (a broker
+/// whose data was replaced answers at the endpoint as another node: the tap went with its
+/// journal, and only a person can say that node is gone for good).
 fn being_removed(
     status: &mut ArtemisCaptureSubscriptionStatus,
     remaining: &[&crate::store::capture::TapRecord],
+    topology: &Topology,
     addresses: Vec<String>,
     generation: Option<i64>,
 ) {
-    // Some record still open means a node still holds (or may hold) a tap.
+    let why = |node: &str| match topology.nodes.iter().find(|n| n.node_id == node) {
+        Some(n) if n.is_live() => "its node answers; the removal failed this pass and is retried",
+        Some(_) => "its node is not live now; removed when it is back",
+        None => "its node is not in this cluster now (not found at any endpoint)",
+    };
     let taps = remaining
         .iter()
         .map(|r| TapStatus {
@@ -1430,13 +1438,25 @@ fn being_removed(
             node: r.node.clone(),
             state: TapState::Pending,
             capture_queue: Some(r.capture_queue.clone()),
-            message: Some(
-                "being removed: the capture pass removes this tap when the node is reachable".into(),
-            ),
+            message: Some(format!("being removed: {}", why(&r.node))),
             coverage_start: Some(r.installed_at.to_rfc3339()),
             ..Default::default()
         })
         .collect();
+    let gone: BTreeSet<&str> = remaining
+        .iter()
+        .map(|r| r.node.as_str())
+        .filter(|n| !topology.nodes.iter().any(|x| x.node_id == *n))
+        .collect();
+    let unknown = if gone.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; node(s) {} are not in this cluster now: if gone for good (their data replaced), their taps went with them — remove the finalizer {} by hand",
+            gone.into_iter().collect::<Vec<_>>().join(", "),
+            crate::api::capture::CAPTURE_FINALIZER
+        )
+    };
     set_taps(status, taps, addresses);
     conditions::set(
         &mut status.conditions,
@@ -1444,7 +1464,7 @@ fn being_removed(
         false,
         "Deleting",
         format!(
-            "being deleted: the capture pass removes its taps (ADR-0062 D6); {} remain, on nodes not reachable now; the finalizer is released when none remains",
+            "being deleted: the capture pass removes its taps (ADR-0062 D6); {} remain (taps[] says why each){unknown}; the finalizer is released when none remains",
             remaining.len()
         ),
         generation,
@@ -1606,5 +1626,51 @@ mod window_tests {
         assert_eq!(window_estimate(Some(&m), "http://a", Some(3_600_000), 40), 40);
         // Nothing known before.
         assert_eq!(window_estimate(None, "http://a", Some(3_600_000), 7), 7);
+    }
+}
+
+#[cfg(test)]
+mod deleting_tests {
+    use super::being_removed;
+    use crate::api::capture::ArtemisCaptureSubscriptionStatus;
+    use crate::store::capture::TapRecord;
+    use crate::topology::Topology;
+
+    #[test]
+    fn a_tap_on_a_node_no_longer_in_the_cluster_says_so_and_names_the_way_out() {
+        let topology = Topology {
+            polled_at: std::time::Instant::now(),
+            polled_at_utc: chrono::Utc::now(),
+            nodes: vec![],
+            unreachable: vec![],
+            fresh_reads: vec![],
+        };
+        let record = TapRecord {
+            subscription: "s".into(),
+            node: "old-node".into(),
+            source_address: "orders".into(),
+            capture_queue: "q".into(),
+            installed_at: chrono::Utc::now(),
+        };
+        let mut status = ArtemisCaptureSubscriptionStatus::default();
+        being_removed(&mut status, &[&record], &topology, vec![], Some(2));
+        let ready = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .expect("Ready");
+        assert!(
+            ready.message.contains("old-node are not in this cluster now")
+                && ready.message.contains("artemis-studio.io/capture-taps"),
+            "{}",
+            ready.message
+        );
+        let tap = status.taps.first().expect("a tap");
+        assert!(
+            tap.message
+                .as_deref()
+                .is_some_and(|m| m.contains("not in this cluster")),
+            "{tap:?}"
+        );
     }
 }
