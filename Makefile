@@ -2,7 +2,7 @@
 CACHE ?= $(or $(ARTEMIS_STUDIO_CACHE),$(HOME)/.cache/artemis-studio)
 export CARGO_TARGET_DIR ?= $(CACHE)/target
 
-.PHONY: crds test demo up down fmt lint
+.PHONY: crds test demo up down fmt lint release
 
 # Regenerate crds/ and the chart's CRDs from the Rust types (a unit test fails when they drift).
 crds:
@@ -27,3 +27,8 @@ fmt:
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -- -D warnings
+
+# The kubectl-artemis release archives and their krew manifest, in target/release-archives
+# (deploy/release/archives --help: --out, --target, --base-url; pass them as ARGS="…").
+release:
+	deploy/release/archives $(ARGS)
