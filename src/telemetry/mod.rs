@@ -4,6 +4,9 @@ pub mod capture;
 pub mod jolokia;
 pub mod kube_api;
 
+#[cfg(test)]
+mod contract;
+
 pub use kube_api::{api_client, api_client_with};
 
 use std::sync::Arc;
