@@ -14,6 +14,17 @@ fn chart_file(rel: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The README's `## <heading>` section (up to the next `## `).
+pub(crate) fn readme_section(heading: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
+    let readme = std::fs::read_to_string(&path).expect("README.md");
+    readme
+        .split("\n## ")
+        .find(|s| s.starts_with(heading))
+        .unwrap_or_else(|| panic!("README.md has a section \"## {heading}\""))
+        .to_string()
+}
+
 /// The `- name: X` entries of every `env:` list in a template (template directives skipped).
 fn env_names(template: &str) -> Vec<String> {
     let indent = |l: &str| l.len() - l.trim_start().len();
@@ -84,12 +95,7 @@ fn every_env_var_the_chart_sets_is_one_the_binary_reads() {
 
 #[test]
 fn the_readme_configuration_reference_lists_every_env_var() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
-    let readme = std::fs::read_to_string(&path).expect("README.md");
-    let section = readme
-        .split("\n## ")
-        .find(|s| s.starts_with("Configuration reference"))
-        .expect("README.md has a section \"## Configuration reference\"");
+    let section = readme_section("Configuration reference");
     let missing: Vec<String> = crate::cli::run_env_vars()
         .into_iter()
         .filter(|v| !section.contains(&format!("`{v}`")))

@@ -575,12 +575,7 @@ fn the_alert_values_are_the_rules_file_defaults() {
 /// the first cell of a row of that table (backticks dropped).
 #[test]
 fn every_alert_runbook_is_a_readme_troubleshooting_row() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
-    let readme = std::fs::read_to_string(&path).expect("README.md");
-    let section = readme
-        .split("\n## ")
-        .find(|s| s.starts_with("Troubleshooting by condition reason"))
-        .expect("README.md has a section \"## Troubleshooting by condition reason\"");
+    let section = crate::config_contract::readme_section("Troubleshooting by condition reason");
     let rows: BTreeSet<String> = section
         .lines()
         .filter_map(|l| l.strip_prefix('|'))
