@@ -2,6 +2,7 @@
 //! same pipeline: dereference → plan → preflight → command → record (OPERATOR.md).
 
 pub mod access;
+pub mod census;
 pub mod claims;
 pub mod cluster;
 pub mod command;
@@ -838,6 +839,9 @@ where
 /// namespace. Controllers start once the caches have synced, so no decision is taken on a
 /// partial view.
 pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
+    ctx.metrics
+        .census
+        .count_from(Arc::new(census::FromCaches(ctx.caches.clone())));
     let Reflectors {
         clusters,
         queues,

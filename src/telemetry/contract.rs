@@ -104,7 +104,44 @@ fn metrics_with_a_sample_everywhere() -> Metrics {
     c.insert_seconds.get_or_create(&sub).observe(0.01);
     c.drain_lag_seconds.get_or_create(&sub).set(0.5);
     c.sampled.get_or_create(&sub).inc();
+    m.census.count_from(std::sync::Arc::new(OneOfEach));
     m
+}
+
+/// A census with one sample in each of its families.
+struct OneOfEach;
+impl super::census::CensusSource for OneOfEach {
+    fn count(&self) -> super::census::Counts {
+        use super::census::{ConditionLabels, Counts, NodeLabels, ObjectLabels, TapLabels};
+        let (kind, cluster) = ("ContractTest".to_string(), "contract/test".to_string());
+        let mut c = Counts::default();
+        let object = ObjectLabels {
+            kind: kind.clone(),
+            cluster: cluster.clone(),
+            ready: "False".into(),
+            reason: "Contract".into(),
+        };
+        c.objects.insert(object, 1);
+        let flagged = ConditionLabels {
+            kind,
+            cluster: cluster.clone(),
+            condition: "Stalled".into(),
+            reason: "Contract".into(),
+        };
+        c.flagged.insert(flagged, 1);
+        let node = NodeLabels {
+            cluster: cluster.clone(),
+            state: "live".into(),
+        };
+        c.nodes.insert(node, 1);
+        let tap = TapLabels {
+            cluster,
+            subscription: "contract/contract".into(),
+            state: "healthy".into(),
+        };
+        c.taps.insert(tap, 1);
+        c
+    }
 }
 
 /// The series names and labels of a Prometheus/OpenMetrics text encoding.

@@ -1,6 +1,7 @@
 //! The operator's own HTTP surface: `/healthz`, `/readyz` and `/metrics` (Prometheus text).
 
 pub mod capture;
+pub mod census;
 pub mod jolokia;
 pub mod kube_api;
 
@@ -80,6 +81,9 @@ pub struct Metrics {
     /// `artemis_studio_leader`: 1 while this process leads (holds the Lease, or leader election
     /// is off), 0 as a standby.
     pub leader: Gauge,
+    /// Objects by Ready reason, Stalled objects, nodes per cluster, taps by state: counted from
+    /// the controllers' caches at scrape time (`controllers::census`).
+    pub census: census::Census,
     /// What `/readyz` answers. Only set after the migrations ran; then true as a standby that
     /// sees the Lease held by another process (src/leader.rs), and as the leader once the caches
     /// synced (`controllers::run_all`).
@@ -146,8 +150,11 @@ impl Default for Metrics {
             "1 while this process leads (holds the Lease), 0 as a standby",
             leader.clone(),
         );
+        let census = census::Census::default();
+        registry.register_collector(Box::new(census.clone()));
         Metrics {
             registry,
+            census,
             commands,
             node_outcomes,
             reconciles,

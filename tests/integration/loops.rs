@@ -95,6 +95,19 @@ async fn a_field_the_broker_ignores_is_written_once_then_named() {
         (stalled.0.as_str(), stalled.1.as_str()),
         ("True", "BrokerDidNotApply")
     );
+    // … and /metrics counts it, as the NotConverging and Stalled alerts read it (issue 26).
+    let flagged = |condition: &str| {
+        format!(
+            r#"artemis_studio_objects_condition_true{{kind="ArtemisQueue",cluster="{}/c",condition="{condition}",reason="BrokerDidNotApply"}} 1"#,
+            f.ns
+        )
+    };
+    wait_for_metrics(
+        &f,
+        "the census counts the queue NotConverging and Stalled",
+        |text| text.contains(&flagged("NotConverging")) && text.contains(&flagged("Stalled")),
+    )
+    .await;
     // Several polls later (each a chance to loop): still one write for the change.
     polls(&f, 4).await;
     let rows = rows_of(&f, &name).await;
@@ -119,6 +132,27 @@ async fn a_field_the_broker_ignores_is_written_once_then_named() {
         2,
         "no write for a spec the broker already has"
     );
+    let ready_line = format!(
+        r#"artemis_studio_objects{{kind="ArtemisQueue",cluster="{}/c",ready="True""#,
+        f.ns
+    );
+    wait_for_metrics(
+        &f,
+        "the census counts the queue Ready and flags nothing",
+        |text| text.contains(&ready_line) && !text.contains(&format!(r#"cluster="{}/c",condition="#, f.ns)),
+    )
+    .await;
+}
+
+/// Wait until this operator's /metrics text satisfies `ok` (the census follows the watch,
+/// which may deliver a status a moment after the API server answered with it).
+async fn wait_for_metrics(f: &Fixture, what: &str, ok: impl Fn(&str) -> bool) {
+    wait_until(what, Duration::from_secs(30), || {
+        let text = f.op.ctx.metrics.encode_text();
+        let done = ok(&text);
+        async move { done.then_some(()) }
+    })
+    .await;
 }
 
 /// The audit store down: no broker write without its audit row, and the object says why

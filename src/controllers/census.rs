@@ -1,0 +1,183 @@
+//! The census `/metrics` exports (`telemetry::census`), read from the watch caches at scrape
+//! time: what every object's status says now, with no state of its own to drift. Connection
+//! closes are one-shot commands (not cached) and are not counted here; their commands are
+//! (`artemis_studio_commands_total`).
+
+use kube::ResourceExt;
+
+use crate::api::Condition;
+use crate::api::cluster::ArtemisCluster;
+use crate::telemetry::census::{CensusSource, ConditionLabels, Counts, NodeLabels, ObjectLabels, TapLabels};
+
+use super::conditions::{DEGRADED, DELETE_BLOCKED, NOT_CONVERGING, READY, STALLED};
+
+/// The conditions that are abnormal when True (kstatus' "abnormal-true"), counted by reason.
+const FLAGS: [&str; 4] = [STALLED, NOT_CONVERGING, DELETE_BLOCKED, DEGRADED];
+use super::{Caches, key};
+
+/// Counts from this process's caches.
+pub struct FromCaches(pub Caches);
+
+impl CensusSource for FromCaches {
+    fn count(&self) -> Counts {
+        let mut c = Counts::default();
+        let caches = &self.0;
+        for q in caches.queues.state() {
+            let conds = q.status.as_ref().map(|s| s.conditions.as_slice());
+            count_object(
+                &mut c,
+                "ArtemisQueue",
+                &cluster_of(&*q, &q.spec.cluster_ref.name),
+                conds,
+            );
+        }
+        for d in caches.diverts.state() {
+            let conds = d.status.as_ref().map(|s| s.conditions.as_slice());
+            count_object(
+                &mut c,
+                "ArtemisDivert",
+                &cluster_of(&*d, &d.spec.cluster_ref.name),
+                conds,
+            );
+        }
+        for s in caches.subscriptions.state() {
+            let cluster = cluster_of(&*s, &s.spec.cluster_ref.name);
+            let status = s.status.as_ref();
+            let conds = status.map(|s| s.conditions.as_slice());
+            count_object(&mut c, "ArtemisCaptureSubscription", &cluster, conds);
+            if let Some(status) = status {
+                count_taps(
+                    &mut c,
+                    &cluster,
+                    &key(&s.namespace().unwrap_or_default(), &s.name_any()),
+                    status.tap_counts,
+                );
+            }
+        }
+        for cl in caches.clusters.state() {
+            count_cluster(&mut c, &cl);
+        }
+        c
+    }
+}
+
+fn cluster_of<K: ResourceExt>(o: &K, cluster: &str) -> String {
+    key(&o.namespace().unwrap_or_default(), cluster)
+}
+
+fn count_cluster(c: &mut Counts, cl: &ArtemisCluster) {
+    let cluster = key(&cl.namespace().unwrap_or_default(), &cl.name_any());
+    let status = cl.status.as_ref();
+    count_object(
+        c,
+        "ArtemisCluster",
+        &cluster,
+        status.map(|s| s.conditions.as_slice()),
+    );
+    if let Some(s) = status {
+        let live = i64::from(s.live_nodes);
+        let not_live = i64::from(s.total_nodes.saturating_sub(s.live_nodes));
+        for (state, n) in [("live", live), ("not_live", not_live)] {
+            let labels = NodeLabels {
+                cluster: cluster.clone(),
+                state: state.into(),
+            };
+            *c.nodes.entry(labels).or_default() += n;
+        }
+    }
+}
+
+fn count_taps(c: &mut Counts, cluster: &str, subscription: &str, t: crate::api::capture::TapCounts) {
+    let by_state = [
+        ("healthy", t.healthy),
+        ("degraded", t.degraded),
+        ("pending", t.pending),
+        ("refused", t.refused),
+    ];
+    for (state, n) in by_state {
+        let labels = TapLabels {
+            cluster: cluster.into(),
+            subscription: subscription.into(),
+            state: state.into(),
+        };
+        *c.taps.entry(labels).or_default() += i64::try_from(n).unwrap_or(i64::MAX);
+    }
+}
+
+/// One object: its Ready condition (or none yet), and each abnormal-true condition it has.
+fn count_object(c: &mut Counts, kind: &str, cluster: &str, conditions: Option<&[Condition]>) {
+    let conditions = conditions.unwrap_or_default();
+    let (ready, reason) = match conditions.iter().find(|x| x.type_ == READY) {
+        Some(r) => (r.status.clone(), r.reason.clone()),
+        None => ("Unknown".to_string(), "NoStatusYet".to_string()),
+    };
+    let labels = ObjectLabels {
+        kind: kind.into(),
+        cluster: cluster.into(),
+        ready,
+        reason,
+    };
+    *c.objects.entry(labels).or_default() += 1;
+    let flagged = conditions
+        .iter()
+        .filter(|x| x.status == "True" && FLAGS.contains(&x.type_.as_str()));
+    for x in flagged {
+        let labels = ConditionLabels {
+            kind: kind.into(),
+            cluster: cluster.into(),
+            condition: x.type_.clone(),
+            reason: x.reason.clone(),
+        };
+        *c.flagged.entry(labels).or_default() += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn condition(type_: &str, status: &str, reason: &str) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+        }
+    }
+
+    #[test]
+    fn objects_count_by_ready_reason_and_by_each_abnormal_condition_that_is_true() {
+        let mut c = Counts::default();
+        let stuck = [
+            condition(READY, "False", "NotConverging"),
+            condition(STALLED, "True", "NotConverging"),
+            condition(NOT_CONVERGING, "True", "BrokerDidNotApply"),
+            condition(DEGRADED, "False", "AllNodesApplied"),
+        ];
+        count_object(&mut c, "ArtemisQueue", "ns/c", Some(&stuck));
+        count_object(&mut c, "ArtemisQueue", "ns/c", Some(&stuck));
+        count_object(&mut c, "ArtemisQueue", "ns/c", None);
+        let labels = |ready: &str, reason: &str| ObjectLabels {
+            kind: "ArtemisQueue".into(),
+            cluster: "ns/c".into(),
+            ready: ready.into(),
+            reason: reason.into(),
+        };
+        assert_eq!(c.objects.get(&labels("False", "NotConverging")), Some(&2));
+        assert_eq!(c.objects.get(&labels("Unknown", "NoStatusYet")), Some(&1));
+        let flagged = |condition: &str, reason: &str| ConditionLabels {
+            kind: "ArtemisQueue".into(),
+            cluster: "ns/c".into(),
+            condition: condition.into(),
+            reason: reason.into(),
+        };
+        assert_eq!(c.flagged.get(&flagged(STALLED, "NotConverging")), Some(&2));
+        assert_eq!(
+            c.flagged.get(&flagged(NOT_CONVERGING, "BrokerDidNotApply")),
+            Some(&2)
+        );
+        assert_eq!(c.flagged.len(), 2, "Ready is counted once, not as a flag");
+    }
+}
