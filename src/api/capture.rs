@@ -243,10 +243,18 @@ pub struct ArtemisCaptureSubscriptionStatus {
     /// The mode this status describes (Capture or Sample).
     #[serde(default)]
     pub mode: Option<CaptureMode>,
-    /// Mode Sample: one entry per matching queue per live node, with what its browses stored.
-    /// Empty in mode Capture.
+    /// Mode Sample: one entry per matching queue per live node, with what its browses stored;
+    /// at most 100 are listed (those whose browse failed first, then those not browsed yet),
+    /// `sampledQueueCounts` counts them all. Empty in mode Capture.
     #[serde(default)]
     pub sampled_queues: Vec<SampledQueueStatus>,
+    /// Mode Sample: every sampled queue (per node) by the state of its latest browse, listed
+    /// or not.
+    #[serde(default)]
+    pub sampled_queue_counts: SampledQueueCounts,
+    /// Mode Sample: sampled queues not listed in `sampledQueues` (the list is bounded).
+    #[serde(default)]
+    pub sampled_queues_omitted: u64,
     /// Messages stored by sampling so far (rows marked origin=sampled), summed over queues and
     /// nodes. What a browse saw, never a count of what was sent.
     #[serde(default)]
@@ -333,6 +341,24 @@ pub struct SampledQueueStatus {
     /// Why the latest browse failed, when it did, with the next action.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+/// Every sampled queue of a subscription (one per queue per live node) by its latest browse.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SampledQueueCounts {
+    /// The latest browse succeeded.
+    pub browsing: u64,
+    /// The latest browse failed (its entry's message says why).
+    pub failed: u64,
+    /// Not browsed yet by this operator process.
+    pub pending: u64,
+}
+
+impl SampledQueueCounts {
+    pub fn total(&self) -> u64 {
+        self.browsing + self.failed + self.pending
+    }
 }
 
 /// Every tap of a subscription by state.

@@ -30,7 +30,8 @@ use serde_json::{Map, Value, json};
 
 use super::names::{never_captured, wildcard_matches};
 use crate::api::capture::{
-    ArtemisCaptureSubscription, ArtemisCaptureSubscriptionStatus, CaptureMode, SampledQueueStatus,
+    ArtemisCaptureSubscription, ArtemisCaptureSubscriptionStatus, CaptureMode, SampledQueueCounts,
+    SampledQueueStatus,
 };
 use crate::broker::management::{Browse, BrowseTarget};
 use crate::controllers::{Context, conditions};
@@ -605,8 +606,7 @@ pub async fn write_status(
     // Sampling installs nothing: no preview, nothing to arm.
     status.conditions.retain(|c| c.type_ != super::status::ARMED);
     let (queues, addresses) = sampled_queue_statuses(s, topology, marks, &outcomes);
-    status.sampled_queues = queues;
-    status.addresses = addresses;
+    set_sampled_queues(&mut status, queues, addresses);
     status.sampled = marks
         .iter()
         .filter(|m| m.subscription == name)
@@ -632,14 +632,17 @@ fn sampled_queue_statuses(
     outcomes: &BTreeMap<(String, String, String), Result<DateTime<Utc>, String>>,
 ) -> (Vec<SampledQueueStatus>, Vec<String>) {
     let name = s.name_any();
+    let marks: BTreeMap<(&str, &str), &SampleMark> = marks
+        .iter()
+        .filter(|m| m.subscription == name)
+        .map(|m| ((m.node.as_str(), m.queue.as_str()), m))
+        .collect();
     let mut queues = vec![];
     let mut addresses = BTreeSet::new();
     for node in topology.live_nodes() {
         let Some(inv) = &node.inventory else { continue };
         for t in sampled_queues(&s.spec.queues, inv) {
-            let mark = marks
-                .iter()
-                .find(|m| m.subscription == name && m.node == node.node_id && m.queue == t.queue);
+            let mark = marks.get(&(node.node_id.as_str(), t.queue.as_str()));
             let outcome = outcomes.get(&(name.clone(), node.node_id.clone(), t.queue.clone()));
             addresses.insert(t.address.clone());
             queues.push(SampledQueueStatus {
@@ -651,7 +654,7 @@ fn sampled_queue_statuses(
                 last_browse: mark.map(|m| m.last_browse_at.to_rfc3339()),
                 message: match outcome {
                     Some(Err(e)) => Some(e.clone()),
-                    None => Some("not browsed yet by this operator process".into()),
+                    None => Some(NOT_BROWSED_YET.into()),
                     Some(Ok(_)) => None,
                 },
             });
@@ -660,22 +663,45 @@ fn sampled_queue_statuses(
     (queues, addresses.into_iter().collect())
 }
 
+const NOT_BROWSED_YET: &str = "not browsed yet by this operator process";
+
+/// Set `sampledQueues` and `addresses` bounded, as taps are (issue 25: a status stays far below
+/// etcd's object limit whatever the pattern matches): the counts of all of them, and at most
+/// `MOST_LISTED` of each listed — the failed browses first, then those not browsed yet.
+fn set_sampled_queues(
+    status: &mut ArtemisCaptureSubscriptionStatus,
+    mut queues: Vec<SampledQueueStatus>,
+    addresses: Vec<String>,
+) {
+    use super::status::MOST_LISTED;
+    let state = |q: &SampledQueueStatus| match (q.browsing, q.message.as_deref()) {
+        (true, _) => 2,
+        (false, Some(NOT_BROWSED_YET)) => 1,
+        (false, _) => 0,
+    };
+    let mut counts = SampledQueueCounts::default();
+    for q in &queues {
+        *match state(q) {
+            0 => &mut counts.failed,
+            1 => &mut counts.pending,
+            _ => &mut counts.browsing,
+        } += 1;
+    }
+    queues.sort_by_key(|q| state(q));
+    status.sampled_queues_omitted = queues.len().saturating_sub(MOST_LISTED) as u64;
+    queues.truncate(MOST_LISTED);
+    status.sampled_queues = queues;
+    status.sampled_queue_counts = counts;
+    status.address_count = addresses.len() as u64;
+    status.addresses = addresses.into_iter().take(MOST_LISTED).collect();
+}
+
 /// Ready, Degraded and Sampling from the browses' outcomes.
 fn set_sampling_conditions(status: &mut ArtemisCaptureSubscriptionStatus, s: &ArtemisCaptureSubscription) {
     let generation = status.observed_generation;
     let every = s.spec.sample_interval_seconds;
-    let total = status.sampled_queues.len();
-    let failed = status
-        .sampled_queues
-        .iter()
-        .filter(|q| {
-            !q.browsing
-                && q.message
-                    .as_deref()
-                    .is_some_and(|m| !m.starts_with("not browsed yet"))
-        })
-        .count();
-    let browsing = status.sampled_queues.iter().filter(|q| q.browsing).count();
+    let c = status.sampled_queue_counts;
+    let (total, failed, browsing) = (c.total(), c.failed, c.browsing);
     let (ready, reason, message) = if total == 0 {
         (
             false,
@@ -728,6 +754,64 @@ fn set_sampling_conditions(status: &mut ArtemisCaptureSubscriptionStatus, s: &Ar
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn two_thousand_sampled_queues_make_a_bounded_status_that_lists_the_failed_browses_first() {
+        let entry = |n: usize, browsing: bool, message: Option<&str>| SampledQueueStatus {
+            node: "n1".into(),
+            queue: format!("orders.{n:05}"),
+            address: format!("orders.{n:05}"),
+            browsing,
+            sampled: 3,
+            last_browse: Some("2026-12-02T01:00:00Z".into()),
+            message: message.map(str::to_string),
+        };
+        let mut queues: Vec<SampledQueueStatus> = (0..2_000).map(|n| entry(n, true, None)).collect();
+        queues[1_500] = entry(1_500, false, Some("browse refused: AMQ229032"));
+        queues[1_999] = entry(1_999, false, Some(NOT_BROWSED_YET));
+        let addresses: Vec<String> = queues.iter().map(|q| q.address.clone()).collect();
+        let mut status = ArtemisCaptureSubscriptionStatus::default();
+        set_sampled_queues(&mut status, queues, addresses);
+        let s: ArtemisCaptureSubscription = serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCaptureSubscription",
+            "metadata": {"name": "s", "namespace": "ns"},
+            "spec": {"clusterRef": {"name": "c"}, "queues": "orders.#", "mode": "Sample"}
+        }))
+        .expect("subscription");
+        set_sampling_conditions(&mut status, &s);
+
+        let c = status.sampled_queue_counts;
+        assert_eq!((c.browsing, c.failed, c.pending), (1_998, 1, 1));
+        assert_eq!(
+            (status.sampled_queues.len(), status.sampled_queues_omitted),
+            (100, 1_900)
+        );
+        assert_eq!(
+            (
+                status.sampled_queues[0].queue.as_str(),
+                status.sampled_queues[1].queue.as_str()
+            ),
+            ("orders.01500", "orders.01999")
+        );
+        assert_eq!((status.addresses.len(), status.address_count), (100, 2_000));
+        let ready = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .expect("Ready");
+        assert_eq!(
+            (ready.reason.as_str(), ready.message.as_str()),
+            (
+                "BrowseFailed",
+                "1 of 2000 queue browses failed (see sampledQueues[].message); 1998 succeed"
+            )
+        );
+        let bytes = serde_json::to_vec(&status).expect("json").len();
+        assert!(
+            bytes < 64 * 1024,
+            "{bytes} bytes of status for 2,000 sampled queues"
+        );
+    }
 
     fn target() -> BrowseTarget {
         BrowseTarget {

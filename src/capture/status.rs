@@ -133,6 +133,8 @@ pub fn same_status(old: &ArtemisCaptureSubscriptionStatus, new: &ArtemisCaptureS
         && old.address_count == new.address_count
         && old.mode == new.mode
         && old.sampled_queues == new.sampled_queues
+        && old.sampled_queue_counts == new.sampled_queue_counts
+        && old.sampled_queues_omitted == new.sampled_queues_omitted
         && old.sampled == new.sampled
         && old.captured == new.captured
         && old.dropped_estimate == new.dropped_estimate

@@ -217,6 +217,16 @@ async fn a_sampled_queue_shows_what_the_browse_saw_never_consumes_and_a_later_br
             .iter()
             .all(|q| q.browsing && q.queue == address)
     );
+    let counts = status.sampled_queue_counts;
+    assert_eq!(
+        (
+            counts.browsing,
+            counts.failed,
+            counts.pending,
+            status.sampled_queues_omitted
+        ),
+        (3, 0, 0, 0)
+    );
     let c1 = node_id(&f.bed, "c1").await;
     let on_c1 = status
         .sampled_queues
