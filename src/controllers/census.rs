@@ -7,7 +7,9 @@ use kube::ResourceExt;
 
 use crate::api::Condition;
 use crate::api::cluster::ArtemisCluster;
-use crate::telemetry::census::{CensusSource, ConditionLabels, Counts, NodeLabels, ObjectLabels, TapLabels};
+use crate::telemetry::census::{
+    CensusSource, ConditionLabels, Counts, EndpointLabels, NodeLabels, ObjectLabels, TapLabels,
+};
 
 use super::conditions::{DEGRADED, DELETE_BLOCKED, NOT_CONVERGING, READY, STALLED};
 
@@ -83,6 +85,17 @@ fn count_cluster(c: &mut Counts, cl: &ArtemisCluster) {
                 state: state.into(),
             };
             *c.nodes.entry(labels).or_default() += n;
+        }
+        for n in &s.nodes {
+            let active = n.active_endpoint.iter().map(|e| (e, "active"));
+            for (url, role) in active.chain(n.standby_endpoints.iter().map(|e| (e, "standby"))) {
+                let labels = EndpointLabels {
+                    cluster: cluster.clone(),
+                    node: crate::broker::budget::node_key(url),
+                    role: role.into(),
+                };
+                c.endpoints.insert(labels, 1);
+            }
         }
     }
 }

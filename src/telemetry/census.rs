@@ -40,6 +40,15 @@ pub struct NodeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct EndpointLabels {
+    pub cluster: String,
+    /// The endpoint URL without user info (the `node` label of the Jolokia metrics).
+    pub node: String,
+    /// `active` (commands go there) or `standby` (a replicating backup).
+    pub role: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct TapLabels {
     pub cluster: String,
     /// `namespace/name` of the ArtemisCaptureSubscription.
@@ -55,6 +64,8 @@ pub struct Counts {
     /// Objects with an abnormal-true condition True, by condition and reason.
     pub flagged: BTreeMap<ConditionLabels, i64>,
     pub nodes: BTreeMap<NodeLabels, i64>,
+    /// 1 per endpoint of a cluster's logical nodes: which cluster a Jolokia `node` belongs to.
+    pub endpoints: BTreeMap<EndpointLabels, i64>,
     pub taps: BTreeMap<TapLabels, i64>,
 }
 
@@ -126,6 +137,12 @@ impl Collector for Census {
             "cluster_nodes",
             "Logical broker nodes per cluster in its latest poll, live or not",
             c.nodes,
+        )?;
+        encode_family(
+            &mut encoder,
+            "cluster_endpoints",
+            "1 per endpoint of a cluster's logical nodes, by role: joins the Jolokia metrics' node label to its cluster",
+            c.endpoints,
         )?;
         encode_family(
             &mut encoder,

@@ -112,7 +112,7 @@ fn metrics_with_a_sample_everywhere() -> Metrics {
 struct OneOfEach;
 impl super::census::CensusSource for OneOfEach {
     fn count(&self) -> super::census::Counts {
-        use super::census::{ConditionLabels, Counts, NodeLabels, ObjectLabels, TapLabels};
+        use super::census::{ConditionLabels, Counts, EndpointLabels, NodeLabels, ObjectLabels, TapLabels};
         let (kind, cluster) = ("ContractTest".to_string(), "contract/test".to_string());
         let mut c = Counts::default();
         let object = ObjectLabels {
@@ -134,6 +134,12 @@ impl super::census::CensusSource for OneOfEach {
             state: "live".into(),
         };
         c.nodes.insert(node, 1);
+        let endpoint = EndpointLabels {
+            cluster: cluster.clone(),
+            node: "http://contract.test:8161/console/jolokia".into(),
+            role: "active".into(),
+        };
+        c.endpoints.insert(endpoint, 1);
         let tap = TapLabels {
             cluster,
             subscription: "contract/contract".into(),

@@ -108,6 +108,14 @@ async fn a_field_the_broker_ignores_is_written_once_then_named() {
         |text| text.contains(&flagged("NotConverging")) && text.contains(&flagged("Stalled")),
     )
     .await;
+    // Every live node's endpoint is mapped to the cluster (the Jolokia panels' node list).
+    let endpoint_of_c = format!(r#"artemis_studio_cluster_endpoints{{cluster="{}/c","#, f.ns);
+    let text = f.op.ctx.metrics.encode_text();
+    let active = text
+        .lines()
+        .filter(|l| l.starts_with(&endpoint_of_c) && l.contains(r#"role="active""#))
+        .count();
+    assert_eq!(active, live, "{text}");
     // Several polls later (each a chance to loop): still one write for the change.
     polls(&f, 4).await;
     let rows = rows_of(&f, &name).await;
