@@ -30,4 +30,5 @@ mod smoke;
 mod support;
 mod tls;
 mod two_installations;
+mod upgrade;
 mod walkthrough;

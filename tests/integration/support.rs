@@ -715,7 +715,43 @@ impl Drop for OperatorProcess {
 
 impl TestBed {
     pub fn spawn_operator(&self, ns: &str, db: &str, port: u16, env: &[(&str, &str)]) -> OperatorProcess {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_artemis-studio-operator"));
+        self.spawn_operator_binary(
+            std::path::Path::new(env!("CARGO_BIN_EXE_artemis-studio-operator")),
+            ns,
+            db,
+            port,
+            env,
+        )
+    }
+
+    /// [`TestBed::spawn_operator`] with another build of the operator (e.g. the previous
+    /// commit's, [`TestBed::previous_operator`]).
+    pub fn spawn_operator_binary(
+        &self,
+        binary: &std::path::Path,
+        ns: &str,
+        db: &str,
+        port: u16,
+        env: &[(&str, &str)],
+    ) -> OperatorProcess {
+        OperatorProcess(
+            self.operator_command(binary, ns, db, port, env)
+                .spawn()
+                .unwrap_or_else(|e| panic!("start the operator binary {}: {e}", binary.display())),
+        )
+    }
+
+    /// The command `spawn_operator_binary` runs (its output discarded: a caller that reads the
+    /// operator's log redirects stdout).
+    pub fn operator_command(
+        &self,
+        binary: &std::path::Path,
+        ns: &str,
+        db: &str,
+        port: u16,
+        env: &[(&str, &str)],
+    ) -> std::process::Command {
+        let mut cmd = std::process::Command::new(binary);
         cmd.args([
             "run",
             "--database-url",
@@ -738,7 +774,29 @@ impl TestBed {
             );
             cmd.env(k, v);
         }
-        OperatorProcess(cmd.spawn().expect("start the operator binary"))
+        cmd
+    }
+
+    /// The operator binary of the commit an upgrade starts from (`deploy/dev/upgrade-from`),
+    /// built by this checkout's testbed script (once per commit, minutes on a cold cache), and
+    /// that commit's CRD file.
+    pub fn previous_operator(&self) -> (PathBuf, PathBuf) {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/dev/testbed");
+        let out = std::process::Command::new(&script)
+            .arg("previous-operator")
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("run the testbed script");
+        assert!(
+            out.status.success(),
+            "deploy/dev/testbed previous-operator failed"
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut lines = text.lines().map(PathBuf::from);
+        match (lines.next(), lines.next()) {
+            (Some(binary), Some(crds)) => (binary, crds),
+            _ => panic!("deploy/dev/testbed previous-operator printed no binary and CRD file: {text}"),
+        }
     }
 }
 
