@@ -72,6 +72,8 @@ pub struct ClusterState {
     pub sample: Mutex<super::sample::SampleState>,
     /// Per (node, tap): the last read of the tap's source and capture sides (`reconcile`).
     pub sides: Mutex<BTreeMap<(String, TapName), super::reconcile::Sides>>,
+    /// When a pass last wrote to a broker: the next pass judges from a topology polled after it.
+    pub wrote_at: Mutex<Option<std::time::Instant>>,
 }
 
 /// A source address's routed count, read while its capture queue existed.
@@ -296,9 +298,24 @@ pub async fn run(
     // Before a capture queue is re-created under an existing divert: the window's loss.
     record_window_loss(ctx, state, &cluster_key, &seen.topology, &judged.installs).await;
     let divert_missing = divert_missing(&judged.installs);
-    summary.commands += install_all(&scope, &seen, &subs_by_name, &mut judged).await?;
+    let writes = !(judged.installs.is_empty() && judged.sweeps.is_empty());
+    if seen.from_runtime && writes {
+        // The shared write gate: the Secrets re-read right before a broker write.
+        crate::controllers::pipeline::ensure_credentials(ctx, &ns, &cluster.name_any())
+            .await
+            .map_err(|e| PassError::Access(e.to_string()))?;
+    }
+    let installed = install_all(&scope, &seen, &subs_by_name, &mut judged).await;
     let sweeps = std::mem::take(&mut judged.sweeps);
-    summary.commands += sweep_all(&scope, state, sweeps, &subs_by_name, elsewhere).await?;
+    let swept = match &installed {
+        Ok(_) => sweep_all(&scope, state, sweeps, &subs_by_name, elsewhere).await,
+        Err(_) => Ok(0),
+    };
+    if writes {
+        // Done or not, the next pass judges from a topology polled after these writes.
+        *state.wrote_at.lock().await = Some(std::time::Instant::now());
+    }
+    summary.commands += installed? + swept?;
     // Loss counters of every capture queue that existed, and the drains that should run.
     let (topology, targets) = (&seen.topology, &judged.drain_targets);
     read_loss(ctx, state, &cluster_key, topology, targets).await;
@@ -324,6 +341,8 @@ pub async fn run(
 struct Survey {
     access: topology::ClusterAccess,
     topology: Topology,
+    /// The access and topology are the cluster runtime's (not read by this pass).
+    from_runtime: bool,
     records: Vec<crate::store::capture::TapRecord>,
     arms: BTreeMap<String, ArmState>,
     desired: BTreeMap<TapName, TapSpec>,
@@ -337,16 +356,12 @@ async fn survey(
     subs: &[Arc<ArtemisCaptureSubscription>],
     cluster_key: &str,
 ) -> Result<Survey, PassError> {
-    let ns = cluster.namespace().unwrap_or_default();
     let instance = ctx.instance_id.as_str();
     // Finalizers first: a subscription never has a tap on a broker without one.
     for s in subs.iter().filter(|s| s.metadata.deletion_timestamp.is_none()) {
         super::status::set_finalizer(&ctx.client, s, true).await?;
     }
-    let access = crate::controllers::cluster::resolve_access(&ctx.client, &ns, &cluster.spec)
-        .await
-        .map_err(|p| PassError::Access(p.message))?;
-    let topology = topology::poll(&access, &state.memory).await;
+    let (access, topology, from_runtime) = cluster_view(ctx, state, cluster, cluster_key).await?;
     // Sampling browses on this snapshot until the next pass.
     state.sample.lock().await.topology = Some(topology.clone());
     // The reading commands label a tail by capture_subscription.mode: kept current here.
@@ -375,11 +390,46 @@ async fn survey(
     Ok(Survey {
         access,
         topology,
+        from_runtime,
         records,
         arms,
         desired,
         past_cap,
     })
+}
+
+/// The cluster's access and a topology to judge from (issue 24: capture reads the cluster's
+/// snapshot instead of polling again). Where this process runs the cluster's controller and the
+/// Secrets are as its runtime read them (the watch says so, and `ensure_credentials` re-reads
+/// them before any write), its latest topology — polled inline if older than a pass interval,
+/// or than this cluster's last capture write (so a pass never judges from a snapshot that
+/// predates its own installs). Otherwise (a replica that serves capture without leading, a
+/// runtime of another generation, changed Secrets) this pass reads both itself.
+async fn cluster_view(
+    ctx: &Context,
+    state: &ClusterState,
+    cluster: &ArtemisCluster,
+    cluster_key: &str,
+) -> Result<(topology::ClusterAccess, Topology, bool), PassError> {
+    let ns = cluster.namespace().unwrap_or_default();
+    let usable = ctx.clusters.get(cluster_key).filter(|rt| {
+        rt.generation == cluster.metadata.generation
+            && crate::controllers::runtime::access_is_current(ctx, &ns, rt)
+    });
+    if usable.is_some() {
+        let wrote = state.wrote_at.lock().await.map(|t| t.elapsed());
+        let max_age = wrote.map_or(ctx.capture_pass_interval, |w| w.min(ctx.capture_pass_interval));
+        let current =
+            crate::controllers::runtime::current_topology(ctx, &ns, &cluster.name_any(), Some(max_age)).await;
+        if let Ok((rt, t)) = current {
+            return Ok((rt.access.clone(), (*t).clone(), true));
+        }
+    }
+    let access = crate::controllers::cluster::resolve_access(&ctx.client, &ns, &cluster.spec)
+        .await
+        .map_err(|p| PassError::Access(p.message))?;
+    let topology = topology::poll(&access, &state.memory).await;
+    Ok((access, topology, false))
 }
 
 /// What the pass judged of every desired tap on every node, and the writes it will make.
