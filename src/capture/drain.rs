@@ -107,6 +107,13 @@ impl DrainHealth {
         }
     }
 
+    /// The drain has connected or failed since it started (not still starting).
+    pub fn settled(&self, key: &DrainKey) -> bool {
+        self.inner
+            .lock()
+            .is_ok_and(|m| m.get(key).is_some_and(|s| s.connected || s.problem.is_some()))
+    }
+
     fn forget(&self, key: &DrainKey) {
         if let Ok(mut m) = self.inner.lock() {
             m.remove(key);

@@ -77,7 +77,7 @@ impl Served {
         health: &drain::DrainHealth,
         links: &connection::NodeLinks,
         targets: Vec<pass::DrainTarget>,
-    ) {
+    ) -> Vec<drain::DrainKey> {
         let wanted: BTreeMap<drain::DrainKey, pass::DrainTarget> =
             targets.into_iter().map(|t| (t.key.clone(), t)).collect();
         let mut drains = self.state.drains.lock().await;
@@ -91,6 +91,7 @@ impl Served {
                 h.stop(DRAIN_GRACE).await;
             }
         }
+        let mut started = vec![];
         for (k, t) in wanted {
             let cap = self
                 .caps
@@ -123,11 +124,13 @@ impl Served {
                 rate_cap: cap,
                 link_name: format!("{}-{}", t.tap.capture_queue(), uuid::Uuid::new_v4().simple()),
             };
+            started.push(k.clone());
             drains.insert(
                 k,
                 drain::spawn(ctx.store.clone(), health.clone(), links.clone(), spec),
             );
         }
+        started
     }
 }
 
@@ -528,9 +531,12 @@ impl Worker {
         let started = chrono::Utc::now();
         let elsewhere = pass::claimed_elsewhere(&ctx, cluster_key, cluster, all_subs, all_clusters);
         let mut outcome = pass::run(&ctx, &s.state, cluster, &mine, &self.holder, &view, &elsewhere).await;
+        let mut judgement = None;
         if let Ok(p) = &mut outcome {
-            s.converge_drains(&ctx, &self.health, &self.links, std::mem::take(&mut p.drains))
+            let started = s
+                .converge_drains(&ctx, &self.health, &self.links, std::mem::take(&mut p.drains))
                 .await;
+            judgement = p.judgement.take().map(|j| (j, started));
             // Retention works on whole day partitions: every RETENTION_PASSES passes is
             // plenty, and keeps DDL off the busy path.
             if s.retained_at
@@ -539,6 +545,11 @@ impl Worker {
                 retention(&ctx, cluster_key, &mine).await;
                 s.retained_at = Some(std::time::Instant::now());
             }
+        }
+        if let Some((j, drains)) = judgement
+            && let Err(e) = pass::report(&ctx, &s.state, &mine, j, &view, &drains).await
+        {
+            outcome = Err(e);
         }
         record_pass(&ctx, cluster_key, &self.holder, started, &outcome, &mine, &view).await;
     }

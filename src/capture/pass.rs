@@ -74,6 +74,18 @@ pub struct ClusterState {
     pub sides: Mutex<BTreeMap<(String, TapName), super::reconcile::Sides>>,
     /// When a pass last wrote to a broker: the next pass judges from a topology polled after it.
     pub wrote_at: Mutex<Option<std::time::Instant>>,
+    /// The subscriptions the last pass judged: a pass over others judges from a topology
+    /// polled for it.
+    pub judged_subs: Mutex<Vec<JudgedSub>>,
+}
+
+/// A subscription as a pass judged it: what asks for a pass (spec, annotations, deletion).
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct JudgedSub {
+    name: String,
+    generation: Option<i64>,
+    deleting: bool,
+    annotations: BTreeMap<String, String>,
 }
 
 /// A source address's routed count, read while its capture queue existed.
@@ -116,6 +128,50 @@ pub struct PassSummary {
     pub commands: i32,
     /// The drains that should run now: one per installed capture queue per live node.
     pub drains: Vec<DrainTarget>,
+    /// What the pass judged, for [`report`] once those drains run.
+    pub judgement: Option<Judgement>,
+}
+
+/// What a pass judged, written to the subscriptions' status by [`report`] once the drains it
+/// wants run: a tap found installed is judged by its drain then, not a moment before its drain
+/// could connect (issue 26: a restarted process, or one that took the cluster over, reported
+/// every tap DEGRADED for one pass).
+pub struct Judgement {
+    cluster_key: String,
+    seen: Survey,
+    found: BTreeMap<(TapName, String), Found>,
+    /// (tap, node) found installed: HEALTHY or DEGRADED by their drain, at report time.
+    installed: Vec<(TapName, String)>,
+}
+
+/// The longest a report waits for the drains its pass started to connect (or fail).
+const DRAIN_SETTLE: Duration = Duration::from_secs(5);
+
+/// Write the subscriptions' status from a pass's judgement; `started`: the drains started for
+/// it, each judged once it connected or failed (at most [`DRAIN_SETTLE`]).
+pub async fn report(
+    ctx: &Context,
+    state: &ClusterState,
+    subs: &[Arc<ArtemisCaptureSubscription>],
+    j: Judgement,
+    drains: &DrainView<'_>,
+    started: &[DrainKey],
+) -> Result<(), PassError> {
+    let deadline = std::time::Instant::now() + DRAIN_SETTLE;
+    while started.iter().any(|k| !drains.health.settled(k)) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut found = j.found;
+    for (name, node) in &j.installed {
+        let key = DrainKey {
+            cluster: j.cluster_key.clone(),
+            node: node.clone(),
+            capture_queue: name.capture_queue(),
+        };
+        let why = drains.health.draining(&key, drains.within).err();
+        found.insert((name.clone(), node.clone()), found_installed(why));
+    }
+    write_statuses(ctx, state, &j.cluster_key, subs, &j.seen, &found).await
 }
 
 /// A capture queue on a live node that a drain should consume.
@@ -332,7 +388,12 @@ pub async fn run(
     summary.drains = drains_to_run(state, &cluster_key, &seen, &subs_by_name, targets).await;
     // Mode Sample: browse what is due, on this pass's fresh topology.
     super::sample::sample_due(ctx, &state.sample, &cluster_key, subs).await;
-    write_statuses(ctx, state, &cluster_key, subs, &seen, &judged.found).await?;
+    summary.judgement = Some(Judgement {
+        cluster_key,
+        seen,
+        found: judged.found,
+        installed: judged.installed,
+    });
     Ok(summary)
 }
 
@@ -361,7 +422,7 @@ async fn survey(
     for s in subs.iter().filter(|s| s.metadata.deletion_timestamp.is_none()) {
         super::status::set_finalizer(&ctx.client, s, true).await?;
     }
-    let (access, topology, from_runtime) = cluster_view(ctx, state, cluster, cluster_key).await?;
+    let (access, topology, from_runtime) = cluster_view(ctx, state, cluster, subs, cluster_key).await?;
     // Sampling browses on this snapshot until the next pass.
     state.sample.lock().await.topology = Some(topology.clone());
     // The reading commands label a tail by capture_subscription.mode: kept current here.
@@ -402,13 +463,16 @@ async fn survey(
 /// snapshot instead of polling again). Where this process runs the cluster's controller and the
 /// Secrets are as its runtime read them (the watch says so, and `ensure_credentials` re-reads
 /// them before any write), its latest topology — polled inline if older than a pass interval,
-/// or than this cluster's last capture write (so a pass never judges from a snapshot that
-/// predates its own installs). Otherwise (a replica that serves capture without leading, a
-/// runtime of another generation, changed Secrets) this pass reads both itself.
+/// or than this cluster's last capture write (a pass never judges from a snapshot that
+/// predates its own installs), or whenever the subscriptions changed since the last pass (a new
+/// pattern is previewed and judged on what the brokers hold now). Otherwise (a replica that
+/// serves capture without leading, a runtime of another generation, changed Secrets) this pass
+/// reads both itself.
 async fn cluster_view(
     ctx: &Context,
     state: &ClusterState,
     cluster: &ArtemisCluster,
+    subs: &[Arc<ArtemisCaptureSubscription>],
     cluster_key: &str,
 ) -> Result<(topology::ClusterAccess, Topology, bool), PassError> {
     let ns = cluster.namespace().unwrap_or_default();
@@ -416,9 +480,24 @@ async fn cluster_view(
         rt.generation == cluster.metadata.generation
             && crate::controllers::runtime::access_is_current(ctx, &ns, rt)
     });
+    let mut judged: Vec<JudgedSub> = subs
+        .iter()
+        .map(|s| JudgedSub {
+            name: s.name_any(),
+            generation: s.metadata.generation,
+            deleting: s.metadata.deletion_timestamp.is_some(),
+            annotations: s.annotations().clone(),
+        })
+        .collect();
+    judged.sort();
+    let same_subs = *state.judged_subs.lock().await == judged;
+    *state.judged_subs.lock().await = judged;
     if usable.is_some() {
         let wrote = state.wrote_at.lock().await.map(|t| t.elapsed());
-        let max_age = wrote.map_or(ctx.capture_pass_interval, |w| w.min(ctx.capture_pass_interval));
+        let mut max_age = wrote.map_or(ctx.capture_pass_interval, |w| w.min(ctx.capture_pass_interval));
+        if !same_subs {
+            max_age = Duration::ZERO;
+        }
         let current =
             crate::controllers::runtime::current_topology(ctx, &ns, &cluster.name_any(), Some(max_age)).await;
         if let Ok((rt, t)) = current {
@@ -441,6 +520,8 @@ struct Judged {
     installed_unrecorded: Vec<(TapName, String, Option<String>)>,
     /// (tap, node) whose capture queue exists: drained, and their loss counters read.
     drain_targets: Vec<(TapName, String)>,
+    /// (tap, node) found installed (judged again by their drain at report time).
+    installed: Vec<(TapName, String)>,
 }
 
 /// Judge every desired tap on one node; collect its writes and its orphans.
@@ -476,6 +557,7 @@ async fn judge_node(
             }
             (Verdict::Installed { drained }, _) => {
                 installed(seen, node, name, judged);
+                judged.installed.push((name.clone(), node.node_id.clone()));
                 let why = (!drained).then(|| drain_of(name).err().unwrap_or_default());
                 found_installed(why)
             }
