@@ -79,7 +79,7 @@ where
     let nodes = fanout::fan_out(topology, fanout::DEFAULT_CONCURRENCY, timeout, op).await;
     // The crash window between the broker's answers and the outcome (test builds only).
     crate::crash_window::pause(crate::crash_window::Window::MidFanout, &audit_id.to_string()).await;
-    conclude(ctx, told, &intent.command, audit_id, nodes).await
+    conclude(ctx, told, &intent.command, &intent.cluster, audit_id, nodes).await
 }
 
 /// Complete a command whose intent row was written (by [`run`], or by a one-shot kind that
@@ -101,20 +101,22 @@ where
         on: Some(obj),
         evidence_for: Some((cluster_ns, cluster_name)),
     };
-    conclude(ctx, told, command, audit_id, nodes).await
+    let cluster = super::key(cluster_ns, cluster_name);
+    conclude(ctx, told, command, &cluster, audit_id, nodes).await
 }
 
 async fn conclude<K>(
     ctx: &Context,
     told: Told<'_, K>,
     command: &str,
+    cluster: &str,
     audit_id: i64,
     nodes: Vec<NodeOutcome>,
 ) -> Result<CommandResult, ReconcileError>
 where
     K: Resource<DynamicType = ()>,
 {
-    let verdict = record_outcome(ctx, command, audit_id, &nodes).await?;
+    let verdict = record_outcome(ctx, command, cluster, audit_id, &nodes).await?;
     if let Some((ns, cluster)) = told.evidence_for {
         report_evidence(ctx, ns, cluster, command, &nodes).await?;
     }
@@ -133,6 +135,7 @@ where
 async fn record_outcome(
     ctx: &Context,
     command: &str,
+    cluster: &str,
     audit_id: i64,
     nodes: &[NodeOutcome],
 ) -> Result<CommandVerdict, crate::store::StoreError> {
@@ -142,6 +145,7 @@ async fn record_outcome(
         .get_or_create(&crate::telemetry::CommandLabels {
             command: command.to_string(),
             verdict: format!("{verdict:?}").to_lowercase(),
+            cluster: cluster.to_string(),
         })
         .inc();
     for n in nodes {

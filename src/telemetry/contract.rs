@@ -56,6 +56,7 @@ fn metrics_with_a_sample_everywhere() -> Metrics {
         .get_or_create(&CommandLabels {
             command: "contract".into(),
             verdict: "succeeded".into(),
+            cluster: "contract/test".into(),
         })
         .inc();
     m.node_outcomes

@@ -24,6 +24,8 @@ use prometheus_client::registry::Registry;
 pub struct CommandLabels {
     pub command: String,
     pub verdict: String,
+    /// `namespace/name` of the ArtemisCluster the command went to.
+    pub cluster: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -50,8 +50,8 @@ async fn the_binary_runs_under_the_chart_rbac_and_serves_probes_and_metrics() {
         .text()
         .await
         .expect("body");
-    assert!(
-        metrics.contains("artemis_studio_commands_total{command=\"queue.apply\",verdict=\"succeeded\"} 1"),
-        "{metrics}"
+    let applied = format!(
+        r#"artemis_studio_commands_total{{command="queue.apply",verdict="succeeded",cluster="{ns}/c"}} 1"#
     );
+    assert!(metrics.contains(&applied), "{metrics}");
 }
