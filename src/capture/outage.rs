@@ -47,10 +47,7 @@ pub async fn report(
             t.state = TapState::Degraded;
             t.message = Some(not_drained(&why.unwrap_or_else(|| cause.to_string())));
         }
-        // The taps not listed are HEALTHY ones (the list puts the others first): none is now.
-        let c = &mut status.tap_counts;
-        c.degraded += c.healthy;
-        c.healthy = 0;
+        degrade_counts(&mut status);
         let generation = s.metadata.generation;
         let no_taps = status.tap_counts.total() == 0;
         set_tap_conditions(&mut status, &s.spec.queues, no_taps, generation);
@@ -61,5 +58,83 @@ pub async fn report(
         if let Err(e) = crate::controllers::report::apply_status(&ctx.client, s.as_ref(), &status).await {
             tracing::warn!(subscription = %s.name_any(), error = %e, "capture: cannot write the outage status");
         }
+    }
+}
+
+/// The tap counts once every installed tap is DEGRADED (its listed taps already are). The taps
+/// not listed are HEALTHY ones (the list puts the others first): none is now. A status written
+/// before `tapCounts` existed (an older operator's) has none: they are counted from the list,
+/// the taps not listed as the HEALTHY ones they were.
+fn degrade_counts(status: &mut crate::api::capture::ArtemisCaptureSubscriptionStatus) {
+    if status.tap_counts.total() < status.taps.len() as u64 {
+        let mut c = crate::api::capture::TapCounts::default();
+        for t in &status.taps {
+            *match t.state {
+                TapState::Healthy => &mut c.healthy,
+                TapState::Degraded => &mut c.degraded,
+                TapState::Pending => &mut c.pending,
+                TapState::Refused => &mut c.refused,
+            } += 1;
+        }
+        c.healthy += status.taps_omitted;
+        status.tap_counts = c;
+    }
+    let c = &mut status.tap_counts;
+    c.degraded += c.healthy;
+    c.healthy = 0;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::capture::{ArtemisCaptureSubscriptionStatus, TapCounts, TapStatus};
+
+    fn tap(state: TapState) -> TapStatus {
+        TapStatus {
+            address: "orders".into(),
+            node: "n1".into(),
+            state,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_outage_counts_every_installed_tap_degraded_also_in_a_status_without_counts() {
+        // As the last pass wrote it: 2 degraded (listed, already marked), 1 pending, 3 healthy
+        // not listed.
+        let listed = vec![
+            tap(TapState::Degraded),
+            tap(TapState::Degraded),
+            tap(TapState::Pending),
+        ];
+        let mut current = ArtemisCaptureSubscriptionStatus {
+            taps: listed.clone(),
+            taps_omitted: 3,
+            tap_counts: TapCounts {
+                healthy: 3,
+                degraded: 0,
+                pending: 1,
+                refused: 0,
+            },
+            ..Default::default()
+        };
+        // The listed degraded ones were healthy in the counts before the outage marked them.
+        current.tap_counts.healthy += 2;
+        degrade_counts(&mut current);
+        let expected = TapCounts {
+            healthy: 0,
+            degraded: 5,
+            pending: 1,
+            refused: 0,
+        };
+        assert_eq!(current.tap_counts, expected);
+        // An older operator's status: taps listed, no counts at all.
+        let mut older = ArtemisCaptureSubscriptionStatus {
+            taps: listed,
+            taps_omitted: 3,
+            ..Default::default()
+        };
+        degrade_counts(&mut older);
+        assert_eq!(older.tap_counts, expected);
     }
 }
