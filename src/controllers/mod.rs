@@ -563,6 +563,47 @@ impl From<kube::runtime::finalizer::Error<ReconcileError>> for ReconcileError {
     }
 }
 
+/// The cluster (`namespace/name`) an object's reconciles are counted under in the metrics.
+pub trait OfCluster {
+    fn cluster_key(&self) -> String;
+}
+
+impl OfCluster for ArtemisCluster {
+    fn cluster_key(&self) -> String {
+        key(
+            &kube::ResourceExt::namespace(self).unwrap_or_default(),
+            &kube::ResourceExt::name_any(self),
+        )
+    }
+}
+
+impl OfCluster for ArtemisQueue {
+    fn cluster_key(&self) -> String {
+        key(
+            &kube::ResourceExt::namespace(self).unwrap_or_default(),
+            &self.spec.cluster_ref.name,
+        )
+    }
+}
+
+impl OfCluster for ArtemisDivert {
+    fn cluster_key(&self) -> String {
+        key(
+            &kube::ResourceExt::namespace(self).unwrap_or_default(),
+            &self.spec.cluster_ref.name,
+        )
+    }
+}
+
+impl OfCluster for crate::api::connection_close::ConnectionClose {
+    fn cluster_key(&self) -> String {
+        key(
+            &kube::ResourceExt::namespace(self).unwrap_or_default(),
+            &self.spec.cluster_ref.name,
+        )
+    }
+}
+
 /// Run one kind's controller until shutdown (every kind is wired the same way).
 pub async fn run_controller<K, Fut>(
     wiring: Wiring<K>,
@@ -571,6 +612,7 @@ pub async fn run_controller<K, Fut>(
     error_policy: impl Fn(Arc<K>, &ReconcileError, Arc<Context>) -> kube::runtime::controller::Action,
 ) where
     K: kube::Resource<DynamicType = ()>
+        + OfCluster
         + Clone
         + serde::de::DeserializeOwned
         + std::fmt::Debug
@@ -588,6 +630,7 @@ pub async fn run_controller<K, Fut>(
         let metrics = ctx.metrics.clone();
         let backoff = ctx.backoff.clone();
         let uid = obj.meta().uid.clone().unwrap_or_default();
+        let cluster = obj.cluster_key();
         // One span per reconciled object: every log line of the pass names it.
         let span = tracing::info_span!(
             "reconcile",
@@ -603,7 +646,7 @@ pub async fn run_controller<K, Fut>(
                 Ok(_) => "ok",
                 Err(e) => e.reason(),
             };
-            metrics.reconciled(&K::kind(&()), result, started.elapsed().as_secs_f64());
+            metrics.reconciled(&K::kind(&()), &cluster, result, started.elapsed().as_secs_f64());
             if r.is_ok() {
                 backoff.reset(&uid);
             }

@@ -51,7 +51,7 @@ fn metrics_with_a_sample_everywhere() -> Metrics {
         kube_api::ApiRequestLabels,
     };
     let m = Metrics::default();
-    m.reconciled("ContractTest", "ok", 0.1);
+    m.reconciled("ContractTest", "contract/test", "ok", 0.1);
     m.commands
         .get_or_create(&CommandLabels {
             command: "contract".into(),

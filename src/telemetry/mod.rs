@@ -36,6 +36,8 @@ pub struct OutcomeLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReconcileLabels {
     pub kind: String,
+    /// `namespace/name` of the ArtemisCluster the object names (its own for a cluster).
+    pub cluster: String,
     /// `ok`, or the error's condition reason.
     pub result: String,
 }
@@ -43,6 +45,12 @@ pub struct ReconcileLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
     pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindClusterLabels {
+    pub kind: String,
+    pub cluster: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -67,7 +75,7 @@ pub struct Metrics {
     pub commands: Family<CommandLabels, Counter>,
     pub node_outcomes: Family<OutcomeLabels, Counter>,
     pub reconciles: Family<ReconcileLabels, Counter>,
-    pub reconcile_seconds: Family<KindLabels, Histogram>,
+    pub reconcile_seconds: Family<KindClusterLabels, Histogram>,
     /// Finished reconciles per kind, whatever the result (not exported: the sum of `reconciles`).
     finished: Family<KindLabels, Counter>,
     /// Passes that judged an object against its cluster's snapshot (not those that waited for a
@@ -99,7 +107,9 @@ impl Default for Metrics {
         let node_outcomes = Family::<OutcomeLabels, Counter>::default();
         let reconciles = Family::<ReconcileLabels, Counter>::default();
         let reconcile_seconds =
-            Family::<KindLabels, Histogram>::new_with_constructor(|| Histogram::new(seconds_buckets()));
+            Family::<KindClusterLabels, Histogram>::new_with_constructor(
+                || Histogram::new(seconds_buckets()),
+            );
         let poll_seconds =
             Family::<ClusterLabels, Histogram>::new_with_constructor(|| Histogram::new(seconds_buckets()));
         let inventory_objects = Family::<ClusterLabels, Gauge>::default();
@@ -188,14 +198,21 @@ impl Metrics {
             .get()
     }
 
-    /// Count one finished reconcile of `kind` with its result (`ok` or the condition reason).
-    pub fn reconciled(&self, kind: &str, result: &str, seconds: f64) {
-        let k = KindLabels { kind: kind.into() };
-        self.reconcile_seconds.get_or_create(&k).observe(seconds);
-        self.finished.get_or_create(&k).inc();
+    /// Count one finished reconcile of `kind` (of `cluster`) with its result (`ok` or the
+    /// condition reason).
+    pub fn reconciled(&self, kind: &str, cluster: &str, result: &str, seconds: f64) {
+        let of = KindClusterLabels {
+            kind: kind.into(),
+            cluster: cluster.into(),
+        };
+        self.reconcile_seconds.get_or_create(&of).observe(seconds);
+        self.finished
+            .get_or_create(&KindLabels { kind: kind.into() })
+            .inc();
         self.reconciles
             .get_or_create(&ReconcileLabels {
                 kind: kind.into(),
+                cluster: cluster.into(),
                 result: result.into(),
             })
             .inc();

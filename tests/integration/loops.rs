@@ -229,12 +229,11 @@ async fn an_unavailable_audit_store_shows_on_the_object_and_writes_nothing() {
     .await;
     assert_eq!(found.type_.as_deref(), Some("Warning"));
     let text = f.op.ctx.metrics.encode_text();
-    assert!(
-        text.lines().any(|l| l.starts_with(
-            "artemis_studio_reconciles_total{kind=\"ArtemisQueue\",result=\"AuditStoreUnavailable\"}"
-        )),
-        "{text}"
+    let failed = format!(
+        r#"artemis_studio_reconciles_total{{kind="ArtemisQueue",cluster="{}/c",result="AuditStoreUnavailable"}}"#,
+        f.ns
     );
+    assert!(text.lines().any(|l| l.starts_with(&failed)), "{text}");
     // The store back: the queue is created, audited.
     sqlx::query(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"))
         .execute(&mut admin)
