@@ -667,13 +667,12 @@ const NOT_BROWSED_YET: &str = "not browsed yet by this operator process";
 
 /// Set `sampledQueues` and `addresses` bounded, as taps are (issue 25: a status stays far below
 /// etcd's object limit whatever the pattern matches): the counts of all of them, and at most
-/// `MOST_LISTED` of each listed — the failed browses first, then those not browsed yet.
+/// `status::MOST_LISTED` of each listed — the failed browses first, then those not browsed yet.
 fn set_sampled_queues(
     status: &mut ArtemisCaptureSubscriptionStatus,
     mut queues: Vec<SampledQueueStatus>,
     addresses: Vec<String>,
 ) {
-    use super::status::MOST_LISTED;
     let state = |q: &SampledQueueStatus| match (q.browsing, q.message.as_deref()) {
         (true, _) => 2,
         (false, Some(NOT_BROWSED_YET)) => 1,
@@ -688,12 +687,10 @@ fn set_sampled_queues(
         } += 1;
     }
     queues.sort_by_key(|q| state(q));
-    status.sampled_queues_omitted = queues.len().saturating_sub(MOST_LISTED) as u64;
-    queues.truncate(MOST_LISTED);
+    status.sampled_queues_omitted = super::status::most_listed(&mut queues);
     status.sampled_queues = queues;
     status.sampled_queue_counts = counts;
-    status.address_count = addresses.len() as u64;
-    status.addresses = addresses.into_iter().take(MOST_LISTED).collect();
+    super::status::set_addresses(status, addresses);
 }
 
 /// Ready, Degraded and Sampling from the browses' outcomes.

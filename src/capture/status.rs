@@ -50,12 +50,24 @@ pub fn set_taps(
         TapState::Healthy => 3,
     };
     taps.sort_by_key(|t| attention(t.state));
-    status.taps_omitted = taps.len().saturating_sub(MOST_LISTED) as u64;
-    taps.truncate(MOST_LISTED);
+    status.taps_omitted = most_listed(&mut taps);
     status.taps = taps;
     status.tap_counts = counts;
+    set_addresses(status, addresses);
+}
+
+/// Keep at most [`MOST_LISTED`] of `items` (in their order); how many were left out.
+pub fn most_listed<T>(items: &mut Vec<T>) -> u64 {
+    let omitted = items.len().saturating_sub(MOST_LISTED) as u64;
+    items.truncate(MOST_LISTED);
+    omitted
+}
+
+/// `addresses` bounded: all of them counted, at most [`MOST_LISTED`] listed.
+pub fn set_addresses(status: &mut ArtemisCaptureSubscriptionStatus, mut addresses: Vec<String>) {
     status.address_count = addresses.len() as u64;
-    status.addresses = addresses.into_iter().take(MOST_LISTED).collect();
+    most_listed(&mut addresses);
+    status.addresses = addresses;
 }
 
 /// Ready and Degraded from the taps' states (`no_taps`: no queue matches `queues` anywhere).
