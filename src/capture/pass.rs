@@ -803,6 +803,8 @@ async fn install_all(
         for o in outcomes {
             if o.outcome == Outcome::Applied {
                 judged.drain_targets.push((tap.clone(), o.node.clone()));
+                // Judged by its drain once that runs (`report`), not "starts after this pass".
+                judged.installed.push((tap.clone(), o.node.clone()));
             }
             judged
                 .found
