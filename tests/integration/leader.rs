@@ -12,8 +12,8 @@ use artemis_studio_operator::api::ArtemisQueue;
 
 use crate::queue::ready;
 use crate::support::{
-    OperatorProcess, TestBed, brokers_shared, create_cluster, short_id, wait_cluster_condition, wait_ready,
-    wait_until,
+    OperatorProcess, TestBed, brokers_shared, create_cluster, metrics, short_id, wait_cluster_condition,
+    wait_ready, wait_until,
 };
 
 /// The namespace of the chart's leader-election Role as `install_operator_rbac` renders it.
@@ -67,16 +67,6 @@ fn signal(p: &OperatorProcess, sig: &str) {
         .status()
         .expect("run kill");
     assert!(status.success(), "kill {sig}");
-}
-
-async fn metrics(http: &reqwest::Client, port: u16) -> String {
-    http.get(format!("http://127.0.0.1:{port}/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics body")
 }
 
 /// The value of an unlabelled sample, or the sum of a family's labelled samples.

@@ -800,6 +800,17 @@ impl TestBed {
     }
 }
 
+/// The `/metrics` text of an operator process on `port`.
+pub async fn metrics(http: &reqwest::Client, port: u16) -> String {
+    http.get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics body")
+}
+
 /// Wait until an operator process on `port` answers /readyz with 200.
 pub async fn wait_ready(http: &reqwest::Client, port: u16) {
     wait_until("/readyz answers 200", Duration::from_secs(60), || {

@@ -27,7 +27,7 @@ use artemis_studio_operator::capture::names::TapName;
 use crate::capture::{amqp_send, divert_names};
 use crate::support::{
     OperatorProcess, TestBed, amqp_consumer, apply_manifests, brokers_exclusive, brokers_shared,
-    connection_of, create_cluster, jolokia_raw, send_messages, short_id, wait_ready, wait_until,
+    connection_of, create_cluster, jolokia_raw, metrics, send_messages, short_id, wait_ready, wait_until,
 };
 
 const ORIGIN: Option<&str> = Some("http://localhost");
@@ -216,16 +216,6 @@ fn passes_and_polls(body: &str) -> (f64, f64) {
             &[("kind", "ArtemisCluster")],
         ),
     )
-}
-
-async fn metrics(http: &reqwest::Client, port: u16) -> String {
-    http.get(format!("http://127.0.0.1:{port}/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics body")
 }
 
 /// Kubernetes API writes this process made: (verb, kind) → count.
