@@ -70,6 +70,15 @@ pub fn queue_anywhere(broker_name: &str, queue: &str) -> String {
     )
 }
 
+/// Pattern for one divert by name, on whatever source address it has (unique per broker).
+pub fn divert_anywhere(broker_name: &str, divert: &str) -> String {
+    format!(
+        "{},component=addresses,address=*,subcomponent=diverts,divert={}",
+        broker(broker_name),
+        quote(divert)
+    )
+}
+
 /// Wildcard patterns for the inventory scrape: every queue, every address, every divert.
 pub fn all_queues(broker_name: &str) -> String {
     format!(

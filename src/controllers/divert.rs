@@ -15,7 +15,7 @@ use crate::api::divert::{ArtemisDivert, ArtemisDivertSpec, ArtemisDivertStatus, 
 use crate::api::{ClusterRef, DeletionPolicy, Outcome, RefusalKind};
 use crate::broker::BrokerError;
 use crate::fanout::{self, NodeFailure, NodeReport, Target};
-use crate::topology::inventory::{NodeInventory, ScopedRead};
+use crate::topology::inventory::{DivertsRead, NodeInventory, ScopedRead};
 
 pub const FINALIZER: &str = "artemis-studio.io/divert";
 
@@ -135,14 +135,17 @@ pub fn plan_divert(d: &DesiredDivert, inv: &NodeInventory) -> DivertAction {
     }
 }
 
-/// The fresh read a divert write needs: every divert (cheap: few per node) and the two
-/// addresses it joins — never every queue of the node.
+/// The fresh read a divert write needs: the divert itself (by its MBean on its source address)
+/// and the two addresses it joins — never every queue or divert of the node.
 async fn read_divert(t: &Target, d: &DesiredDivert) -> Result<NodeInventory, BrokerError> {
     t.ops
         .read_scoped(ScopedRead {
             queues: &[],
             addresses: &[d.spec.address.as_str(), d.spec.forwarding_address.as_str()],
-            diverts: true,
+            diverts: DivertsRead::Named {
+                name: &d.name,
+                address: &d.spec.address,
+            },
         })
         .await
 }
@@ -282,7 +285,7 @@ impl TopologyObject for ArtemisDivert {
     async fn read_fresh(
         t: &Target,
         d: &DesiredDivert,
-        _for_delete: bool,
+        _for_delete: Option<&NodeInventory>,
     ) -> Result<NodeInventory, BrokerError> {
         read_divert(t, d).await
     }

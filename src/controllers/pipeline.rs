@@ -124,11 +124,12 @@ pub trait TopologyObject:
     /// is not this object's (another address, routing type or routing name) is `Nothing`.
     fn plan_delete(d: &Self::Desired, inv: &NodeInventory, facts: &PlanFacts) -> Step;
     /// The fresh read a preflight makes on a node: only what the command touches (for a
-    /// delete, also what goes with it: dependent diverts).
+    /// delete, also what goes with it: dependent diverts, placed by the node's latest snapshot,
+    /// `for_delete`).
     fn read_fresh(
         t: &Target,
         d: &Self::Desired,
-        for_delete: bool,
+        for_delete: Option<&NodeInventory>,
     ) -> impl Future<Output = Result<NodeInventory, crate::broker::BrokerError>> + Send;
     /// A refusal of the delete as a whole, from every node's fresh read (the bulk cap).
     fn refuse_delete(
@@ -1359,7 +1360,7 @@ async fn apply_with_evidence<K: TopologyObject>(
             Err(f) if K::ALREADY_EXISTS.is_some_and(|k| f.error.refusal_kind() == k) => {
                 // Made behind the snapshot's back (another writer, or a poll not yet seen):
                 // read that object and judge it as an update would be.
-                let fresh = Arc::new(K::read_fresh(&t, &d, false).await?);
+                let fresh = Arc::new(K::read_fresh(&t, &d, None).await?);
                 record(&fresh);
                 let report = K::apply_on(t.clone(), d.clone(), fresh.clone()).await?;
                 verify::<K>(&t, &d, report, &fresh, seen).await
@@ -1391,7 +1392,7 @@ async fn verify<K: TopologyObject>(
     if report.outcome != Outcome::Applied {
         return Ok(report);
     }
-    let after = match K::read_fresh(t, d, false).await {
+    let after = match K::read_fresh(t, d, None).await {
         Ok(inv) => Arc::new(inv),
         Err(e) => {
             return Ok(NodeReport {
@@ -1798,7 +1799,8 @@ async fn judge_delete<K: TopologyObject>(
 }
 
 /// One fresh read per named live node, concurrently; a node whose read fails is FAILED with the
-/// error (nothing is written or destroyed there on a guess).
+/// error (nothing is written or destroyed there on a guess). A delete's read is placed by each
+/// node's latest snapshot (an empty one where the node has none: every divert searched for).
 async fn fresh_reads<K: TopologyObject>(
     deref: &Dereferenced,
     d: &K::Desired,
@@ -1806,11 +1808,13 @@ async fn fresh_reads<K: TopologyObject>(
     for_delete: bool,
 ) -> BTreeMap<String, Result<Arc<NodeInventory>, NodeOutcome>> {
     let timeout = deref.rt.request_timeout * 2;
+    let nothing_known = Arc::new(NodeInventory::default());
     let reads = deref.topology.live_nodes().filter(|n| nodes.contains(&n.node_id)).filter_map(|n| {
         let management = n.active.clone()?;
+        let snapshot = for_delete.then(|| n.inventory.clone().unwrap_or_else(|| nothing_known.clone()));
         Some(async move {
             let t = Target::new(n.node_id.clone(), management);
-            let read = tokio::time::timeout(timeout, K::read_fresh(&t, d, for_delete))
+            let read = tokio::time::timeout(timeout, K::read_fresh(&t, d, snapshot.as_deref()))
                 .await
                 .unwrap_or(Err(crate::broker::BrokerError::Timeout(timeout.as_secs())));
             let r = read.map(Arc::new).map_err(|e| NodeOutcome {

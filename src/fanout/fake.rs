@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::ops::{BrokerOps, Op};
 use crate::broker::BrokerError;
 use crate::broker::error::classify;
-use crate::topology::inventory::{self, AddressInfo, DivertInfo, NodeInventory, ReadScope, ScopedRead};
+use crate::topology::inventory::{self, AddressInfo, DivertInfo, DivertsRead, NodeInventory, ScopedRead};
 
 #[derive(Debug, Default)]
 pub struct FakeBroker {
@@ -198,7 +198,7 @@ impl FakeBroker {
             queues: s
                 .queues
                 .iter()
-                .filter(|(n, _)| scope.queues.contains(&n.as_str()))
+                .filter(|(n, _)| scope.queues.iter().any(|q| q.name == n.as_str()))
                 .map(|(n, q)| (n.clone(), q.clone()))
                 .collect(),
             addresses: s
@@ -207,17 +207,18 @@ impl FakeBroker {
                 .filter(|(n, _)| scope.addresses.contains(&n.as_str()))
                 .map(|(n, a)| (n.clone(), a.clone()))
                 .collect(),
-            diverts: if scope.diverts {
-                s.diverts.clone()
-            } else {
-                Default::default()
+            diverts: match scope.diverts {
+                DivertsRead::None => Default::default(),
+                DivertsRead::Named { name, .. } => s
+                    .diverts
+                    .iter()
+                    .filter(|(n, _)| n.as_str() == name)
+                    .map(|(n, d)| (n.clone(), d.clone()))
+                    .collect(),
+                DivertsRead::Every { .. } => s.diverts.clone(),
             },
             unreadable_queues: Default::default(),
-            scope: Some(ReadScope {
-                queues: scope.queues.iter().map(|q| q.to_string()).collect(),
-                addresses: scope.addresses.iter().map(|a| a.to_string()).collect(),
-                diverts: scope.diverts,
-            }),
+            scope: Some(scope.covers()),
         })
     }
 }

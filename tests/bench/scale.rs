@@ -24,6 +24,10 @@ struct Run {
     bare_delete_rate: f64,
     /// Bulk: POSTs of `Config::bulk` creates per node, the nodes in parallel.
     bulk_create_rate: f64,
+    /// The harness's own input: queues/s of creates (deletes) the API server acknowledged, the
+    /// bound every operator rate here is under (the bare baselines do not pay it).
+    apply_rate: f64,
+    delete_apply_rate: f64,
     /// Queues/s to all Ready and to all gone; NaN when it did not get there.
     create_rate: f64,
     delete_rate: f64,
@@ -153,6 +157,7 @@ async fn operator_run(
     let s0 = install.snapshot(ctx).await?;
     let start = Instant::now();
     o.create_queues(&names).await?;
+    run.apply_rate = n as f64 / start.elapsed().as_secs_f64();
     match watch.wait_all(&names, wait, "Ready", |s| s.ready).await {
         Ok(at) => run.create_rate = n as f64 / at.saturating_duration_since(start).as_secs_f64(),
         Err(e) => {
@@ -191,6 +196,7 @@ async fn operator_run(
     let s2 = install.snapshot(ctx).await?;
     let start = Instant::now();
     o.delete_queues(&names).await?;
+    run.delete_apply_rate = nf / start.elapsed().as_secs_f64();
     match watch.wait_all(&names, wait, "deleted", |s| s.deleted).await {
         Ok(at) => run.delete_rate = nf / at.saturating_duration_since(start).as_secs_f64(),
         Err(e) => {
@@ -232,6 +238,7 @@ fn section(ctx: &Ctx, results: &[(usize, Vec<Run>)]) -> Section {
         "delete/s operator",
         "delete/s bare parallel",
         "delete ratio",
+        "input: creates; deletes acknowledged by the API server /s",
     ]);
     let mut cost = Table::new(&[
         "queues",
@@ -284,6 +291,11 @@ fn section(ctx: &Ctx, results: &[(usize, Vec<Run>)]) -> Section {
             del_cell,
             stats::show(Summary::of(&col(runs, |r| r.bare_delete_rate)), 1),
             stats::show(delete_ratio, 2),
+            format!(
+                "{}; {}",
+                stats::show(Summary::of(&col(runs, |r| r.apply_rate)), 1),
+                stats::show(Summary::of(&col(runs, |r| r.delete_apply_rate)), 1)
+            ),
         ]);
         let pair = |a: &dyn Fn(&Run) -> f64, b: &dyn Fn(&Run) -> f64, d: usize| {
             format!(
@@ -428,6 +440,7 @@ fn run_json(r: &Run) -> Value {
     json!({
         "bareCreatePerSecond": num(r.bare_create_rate), "bareDeletePerSecond": num(r.bare_delete_rate),
         "createPerSecond": num(r.create_rate), "deletePerSecond": num(r.delete_rate),
+        "appliedCreatesPerSecond": num(r.apply_rate), "appliedDeletesPerSecond": num(r.delete_apply_rate),
         "neverReady": r.not_ready, "neverDeleted": r.not_deleted,
         "jolokiaOpsPerCreate": num(r.jolokia_per_create), "jolokiaOpsPerDelete": num(r.jolokia_per_delete),
         "apiServerReadsPerQueue": num(r.api_reads_per_queue), "apiServerWritesPerQueue": num(r.api_writes_per_queue),

@@ -4,7 +4,7 @@
 
 pub mod plan;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -13,20 +13,49 @@ use self::plan::{DesiredQueue, NodeAction};
 use super::Context;
 use super::pipeline::{self, Pass, PlanFacts, Step, TopologyObject, WholeRefusal};
 use crate::api::queue::{ArtemisQueue, ArtemisQueueStatus, DeletePreview};
-use crate::api::{ClusterRef, DeletionPolicy, Outcome, RefusalKind};
+use crate::api::{CAPTURE_PREFIX, ClusterRef, DeletionPolicy, Outcome, RefusalKind};
 use crate::broker::BrokerError;
 use crate::fanout::{self, NodeFailure, NodeReport, Target};
 use crate::topology::Topology;
-use crate::topology::inventory::{self, NodeInventory, ScopedRead};
+use crate::topology::inventory::{self, DivertsRead, NodeInventory, QueueAt, ScopedRead};
 
 pub const FINALIZER: &str = "artemis-studio.io/queue";
 
-/// The fresh read an apply or a delete makes on one node: the queue, its address and (for a
-/// delete) every divert — never every queue of the node.
-async fn read_queue(t: &Target, d: &DesiredQueue, diverts: bool) -> Result<NodeInventory, BrokerError> {
+/// The fresh read an apply or a delete makes on one node: the queue and its address, each by its
+/// own MBean, and for a delete every divert — never every queue of the node. A delete's
+/// `snapshot` (the node's latest) says where each divert is; the capture taps on other
+/// addresses are taken from it unread while the broker still lists them (ADR-0084 §5: a delete
+/// only names a tap, and only one on its address).
+async fn read_queue(
+    t: &Target,
+    d: &DesiredQueue,
+    snapshot: Option<&NodeInventory>,
+) -> Result<NodeInventory, BrokerError> {
+    let queue = [QueueAt {
+        name: &d.name,
+        address: &d.address,
+        routing_type: d.routing_type,
+    }];
+    let keep: BTreeSet<String> = snapshot
+        .map(|s| {
+            s.diverts
+                .values()
+                .filter(|v| v.name.starts_with(CAPTURE_PREFIX))
+                .filter(|v| v.address != d.address && v.forwarding_address != d.address)
+                .map(|v| v.name.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    let diverts = match snapshot {
+        Some(s) => DivertsRead::Every {
+            known: &s.diverts,
+            keep: &keep,
+        },
+        None => DivertsRead::None,
+    };
     t.ops
         .read_scoped(ScopedRead {
-            queues: &[d.name.as_str()],
+            queues: &queue,
             addresses: &[d.address.as_str()],
             diverts,
         })
@@ -368,7 +397,7 @@ impl TopologyObject for ArtemisQueue {
     async fn read_fresh(
         t: &Target,
         d: &DesiredQueue,
-        for_delete: bool,
+        for_delete: Option<&NodeInventory>,
     ) -> Result<NodeInventory, BrokerError> {
         read_queue(t, d, for_delete).await
     }
