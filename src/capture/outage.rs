@@ -67,15 +67,7 @@ pub async fn report(
 /// the taps not listed as the HEALTHY ones they were.
 fn degrade_counts(status: &mut crate::api::capture::ArtemisCaptureSubscriptionStatus) {
     if status.tap_counts.total() < status.taps.len() as u64 {
-        let mut c = crate::api::capture::TapCounts::default();
-        for t in &status.taps {
-            *match t.state {
-                TapState::Healthy => &mut c.healthy,
-                TapState::Degraded => &mut c.degraded,
-                TapState::Pending => &mut c.pending,
-                TapState::Refused => &mut c.refused,
-            } += 1;
-        }
+        let mut c = super::status::count_taps(&status.taps);
         c.healthy += status.taps_omitted;
         status.tap_counts = c;
     }

@@ -34,15 +34,7 @@ pub fn set_taps(
     mut taps: Vec<TapStatus>,
     addresses: Vec<String>,
 ) {
-    let mut counts = TapCounts::default();
-    for t in &taps {
-        *match t.state {
-            TapState::Healthy => &mut counts.healthy,
-            TapState::Degraded => &mut counts.degraded,
-            TapState::Pending => &mut counts.pending,
-            TapState::Refused => &mut counts.refused,
-        } += 1;
-    }
+    let counts = count_taps(&taps);
     let attention = |s: TapState| match s {
         TapState::Refused => 0,
         TapState::Degraded => 1,
@@ -54,6 +46,20 @@ pub fn set_taps(
     status.taps = taps;
     status.tap_counts = counts;
     set_addresses(status, addresses);
+}
+
+/// How many of `taps` are in each state.
+pub fn count_taps(taps: &[TapStatus]) -> TapCounts {
+    let mut counts = TapCounts::default();
+    for t in taps {
+        *match t.state {
+            TapState::Healthy => &mut counts.healthy,
+            TapState::Degraded => &mut counts.degraded,
+            TapState::Pending => &mut counts.pending,
+            TapState::Refused => &mut counts.refused,
+        } += 1;
+    }
+    counts
 }
 
 /// Keep at most [`MOST_LISTED`] of `items` (in their order); how many were left out.

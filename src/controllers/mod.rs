@@ -577,32 +577,25 @@ impl OfCluster for ArtemisCluster {
     }
 }
 
-impl OfCluster for ArtemisQueue {
-    fn cluster_key(&self) -> String {
-        key(
-            &kube::ResourceExt::namespace(self).unwrap_or_default(),
-            &self.spec.cluster_ref.name,
-        )
-    }
+/// The kinds that name their cluster in `spec.clusterRef`, in their own namespace.
+macro_rules! of_cluster_ref {
+    ($($kind:ty),+) => {$(
+        impl OfCluster for $kind {
+            fn cluster_key(&self) -> String {
+                key(
+                    &kube::ResourceExt::namespace(self).unwrap_or_default(),
+                    &self.spec.cluster_ref.name,
+                )
+            }
+        }
+    )+};
 }
 
-impl OfCluster for ArtemisDivert {
-    fn cluster_key(&self) -> String {
-        key(
-            &kube::ResourceExt::namespace(self).unwrap_or_default(),
-            &self.spec.cluster_ref.name,
-        )
-    }
-}
-
-impl OfCluster for crate::api::connection_close::ConnectionClose {
-    fn cluster_key(&self) -> String {
-        key(
-            &kube::ResourceExt::namespace(self).unwrap_or_default(),
-            &self.spec.cluster_ref.name,
-        )
-    }
-}
+of_cluster_ref!(
+    ArtemisQueue,
+    ArtemisDivert,
+    crate::api::connection_close::ConnectionClose
+);
 
 /// Run one kind's controller until shutdown (every kind is wired the same way).
 pub async fn run_controller<K, Fut>(

@@ -444,6 +444,13 @@ impl NodeInventory {
     }
 }
 
+/// The next element of a bulk answer; a missing one is a short response.
+fn next_answer(answers: &mut impl Iterator<Item = Result<Value, BrokerError>>) -> Result<Value, BrokerError> {
+    answers
+        .next()
+        .unwrap_or_else(|| Err(BrokerError::BadResponse("short bulk response".into())))
+}
+
 fn bad(what: &str) -> impl Fn(String) -> BrokerError + '_ {
     move |why| BrokerError::BadResponse(format!("{what}: {why}"))
 }
@@ -462,10 +469,7 @@ pub async fn scrape(m: &BrokerManagement) -> Result<NodeInventory, BrokerError> 
         ])
         .await?
         .into_iter();
-    let mut next = || {
-        r.next()
-            .unwrap_or_else(|| Err(BrokerError::BadResponse("short bulk response".into())))
-    };
+    let mut next = || next_answer(&mut r);
     let mut inv = NodeInventory::default();
     match next() {
         Ok(listing) => inv.add_listed_queues(&listing)?,
@@ -595,11 +599,7 @@ pub async fn read_scoped(m: &BrokerManagement, scope: &ScopedRead<'_>) -> Result
     let diverts = divert_requests(name, &scope.diverts);
     requests.extend(diverts.iter().map(|(_, r)| r.clone()));
     let mut results = m.client().call_together(requests).await.into_iter();
-    let mut next = || {
-        results
-            .next()
-            .unwrap_or_else(|| Err(BrokerError::BadResponse("short bulk response".into())))
-    };
+    let mut next = || next_answer(&mut results);
     let mut inv = NodeInventory {
         scope: Some(scope.covers()),
         ..Default::default()
@@ -720,11 +720,7 @@ impl Search {
             )
             .collect();
         let mut results = m.client().call_together(requests).await.into_iter();
-        let mut next = || {
-            results
-                .next()
-                .unwrap_or_else(|| Err(BrokerError::BadResponse("short bulk response".into())))
-        };
+        let mut next = || next_answer(&mut results);
         for _ in &self.queues {
             for q in matches(next())? {
                 let q = parse_queue(&q).map_err(bad("the queue"))?;
