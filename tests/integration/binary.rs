@@ -18,6 +18,8 @@ async fn the_binary_runs_under_the_chart_rbac_and_serves_probes_and_metrics() {
     bed.install_operator_rbac().await;
     let db = bed.fresh_database().await;
     let port = 18_000 + (std::process::id() % 1000) as u16;
+    let id = short_id();
+    let _clean = bed.clean_up(&[&id]);
     let _operator = bed.spawn_operator(&ns, &db, port, &[]);
     let http = reqwest::Client::new();
     wait_ready(&http, port).await;
@@ -26,7 +28,7 @@ async fn the_binary_runs_under_the_chart_rbac_and_serves_probes_and_metrics() {
     let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
     create_cluster(&admin, &ns, "c", &urls, Some(bed.broker_user())).await;
     let queues: kube::Api<ArtemisQueue> = kube::Api::namespaced(admin.clone(), &ns);
-    let name = format!("bin.{}", short_id());
+    let name = format!("bin.{id}");
     let q: ArtemisQueue = serde_json::from_value(json!({
         "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
         "metadata": {"name": name}, "spec": {"clusterRef": {"name": "c"}}

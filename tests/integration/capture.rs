@@ -242,6 +242,7 @@ async fn a_tap_is_installed_on_every_node_a_second_pass_writes_nothing_and_delet
     let _shared = brokers_shared().await;
     let f = fixture("cap-install", None).await;
     let id = short_id();
+    f.clean.also(&id);
     let address = format!("cap.{id}.orders");
     broker_queue(&f.bed, &address).await;
     f.subscribe("orders", json!({"queues": format!("cap.{id}.#"), "ringSize": 50, "expiryDelaySeconds": 120, "maxBufferBytes": 4194304})).await;
@@ -395,6 +396,7 @@ async fn an_exclusive_divert_refuses_that_node_and_installs_nothing_there() {
     let _shared = brokers_shared().await;
     let f = fixture("cap-excl", None).await;
     let id = short_id();
+    f.clean.also(&id);
     let address = format!("cap.{id}.excl");
     broker_queue(&f.bed, &address).await;
     // An application's exclusive divert on c2 only, made behind the operator's back.
@@ -468,13 +470,21 @@ async fn a_broker_user_without_security_authority_gets_no_security_authority_and
     let _shared = brokers_shared().await;
     let bed = TestBed::get();
     let ns = bed.fresh_namespace("cap-nosec").await;
+    let clean = bed.clean_up(&[]);
     let op = bed.start_operator(&ns).await;
     let admin = bed.kube_admin().await;
     let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
     crate::support::create_cluster(&admin, &ns, "c", &urls, Some(bed.viewer_user())).await;
     crate::support::wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
-    let f = Fixture { bed, ns, admin, op };
+    let f = Fixture {
+        bed,
+        ns,
+        admin,
+        op,
+        clean,
+    };
     let id = short_id();
+    f.clean.also(&id);
     let address = format!("cap.{id}.nosec");
     broker_queue(&f.bed, &address).await;
     f.subscribe("nosec", json!({"queues": address})).await;
@@ -570,6 +580,7 @@ async fn taps_of_a_subscription_deleted_while_no_operator_ran_are_swept_at_start
     let _shared = brokers_shared().await;
     let f = fixture("cap-orphan", None).await;
     let id = short_id();
+    f.clean.also(&id);
     let address = format!("cap.{id}.orphan");
     broker_queue(&f.bed, &address).await;
     // Another installation's tap on the same address, on every node.
@@ -585,7 +596,9 @@ async fn taps_of_a_subscription_deleted_while_no_operator_ran_are_swept_at_start
     let ours = f.tap(&address, "orders");
 
     // The operator stops; the subscription is force-deleted behind its back.
-    let Fixture { bed, ns, admin, op } = f;
+    let Fixture {
+        bed, ns, admin, op, ..
+    } = f;
     let (db, instance) = (op.db.clone(), op.ctx.instance_id.clone());
     drop(op);
     let subs: Api<ArtemisCaptureSubscription> = Api::namespaced(admin.clone(), &ns);
@@ -599,7 +612,13 @@ async fn taps_of_a_subscription_deleted_while_no_operator_ran_are_swept_at_start
 
     // The same installation starts again: its first passes sweep the orphan, nothing else.
     let op = bed.start_operator_on(&[&ns], &db, &instance).await;
-    let f = Fixture { bed, ns, admin, op };
+    let f = Fixture {
+        bed,
+        ns,
+        admin,
+        op,
+        clean: f.clean,
+    };
     // Swept from every node (a node that timed out on this busy machine is swept by a later pass).
     let brokers = f.bed.cluster_brokers("c");
     wait_until(
@@ -673,13 +692,21 @@ async fn a_broker_restart_loses_only_the_ring_queue_and_the_next_pass_recreates_
     let _restore = crate::support::RestoreHa(&restore_bed);
     let bed = TestBed::get();
     let ns = bed.fresh_namespace("cap-restart").await;
+    let clean = bed.clean_up(&[]);
     let op = bed.start_operator(&ns).await;
     let admin = bed.kube_admin().await;
     let urls: Vec<String> = bed.cluster_brokers("ha").into_iter().map(|b| b.jolokia).collect();
     crate::support::create_cluster(&admin, &ns, "ha", &urls, Some(bed.broker_user())).await;
     crate::support::wait_cluster_condition(&admin, &ns, "ha", "Ready", "True").await;
-    let f = Fixture { bed, ns, admin, op };
+    let f = Fixture {
+        bed,
+        ns,
+        admin,
+        op,
+        clean,
+    };
     let id = short_id();
+    f.clean.also(&id);
     let address = format!("cap.{id}.restart");
     queue_on(&f.bed, &["ha1", "ha2"], &address).await;
     f.subscribe(
@@ -822,13 +849,21 @@ async fn after_a_failover_the_producer_is_never_refused_and_the_next_pass_rebuil
     let _restore = crate::support::RestoreHa(&restore_bed);
     let bed = TestBed::get();
     let ns = bed.fresh_namespace("cap-failover").await;
+    let clean = bed.clean_up(&[]);
     let op = bed.start_operator(&ns).await;
     let admin = bed.kube_admin().await;
     let urls: Vec<String> = bed.cluster_brokers("ha").into_iter().map(|b| b.jolokia).collect();
     crate::support::create_cluster(&admin, &ns, "ha", &urls, Some(bed.broker_user())).await;
     crate::support::wait_cluster_condition(&admin, &ns, "ha", "Ready", "True").await;
-    let f = Fixture { bed, ns, admin, op };
+    let f = Fixture {
+        bed,
+        ns,
+        admin,
+        op,
+        clean,
+    };
     let id = short_id();
+    f.clean.also(&id);
     let address = format!("cap.{id}.proof");
     queue_on(&f.bed, &["ha1", "ha2"], &address).await;
     let pair = crate::cluster_core::node_id_of(&f.bed, "ha1").await;
@@ -851,7 +886,9 @@ async fn after_a_failover_the_producer_is_never_refused_and_the_next_pass_rebuil
     f.wait_rows("proof", 10).await;
 
     // No operator runs between the promotion and the next pass: the window stays open.
-    let Fixture { bed, ns, admin, op } = f;
+    let Fixture {
+        bed, ns, admin, op, ..
+    } = f;
     let (db, instance) = (op.db.clone(), op.ctx.instance_id.clone());
     drop(op);
     bed.broker_action("kill", "ha1");
@@ -890,7 +927,13 @@ async fn after_a_failover_the_producer_is_never_refused_and_the_next_pass_rebuil
     // the divert and the settings replicated), the drain attaches, and the node's coverage
     // starts at the new tap, not at the subscription.
     let op = bed.start_operator_on(&[&ns], &db, &instance).await;
-    let f = Fixture { bed, ns, admin, op };
+    let f = Fixture {
+        bed,
+        ns,
+        admin,
+        op,
+        clean: f.clean,
+    };
     f.wait_subscription("proof", "the pair's tap rebuilt and drained", |s| {
         coverage_of(s, &pair)
             .is_some_and(|(st, c)| st == TapState::Healthy && c.as_deref() > Some(first_start.as_str()))
@@ -992,6 +1035,9 @@ async fn two_processes_of_one_installation_never_overlap_a_pass_and_serve_differ
     let ns = bed.fresh_namespace("cap-two").await;
     let db = bed.fresh_database().await;
     let instance = format!("test-{}", short_id());
+    let id = short_id();
+    // Before both processes (`b` outlives the fixture), so neither runs when the sweep does.
+    let _clean = bed.clean_up(&[&id]);
     let a = bed.start_operator_on(&[&ns], &db, &instance).await;
     let b = bed.start_operator_on(&[&ns], &db, &instance).await;
     let admin = bed.kube_admin().await;
@@ -1019,14 +1065,16 @@ async fn two_processes_of_one_installation_never_overlap_a_pass_and_serve_differ
     for cluster in ["c", "ha"] {
         crate::support::wait_cluster_condition(&admin, &ns, cluster, "Ready", "True").await;
     }
-    let id = short_id();
     let address = format!("cap.{id}.two");
     queue_on(&bed, &["c1", "c2", "c3", "ha1", "ha2"], &address).await;
+    // Empty: `_clean` sweeps, once `b` has stopped too.
+    let clean = bed.clean_up(&[]);
     let f = Fixture {
         bed,
         ns,
         admin,
         op: a,
+        clean,
     };
     f.subscribe("on-c", json!({"clusterRef": {"name": "c"}, "queues": address}))
         .await;
@@ -1132,6 +1180,7 @@ async fn amqp_and_core_producers_are_stored_exactly_once_with_their_source_ids_a
     let _shared = brokers_shared().await;
     let f = fixture("cap-store", None).await;
     let id = short_id();
+    f.clean.also(&id);
     let address = format!("cap.{id}.store");
     broker_queue(&f.bed, &address).await;
     f.subscribe("store", json!({"queues": address, "maxBodyBytes": 6}))
@@ -1192,6 +1241,7 @@ async fn a_firehose_hits_its_rate_cap_and_reports_the_drops_while_a_quiet_subscr
     let _shared = brokers_shared().await;
     let f = fixture("cap-rate", None).await;
     let id = short_id();
+    f.clean.also(&id);
     let (hot, calm) = (format!("cap.{id}.hot"), format!("cap.{id}.calm"));
     broker_queue(&f.bed, &hot).await;
     broker_queue(&f.bed, &calm).await;
@@ -1272,6 +1322,7 @@ async fn retention_drops_whole_day_partitions_older_than_the_max_age() {
     let _shared = brokers_shared().await;
     let f = fixture("cap-retain", None).await;
     let id = short_id();
+    f.clean.also(&id);
     let address = format!("cap.{id}.retain");
     broker_queue(&f.bed, &address).await;
     f.subscribe(
@@ -1318,6 +1369,7 @@ async fn a_batch_redelivered_after_a_sigkill_between_commit_and_settle_makes_no_
     let _shared = brokers_shared().await;
     let f = fixture("cap-redeliver", None).await;
     let id = short_id();
+    f.clean.also(&id);
     let address = format!("cap.{id}.redeliver");
     broker_queue(&f.bed, &address).await;
     f.subscribe("orders", json!({"queues": address})).await;
@@ -1326,7 +1378,9 @@ async fn a_batch_redelivered_after_a_sigkill_between_commit_and_settle_makes_no_
     let tap = f.tap(&address, "orders");
 
     // The same installation, now as a real process that stops between commit and settle.
-    let Fixture { bed, ns, admin, op } = f;
+    let Fixture {
+        bed, ns, admin, op, ..
+    } = f;
     let (db, instance) = (op.db.clone(), op.ctx.instance_id.clone());
     drop(op);
     let marker = std::env::temp_dir().join(format!("committed-{}", short_id()));
@@ -1367,7 +1421,13 @@ async fn a_batch_redelivered_after_a_sigkill_between_commit_and_settle_makes_no_
 
     // The next drain gets the copies again (the committed ones too) and settles every one.
     let op = bed.start_operator_on(&[&ns], &db, &instance).await;
-    let f = Fixture { bed, ns, admin, op };
+    let f = Fixture {
+        bed,
+        ns,
+        admin,
+        op,
+        clean: f.clean,
+    };
     let queue = tap.capture_queue();
     let sum = |attribute: &'static str| total_on_cluster_c(&f.bed, &queue, attribute);
     wait_until(
@@ -1399,13 +1459,22 @@ async fn postgres_stopped_under_load_never_refuses_the_producer_and_reports_the_
     let _shared = brokers_shared().await;
     let f = fixture("cap-pgdown", None).await;
     // This operator keeps its data in a Postgres server of its own, which the test stops.
-    let Fixture { bed, ns, admin, op } = f;
+    let Fixture {
+        bed, ns, admin, op, ..
+    } = f;
     let instance = op.ctx.instance_id.clone();
     drop(op);
     let pg = bed.scratch_postgres(&format!("pgdown-{}", short_id()));
     let op = bed.start_operator_on(&[&ns], &pg.url, &instance).await;
-    let f = Fixture { bed, ns, admin, op };
+    let f = Fixture {
+        bed,
+        ns,
+        admin,
+        op,
+        clean: f.clean,
+    };
     let id = short_id();
+    f.clean.also(&id);
     let address = format!("cap.{id}.pgdown");
     broker_queue(&f.bed, &address).await;
     f.subscribe("orders", json!({"queues": address, "ringSize": 20}))
@@ -1539,6 +1608,7 @@ async fn retention_by_size_drops_the_oldest_day_partitions_until_the_rest_fits()
     let _shared = brokers_shared().await;
     let f = fixture("cap-size", None).await;
     let id = short_id();
+    f.clean.also(&id);
     let address = format!("cap.{id}.size");
     broker_queue(&f.bed, &address).await;
     f.subscribe(
@@ -1621,6 +1691,7 @@ async fn two_clusters_on_the_same_brokers_never_sweep_each_others_taps() {
     crate::support::create_cluster(&f.admin, &f.ns, "again", &urls, Some(f.bed.broker_user())).await;
     crate::support::wait_cluster_condition(&f.admin, &f.ns, "again", "Ready", "True").await;
     let id = short_id();
+    f.clean.also(&id);
     let (a, b) = (format!("cap2.{id}.a.in"), format!("cap2.{id}.b.in"));
     broker_queue(&f.bed, &a).await;
     broker_queue(&f.bed, &b).await;

@@ -77,6 +77,7 @@ async fn a_broad_pattern_is_previewed_installs_nothing_until_armed_and_the_cap_r
     let brokers = f.bed.cluster_brokers("c");
     let instance = f.op.ctx.instance_id.clone();
     let id = short_id();
+    f.clean.also(&id);
     // 300 ordinary queues: three in group g0, 297 in g1; and in g0 two queues whose addresses
     // are never tapped: a broker-internal one and another installation's capture address.
     let mut queues: Vec<(String, String)> = (0..3)

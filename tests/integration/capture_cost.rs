@@ -47,6 +47,7 @@ async fn the_drains_of_a_node_share_one_amqp_connection_which_closes_with_the_la
     let _shared = brokers_shared().await;
     let f = fixture("cap-conn", None).await;
     let id = short_id();
+    f.clean.also(&id);
     let addresses: Vec<String> = ["a", "b", "c", "d"]
         .iter()
         .map(|x| format!("cap.{id}.{x}"))
@@ -120,6 +121,7 @@ async fn rarely_passing(prefix: &str) -> Fixture {
     let ns = bed.fresh_namespace(prefix).await;
     let db = bed.fresh_database().await;
     bed.install_operator_rbac().await;
+    let clean = bed.clean_up(&[]);
     let config = config_from(&bed.var("TESTBED_OPERATOR_KUBECONFIG")).await;
     let op = bed
         .start_operator_passing_every(
@@ -134,14 +136,22 @@ async fn rarely_passing(prefix: &str) -> Fixture {
     let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
     create_cluster(&admin, &ns, "c", &urls, Some(bed.broker_user())).await;
     wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
-    Fixture { bed, ns, admin, op }
+    Fixture {
+        bed,
+        ns,
+        admin,
+        op,
+        clean,
+    }
 }
 
 #[tokio::test]
 async fn capture_status_writes_under_traffic_cause_no_pass_and_a_change_does() {
     let _shared = brokers_shared().await;
     let f = rarely_passing("cap-quiet").await;
-    let address = format!("cap.{}.quiet", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let address = format!("cap.{id}.quiet");
     broker_queue(&f.bed, &address).await;
     f.subscribe("quiet", json!({"queues": address})).await;
     // The creation and the finalizer it gets are changes: they make the passes that install

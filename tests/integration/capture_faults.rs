@@ -54,7 +54,9 @@ async fn copies_postgres_cannot_take_as_they_are_never_stop_the_drain_and_every_
  {
     let _shared = brokers_shared().await;
     let f = fixture("cap-poison", None).await;
-    let address = format!("cap.{}.poison", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let address = format!("cap.{id}.poison");
     broker_queue(&f.bed, &address).await;
     f.subscribe("poison", json!({"queues": address})).await;
     f.wait_subscription("poison", "3 taps drained", |s| taps_in(s, TapState::Healthy) == 3)
@@ -211,13 +213,23 @@ async fn postgres_stopped_makes_every_tap_degraded_within_two_passes_and_healthy
     let _shared = brokers_shared().await;
     let f = fixture("cap-pgstatus", None).await;
     // This operator keeps its data in a Postgres server of its own, which the test stops.
-    let crate::queue::Fixture { bed, ns, admin, op } = f;
+    let crate::queue::Fixture {
+        bed, ns, admin, op, ..
+    } = f;
     let instance = op.ctx.instance_id.clone();
     drop(op);
     let pg = bed.scratch_postgres(&format!("pgstatus-{}", short_id()));
     let op = bed.start_operator_on(&[&ns], &pg.url, &instance).await;
-    let f = crate::queue::Fixture { bed, ns, admin, op };
-    let address = format!("cap.{}.pgstatus", short_id());
+    let f = crate::queue::Fixture {
+        bed,
+        ns,
+        admin,
+        op,
+        clean: f.clean,
+    };
+    let id = short_id();
+    f.clean.also(&id);
+    let address = format!("cap.{id}.pgstatus");
     broker_queue(&f.bed, &address).await;
     f.subscribe("status", json!({"queues": address})).await;
     f.wait_subscription("status", "3 taps drained, Ready", |s| {
@@ -284,7 +296,9 @@ async fn postgres_stopped_makes_every_tap_degraded_within_two_passes_and_healthy
 async fn a_copy_postgres_refuses_for_its_size_is_found_by_splitting_and_kept_as_bytes() {
     let _shared = brokers_shared().await;
     let f = fixture("cap-limit", None).await;
-    let address = format!("cap.{}.limit", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let address = format!("cap.{id}.limit");
     broker_queue(&f.bed, &address).await;
     f.subscribe("limit", json!({"queues": address, "maxBodyBytes": 4_194_304}))
         .await;

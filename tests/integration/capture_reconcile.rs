@@ -56,7 +56,9 @@ async fn a_divert_destroyed_under_a_producer_is_loss_from_the_source_counters_an
 {
     let _shared = brokers_shared().await;
     let f = fixture("cap-recon", None).await;
-    let address = format!("cap.{}.recon", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let address = format!("cap.{id}.recon");
     broker_queue(&f.bed, &address).await;
     f.subscribe("recon", json!({"queues": address})).await;
     f.wait_subscription("recon", "3 taps drained", |s| taps_in(s, TapState::Healthy) == 3)

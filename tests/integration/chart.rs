@@ -487,6 +487,10 @@ async fn the_operator_runs_under_the_charts_service_account() {
         &["system:serviceaccounts", &own_group, "system:authenticated"],
     )
     .await;
+    let id = short_id();
+    // Before the operator's tasks (their guards are later locals), so they have stopped when it
+    // sweeps.
+    let _clean = bed.clean_up(&[&id]);
     // Every API request the operator makes is counted by verb and resource, as the binary
     // counts them (artemis_studio_api_requests_total).
     let metrics = std::sync::Arc::new(artemis_studio_operator::telemetry::Metrics::default());
@@ -534,7 +538,7 @@ async fn the_operator_runs_under_the_charts_service_account() {
 
     // ArtemisQueue: finalizer, status, an Event, then a delete that releases the finalizer.
     let queues: Api<ArtemisQueue> = Api::namespaced(admin.clone(), &ns);
-    let name = format!("chart-q-{}", short_id());
+    let name = format!("chart-q-{id}");
     let q: ArtemisQueue = serde_json::from_value(json!({
         "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
         "metadata": {"name": name}, "spec": {"clusterRef": {"name": "c"}}
@@ -613,7 +617,6 @@ async fn the_operator_runs_under_the_charts_service_account() {
     .await;
 
     // ArtemisDivert and ArtemisCaptureSubscription: create → Ready → delete, on two queues.
-    let id = short_id();
     let (src, fwd) = (format!("chart.{id}.src"), format!("chart.{id}.fwd"));
     for (object, queue) in [("src", &src), ("fwd", &fwd)] {
         let obj = json!({"clusterRef": {"name": "c"}, "name": queue});
@@ -621,14 +624,16 @@ async fn the_operator_runs_under_the_charts_service_account() {
         wait_ready_dyn(&admin, &ns, "ArtemisQueue", "artemisqueues", object).await;
     }
     let divert = json!({"clusterRef": {"name": "c"}, "address": src, "forwardingAddress": fwd});
-    create_dyn(&admin, &ns, "ArtemisDivert", "artemisdiverts", "copy", divert).await;
-    wait_ready_dyn(&admin, &ns, "ArtemisDivert", "artemisdiverts", "copy").await;
+    // The broker's divert is named after the object: with the id, so a sweep finds it.
+    let copy = format!("copy-{id}");
+    create_dyn(&admin, &ns, "ArtemisDivert", "artemisdiverts", &copy, divert).await;
+    wait_ready_dyn(&admin, &ns, "ArtemisDivert", "artemisdiverts", &copy).await;
     let sub = json!({"clusterRef": {"name": "c"}, "queues": src});
     let subscriptions = ("ArtemisCaptureSubscription", "artemiscapturesubscriptions");
     create_dyn(&admin, &ns, subscriptions.0, subscriptions.1, "tap", sub).await;
     wait_ready_dyn(&admin, &ns, subscriptions.0, subscriptions.1, "tap").await;
     delete_and_wait_gone(&admin, &ns, subscriptions.0, subscriptions.1, "tap").await;
-    delete_and_wait_gone(&admin, &ns, "ArtemisDivert", "artemisdiverts", "copy").await;
+    delete_and_wait_gone(&admin, &ns, "ArtemisDivert", "artemisdiverts", &copy).await;
     for object in ["src", "fwd"] {
         delete_and_wait_gone(&admin, &ns, "ArtemisQueue", "artemisqueues", object).await;
     }

@@ -12,8 +12,8 @@ use artemis_studio_operator::api::connection_close::{ClosePhase, ConnectionClose
 use artemis_studio_operator::broker::BrokerManagement;
 
 use crate::support::{
-    TestBed, Thaw, amqp_consumer, brokers_exclusive, brokers_shared, connection_of, create_cluster, short_id,
-    wait_ready, wait_until,
+    CleanUp, TestBed, Thaw, amqp_consumer, brokers_exclusive, brokers_shared, connection_of, create_cluster,
+    short_id, wait_ready, wait_until,
 };
 
 struct Setup {
@@ -24,6 +24,8 @@ struct Setup {
     node: String,
     m: BrokerManagement,
     queue: String,
+    /// Last: the test's operators are later locals, stopped before it sweeps.
+    _clean: CleanUp,
 }
 
 /// A namespace with cluster c, a fresh database, and a queue on c1 (made directly).
@@ -42,7 +44,9 @@ async fn setup(prefix: &str) -> Setup {
         .await;
     let node = t.find(&bed.broker("c1").jolokia).expect("c1").clone();
     let m = node.active.clone().expect("live");
-    let queue = format!("cc.once.{}", short_id());
+    let id = short_id();
+    let clean = bed.clean_up(&[&id]);
+    let queue = format!("cc.once.{id}");
     m.create_queue(
         &json!({"name": queue, "address": queue, "routing-type": "ANYCAST", "auto-create-address": true}),
     )
@@ -56,6 +60,7 @@ async fn setup(prefix: &str) -> Setup {
         node: node.node_id.clone(),
         m,
         queue,
+        _clean: clean,
     }
 }
 
@@ -339,7 +344,9 @@ async fn a_close_on_a_node_that_does_not_answer_is_never_complete() {
 async fn an_address_close_counts_every_connection_beyond_the_first_page() {
     let _b = brokers_shared().await;
     let f = crate::queue::fixture("cc-many", Some(2)).await;
-    let queue = format!("cc.many.{}", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let queue = format!("cc.many.{id}");
     f.create(&queue.replace('.', "-"), json!({"name": queue})).await;
     f.wait_for(&queue.replace('.', "-"), "Ready", crate::queue::ready)
         .await;

@@ -227,6 +227,8 @@ async fn management_write_follows_evidence_only() {
     let _brokers = brokers_shared().await;
     let bed = TestBed::get();
     let ns = bed.fresh_namespace("mw").await;
+    let id = short_id();
+    let _clean = bed.clean_up(&[&id]);
     let op = bed.start_operator(&ns).await;
     let admin = bed.kube_admin().await;
     let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
@@ -237,7 +239,7 @@ async fn management_write_follows_evidence_only() {
         Some(ManagementWriteState::Unknown)
     );
     let key = format!("{ns}/c");
-    let queue = format!("mw.{}", short_id());
+    let queue = format!("mw.{id}");
 
     // The viewer's write is refused by management.xml: UNAVAILABLE, with the grant.
     let topology = op.ctx.topologies.get(&key).expect("topology");
@@ -390,6 +392,8 @@ async fn a_partially_failed_command_is_one_failed_audit_row_naming_the_applied_n
     let _brokers = brokers_shared().await;
     let bed = TestBed::get();
     let ns = bed.fresh_namespace("audit").await;
+    let id = short_id();
+    let _clean = bed.clean_up(&[&id]);
     let op = bed.start_operator(&ns).await;
     let admin = bed.kube_admin().await;
     let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
@@ -398,7 +402,7 @@ async fn a_partially_failed_command_is_one_failed_audit_row_naming_the_applied_n
     let topology = op.ctx.topologies.get(&format!("{ns}/c")).expect("topology");
 
     // On c2 only, a queue of that name exists already (as MULTICAST): c2 refuses the create.
-    let address = format!("audit.{}", short_id());
+    let address = format!("audit.{id}");
     let c2_id = node_id_of(&bed, "c2").await;
     let c2 = topology.find(&c2_id).and_then(|n| n.active.clone()).expect("c2");
     c2.create_queue(&json!({"name": address, "address": address, "routing-type": "MULTICAST", "auto-create-address": true}))

@@ -89,7 +89,9 @@ impl Fixture {
     }
 
     pub(crate) async fn queue_on(&self, name: &str) -> String {
-        let q = format!("cc.{name}.{}", short_id());
+        let id = short_id();
+        self.clean.also(&id);
+        let q = format!("cc.{name}.{id}");
         self.create(&q.replace('.', "-"), json!({"name": q})).await;
         self.wait_for(&q.replace('.', "-"), "Ready", ready).await;
         q
@@ -436,7 +438,9 @@ async fn a_close_found_armed_after_a_restart_fails_and_is_never_retried() {
         .await;
     let node = t.find(&bed.broker("c1").jolokia).expect("c1").clone();
     let m = node.active.clone().expect("live");
-    let queue = format!("cc.crash.{}", short_id());
+    let id = short_id();
+    let clean = bed.clean_up(&[&id]);
+    let queue = format!("cc.crash.{id}");
     m.create_queue(
         &json!({"name": queue, "address": queue, "routing-type": "ANYCAST", "auto-create-address": true}),
     )
@@ -463,7 +467,13 @@ async fn a_close_found_armed_after_a_restart_fails_and_is_never_retried() {
         .expect("status Closing");
 
     let op = bed.start_operator(&ns).await;
-    let f = Fixture { bed, ns, admin, op };
+    let f = Fixture {
+        bed,
+        ns,
+        admin,
+        op,
+        clean,
+    };
     let c = f.wait_phase("armed", ClosePhase::Failed).await;
     let message = c.status.and_then(|s| s.message).unwrap_or_default();
     assert!(message.contains("outcome unknown, not retried"), "{message}");

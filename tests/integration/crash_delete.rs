@@ -47,6 +47,8 @@ async fn a_sigkill_inside_a_delete_leaves_no_dangling_divert_and_no_pending_row(
     let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
     create_cluster(&admin, &ns, "c", &urls, Some(bed.broker_user())).await;
     let id = short_id();
+    // Before every operator process below, so none runs when it sweeps.
+    let _clean = bed.clean_up(&[&id]);
     let (target, source) = (format!("crash.tgt.{id}"), format!("crash.src.{id}"));
     let queues: Api<ArtemisQueue> = Api::namespaced(admin.clone(), &ns);
     let diverts: Api<ArtemisDivert> = Api::namespaced(admin.clone(), &ns);

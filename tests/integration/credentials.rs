@@ -31,10 +31,9 @@ async fn set_credentials(f: &crate::queue::Fixture, user: (String, String)) {
 async fn a_revoked_secret_is_never_written_with_and_a_restored_one_acts_at_once() {
     let _b = brokers_shared().await;
     let f = fixture("creds", None).await;
-    let (obj, queue) = (
-        format!("rotated-{}", short_id()),
-        format!("rotated.{}", short_id()),
-    );
+    let id = short_id();
+    f.clean.also(&id);
+    let (obj, queue) = (format!("rotated-{}", short_id()), format!("rotated.{id}"));
 
     // The Secret now holds the view-only user; the queue is applied right after.
     set_credentials(&f, f.bed.viewer_user()).await;

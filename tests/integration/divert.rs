@@ -71,6 +71,7 @@ async fn a_filtered_divert_copies_matching_messages_into_a_queue_on_every_node()
     let _b = brokers_shared().await;
     let f = fixture("d-route", None).await;
     let id = short_id();
+    f.clean.also(&id);
     let (source, target) = (format!("events.{id}"), format!("red.{id}"));
     // A multicast source with a subscription, and the anycast queue the divert feeds.
     f.create(
@@ -120,6 +121,7 @@ async fn a_divert_of_the_same_name_made_behind_our_back_is_a_failure_not_applied
     let _b = brokers_shared().await;
     let f = fixture("d-dup", None).await;
     let id = short_id();
+    f.clean.also(&id);
     let (source, target, elsewhere, name) = (
         format!("src.{id}"),
         format!("dst.{id}"),
@@ -181,16 +183,19 @@ async fn a_divert_with_nothing_consuming_at_its_forwarding_address_is_refused() 
     let _b = brokers_shared().await;
     let f = fixture("d-none", None).await;
     let id = short_id();
+    f.clean.also(&id);
     let source = format!("src.{id}");
     f.create(&format!("src-{id}"), json!({"name": source})).await;
     f.wait_for(&format!("src-{id}"), "Ready", ready).await;
+    // Named with the id (spec.name defaults to it), so a divert made by mistake is swept.
+    let nowhere = format!("nowhere-{id}");
     f.create_divert(
-        "nowhere",
+        &nowhere,
         json!({"address": source, "forwardingAddress": format!("nobody.{id}")}),
     )
     .await;
     let d = f
-        .wait_divert("nowhere", "refused on every node", |d| {
+        .wait_divert(&nowhere, "refused on every node", |d| {
             let r = refusals(d);
             r.len() == 3 && r.iter().all(|(k, _)| *k == Some(RefusalKind::NothingConsumes))
         })
@@ -208,7 +213,7 @@ async fn a_divert_with_nothing_consuming_at_its_forwarding_address_is_refused() 
     assert!(t.nodes.iter().all(|n| {
         n.inventory
             .as_ref()
-            .is_some_and(|i| !i.diverts.contains_key("nowhere"))
+            .is_some_and(|i| !i.diverts.contains_key(&nowhere))
     }));
 }
 
@@ -220,6 +225,7 @@ async fn a_declared_divert_removed_with_its_queue_is_refused_or_comes_back() {
     let _b = brokers_shared().await;
     let f = fixture("d-decl", None).await;
     let id = short_id();
+    f.clean.also(&id);
     let (source, target) = (format!("src.{id}"), format!("dst.{id}"));
     f.create(&format!("src-{id}"), json!({"name": source})).await;
     f.create("owner", json!({"name": target})).await;

@@ -13,6 +13,7 @@ async fn filters_that_mention_exceptions_are_read_as_filters_on_queues_and_diver
     let _b = brokers_shared().await;
     let f = fixture("filters", None).await;
     let id = short_id();
+    f.clean.also(&id);
     // State that exists first: on c1, a foreign divert whose filter names an exception, between
     // two addresses of its own (the forwarding one with a queue, as a real divert has).
     let c1 = f

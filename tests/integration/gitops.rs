@@ -97,6 +97,7 @@ async fn argocd_health_scripts_judge_the_statuses_the_controllers_wrote() {
     let f = fixture("gitops-health", Some(2)).await;
     let (admin, ns) = (f.admin.clone(), f.ns.clone());
     let id = short_id();
+    f.clean.also(&id);
 
     // ArtemisCluster: the fixture's bulkCap patch made generation 2 while Ready=True was still
     // generation 1's: Progressing until the operator observes it, then Healthy.
@@ -389,6 +390,8 @@ async fn a_namespace_prune_finishes_and_destroys_only_what_was_asked() {
     .await;
     let ns = bed.fresh_namespace("gitops-prune").await;
     let db = bed.fresh_database().await;
+    let id = short_id();
+    let _clean = bed.clean_up(&[&id]);
     let op = bed
         .start_operator_as(&[&ns], &db, &format!("prune-{}", short_id()), config)
         .await;
@@ -405,7 +408,6 @@ async fn a_namespace_prune_finishes_and_destroys_only_what_was_asked() {
         .expect("set bulk cap");
     wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
 
-    let id = short_id();
     let queues: Api<ArtemisQueue> = Api::namespaced(admin.clone(), &ns);
     // (object, broker queue, spec.deletion, messages)
     let declared = [

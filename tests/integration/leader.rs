@@ -185,6 +185,9 @@ async fn one_leader_acts_the_standby_takes_over_on_kill_and_sigterm_releases_the
     let (port_a, port_b, port_c) = (free_port(), free_port(), free_port());
     let env = |pod: &str, timing: &[(&str, &str)]| operator_env(&instance, pod, timing);
     let spawn = |port: u16, vars: Vec<(String, String)>| spawn_with(&bed, &ns, &db, port, &vars);
+    let id = short_id();
+    // Before the processes, so none runs when it sweeps.
+    let _clean = bed.clean_up(&[&id]);
 
     // A starts first and takes the Lease; B joins as a standby.
     let mut a = spawn(port_a, env("leader-a", &SHORT));
@@ -205,7 +208,7 @@ async fn one_leader_acts_the_standby_takes_over_on_kill_and_sigterm_releases_the
     create_cluster(&admin, &ns, "c", &urls, Some(bed.broker_user())).await;
     wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
     let queues: Api<ArtemisQueue> = Api::namespaced(admin.clone(), &ns);
-    create_ready_queue(&queues, &format!("le.before.{}", short_id())).await;
+    create_ready_queue(&queues, &format!("le.before.{id}")).await;
     let (ma, mb) = (metrics(&http, port_a).await, metrics(&http, port_b).await);
     assert!(sample_sum(&ma, "artemis_studio_reconciles_total") > 0.0, "{ma}");
     assert_eq!(sample_sum(&mb, "artemis_studio_reconciles_total"), 0.0, "{mb}");
@@ -219,7 +222,7 @@ async fn one_leader_acts_the_standby_takes_over_on_kill_and_sigterm_releases_the
     let _ = a.0.wait();
     let holder_b = wait_holder(&leases, &lease_name, "leader-b").await;
     wait_leader_gauge(&http, port_b, 1.0).await;
-    create_ready_queue(&queues, &format!("le.after.{}", short_id())).await;
+    create_ready_queue(&queues, &format!("le.after.{id}")).await;
     let mb = metrics(&http, port_b).await;
     assert!(sample_sum(&mb, "artemis_studio_reconciles_total") > 0.0, "{mb}");
 
@@ -323,6 +326,9 @@ async fn a_leader_killed_mid_fan_out_is_finished_by_the_standby_without_a_second
         "ARTEMIS_STUDIO_TEST_PAUSE_MID_FANOUT".into(),
         marker.display().to_string(),
     ));
+    let id = short_id();
+    // Before the processes, so none runs when it sweeps.
+    let _clean = bed.clean_up(&[&id]);
     let mut a = spawn_with(&bed, &ns, &db, port_a, &env_a);
     wait_holder(&leases, &lease_name, "midfan-a").await;
     let _b_proc = spawn_with(
@@ -336,7 +342,7 @@ async fn a_leader_killed_mid_fan_out_is_finished_by_the_standby_without_a_second
     let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
     create_cluster(&admin, &ns, "c", &urls, Some(bed.broker_user())).await;
     wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
-    let name = format!("midfan.{}", short_id());
+    let name = format!("midfan.{id}");
     let queues: Api<ArtemisQueue> = Api::namespaced(admin.clone(), &ns);
     let q: ArtemisQueue = serde_json::from_value(json!({
         "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",

@@ -55,7 +55,9 @@ async fn a_field_the_broker_ignores_is_written_once_then_named() {
     let _b = brokers_shared().await;
     let f = fixture("l-auto", None).await;
     poll_fast(&f).await;
-    let name = format!("auto.{}", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let name = format!("auto.{id}");
     f.create(&name, json!({"routingType": "ANYCAST"})).await;
     f.wait_for(&name, "Ready", ready).await;
     assert_eq!(rows_of(&f, &name).await.len(), 1, "the create");
@@ -187,7 +189,9 @@ async fn an_unavailable_audit_store_shows_on_the_object_and_writes_nothing() {
         .execute(&mut admin)
         .await
         .expect("end sessions");
-    let name = format!("nostore.{}", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let name = format!("nostore.{id}");
     f.create(&name, json!({})).await;
     let q = f
         .wait_for(&name, "Ready=False AuditStoreUnavailable", |q| {

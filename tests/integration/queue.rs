@@ -12,8 +12,8 @@ use artemis_studio_operator::api::{Outcome, RefusalKind};
 use artemis_studio_operator::topology::{self, Topology};
 
 use crate::support::{
-    OperatorHandle, RestoreHa, TestBed, amqp_consumer, brokers_exclusive, brokers_shared, create_cluster,
-    send_messages, short_id, wait_cluster_condition, wait_until,
+    CleanUp, OperatorHandle, RestoreHa, TestBed, amqp_consumer, brokers_exclusive, brokers_shared,
+    create_cluster, send_messages, short_id, wait_cluster_condition, wait_until,
 };
 
 pub struct Fixture {
@@ -21,11 +21,15 @@ pub struct Fixture {
     pub ns: String,
     pub admin: Client,
     pub op: OperatorHandle,
+    /// Sweeps the brokers of the test's objects (its ids, added with `also`); last, so the
+    /// operator has stopped first.
+    pub clean: CleanUp,
 }
 
 pub async fn fixture(prefix: &str, bulk_cap: Option<u64>) -> Fixture {
     let bed = TestBed::get();
     let ns = bed.fresh_namespace(prefix).await;
+    let clean = bed.clean_up(&[]);
     let op = bed.start_operator(&ns).await;
     let admin = bed.kube_admin().await;
     let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
@@ -41,7 +45,13 @@ pub async fn fixture(prefix: &str, bulk_cap: Option<u64>) -> Fixture {
         .expect("set bulk cap");
     }
     wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
-    Fixture { bed, ns, admin, op }
+    Fixture {
+        bed,
+        ns,
+        admin,
+        op,
+        clean,
+    }
 }
 
 impl Fixture {
@@ -147,7 +157,9 @@ async fn a_queue_is_created_on_every_node_and_reapplying_is_already_without_audi
     let f = fixture("q-create", None).await;
     // Not `orders.…`: the README walk-through's capture pattern `orders.#` runs beside it on
     // these brokers, and its confirmation names the addresses it matched.
-    let name = format!("created.{}", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let name = format!("created.{id}");
     f.create(&name, json!({"routingType": "ANYCAST"})).await;
     let q = f.wait_for(&name, "Ready", ready).await;
     // kstatus agrees: neither reconciling nor stalled.
@@ -226,7 +238,9 @@ async fn a_queue_is_created_on_every_node_and_reapplying_is_already_without_audi
 async fn a_filter_change_touches_only_the_filter_and_keeps_unmentioned_fields() {
     let _b = brokers_shared().await;
     let f = fixture("q-filter", None).await;
-    let name = format!("adopted.{}", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let name = format!("adopted.{id}");
     // The queue exists before the object (adopted), with a field the spec never mentions.
     for n in f.topology().await.live_nodes() {
         n.active
@@ -294,7 +308,9 @@ async fn a_filter_change_touches_only_the_filter_and_keeps_unmentioned_fields() 
 async fn a_queue_with_the_other_routing_type_is_refused_not_recreated() {
     let _b = brokers_shared().await;
     let f = fixture("q-rt", None).await;
-    let name = format!("rt.{}", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let name = format!("rt.{id}");
     let t = f.topology().await;
     let first = t.live_nodes().next().expect("a live node");
     first
@@ -351,7 +367,9 @@ async fn a_queue_with_the_other_routing_type_is_refused_not_recreated() {
 async fn a_queue_destroyed_behind_our_back_is_recreated_and_audited() {
     let _b = brokers_shared().await;
     let f = fixture("q-repair", None).await;
-    let name = format!("repair.{}", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let name = format!("repair.{id}");
     f.create(&name, json!({})).await;
     f.wait_for(&name, "Ready", ready).await;
     let t = f.topology().await;
@@ -388,7 +406,9 @@ async fn a_queue_destroyed_behind_our_back_is_recreated_and_audited() {
 async fn a_dry_run_never_changes_the_broker() {
     let _b = brokers_shared().await;
     let f = fixture("q-dry", None).await;
-    let name = format!("dry.{}", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let name = format!("dry.{id}");
     let before = f.topology().await;
     f.create(&name, json!({"dryRun": true, "filter": "x=1"})).await;
     let q = f
@@ -442,6 +462,7 @@ async fn delete_removes_dependent_diverts_first_and_keeps_source_diverts() {
     let _b = brokers_shared().await;
     let f = fixture("q-divert", None).await;
     let id = short_id();
+    f.clean.also(&id);
     let (name, source, other) = (
         format!("target.{id}"),
         format!("source.{id}"),
@@ -513,7 +534,9 @@ async fn delete_removes_dependent_diverts_first_and_keeps_source_diverts() {
 async fn delete_over_the_bulk_cap_is_refused_until_message_loss_is_allowed() {
     let _b = brokers_shared().await;
     let f = fixture("q-cap", Some(2)).await;
-    let name = format!("cap.{}", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let name = format!("cap.{id}");
     f.create(&name, json!({})).await;
     f.wait_for(&name, "Ready", ready).await;
     send_messages(&f.bed, "c1", &name, 3).await;
@@ -558,7 +581,9 @@ async fn delete_over_the_bulk_cap_is_refused_until_message_loss_is_allowed() {
 async fn delete_with_a_consumer_is_refused_until_consumers_may_be_disconnected() {
     let _b = brokers_shared().await;
     let f = fixture("q-cons", None).await;
-    let name = format!("consumed.{}", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let name = format!("consumed.{id}");
     f.create(&name, json!({})).await;
     f.wait_for(&name, "Ready", ready).await;
     let consumer = amqp_consumer(&f.bed, "c1", &name, &format!("app-{}", short_id())).await;
@@ -640,7 +665,9 @@ async fn a_node_that_was_down_gets_the_queue_when_it_comes_back() {
         }
     }
     let _start = Start(&f.bed);
-    let name = format!("late.{}", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let name = format!("late.{id}");
     f.create(&name, json!({})).await;
     let q = f
         .wait_for(&name, "2 in the requested state + 1 SKIPPED_NOT_LIVE", |q| {
@@ -683,13 +710,22 @@ async fn after_failover_the_queue_is_on_the_promoted_backup_under_the_same_logic
     let _restore = RestoreHa(&restore_bed);
     let bed = TestBed::get();
     let ns = bed.fresh_namespace("q-ha").await;
+    let clean = bed.clean_up(&[]);
     let op = bed.start_operator(&ns).await;
     let admin = bed.kube_admin().await;
     let urls: Vec<String> = bed.cluster_brokers("ha").into_iter().map(|b| b.jolokia).collect();
     create_cluster(&admin, &ns, "c", &urls, Some(bed.broker_user())).await;
     wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
-    let f = Fixture { bed, ns, admin, op };
-    let name = format!("ha.{}", short_id());
+    let f = Fixture {
+        bed,
+        ns,
+        admin,
+        op,
+        clean,
+    };
+    let id = short_id();
+    f.clean.also(&id);
+    let name = format!("ha.{id}");
     f.create(&name, json!({})).await;
     let q = f
         .wait_for(&name, "Ready on both logical nodes", |q| {
@@ -734,7 +770,9 @@ async fn after_failover_the_queue_is_on_the_promoted_backup_under_the_same_logic
 async fn two_objects_for_one_queue_the_oldest_wins() {
     let _b = brokers_shared().await;
     let f = fixture("q-conflict", None).await;
-    let name = format!("dup.{}", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let name = format!("dup.{id}");
     f.create("first", json!({"name": name})).await;
     f.wait_for("first", "Ready", ready).await;
     f.create("second", json!({"name": name, "filter": "x=1"})).await;
@@ -771,7 +809,9 @@ async fn two_objects_for_one_queue_the_oldest_wins() {
 async fn a_paused_object_makes_no_broker_writes() {
     let _b = brokers_shared().await;
     let f = fixture("q-paused", None).await;
-    let name = format!("paused.{}", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let name = format!("paused.{id}");
     let q: ArtemisQueue = serde_json::from_value(json!({
         "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
         "metadata": {"name": name, "annotations": {"artemis-studio.io/paused": "true"}},

@@ -142,7 +142,9 @@ async fn wait_stored(f: &Fixture, subscription: &str, n: i64) {
 async fn tail_under_kubectl_shows_only_what_was_sent_after_it_started_and_reports_complete_coverage() {
     let _shared = brokers_shared().await;
     let f = fixture("read-tail", None).await;
-    let address = format!("read.{}.tail", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let address = format!("read.{id}.tail");
     broker_queue(&f.bed, &address).await;
     f.subscribe("tail", json!({"queues": address})).await;
     f.wait_subscription("tail", "3 taps drained", |s| taps_in(s, TapState::Healthy) == 3)
@@ -247,7 +249,9 @@ async fn tail_under_kubectl_shows_only_what_was_sent_after_it_started_and_report
 async fn search_by_property_and_text_returns_exactly_the_matching_captured_rows_page_by_page() {
     let _shared = brokers_shared().await;
     let f = fixture("read-search", None).await;
-    let address = format!("read.{}.search", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let address = format!("read.{id}.search");
     broker_queue(&f.bed, &address).await;
     f.subscribe("search", json!({"queues": address})).await;
     f.wait_subscription("search", "3 taps drained", |s| taps_in(s, TapState::Healthy) == 3)
@@ -377,6 +381,7 @@ async fn requests_pairs_replies_with_latency_and_marks_a_temporary_reply_queue_n
     let _shared = brokers_shared().await;
     let f = fixture("read-rr", None).await;
     let id = short_id();
+    f.clean.also(&id);
     let (requests, replies) = (format!("rr.{id}.req"), format!("rr.{id}.replies"));
     broker_queue(&f.bed, &requests).await;
     broker_queue(&f.bed, &replies).await;
@@ -505,7 +510,9 @@ async fn requests_pairs_replies_with_latency_and_marks_a_temporary_reply_queue_n
 async fn audit_tells_a_queues_create_filter_change_and_delete_with_every_nodes_outcome() {
     let _shared = brokers_shared().await;
     let f = fixture("read-audit", None).await;
-    let name = format!("audited.{}", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let name = format!("audited.{id}");
     f.create(&name, json!({"filter": "color='red'"})).await;
     f.wait_for(&name, "Ready", ready).await;
     f.queues()
@@ -579,6 +586,7 @@ async fn sampled_and_captured_rows_are_never_rendered_alike_and_a_sampled_tail_s
     let _shared = brokers_shared().await;
     let f = fixture("read-sample", None).await;
     let id = short_id();
+    f.clean.also(&id);
     let (sampled, captured) = (format!("read.{id}.sampled"), format!("read.{id}.captured"));
     broker_queue(&f.bed, &sampled).await;
     broker_queue(&f.bed, &captured).await;

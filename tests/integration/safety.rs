@@ -109,7 +109,9 @@ async fn deleting_a_dry_run_or_paused_object_leaves_the_existing_queue_untouched
     let _b = brokers_shared().await;
     let f = fixture("s-dry", None).await;
     for mode in ["dry", "paused"] {
-        let name = format!("{mode}.{}", short_id());
+        let id = short_id();
+        f.clean.also(&id);
+        let name = format!("{mode}.{id}");
         let source = format!("{name}.src");
         queue_behind_our_back(&f, &name, "ANYCAST").await;
         let first = nodes(&f).await.into_iter().next().expect("a node");
@@ -183,7 +185,9 @@ async fn deleting_a_dry_run_or_paused_object_leaves_the_existing_queue_untouched
 async fn deleting_an_object_refused_for_its_routing_type_leaves_the_other_queue() {
     let _b = brokers_shared().await;
     let f = fixture("s-refused", None).await;
-    let name = format!("mc.{}", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let name = format!("mc.{id}");
     queue_behind_our_back(&f, &name, "MULTICAST").await;
     let first = nodes(&f).await.into_iter().next().expect("a node");
     send_messages(&f.bed, first.broker_name(), &name, 3).await;
@@ -247,6 +251,8 @@ async fn two_namespaces_on_one_broker_cluster_the_older_object_owns_the_queue() 
     let bed = crate::support::TestBed::get();
     let ns1 = bed.fresh_namespace("s-ns1").await;
     let ns2 = bed.fresh_namespace("s-ns2").await;
+    let id = short_id();
+    let _clean = bed.clean_up(&[&id]);
     let op = bed.start_operator_for(&[&ns1, &ns2]).await;
     let admin = bed.kube_admin().await;
     let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
@@ -254,7 +260,7 @@ async fn two_namespaces_on_one_broker_cluster_the_older_object_owns_the_queue() 
         create_cluster(&admin, ns, "c", &urls, Some(bed.broker_user())).await;
         wait_cluster_condition(&admin, ns, "c", "Ready", "True").await;
     }
-    let name = format!("shared.{}", short_id());
+    let name = format!("shared.{id}");
     let create = |ns: &str, object: &str, filter: &str| {
         let api: Api<ArtemisQueue> = Api::namespaced(admin.clone(), ns);
         let q: ArtemisQueue = serde_json::from_value(json!({
@@ -387,7 +393,9 @@ async fn wildcard_and_capture_prefix_names_are_refused_at_admission() {
 async fn a_delete_waits_for_a_node_that_does_not_answer() {
     let _b = brokers_exclusive().await;
     let f = fixture("s-frozen", None).await;
-    let name = format!("frozen.{}", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let name = format!("frozen.{id}");
     f.create(&name, json!({})).await;
     f.wait_for(&name, "Ready", ready).await;
     let victim = f.bed.broker("c3");
@@ -444,7 +452,9 @@ async fn a_delete_waits_for_a_node_that_does_not_answer() {
 async fn without_its_cluster_or_secret_nothing_is_written_and_the_delete_says_how_to_release() {
     let _b = brokers_shared().await;
     let f = fixture("s-cluster", None).await;
-    let name = format!("orphan.{}", short_id());
+    let id = short_id();
+    f.clean.also(&id);
+    let name = format!("orphan.{id}");
     f.create(&name, json!({"filter": "v = 1"})).await;
     f.wait_for(&name, "Ready", ready).await;
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(f.admin.clone(), &f.ns);

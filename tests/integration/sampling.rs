@@ -178,6 +178,7 @@ async fn a_sampled_queue_shows_what_the_browse_saw_never_consumes_and_a_later_br
     let _shared = brokers_shared().await;
     let f = fixture("samp-browse", None).await;
     let id = short_id();
+    f.clean.also(&id);
     let address = format!("samp.{id}.orders");
     // State already on the broker: the queue, made behind the operator's back, with messages.
     broker_queue(&f.bed, &address).await;
@@ -362,6 +363,7 @@ async fn a_queue_drained_fast_is_sampled_incompletely_while_capture_stores_every
     let _shared = brokers_shared().await;
     let f = fixture("samp-fast", None).await;
     let id = short_id();
+    f.clean.also(&id);
     let sampled_address = format!("samp.{id}.fast");
     let captured_address = format!("samp.{id}.full");
     broker_queue(&f.bed, &sampled_address).await;
@@ -449,6 +451,7 @@ async fn switching_capture_to_sample_removes_the_taps_and_back_installs_them() {
     let _shared = brokers_shared().await;
     let f = fixture("samp-switch", None).await;
     let id = short_id();
+    f.clean.also(&id);
     let address = format!("samp.{id}.switch");
     broker_queue(&f.bed, &address).await;
     f.subscribe("switch", json!({"queues": address})).await;
@@ -534,6 +537,7 @@ async fn an_operator_restart_never_stores_a_sampled_message_twice() {
     let _shared = brokers_shared().await;
     let f = fixture("samp-restart", None).await;
     let id = short_id();
+    f.clean.also(&id);
     let address = format!("samp.{id}.restart");
     broker_queue(&f.bed, &address).await;
     send_messages(&f.bed, "c1", &address, 3).await;
@@ -551,11 +555,19 @@ async fn an_operator_restart_never_stores_a_sampled_message_twice() {
     // The operator stops and starts again on the same database and instance ID: the high-water
     // marks are in Postgres, so the messages still on the queue are not stored again.
     let instance = f.op.ctx.instance_id.clone();
-    let Fixture { bed, ns, admin, op } = f;
+    let Fixture {
+        bed, ns, admin, op, ..
+    } = f;
     let db = op.db.clone();
     drop(op);
     let op = bed.start_operator_on(&[&ns], &db, &instance).await;
-    let f = Fixture { bed, ns, admin, op };
+    let f = Fixture {
+        bed,
+        ns,
+        admin,
+        op,
+        clean: f.clean,
+    };
     f.later_browses("again", 6).await;
     assert_eq!(f.rows_of("again").await.len(), 3, "nothing stored twice");
     assert_counters(&f.bed, &address, [3, 0, 3, 0], "three messages, none consumed").await;

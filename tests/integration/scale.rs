@@ -21,7 +21,7 @@ use artemis_studio_operator::telemetry::jolokia as jolokia_metrics;
 
 use crate::queue::{outcomes, ready};
 use crate::support::{
-    OperatorHandle, TestBed, brokers_exclusive, brokers_shared, create_cluster, short_id,
+    CleanUp, OperatorHandle, TestBed, brokers_exclusive, brokers_shared, create_cluster, short_id,
     wait_cluster_condition, wait_until,
 };
 
@@ -45,11 +45,15 @@ struct Scale {
     op: OperatorHandle,
     /// Broker name (c1, c2, c3) → the Jolokia URL this test's ArtemisCluster names it by.
     urls: BTreeMap<String, String>,
+    /// Last, so the operator has stopped when it sweeps the test's queues (its tags, added with
+    /// `also`).
+    clean: CleanUp,
 }
 
 async fn scale_fixture(prefix: &str) -> Scale {
     let bed = TestBed::get();
     let ns = bed.fresh_namespace(prefix).await;
+    let clean = bed.clean_up(&[]);
     let op = bed.start_operator(&ns).await;
     let admin = bed.kube_admin().await;
     let tag = short_id();
@@ -78,6 +82,7 @@ async fn scale_fixture(prefix: &str) -> Scale {
         admin,
         op,
         urls,
+        clean,
     };
     s.wait_live_nodes(3).await;
     s
@@ -376,6 +381,7 @@ async fn converged_queues_cost_nothing_while_idle() {
     let _b = brokers_shared().await;
     let s = scale_fixture("scale-idle").await;
     let tag = short_id();
+    s.clean.also(&tag);
     let names: Vec<String> = (0..QUEUES).map(|i| format!("idle.{tag}.{i:03}")).collect();
     s.create_queues(&names).await;
     s.wait_all(QUEUES, "Ready=True", ready).await;
@@ -536,6 +542,7 @@ async fn a_node_going_live_gets_every_queue_at_the_next_poll() {
     s.wait_live_nodes(2).await;
 
     let tag = short_id();
+    s.clean.also(&tag);
     let names: Vec<String> = (0..QUEUES).map(|i| format!("late.{tag}.{i:02}")).collect();
     s.create_queues(&names).await;
     s.wait_all(
@@ -687,6 +694,7 @@ async fn a_create_is_one_write_per_node_an_update_reads_and_verifies_a_delete_pr
     let s = scale_fixture("scale-cost").await;
     s.poll_hourly().await;
     let tag = short_id();
+    s.clean.also(&tag);
     let kept: Vec<String> = (0..QUEUES).map(|i| format!("cost.{tag}.kept.{i:02}")).collect();
     let removed: Vec<String> = (0..QUEUES).map(|i| format!("cost.{tag}.rm.{i:02}")).collect();
     let polls = s.polls();
@@ -787,6 +795,7 @@ async fn a_restart_with_converged_queues_writes_nothing() {
     let _b = brokers_shared().await;
     let mut s = scale_fixture("scale-restart").await;
     let tag = short_id();
+    s.clean.also(&tag);
     let names: Vec<String> = (0..QUEUES).map(|i| format!("restart.{tag}.{i:03}")).collect();
     s.create_queues(&names).await;
     s.wait_all(QUEUES, "Ready=True", ready).await;
@@ -842,6 +851,7 @@ async fn a_burst_of_applies_reaches_every_object_none_starves() {
     let _b = brokers_shared().await;
     let s = scale_fixture("scale-burst").await;
     let tag = short_id();
+    s.clean.also(&tag);
     let names: Vec<String> = (0..QUEUES).map(|i| format!("burst.{tag}.{i:04}")).collect();
     let started = chrono::Utc::now();
     s.create_queues(&names).await;
@@ -911,6 +921,7 @@ async fn a_create_answered_already_exists_reads_the_queue_and_judges_it() {
     let s = scale_fixture("scale-exists").await;
     s.poll_hourly().await;
     let tag = short_id();
+    s.clean.also(&tag);
     let (same, other) = (format!("exists.{tag}.same"), format!("exists.{tag}.filtered"));
     // Behind the operator's back, on the bed's plain URLs (not counted as this operator's).
     let user = s.bed.broker_user();

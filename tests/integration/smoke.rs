@@ -263,3 +263,48 @@ async fn every_example_is_admitted_by_the_api_server() {
         );
     }
 }
+
+/// The shared brokers' hygiene: what a test makes (queues with messages, their addresses, a
+/// divert) is gone from every broker once the test's `CleanUp` is dropped, and only that.
+#[tokio::test]
+async fn a_test_leaves_the_brokers_as_it_found_them() {
+    let _b = brokers_shared().await;
+    let bed = TestBed::get();
+    let (id, other) = (crate::support::short_id(), crate::support::short_id());
+    let (ours, theirs) = (format!("swept.{id}"), format!("kept.{other}"));
+    let names = |b: crate::support::Broker| {
+        let bed = &bed;
+        async move {
+            let mut all = vec![];
+            for attribute in ["QueueNames", "AddressNames", "DivertNames"] {
+                let (_, v) = jolokia_raw(&b, &bed.broker_user(), Some("http://localhost"), json!({
+                    "type": "read", "mbean": format!("org.apache.activemq.artemis:broker=\"{}\"", b.name),
+                    "attribute": attribute}))
+                .await;
+                all.extend(v["value"].as_array().into_iter().flatten().filter_map(|n| n.as_str().map(str::to_string)));
+            }
+            all
+        }
+    };
+    let keep = bed.clean_up(&[&other]);
+    crate::capture::broker_queue(&bed, &theirs).await;
+    {
+        let _clean = bed.clean_up(&[&id]);
+        crate::capture::broker_queue(&bed, &ours).await;
+        crate::support::send_messages(&bed, "c1", &ours, 3).await;
+        let c1 = bed.broker("c1");
+        let divert = format!("{ours}.copy");
+        let doc = json!({"name": divert, "routing-name": divert, "address": ours, "forwarding-address": theirs,
+                         "exclusive": false})
+        .to_string();
+        let r = crate::capture::exec(&bed, &c1, "createDivert(java.lang.String)", json!([doc])).await;
+        assert_eq!(r["status"], 200, "create the divert: {r}");
+        assert!(names(c1).await.iter().filter(|n| n.contains(&id)).count() >= 3, "made on c1");
+    }
+    for b in bed.cluster_brokers("c") {
+        let left = names(b.clone()).await;
+        assert!(!left.iter().any(|n| n.contains(&id)), "left on {}: {left:?}", b.name);
+        assert!(left.contains(&theirs), "another test's queue kept on {}", b.name);
+    }
+    drop(keep);
+}

@@ -868,3 +868,137 @@ impl Drop for ScratchPostgres {
             .status();
     }
 }
+
+/// Tests share the bed's brokers, so each one leaves them as it found them: when this is dropped
+/// (the test ended, passed or panicked), every divert, queue and address whose name contains one
+/// of its tokens is removed from every broker of the bed. Tokens are the test's `short_id()`s,
+/// which every broker object name the test makes carries (capture's names carry the captured
+/// address, so a tap on a test's address is removed with it). Declare it before the operator:
+/// locals drop in reverse order, so the operator stops first and recreates nothing.
+pub struct CleanUp {
+    brokers: Vec<Broker>,
+    user: (String, String),
+    tokens: std::sync::Mutex<Vec<String>>,
+}
+
+impl TestBed {
+    pub fn clean_up(&self, tokens: &[&str]) -> CleanUp {
+        assert!(
+            tokens.iter().all(|t| t.len() >= 8),
+            "a clean-up token must be a short_id(), never a common word: {tokens:?}"
+        );
+        CleanUp {
+            brokers: self.brokers(),
+            user: self.broker_user(),
+            tokens: std::sync::Mutex::new(tokens.iter().map(|t| t.to_string()).collect()),
+        }
+    }
+}
+
+impl CleanUp {
+    /// Add a token minted after the guard was made.
+    pub fn also(&self, token: &str) {
+        assert!(token.len() >= 8, "a clean-up token must be a short_id(): {token}");
+        if let Ok(mut t) = self.tokens.lock() {
+            t.push(token.to_string());
+        }
+    }
+}
+
+impl Drop for CleanUp {
+    fn drop(&mut self) {
+        let brokers = std::mem::take(&mut self.brokers);
+        let user = self.user.clone();
+        let tokens = match self.tokens.get_mut() {
+            Ok(t) => std::mem::take(t),
+            Err(p) => std::mem::take(p.into_inner()),
+        };
+        if tokens.is_empty() {
+            return;
+        }
+        let what = tokens.clone();
+        // Its own thread and runtime: Drop cannot await, and may run inside the test's runtime.
+        let swept = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("clean-up runtime");
+            rt.block_on(async {
+                let mut left = Vec::new();
+                for b in &brokers {
+                    left.extend(sweep_broker(b, &user, &tokens).await);
+                }
+                left
+            })
+        })
+        .join();
+        match swept {
+            Ok(left) if left.is_empty() => {}
+            Ok(left) => eprintln!("clean-up left on the brokers: {left:?}"),
+            Err(_) => eprintln!("clean-up of {what:?} panicked"),
+        }
+    }
+}
+
+/// Remove one broker's objects named with a token: diverts first (a divert holds its source
+/// address), then queues (with their messages and consumers), then the addresses left. Each phase
+/// reads the names it removes, so an address the queue's removal took with it is not asked for
+/// again. A broker that is down or passive has nothing to remove (the bed drops its data when it
+/// starts it again). Returns what it could not remove.
+async fn sweep_broker(broker: &Broker, user: &(String, String), tokens: &[String]) -> Vec<String> {
+    // Generous: one bulk request destroys every durable queue of a test (hundreds in the scale
+    // tests) on a busy bed.
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("http client");
+    let mbean = format!("org.apache.activemq.artemis:broker=\"{}\"", broker.name);
+    let post = |body: serde_json::Value| {
+        let req = http
+            .post(&broker.jolokia)
+            .basic_auth(&user.0, Some(&user.1))
+            .header("Origin", "http://localhost")
+            .json(&body);
+        async move {
+            match req.send().await {
+                Ok(r) => r.json::<serde_json::Value>().await.unwrap_or_default(),
+                Err(_) => serde_json::Value::Null,
+            }
+        }
+    };
+    type Args = fn(&str) -> serde_json::Value;
+    let phases: [(&str, &str, Args); 3] = [
+        ("DivertNames", "destroyDivert(java.lang.String)", |n| serde_json::json!([n])),
+        ("QueueNames", "destroyQueue(java.lang.String,boolean,boolean)", |n| {
+            serde_json::json!([n, true, true])
+        }),
+        ("AddressNames", "deleteAddress(java.lang.String,boolean)", |n| {
+            serde_json::json!([n, true])
+        }),
+    ];
+    let mut left = Vec::new();
+    for (attribute, operation, args) in phases {
+        let read = post(serde_json::json!({"type": "read", "mbean": mbean, "attribute": attribute})).await;
+        let names: Vec<&str> = read["value"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str())
+            .filter(|n| tokens.iter().any(|t| n.contains(t.as_str())))
+            .collect();
+        if names.is_empty() {
+            continue;
+        }
+        let execs = names
+            .iter()
+            .map(|n| serde_json::json!({"type": "exec", "mbean": mbean, "operation": operation, "arguments": args(n)}))
+            .collect();
+        let answers = post(serde_json::Value::Array(execs)).await;
+        for (i, n) in names.iter().enumerate() {
+            if answers.get(i).and_then(|a| a["status"].as_u64()) != Some(200) {
+                left.push(format!("{}: {n}", broker.name));
+            }
+        }
+    }
+    left
+}

@@ -70,13 +70,16 @@ async fn two_installations_declaring_one_queue_stop_fighting_and_the_contested_s
     let _b = brokers_shared().await;
     let bed = TestBed::get();
     let admin = bed.kube_admin().await;
+    let id = short_id();
+    // Before both operators, so neither runs when it sweeps.
+    let _clean = bed.clean_up(&[&id]);
     let (a, b) = (
         side(&bed, &admin, "inst-a").await,
         side(&bed, &admin, "inst-b").await,
     );
     assert_ne!(a.op.ctx.instance_id, b.op.ctx.instance_id);
     // The queue exists already, with messages.
-    let name = format!("shared.{}", short_id());
+    let name = format!("shared.{id}");
     let access = bed.access("c", bed.broker_user());
     let t = artemis_studio_operator::topology::poll(&access, &Default::default()).await;
     for m in t.nodes.iter().filter_map(|n| n.active.clone()) {

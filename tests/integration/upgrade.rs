@@ -494,6 +494,8 @@ async fn an_upgrade_in_place_recreates_nothing_writes_no_audit_row_or_status_and
     // A fresh database: the previous binary runs its own migrations, the new one its own on top.
     let db = bed.fresh_database().await;
     let id = short_id();
+    // Its operators run inside the futures below, stopped by the time this sweeps.
+    let _clean = bed.clean_up(&[&id]);
     let run = Run {
         bed: &bed,
         instance: format!("upg-{id}"),
