@@ -163,7 +163,7 @@ impl Ctx {
             client: self.admin.clone(),
             ns: ns.to_string(),
             harness: Arc::new(HarnessRequests::default()),
-            concurrency: self.cfg.in_flight,
+            concurrency: self.cfg.apply_in_flight,
             durable: self.cfg.durable,
         }
     }

@@ -225,7 +225,7 @@ fn section(ctx: &Ctx, results: &[(usize, Vec<Run>)]) -> Section {
             } else {
                 "non-durable"
             },
-            ctx.cfg.in_flight,
+            ctx.cfg.apply_in_flight,
             ctx.cfg.in_flight,
             ctx.cfg.bulk
         ),

@@ -1,0 +1,958 @@
+//! ADR-0057's decisions for one ConnectionClose, pure: each stage takes the stored status and
+//! what the shell (`mod.rs`) learned — the stored phase, the target's node, a read of the
+//! target, the re-read right before the call, the call's outcome — and either goes on or ends
+//! the pass with a [`Verdict`]: the status to write, the audit row to resolve, when to look
+//! again. No broker, API server or database is touched here; the tests below need none.
+
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+use kube::runtime::controller::Action;
+
+use super::super::command::CommandResult;
+use super::super::conditions;
+use crate::api::connection_close::{
+    ClosePhase, CloseTarget, ConnectionClose, ConnectionCloseStatus, NodeConnections, TargetSnapshot,
+};
+use crate::api::{NodeOutcome, Outcome, RefusalKind};
+use crate::broker::{BrokerError, BrokerManagement};
+use crate::fanout;
+use crate::topology::{LogicalNode, Topology};
+
+const COMPLETE: &str = "Complete";
+const FAILED: &str = "Failed";
+
+/// How long a `Closing` armed by another process is left alone: that process may be calling
+/// the broker right now. After it, the close is Failed with its outcome unknown.
+pub const ARMED_GRACE: Duration = Duration::from_secs(30);
+
+/// How a pass ends: the status to write (after resolving `resolve`, an audit row already
+/// written, with these outcomes) and when to look again.
+#[derive(Debug, PartialEq)]
+pub struct Verdict {
+    pub status: ConnectionCloseStatus,
+    pub resolve: Option<(i64, Vec<NodeOutcome>)>,
+    pub then: Action,
+}
+
+impl Verdict {
+    fn write<T>(status: &ConnectionCloseStatus, then: Action) -> ControlFlow<Verdict, T> {
+        ControlFlow::Break(Verdict {
+            status: status.clone(),
+            resolve: None,
+            then,
+        })
+    }
+}
+
+/// What a pass does with a close in its stored phase (ADR-0057 D5), decided from the status
+/// alone.
+#[derive(Debug, PartialEq)]
+pub enum Step {
+    /// Nothing now; look again after this long (None: when the object changes).
+    Wait(Option<Duration>),
+    /// Finished and past `ttlSecondsAfterFinished`: delete the object.
+    DeleteObject,
+    /// Armed by a process that did not record the outcome: Failed, outcome unknown, never
+    /// called again.
+    FailUnknown,
+    /// Not armed yet: read the target, show the consequence, arm when confirmed.
+    Act,
+}
+
+pub fn step(
+    status: &ConnectionCloseStatus,
+    ttl_after_finished: Option<i64>,
+    process_id: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Step {
+    let since = |t: Option<&str>| {
+        t.and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| now.signed_duration_since(t))
+    };
+    match status.phase {
+        ClosePhase::Completed | ClosePhase::Failed => {
+            let Some(ttl) = ttl_after_finished else {
+                return Step::Wait(None);
+            };
+            let left = since(status.completed_at.as_deref()).map_or(0, |d| ttl - d.num_seconds());
+            if left <= 0 {
+                Step::DeleteObject
+            } else {
+                Step::Wait(Some(Duration::from_secs(left as u64)))
+            }
+        }
+        ClosePhase::Closing => {
+            let mine = status.armed_by.as_deref() == Some(process_id);
+            let armed_for = since(status.armed_at.as_deref()).and_then(|d| d.to_std().ok());
+            match armed_for
+                .filter(|_| !mine)
+                .and_then(|d| ARMED_GRACE.checked_sub(d))
+            {
+                // Another process armed it moments ago and may be calling the broker now.
+                Some(left) => Step::Wait(Some(left + Duration::from_secs(1))),
+                None => Step::FailUnknown,
+            }
+        }
+        ClosePhase::Pending | ClosePhase::AwaitingConfirmation => Step::Act,
+    }
+}
+
+/// The rules every broker write keeps did not hold (the cluster, its Secrets, its topology):
+/// nothing is sent; look again soon.
+pub fn not_usable(
+    status: &mut ConnectionCloseStatus,
+    generation: Option<i64>,
+    reason: &str,
+    message: String,
+) -> Verdict {
+    conditions::set(
+        &mut status.conditions,
+        COMPLETE,
+        false,
+        reason,
+        message,
+        generation,
+    );
+    Verdict {
+        status: status.clone(),
+        resolve: None,
+        then: Action::requeue(Duration::from_secs(5)),
+    }
+}
+
+/// D5: the process that armed the close did not finish: Failed with the outcome unknown.
+/// Returns why, for the audit row.
+pub fn fail_unknown(status: &mut ConnectionCloseStatus, generation: Option<i64>) -> &'static str {
+    let why = "outcome unknown, not retried: the operator process that armed the close stopped before recording its outcome (ADR-0057 D5)";
+    finish(status, ClosePhase::Failed, format!("Failed: {why}"), generation);
+    why
+}
+
+/// D1: the node a close by id acts on, live — else it fails (no such node: ids are node-local)
+/// or waits (the node is down: its connections can be neither read nor closed, and the broker
+/// may still serve them).
+pub fn judge_node<'t>(
+    o: &ConnectionClose,
+    topology: &'t Topology,
+    status: &mut ConnectionCloseStatus,
+) -> ControlFlow<Verdict, (&'t LogicalNode, &'t BrokerManagement)> {
+    let generation = o.metadata.generation;
+    let wanted = o.spec.target.node.clone().unwrap_or_default();
+    let Some(node) = topology.find(&wanted) else {
+        let known: Vec<&str> = topology.nodes.iter().map(|n| n.node_id.as_str()).collect();
+        let message = format!(
+            "spec.target.node {wanted} is not a logical node of cluster {}: use one of {known:?} (ids are node-local, ADR-0057 D1)",
+            o.spec.cluster_ref.name
+        );
+        finish(status, ClosePhase::Failed, message, generation);
+        return Verdict::write(status, Action::await_change());
+    };
+    if let Some(m) = &node.active {
+        return ControlFlow::Continue((node, m));
+    }
+    let message = format!(
+        "node {} is not live ({}): the target cannot be read or closed now; nothing was sent, the close waits for the node",
+        node.node_id,
+        node.not_live_reason.as_deref().unwrap_or("no active endpoint")
+    );
+    conditions::set(
+        &mut status.conditions,
+        COMPLETE,
+        false,
+        "NodeNotLive",
+        message,
+        generation,
+    );
+    status.nodes = vec![fanout::skipped(node)];
+    if status.phase == ClosePhase::Pending {
+        status.phase = ClosePhase::AwaitingConfirmation;
+    }
+    Verdict::write(status, Action::requeue(Duration::from_secs(10)))
+}
+
+/// Where a close by id goes: its node and the endpoint that answers for it.
+#[derive(Clone, Copy, Debug)]
+pub struct At<'a> {
+    pub node: &'a str,
+    pub endpoint: &'a str,
+}
+
+/// D3: the target as the broker reported it before anything is shown or armed. A read failure
+/// is reported and read again later; a vanished target is a success (D2: known from a live
+/// node that answered).
+pub fn judge_target(
+    o: &ConnectionClose,
+    at: At<'_>,
+    read: Result<Option<TargetSnapshot>, BrokerError>,
+    status: &mut ConnectionCloseStatus,
+) -> ControlFlow<Verdict, TargetSnapshot> {
+    let t = &o.spec.target;
+    match read {
+        Ok(Some(snapshot)) => ControlFlow::Continue(snapshot),
+        Ok(None) => {
+            status.already_gone = true;
+            status.nodes = vec![gone_outcome(at, t)];
+            let message = format!("{} is already gone", describe(t));
+            finish(status, ClosePhase::Completed, message, o.metadata.generation);
+            Verdict::write(status, Action::await_change())
+        }
+        Err(e) => {
+            let message = format!("re-reading the target failed: {e}");
+            let generation = o.metadata.generation;
+            conditions::set(
+                &mut status.conditions,
+                FAILED,
+                false,
+                "TargetUnreadable",
+                message,
+                generation,
+            );
+            Verdict::write(status, Action::requeue(Duration::from_secs(10)))
+        }
+    }
+}
+
+/// D3, D4: the consequence shown, and the confirmation checked against what the broker reports
+/// (the client ID, or the remote address). Goes on with what was confirmed.
+pub fn judge_confirmation(
+    o: &ConnectionClose,
+    snapshot: &TargetSnapshot,
+    status: &mut ConnectionCloseStatus,
+) -> ControlFlow<Verdict, Option<String>> {
+    let expected = confirmation_of(snapshot);
+    status.consequence = Some(consequence(snapshot.in_flight_messages));
+    status.snapshot = Some(snapshot.clone());
+    match confirmed(o, expected.as_deref(), status.shown_generation) {
+        Ok(()) => ControlFlow::Continue(expected),
+        Err(missing) => {
+            let message = by_id_confirmation_message(o, status, expected.as_deref(), missing);
+            ControlFlow::Break(awaiting_confirmation(o, status, message))
+        }
+    }
+}
+
+/// A close by id, armed and audited: where it goes, its audit row, what was confirmed.
+pub struct Armed<'a> {
+    pub at: At<'a>,
+    pub audit_id: i64,
+    pub expected: Option<String>,
+}
+
+/// D3: the re-read immediately before the call, compared with what was confirmed. A vanished
+/// target completes the close; a changed (or unreadable) one sends nothing and goes back to the
+/// confirmation. Either way the audit row is resolved.
+pub fn judge_reread(
+    o: &ConnectionClose,
+    armed: &Armed<'_>,
+    reread: Result<Option<TargetSnapshot>, BrokerError>,
+    status: &mut ConnectionCloseStatus,
+) -> ControlFlow<Verdict> {
+    let t = &o.spec.target;
+    let now_reports = match &reread {
+        Ok(None) => {
+            status.already_gone = true;
+            status.nodes = vec![gone_outcome(armed.at, t)];
+            let message = format!("{} is already gone", describe(t));
+            finish(status, ClosePhase::Completed, message, o.metadata.generation);
+            return ControlFlow::Break(Verdict {
+                status: status.clone(),
+                resolve: Some((armed.audit_id, status.nodes.clone())),
+                then: Action::await_change(),
+            });
+        }
+        Ok(Some(s)) => confirmation_of(s),
+        Err(_) => None,
+    };
+    if reread.is_ok() && now_reports == armed.expected {
+        return ControlFlow::Continue(());
+    }
+    let reports = armed.expected.clone().unwrap_or_else(|| "<nothing>".into());
+    let why = match &reread {
+        Err(e) => format!("re-reading the target right before the close failed ({e})"),
+        _ => format!(
+            "the broker now reports {:?} for {} (confirmed: {reports:?})",
+            now_reports.unwrap_or_else(|| "<nothing>".into()),
+            describe(t)
+        ),
+    };
+    let not_sent = NodeOutcome {
+        last_command: None,
+        node: armed.at.node.to_string(),
+        endpoint: Some(armed.at.endpoint.to_string()),
+        outcome: Outcome::Failed,
+        refusal: Some(RefusalKind::NameConflict),
+        message: format!("not sent: {why}"),
+        detail: vec![],
+    };
+    status.audit_id = Some(armed.audit_id);
+    let message = format!("{why}: nothing was closed. Confirm again against what the broker reports now");
+    let mut verdict = awaiting_confirmation(o, status, message);
+    verdict.resolve = Some((armed.audit_id, vec![not_sent]));
+    ControlFlow::Break(verdict)
+}
+
+/// D6: an address close's preview (per node, the consumer connections it would close), held
+/// to the bulk cap and the confirmation. Goes on with the snapshot the audit row records.
+pub fn judge_address_preview(
+    o: &ConnectionClose,
+    address: &str,
+    bulk_cap: u64,
+    preview: Result<Vec<NodeConnections>, String>,
+    status: &mut ConnectionCloseStatus,
+) -> ControlFlow<Verdict, TargetSnapshot> {
+    let generation = o.metadata.generation;
+    let per_node = match preview {
+        Ok(per_node) => per_node,
+        Err(message) => {
+            conditions::set(
+                &mut status.conditions,
+                FAILED,
+                false,
+                "PreviewFailed",
+                message,
+                generation,
+            );
+            return Verdict::write(status, Action::requeue(Duration::from_secs(10)));
+        }
+    };
+    let total: u64 = per_node.iter().map(|p| p.connections).sum();
+    let snapshot = TargetSnapshot {
+        consumer_count: total,
+        per_node,
+        ..Default::default()
+    };
+    status.snapshot = Some(snapshot.clone());
+    status.consequence = Some(consequence(None));
+    if total > bulk_cap && !o.spec.allow_bulk {
+        status.nodes = vec![];
+        let message = format!(
+            "BULK_CAP_EXCEEDED: closing the consumer connections of {address} would close about {total}, above the bulk cap of {bulk_cap}: create a new ConnectionClose with allowBulk: true to accept it"
+        );
+        finish(status, ClosePhase::Failed, message, generation);
+        return Verdict::write(status, Action::await_change());
+    }
+    // D4, D5: the same confirmation rule as a close by id — the address, given after the
+    // consequence was shown (or the documented annotation) — and the same compare-and-swap arm.
+    if let Err(missing) = confirmed(o, Some(address), status.shown_generation) {
+        let message = address_confirmation_message(address, total, missing);
+        return ControlFlow::Break(awaiting_confirmation(o, status, message));
+    }
+    ControlFlow::Continue(snapshot)
+}
+
+/// Not armed: show who would be disconnected and what `spec.confirm` must say; check again
+/// later (the target may go away meanwhile).
+fn awaiting_confirmation(
+    o: &ConnectionClose,
+    status: &mut ConnectionCloseStatus,
+    message: String,
+) -> Verdict {
+    status.phase = ClosePhase::AwaitingConfirmation;
+    status.armed_by = None;
+    status.armed_at = None;
+    status.shown_generation = o.metadata.generation;
+    status.message = Some(message.clone());
+    let generation = o.metadata.generation;
+    conditions::set(
+        &mut status.conditions,
+        COMPLETE,
+        false,
+        "AwaitingConfirmation",
+        message,
+        generation,
+    );
+    Verdict {
+        status: status.clone(),
+        resolve: None,
+        then: Action::requeue(Duration::from_secs(30)),
+    }
+}
+
+/// D4: the status that arms the close (`Closing`, by this process, now), written by
+/// compare-and-swap so that exactly one process wins.
+pub fn arming(status: &mut ConnectionCloseStatus, process_id: &str) {
+    status.phase = ClosePhase::Closing;
+    status.armed_by = Some(process_id.to_string());
+    status.armed_at = Some(now());
+}
+
+/// ADR-0057 D3: what a human confirms — the client ID, or the remote address when there is none.
+pub fn confirmation_of(snapshot: &TargetSnapshot) -> Option<String> {
+    snapshot
+        .client_id
+        .clone()
+        .or_else(|| snapshot.remote_address.clone())
+}
+
+/// ADR-0057 D4: the consequence, stated before the close can be armed — only what was
+/// measured: on Artemis 2.40 a closed AMQP consumer's unsettled messages go back to their queue
+/// with a delivery count of 0 or 1 (the interrupted delivery may count once;
+/// tests/integration/connection_close.rs). Core/JMS consumers were not measured here.
+pub fn consequence(in_flight: Option<u64>) -> String {
+    let what = match in_flight {
+        Some(n) => format!("closing returns {n} in-flight message(s) to their queues"),
+        None => {
+            "closing returns the in-flight messages to their queues (in-flight count not reported)".into()
+        }
+    };
+    format!(
+        "{what}. The interrupted delivery may count once toward max-delivery-attempts (measured on Artemis 2.40 with AMQP consumers: delivery count 0 or 1 afterwards), so a message already at its limit can go to the DLQ"
+    )
+}
+
+pub fn describe(t: &CloseTarget) -> String {
+    match (&t.address, &t.connection_id, &t.session_id, &t.consumer_id) {
+        (Some(a), ..) => format!("consumer connections of address {a}"),
+        (None, Some(c), None, _) => format!("connection {c}"),
+        (None, Some(c), Some(sid), _) => format!("session {sid} of connection {c}"),
+        (None, None, Some(sid), Some(cid)) => format!("consumer {cid} of session {sid}"),
+        _ => "invalid target".into(),
+    }
+}
+
+/// The documented annotation: automation confirms without review (recorded in the audit row).
+pub fn without_review(o: &ConnectionClose) -> bool {
+    o.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::api::CONFIRM_WITHOUT_REVIEW_ANNOTATION))
+        .is_some_and(|v| v == "true")
+}
+
+/// Is the close confirmed by a human who saw the consequence (ADR-0057 D3, D4)? `Err` says
+/// what to do.
+fn confirmed(
+    o: &ConnectionClose,
+    expected: Option<&str>,
+    shown_generation: Option<i64>,
+) -> Result<(), ConfirmationMissing> {
+    let generation = o.metadata.generation;
+    match (o.spec.confirm.as_deref(), expected) {
+        (None, _) => Err(ConfirmationMissing::NotGiven),
+        (Some(c), e) if Some(c) != e => Err(ConfirmationMissing::Mismatch),
+        _ if without_review(o) => Ok(()),
+        // A confirmation counts only when given after the consequence was shown.
+        _ if shown_generation.is_some_and(|s| generation.is_some_and(|g| g > s)) => Ok(()),
+        _ => Err(ConfirmationMissing::BeforeShown),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ConfirmationMissing {
+    NotGiven,
+    Mismatch,
+    BeforeShown,
+}
+
+/// What `spec.confirm` must say to close this target, and why what it says does not count.
+fn by_id_confirmation_message(
+    o: &ConnectionClose,
+    status: &ConnectionCloseStatus,
+    expected: Option<&str>,
+    missing: ConfirmationMissing,
+) -> String {
+    let t = &o.spec.target;
+    let reports = expected.unwrap_or("<nothing>");
+    let consequence = status.consequence.clone().unwrap_or_default();
+    match missing {
+        ConfirmationMissing::NotGiven => format!(
+            "set spec.confirm to {reports:?} (the client the broker reports) to close {}; {consequence}",
+            describe(t)
+        ),
+        ConfirmationMissing::Mismatch => format!(
+            "spec.confirm is {:?} but the broker reports {reports:?} for {} now: not closing. If {reports:?} is the application to disconnect, set spec.confirm to it",
+            o.spec.confirm.clone().unwrap_or_default(),
+            describe(t)
+        ),
+        ConfirmationMissing::BeforeShown => format!(
+            "spec.confirm was set before the consequence was shown, so it does not count: {consequence}. To close {} ({reports:?}), remove spec.confirm and set it again; automation that confirms without review annotates the object {}: \"true\" (recorded in the audit row)",
+            describe(t),
+            crate::api::CONFIRM_WITHOUT_REVIEW_ANNOTATION
+        ),
+    }
+}
+
+fn address_confirmation_message(address: &str, total: u64, missing: ConfirmationMissing) -> String {
+    let what = format!("about {total} consumer connection(s) of {address} on every live node");
+    let consequence = consequence(None);
+    match missing {
+        ConfirmationMissing::NotGiven | ConfirmationMissing::Mismatch => {
+            format!("set spec.confirm to {address:?} to close {what}; {consequence}")
+        }
+        ConfirmationMissing::BeforeShown => format!(
+            "spec.confirm was set before the consequence was shown, so it does not count: {consequence}. To close {what}, remove spec.confirm and set it again; automation that confirms without review annotates the object {}: \"true\" (recorded in the audit row)",
+            crate::api::CONFIRM_WITHOUT_REVIEW_ANNOTATION
+        ),
+    }
+}
+
+/// D2: the node answered and the target is not there.
+fn gone_outcome(at: At<'_>, t: &CloseTarget) -> NodeOutcome {
+    NodeOutcome {
+        last_command: None,
+        node: at.node.to_string(),
+        endpoint: Some(at.endpoint.to_string()),
+        outcome: Outcome::Already,
+        refusal: None,
+        message: format!("{} is not on this node (already gone)", describe(t)),
+        detail: vec![],
+    }
+}
+
+/// D5: a close by id called: Completed when the node closed it or found it gone, else Failed,
+/// never retried.
+pub fn record_by_id_result(
+    status: &mut ConnectionCloseStatus,
+    result: CommandResult,
+    t: &CloseTarget,
+    generation: Option<i64>,
+) {
+    status.audit_id = Some(result.audit_id);
+    status.already_gone = result.nodes.iter().all(|n| n.outcome == Outcome::Already);
+    let ok = result
+        .nodes
+        .iter()
+        .all(|n| matches!(n.outcome, Outcome::Applied | Outcome::Already));
+    let message = result
+        .nodes
+        .first()
+        .map(|n| n.message.clone())
+        .unwrap_or_default();
+    status.nodes = result.nodes;
+    if ok {
+        finish(
+            status,
+            ClosePhase::Completed,
+            format!("{}: {message}", describe(t)),
+            generation,
+        );
+    } else {
+        let message = format!("{}: {message}; not retried (ADR-0057 D5)", describe(t));
+        finish(status, ClosePhase::Failed, message, generation);
+    }
+}
+
+/// D5: an address close called on every live node: Failed if any node failed, never retried.
+pub fn record_address_result(
+    status: &mut ConnectionCloseStatus,
+    result: CommandResult,
+    address: &str,
+    generation: Option<i64>,
+) {
+    status.audit_id = Some(result.audit_id);
+    status.already_gone = result
+        .nodes
+        .iter()
+        .all(|n| matches!(n.outcome, Outcome::Already | Outcome::SkippedNotLive));
+    let failed = result.nodes.iter().any(|n| n.outcome == Outcome::Failed);
+    status.nodes = result.nodes;
+    if failed {
+        let message = "some nodes failed; see status.nodes. Not retried (ADR-0057 D5)".into();
+        finish(status, ClosePhase::Failed, message, generation);
+    } else {
+        let message = format!("closed consumer connections of {address}; see status.nodes");
+        finish(status, ClosePhase::Completed, message, generation);
+    }
+}
+
+fn finish(status: &mut ConnectionCloseStatus, phase: ClosePhase, message: String, generation: Option<i64>) {
+    status.phase = phase;
+    status.completed_at = Some(now());
+    let done = phase == ClosePhase::Completed;
+    let (complete, failed) = if done {
+        ("Closed", "Closed")
+    } else {
+        ("NotClosed", "CloseFailed")
+    };
+    conditions::set(
+        &mut status.conditions,
+        COMPLETE,
+        done,
+        complete,
+        &message,
+        generation,
+    );
+    conditions::set(
+        &mut status.conditions,
+        FAILED,
+        !done,
+        failed,
+        &message,
+        generation,
+    );
+    status.message = Some(message);
+}
+
+fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// Ready, Reconciling and Stalled from the phase (Flux, kstatus; `Complete`/`Failed` stay for
+/// `kubectl wait`): Completed is Ready; Failed, and a close waiting for its confirmation, need a
+/// person; Pending and Closing are on their way.
+pub fn with_phase_conditions(status: &ConnectionCloseStatus) -> ConnectionCloseStatus {
+    let mut status = status.clone();
+    let generation = status.observed_generation;
+    let message = status.message.clone().unwrap_or_default();
+    let (ready, reason) = match status.phase {
+        ClosePhase::Completed => (true, "Closed"),
+        ClosePhase::Failed => (false, "CloseFailed"),
+        ClosePhase::AwaitingConfirmation => (false, "AwaitingConfirmation"),
+        ClosePhase::Pending | ClosePhase::Closing => (false, "Closing"),
+    };
+    let judged = [(conditions::READY, (ready, reason, message))];
+    conditions::set_all(&mut status.conditions, generation, judged);
+    conditions::kstatus(&mut status.conditions, &[], generation);
+    status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn confirmation_is_the_client_id_or_else_the_remote_address() {
+        let mut s = TargetSnapshot {
+            client_id: Some("orders-app".into()),
+            remote_address: Some("10.0.0.7:5123".into()),
+            ..Default::default()
+        };
+        assert_eq!(confirmation_of(&s).as_deref(), Some("orders-app"));
+        s.client_id = None;
+        assert_eq!(confirmation_of(&s).as_deref(), Some("10.0.0.7:5123"));
+    }
+
+    #[test]
+    fn the_consequence_states_the_count_or_says_it_is_not_reported() {
+        assert!(consequence(Some(3)).contains("returns 3 in-flight"));
+        assert!(consequence(None).contains("not reported"));
+        assert!(consequence(Some(0)).contains("DLQ"));
+    }
+}
+
+#[cfg(test)]
+mod step_tests {
+    use super::*;
+
+    fn at(s: i64) -> chrono::DateTime<chrono::Utc> {
+        chrono::DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap_or_default()
+    }
+
+    fn status(phase: ClosePhase) -> ConnectionCloseStatus {
+        ConnectionCloseStatus {
+            phase,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_close_not_armed_is_acted_on_and_a_finished_one_waits_for_its_ttl() {
+        assert_eq!(step(&status(ClosePhase::Pending), None, "p", at(0)), Step::Act);
+        assert_eq!(
+            step(&status(ClosePhase::AwaitingConfirmation), None, "p", at(0)),
+            Step::Act
+        );
+        let mut done = status(ClosePhase::Completed);
+        done.completed_at = Some(at(0).to_rfc3339());
+        assert_eq!(step(&done, None, "p", at(10)), Step::Wait(None));
+        assert_eq!(
+            step(&done, Some(60), "p", at(10)),
+            Step::Wait(Some(Duration::from_secs(50)))
+        );
+        assert_eq!(step(&done, Some(60), "p", at(60)), Step::DeleteObject);
+    }
+
+    #[test]
+    fn a_close_armed_by_another_process_is_left_alone_for_the_grace_then_failed_unknown() {
+        let mut armed = status(ClosePhase::Closing);
+        armed.armed_by = Some("other".into());
+        armed.armed_at = Some(at(0).to_rfc3339());
+        let grace = ARMED_GRACE.as_secs() as i64;
+        assert_eq!(
+            step(&armed, None, "me", at(10)),
+            Step::Wait(Some(
+                ARMED_GRACE - Duration::from_secs(10) + Duration::from_secs(1)
+            ))
+        );
+        assert_eq!(step(&armed, None, "me", at(grace + 1)), Step::FailUnknown);
+        // Armed by this process in a pass that ended before its outcome (an error after
+        // arming): never called again either.
+        armed.armed_by = Some("me".into());
+        assert_eq!(step(&armed, None, "me", at(10)), Step::FailUnknown);
+    }
+}
+
+#[cfg(test)]
+mod stage_tests {
+    use super::*;
+    use crate::api::Condition;
+
+    fn close(generation: i64, spec: serde_json::Value, annotations: serde_json::Value) -> ConnectionClose {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ConnectionClose",
+            "metadata": {"name": "x", "namespace": "ns", "generation": generation, "annotations": annotations},
+            "spec": spec,
+        }))
+        .unwrap_or_else(|e| panic!("close json: {e}"))
+    }
+
+    fn by_id(generation: i64, confirm: Option<&str>) -> ConnectionClose {
+        let mut spec =
+            serde_json::json!({"clusterRef": {"name": "c"}, "target": {"node": "n1", "connectionId": "7"}});
+        if let Some(c) = confirm {
+            spec["confirm"] = c.into();
+        }
+        close(generation, spec, serde_json::json!({}))
+    }
+
+    fn node(id: &str, live: bool) -> LogicalNode {
+        let management = fanout::fake::target(id, Default::default()).management;
+        LogicalNode {
+            node_id: id.into(),
+            active: live.then_some(management),
+            standby: vec![],
+            failed_over: false,
+            not_live_reason: (!live).then(|| "no endpoint answered".into()),
+            inventory: None,
+            inventory_error: None,
+        }
+    }
+
+    fn topology(nodes: Vec<LogicalNode>) -> Topology {
+        Topology {
+            polled_at: std::time::Instant::now(),
+            polled_at_utc: chrono::Utc::now(),
+            nodes,
+            unreachable: vec![],
+            fresh_reads: vec![],
+        }
+    }
+
+    fn app(client: &str) -> TargetSnapshot {
+        TargetSnapshot {
+            client_id: Some(client.into()),
+            in_flight_messages: Some(2),
+            ..Default::default()
+        }
+    }
+
+    fn condition<'a>(s: &'a ConnectionCloseStatus, kind: &str) -> &'a Condition {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == kind)
+            .unwrap_or_else(|| panic!("no {kind} condition in {:?}", s.conditions))
+    }
+
+    const AT: At<'static> = At {
+        node: "n1",
+        endpoint: "http://n1/jolokia",
+    };
+
+    #[test]
+    fn a_node_the_cluster_does_not_have_fails_the_close_and_a_node_that_is_down_makes_it_wait() {
+        let mut status = ConnectionCloseStatus::default();
+        let ControlFlow::Break(v) =
+            judge_node(&by_id(1, None), &topology(vec![node("n2", true)]), &mut status)
+        else {
+            panic!("an unknown node goes on")
+        };
+        assert_eq!(
+            (v.status.phase, v.then.clone()),
+            (ClosePhase::Failed, Action::await_change())
+        );
+        assert!(
+            v.status.message.as_deref().is_some_and(|m| m.contains("n2")),
+            "names the known nodes"
+        );
+
+        let mut status = ConnectionCloseStatus::default();
+        let ControlFlow::Break(v) =
+            judge_node(&by_id(1, None), &topology(vec![node("n1", false)]), &mut status)
+        else {
+            panic!("a node that is down goes on")
+        };
+        assert_eq!(
+            v.status.phase,
+            ClosePhase::AwaitingConfirmation,
+            "nothing was sent; it waits"
+        );
+        assert_eq!(condition(&v.status, COMPLETE).reason, "NodeNotLive");
+        assert_eq!(v.status.nodes[0].outcome, Outcome::SkippedNotLive);
+        assert_eq!(v.then, Action::requeue(Duration::from_secs(10)));
+        assert!(v.resolve.is_none(), "no audit row: nothing was armed");
+
+        let t = topology(vec![node("n1", true)]);
+        let found = judge_node(&by_id(1, None), &t, &mut ConnectionCloseStatus::default());
+        assert!(matches!(found, ControlFlow::Continue((n, _)) if n.node_id == "n1"));
+    }
+
+    #[test]
+    fn a_target_already_gone_completes_and_one_that_cannot_be_read_is_read_again() {
+        let mut status = ConnectionCloseStatus::default();
+        let ControlFlow::Break(v) = judge_target(&by_id(1, None), AT, Ok(None), &mut status) else {
+            panic!("a gone target goes on")
+        };
+        assert_eq!(v.status.phase, ClosePhase::Completed);
+        assert!(v.status.already_gone);
+        assert_eq!(v.status.nodes[0].outcome, Outcome::Already);
+        assert!(v.resolve.is_none(), "nothing was armed, so no audit row");
+
+        let mut status = ConnectionCloseStatus::default();
+        let read = Err(BrokerError::Timeout(5));
+        let ControlFlow::Break(v) = judge_target(&by_id(1, None), AT, read, &mut status) else {
+            panic!("a failed read goes on")
+        };
+        assert_eq!(v.status.phase, ClosePhase::Pending, "not finished: read again");
+        assert_eq!(condition(&v.status, FAILED).reason, "TargetUnreadable");
+        assert_eq!(v.then, Action::requeue(Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn a_confirmation_counts_only_when_given_for_what_the_broker_reports_after_it_was_shown() {
+        // Not given: the consequence and what to confirm are shown.
+        let mut status = ConnectionCloseStatus::default();
+        let ControlFlow::Break(v) = judge_confirmation(&by_id(1, None), &app("orders-app"), &mut status)
+        else {
+            panic!("no confirmation goes on")
+        };
+        assert_eq!(v.status.phase, ClosePhase::AwaitingConfirmation);
+        assert_eq!(v.status.shown_generation, Some(1));
+        assert!(
+            v.status
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("\"orders-app\""))
+        );
+        assert!(
+            v.status
+                .consequence
+                .as_deref()
+                .is_some_and(|c| c.contains("returns 2 in-flight"))
+        );
+        // Given in the same generation it was shown (set with the object): does not count.
+        let mut fresh = ConnectionCloseStatus::default();
+        let flow = judge_confirmation(&by_id(1, Some("orders-app")), &app("orders-app"), &mut fresh);
+        assert!(
+            matches!(&flow, ControlFlow::Break(v) if v.status.message.as_deref().is_some_and(|m| m.contains("before the consequence was shown")))
+        );
+        // Given after it was shown, for another application: not closing.
+        let mut shown = v.status.clone();
+        let flow = judge_confirmation(&by_id(2, Some("billing")), &app("orders-app"), &mut shown);
+        assert!(
+            matches!(&flow, ControlFlow::Break(v) if v.status.message.as_deref().is_some_and(|m| m.contains("but the broker reports")))
+        );
+        // Given after it was shown, for what the broker reports: armed next.
+        let mut shown = v.status.clone();
+        let flow = judge_confirmation(&by_id(2, Some("orders-app")), &app("orders-app"), &mut shown);
+        assert_eq!(flow, ControlFlow::Continue(Some("orders-app".into())));
+        // Automation that says so confirms without review.
+        let annotated = close(
+            1,
+            serde_json::json!({"clusterRef": {"name": "c"}, "target": {"node": "n1", "connectionId": "7"}, "confirm": "orders-app"}),
+            serde_json::json!({crate::api::CONFIRM_WITHOUT_REVIEW_ANNOTATION: "true"}),
+        );
+        let flow = judge_confirmation(
+            &annotated,
+            &app("orders-app"),
+            &mut ConnectionCloseStatus::default(),
+        );
+        assert_eq!(flow, ControlFlow::Continue(Some("orders-app".into())));
+    }
+
+    #[test]
+    fn the_reread_before_the_call_sends_only_to_what_was_confirmed_and_always_resolves_the_audit_row() {
+        let o = by_id(2, Some("orders-app"));
+        let armed = Armed {
+            at: AT,
+            audit_id: 41,
+            expected: Some("orders-app".into()),
+        };
+        let same = judge_reread(
+            &o,
+            &armed,
+            Ok(Some(app("orders-app"))),
+            &mut ConnectionCloseStatus::default(),
+        );
+        assert!(matches!(same, ControlFlow::Continue(())));
+
+        let ControlFlow::Break(gone) =
+            judge_reread(&o, &armed, Ok(None), &mut ConnectionCloseStatus::default())
+        else {
+            panic!("a gone target is called")
+        };
+        assert_eq!(gone.status.phase, ClosePhase::Completed);
+        let (id, nodes) = gone.resolve.unwrap_or_default();
+        assert_eq!((id, nodes[0].outcome), (41, Outcome::Already));
+
+        for reread in [Ok(Some(app("another-app"))), Err(BrokerError::Timeout(5))] {
+            let mut status = ConnectionCloseStatus::default();
+            let ControlFlow::Break(changed) = judge_reread(&o, &armed, reread, &mut status) else {
+                panic!("a changed target is called")
+            };
+            assert_eq!(
+                changed.status.phase,
+                ClosePhase::AwaitingConfirmation,
+                "confirm again"
+            );
+            assert_eq!(changed.status.audit_id, Some(41));
+            let (id, nodes) = changed.resolve.unwrap_or_default();
+            assert_eq!(id, 41);
+            assert_eq!(
+                (nodes[0].outcome, nodes[0].refusal),
+                (Outcome::Failed, Some(RefusalKind::NameConflict))
+            );
+            assert!(nodes[0].message.starts_with("not sent"), "{}", nodes[0].message);
+        }
+    }
+
+    #[test]
+    fn an_address_close_over_the_bulk_cap_fails_unless_allowed_and_a_failed_preview_is_read_again() {
+        let spec = |allow: bool| serde_json::json!({"clusterRef": {"name": "c"}, "target": {"address": "orders"}, "confirm": "orders", "allowBulk": allow});
+        let preview = || {
+            Ok(vec![
+                NodeConnections {
+                    node: "n1".into(),
+                    connections: 3,
+                },
+                NodeConnections {
+                    node: "n2".into(),
+                    connections: 2,
+                },
+            ])
+        };
+        let mut status = ConnectionCloseStatus::default();
+        let o = close(1, spec(false), serde_json::json!({}));
+        let ControlFlow::Break(v) = judge_address_preview(&o, "orders", 4, preview(), &mut status) else {
+            panic!("over the cap goes on")
+        };
+        assert_eq!(v.status.phase, ClosePhase::Failed);
+        assert!(
+            v.status
+                .message
+                .as_deref()
+                .is_some_and(|m| m.starts_with("BULK_CAP_EXCEEDED") && m.contains("about 5"))
+        );
+
+        // Allowed: held to the confirmation like a close by id (given with the object: not yet).
+        let o = close(1, spec(true), serde_json::json!({}));
+        let flow = judge_address_preview(&o, "orders", 4, preview(), &mut ConnectionCloseStatus::default());
+        assert!(matches!(&flow, ControlFlow::Break(v) if v.status.phase == ClosePhase::AwaitingConfirmation));
+        let mut shown = ConnectionCloseStatus {
+            shown_generation: Some(1),
+            ..Default::default()
+        };
+        let o = close(2, spec(true), serde_json::json!({}));
+        let ControlFlow::Continue(snapshot) = judge_address_preview(&o, "orders", 4, preview(), &mut shown)
+        else {
+            panic!("confirmed after the preview does not go on")
+        };
+        assert_eq!(snapshot.consumer_count, 5);
+
+        let mut status = ConnectionCloseStatus::default();
+        let failed = judge_address_preview(&o, "orders", 4, Err("n2: timed out".into()), &mut status);
+        assert!(
+            matches!(&failed, ControlFlow::Break(v) if condition(&v.status, FAILED).reason == "PreviewFailed" && v.then == Action::requeue(Duration::from_secs(10)))
+        );
+    }
+}
