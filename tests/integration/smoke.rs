@@ -277,11 +277,22 @@ async fn a_test_leaves_the_brokers_as_it_found_them() {
         async move {
             let mut all = vec![];
             for attribute in ["QueueNames", "AddressNames", "DivertNames"] {
-                let (_, v) = jolokia_raw(&b, &bed.broker_user(), Some("http://localhost"), json!({
+                let (_, v) = jolokia_raw(
+                    &b,
+                    &bed.broker_user(),
+                    Some("http://localhost"),
+                    json!({
                     "type": "read", "mbean": format!("org.apache.activemq.artemis:broker=\"{}\"", b.name),
-                    "attribute": attribute}))
+                    "attribute": attribute}),
+                )
                 .await;
-                all.extend(v["value"].as_array().into_iter().flatten().filter_map(|n| n.as_str().map(str::to_string)));
+                all.extend(
+                    v["value"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|n| n.as_str().map(str::to_string)),
+                );
             }
             all
         }
@@ -294,16 +305,24 @@ async fn a_test_leaves_the_brokers_as_it_found_them() {
         crate::support::send_messages(&bed, "c1", &ours, 3).await;
         let c1 = bed.broker("c1");
         let divert = format!("{ours}.copy");
-        let doc = json!({"name": divert, "routing-name": divert, "address": ours, "forwarding-address": theirs,
+        let doc =
+            json!({"name": divert, "routing-name": divert, "address": ours, "forwarding-address": theirs,
                          "exclusive": false})
-        .to_string();
+            .to_string();
         let r = crate::capture::exec(&bed, &c1, "createDivert(java.lang.String)", json!([doc])).await;
         assert_eq!(r["status"], 200, "create the divert: {r}");
-        assert!(names(c1).await.iter().filter(|n| n.contains(&id)).count() >= 3, "made on c1");
+        assert!(
+            names(c1).await.iter().filter(|n| n.contains(&id)).count() >= 3,
+            "made on c1"
+        );
     }
     for b in bed.cluster_brokers("c") {
         let left = names(b.clone()).await;
-        assert!(!left.iter().any(|n| n.contains(&id)), "left on {}: {left:?}", b.name);
+        assert!(
+            !left.iter().any(|n| n.contains(&id)),
+            "left on {}: {left:?}",
+            b.name
+        );
         assert!(left.contains(&theirs), "another test's queue kept on {}", b.name);
     }
     drop(keep);

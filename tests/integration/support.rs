@@ -968,10 +968,14 @@ async fn sweep_broker(broker: &Broker, user: &(String, String), tokens: &[String
     };
     type Args = fn(&str) -> serde_json::Value;
     let phases: [(&str, &str, Args); 3] = [
-        ("DivertNames", "destroyDivert(java.lang.String)", |n| serde_json::json!([n])),
-        ("QueueNames", "destroyQueue(java.lang.String,boolean,boolean)", |n| {
-            serde_json::json!([n, true, true])
+        ("DivertNames", "destroyDivert(java.lang.String)", |n| {
+            serde_json::json!([n])
         }),
+        (
+            "QueueNames",
+            "destroyQueue(java.lang.String,boolean,boolean)",
+            |n| serde_json::json!([n, true, true]),
+        ),
         ("AddressNames", "deleteAddress(java.lang.String,boolean)", |n| {
             serde_json::json!([n, true])
         }),
