@@ -349,10 +349,11 @@ impl Exit {
     }
 }
 
-/// Wait, as a ready standby, until this process holds the Lease, then run `controllers` while
-/// renewing it (see the module documentation).
-pub async fn run_elected<F>(
-    mut lock: LeaseLock,
+/// Run `controllers` until a requested stop. With a Lease (leader election on): first wait, as a
+/// ready standby, until this process holds it, then run them while renewing it (see the module
+/// documentation). Without: at once, giving in-flight reconciles the grace to finish.
+pub async fn run<F>(
+    lock: Option<LeaseLock>,
     shutdown: Shutdown,
     metrics: Arc<Metrics>,
     grace: Duration,
@@ -361,6 +362,9 @@ pub async fn run_elected<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    let Some(mut lock) = lock else {
+        return run_unelected(shutdown, metrics, grace, controllers).await;
+    };
     metrics.set_leader(false);
     let Some(renewed_at) = wait_for_the_lease(&mut lock, &shutdown, &metrics).await else {
         return Exit::Stopped;
@@ -491,17 +495,13 @@ async fn release_after_stop(lock: &mut LeaseLock, release_timeout: Duration) {
     }
 }
 
-/// Without leader election: run `controllers` until a requested stop, giving in-flight
-/// reconciles the grace to finish.
-pub async fn run_unelected<F>(
+/// Without leader election: this process acts at once.
+async fn run_unelected(
     shutdown: Shutdown,
     metrics: Arc<Metrics>,
     grace: Duration,
-    controllers: F,
-) -> Exit
-where
-    F: Future<Output = ()> + Send + 'static,
-{
+    controllers: impl Future<Output = ()> + Send + 'static,
+) -> Exit {
     metrics.set_leader(true);
     let mut task = tokio::spawn(controllers);
     tokio::select! {

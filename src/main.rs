@@ -116,7 +116,7 @@ async fn run_controllers(
     // /readyz turns true once the caches have synced and the controllers start (as the
     // leader), or once the Lease is seen held by another process (as a standby).
     let controllers = controllers::run_all(ctx, reflectors);
-    if args.leader_election {
+    let lock = if args.leader_election {
         let namespace =
             leader::lease_namespace(args.lease_namespace.as_deref(), args.pod_namespace.as_deref());
         let lock = leader::LeaseLock::new(
@@ -126,11 +126,12 @@ async fn run_controllers(
             timing,
         );
         tracing::info!(lease = %lock.name(), %namespace, identity = %lock.identity(), "leader election on");
-        leader::run_elected(lock, shutdown, metrics, grace, controllers).await
+        Some(lock)
     } else {
         tracing::info!("leader election off: this process acts at once");
-        leader::run_unelected(shutdown, metrics, grace, controllers).await
-    }
+        None
+    };
+    leader::run(lock, shutdown, metrics, grace, controllers).await
 }
 
 /// SIGTERM or SIGINT asks for a graceful stop; a second one ends the process at once.

@@ -322,6 +322,15 @@ fn capture_subscription_health_reads_its_taps() {
         health(&sub(status(vec![tap(TapState::Healthy, None)], Some(true)))).0,
         "Healthy"
     );
+    // Paused: Suspended, with what waits.
+    let mut paused = status(vec![tap(TapState::Healthy, None)], Some(false));
+    conditions::set_paused(&mut paused.conditions, true, "no tap is installed", Some(1));
+    let (s, m) = health(&sub(paused));
+    assert_eq!(
+        (s.as_str(), m.contains("no tap is installed")),
+        ("Suspended", true),
+        "{m}"
+    );
     // Mode Sample: no taps; browses that fail make it Degraded, not Progressing.
     let mut failing = status(vec![], Some(false));
     conditions::set(

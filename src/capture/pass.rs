@@ -142,6 +142,8 @@ pub struct Judgement {
     found: BTreeMap<(TapName, String), Found>,
     /// (tap, node) found installed: HEALTHY or DEGRADED by their drain, at report time.
     installed: Vec<(TapName, String)>,
+    /// The paused subscriptions whose installs or removals the pass held.
+    held: BTreeSet<String>,
 }
 
 /// The longest a report waits for the drains its pass started to connect (or fail).
@@ -171,7 +173,7 @@ pub async fn report(
         let why = drains.health.draining(&key, drains.within).err();
         found.insert((name.clone(), node.clone()), found_installed(why));
     }
-    write_statuses(ctx, state, &j.cluster_key, subs, &j.seen, &found).await
+    write_statuses(ctx, state, &j.cluster_key, subs, &j.seen, &found, &j.held).await
 }
 
 /// A capture queue on a live node that a drain should consume.
@@ -351,9 +353,10 @@ pub async fn run(
         timeout: seen.access.request_timeout,
         arms: &seen.arms,
     };
+    let divert_missing = divert_missing(&judged.installs);
+    let held = hold_paused(&mut judged, subs);
     // Before a capture queue is re-created under an existing divert: the window's loss.
     record_window_loss(ctx, state, &cluster_key, &seen.topology, &judged.installs).await;
-    let divert_missing = divert_missing(&judged.installs);
     let writes = !(judged.installs.is_empty() && judged.sweeps.is_empty());
     if seen.from_runtime && writes {
         // The shared write gate: the Secrets re-read right before a broker write.
@@ -393,8 +396,32 @@ pub async fn run(
         seen,
         found: judged.found,
         installed: judged.installed,
+        held,
     });
     Ok(summary)
+}
+
+/// The pause rule every kind keeps (`artemis-studio.io/paused: "true"`): a paused
+/// subscription's taps are neither installed, changed nor removed — also while it is deleted,
+/// whose finalizer then waits for the annotation to go; its drains go on. Returns the
+/// subscriptions whose writes this pass held.
+fn hold_paused(judged: &mut Judged, subs: &[Arc<ArtemisCaptureSubscription>]) -> BTreeSet<String> {
+    let paused: BTreeSet<String> = subs
+        .iter()
+        .filter(|s| crate::controllers::is_paused(&s.metadata))
+        .map(|s| s.name_any())
+        .collect();
+    let mut held = BTreeSet::new();
+    let mut writes = |t: &TapName| {
+        let hold = paused.contains(&t.subscription);
+        if hold {
+            held.insert(t.subscription.clone());
+        }
+        !hold
+    };
+    judged.installs.retain(|t, _| writes(t));
+    judged.sweeps.retain(|t, _| writes(t));
+    held
 }
 
 /// What a pass starts from: the cluster's access and a fresh topology, the open tap records,
@@ -937,6 +964,7 @@ async fn write_statuses(
     subs: &[Arc<ArtemisCaptureSubscription>],
     seen: &Survey,
     found: &BTreeMap<(TapName, String), Found>,
+    held: &BTreeSet<String>,
 ) -> Result<(), PassError> {
     let records = ctx.store.open_taps(cluster_key, &ctx.instance_id).await?;
     let totals = ctx.store.capture_totals(cluster_key).await?;
@@ -952,6 +980,7 @@ async fn write_statuses(
             marks: &marks,
             arms: &seen.arms,
             past_cap: &seen.past_cap,
+            held,
         };
         write_status(ctx, s, &seen.topology, &seen.desired, found, &stored).await?;
     }
@@ -1486,6 +1515,8 @@ struct Stored<'a> {
     arms: &'a BTreeMap<String, ArmState>,
     /// Per subscription: the addresses refused past its spec.maxTaps.
     past_cap: &'a BTreeMap<String, Vec<String>>,
+    /// The paused subscriptions whose installs or removals the pass held.
+    held: &'a BTreeSet<String>,
 }
 
 /// Status of one subscription after the pass (written only when it changed), and its
@@ -1540,6 +1571,7 @@ async fn write_status(
     let mine_totals = totals.iter().filter(|t| t.subscription == name);
     status.captured = mine_totals.clone().map(|t| t.captured.max(0) as u64).sum();
     status.dropped_estimate = mine_totals.map(|t| t.lost.max(0) as u64).sum();
+    set_paused(&mut status, s, stored.held.contains(&name));
     conditions::kstatus(&mut status.conditions, &[], generation);
     stalled_past_cap(&mut status.conditions, generation);
     let unchanged = same_status(&old, &status);
@@ -1703,6 +1735,28 @@ fn set_arming(
     }
 }
 
+/// Paused, and when the pause held a write of this pass, not Ready: the held writes say why.
+fn set_paused(status: &mut ArtemisCaptureSubscriptionStatus, s: &ArtemisCaptureSubscription, held: bool) {
+    let generation = s.metadata.generation;
+    let paused = crate::controllers::is_paused(&s.metadata);
+    let waits = "no tap is installed, changed or removed (its drains go on) until the annotation goes";
+    conditions::set_paused(&mut status.conditions, paused, waits, generation);
+    if paused && held {
+        let message = format!(
+            "paused ({} is \"true\"): taps to install or remove wait for the annotation to go",
+            crate::api::PAUSED_ANNOTATION
+        );
+        conditions::set(
+            &mut status.conditions,
+            conditions::READY,
+            false,
+            "Paused",
+            message,
+            generation,
+        );
+    }
+}
+
 /// Past the cap only a person can act (raise spec.maxTaps or narrow spec.queues): Stalled.
 fn stalled_past_cap(list: &mut Vec<crate::api::Condition>, generation: Option<i64>) {
     let Some(ready) = list
@@ -1788,11 +1842,7 @@ mod deleting_tests {
         };
         let mut status = ArtemisCaptureSubscriptionStatus::default();
         being_removed(&mut status, &[&record], &topology, vec![], Some(2));
-        let ready = status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Ready")
-            .expect("Ready");
+        let ready = crate::controllers::conditions::get(&status.conditions, "Ready").expect("Ready");
         assert!(
             ready.message.contains("old-node are not in this cluster now")
                 && ready.message.contains("artemis-studio.io/capture-taps"),

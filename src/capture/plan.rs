@@ -363,6 +363,22 @@ mod tests {
         }
     }
 
+    /// A subscription `sub` over `orders.#`.
+    fn orders_sub(armed: bool, max_taps: u32, installed: BTreeSet<String>) -> Subscription {
+        Subscription {
+            name: "sub".into(),
+            pattern: "orders.#".into(),
+            filter: None,
+            ring_size: 1,
+            expiry_delay_ms: 1,
+            max_buffer_bytes: 1 << 20,
+            deleting: false,
+            armed,
+            max_taps,
+            installed,
+        }
+    }
+
     fn inv_with(address: &str) -> NodeInventory {
         let mut inv = NodeInventory::default();
         inv.addresses.insert(
@@ -548,18 +564,7 @@ mod tests {
     #[test]
     fn deleting_subscriptions_desire_nothing() {
         let inv = inv_with("orders.in");
-        let mut s = Subscription {
-            name: "sub".into(),
-            pattern: "orders.#".into(),
-            filter: None,
-            ring_size: 1,
-            expiry_delay_ms: 1,
-            max_buffer_bytes: 1 << 20,
-            deleting: false,
-            armed: true,
-            max_taps: 100,
-            installed: BTreeSet::new(),
-        };
+        let mut s = orders_sub(true, 100, BTreeSet::new());
         assert_eq!(
             desired_taps("i1", "amq", std::slice::from_ref(&s), [&inv])
                 .0
@@ -583,18 +588,7 @@ mod tests {
                 },
             );
         }
-        let mut s = Subscription {
-            name: "sub".into(),
-            pattern: "orders.#".into(),
-            filter: None,
-            ring_size: 1,
-            expiry_delay_ms: 1,
-            max_buffer_bytes: 1 << 20,
-            deleting: false,
-            armed: false,
-            max_taps: 2,
-            installed: BTreeSet::from(["orders.c".to_string()]),
-        };
+        let mut s = orders_sub(false, 2, BTreeSet::from(["orders.c".to_string()]));
         let (d, cap) = desired_taps("i1", "amq", std::slice::from_ref(&s), [&inv]);
         assert_eq!(
             d.keys().map(|t| t.address.as_str()).collect::<Vec<_>>(),

@@ -791,11 +791,7 @@ mod tests {
             ("orders.01500", "orders.01999")
         );
         assert_eq!((status.addresses.len(), status.address_count), (100, 2_000));
-        let ready = status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Ready")
-            .expect("Ready");
+        let ready = crate::controllers::conditions::get(&status.conditions, "Ready").expect("Ready");
         assert_eq!(
             (ready.reason.as_str(), ready.message.as_str()),
             (

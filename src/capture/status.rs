@@ -242,11 +242,7 @@ mod tests {
             (status.addresses.len(), status.address_count),
             (MOST_LISTED, 1_000)
         );
-        let ready = status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Ready")
-            .expect("Ready");
+        let ready = crate::controllers::conditions::get(&status.conditions, "Ready").expect("Ready");
         assert_eq!(
             ready.message,
             "1 of 2000 taps refused (see taps[].refusal); 1998 healthy"

@@ -30,27 +30,6 @@ pub struct Scope<'a> {
     pub timeout: Duration,
 }
 
-/// Run one audited command on every live node of the scope's topology. The intent row is written before
-/// the first broker write; a failure to write it stops the command (nothing unaudited is sent).
-pub async fn run<K, F, Fut>(
-    ctx: &Context,
-    obj: &K,
-    scope: Scope<'_>,
-    intent: AuditIntent,
-    op: F,
-) -> Result<CommandResult, ReconcileError>
-where
-    K: Resource<DynamicType = ()>,
-    F: Fn(Target) -> Fut,
-    Fut: Future<Output = Result<NodeReport, NodeFailure>>,
-{
-    let told = Told {
-        on: Some(obj),
-        evidence_for: Some((scope.cluster_ns, scope.cluster_name)),
-    };
-    execute(ctx, told, scope.topology, scope.timeout, intent, op).await
-}
-
 /// What a command's end tells besides its audit row: the object its Event goes on (None: an
 /// orphan's sweep, which no object asked for) and the cluster whose managementWrite its outcome
 /// is evidence for (None for capture's writes: they say nothing of the management user's
@@ -58,6 +37,27 @@ where
 pub struct Told<'a, K> {
     pub on: Option<&'a K>,
     pub evidence_for: Option<(&'a str, &'a str)>,
+}
+
+impl<'a, K> Told<'a, K> {
+    /// A management command on `obj`: its Event goes on it, its outcome is evidence for the
+    /// cluster's managementWrite.
+    pub fn management(obj: &'a K, cluster_ns: &'a str, cluster_name: &'a str) -> Self {
+        Told {
+            on: Some(obj),
+            evidence_for: Some((cluster_ns, cluster_name)),
+        }
+    }
+}
+
+impl<'a> Scope<'a> {
+    /// What a management command on `obj` within this scope tells besides its audit row.
+    pub fn told<'b, K>(&self, obj: &'b K) -> Told<'b, K>
+    where
+        'a: 'b,
+    {
+        Told::management(obj, self.cluster_ns, self.cluster_name)
+    }
 }
 
 /// The execute stage, the one every kind's broker writes go through: audit intent → fan-out on
@@ -82,7 +82,7 @@ where
     conclude(ctx, told, &intent.command, &intent.cluster, audit_id, nodes).await
 }
 
-/// Complete a command whose intent row was written (by [`run`], or by a one-shot kind that
+/// Complete a command whose intent row was written (by [`execute`], or by a one-shot kind that
 /// persists the row's id before it calls the broker): the audit outcome, the metrics, the
 /// managementWrite evidence and one Event.
 pub async fn finish<K>(
@@ -97,11 +97,8 @@ pub async fn finish<K>(
 where
     K: Resource<DynamicType = ()>,
 {
-    let told = Told {
-        on: Some(obj),
-        evidence_for: Some((cluster_ns, cluster_name)),
-    };
     let cluster = super::key(cluster_ns, cluster_name);
+    let told = Told::management(obj, cluster_ns, cluster_name);
     conclude(ctx, told, command, &cluster, audit_id, nodes).await
 }
 

@@ -15,6 +15,8 @@ pub const STALLED: &str = "Stalled";
 pub const NOT_CONVERGING: &str = "NotConverging";
 /// A delete that cannot finish; the finalizer stays.
 pub const DELETE_BLOCKED: &str = "DeleteBlocked";
+/// The pause annotation holds every broker write of the object (queue, divert, close, capture).
+pub const PAUSED: &str = "Paused";
 
 /// Ready=False reasons that no retry resolves: a person must change the spec, the Secret, the
 /// broker or the permissions (or lift the dry run or pause). Anything else is still converging.
@@ -71,7 +73,7 @@ fn needs_a_person(conditions: &[Condition]) -> Option<(String, String)> {
 /// Ready=False for a reason only a person can fix (or every failed live node refused for good)
 /// → Stalled=True; otherwise → Reconciling=True.
 pub fn kstatus(conditions: &mut Vec<Condition>, nodes: &[NodeOutcome], generation: Option<i64>) {
-    let ready = conditions.iter().find(|c| c.type_ == READY).cloned();
+    let ready = get(conditions, READY).cloned();
     let refused_for_good = {
         let failed: Vec<&NodeOutcome> = nodes.iter().filter(|n| n.outcome == Outcome::Failed).collect();
         !failed.is_empty() && failed.iter().all(|n| !transient(n.refusal))
@@ -112,7 +114,6 @@ pub fn kstatus(conditions: &mut Vec<Condition>, nodes: &[NodeOutcome], generatio
     }
 }
 
-/// Set (or replace) the condition of `type_`.
 /// A condition's status, reason and message, as judged.
 pub type Judged<'a> = (bool, &'a str, String);
 
@@ -127,6 +128,29 @@ pub fn set_all<'a>(
     }
 }
 
+/// Paused: True while the pause annotation is "true", its message saying what waits.
+pub fn set_paused(conditions: &mut Vec<Condition>, paused: bool, waits: &str, generation: Option<i64>) {
+    if paused {
+        let message = format!("{} is \"true\": {waits}", crate::api::PAUSED_ANNOTATION);
+        set(conditions, PAUSED, true, "Annotated", message, generation);
+    } else {
+        set(
+            conditions,
+            PAUSED,
+            false,
+            "NotPaused",
+            "broker writes allowed",
+            generation,
+        );
+    }
+}
+
+/// The condition of `type_`, if set.
+pub fn get<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// Set (or replace) the condition of `type_`.
 pub fn set(
     conditions: &mut Vec<Condition>,
     type_: &str,

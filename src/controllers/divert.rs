@@ -12,7 +12,7 @@ use super::Context;
 use super::pipeline::{self, Pass, PlanFacts, Step, TopologyObject, WholeRefusal};
 use super::queue::plan::check_broker_name;
 use crate::api::divert::{ArtemisDivert, ArtemisDivertSpec, ArtemisDivertStatus, DivertRoutingType};
-use crate::api::{ClusterRef, DeletionPolicy, Outcome, RefusalKind};
+use crate::api::{Outcome, RefusalKind};
 use crate::broker::BrokerError;
 use crate::fanout::{self, NodeFailure, NodeReport, Target};
 use crate::topology::inventory::{DivertsRead, NodeInventory, ScopedRead};
@@ -215,21 +215,7 @@ impl TopologyObject for ArtemisDivert {
     const NOUN: &'static str = "divert";
     const FINALIZER: &'static str = FINALIZER;
 
-    fn cluster_ref(&self) -> &ClusterRef {
-        &self.spec.cluster_ref
-    }
-    fn dry_run(&self) -> bool {
-        self.spec.dry_run
-    }
-    fn deletion_policy(&self) -> DeletionPolicy {
-        self.spec.deletion.policy
-    }
-    fn current_status(&self) -> Option<&ArtemisDivertStatus> {
-        self.status.as_ref()
-    }
-    fn set_status(&mut self, status: ArtemisDivertStatus) {
-        self.status = Some(status);
-    }
+    pipeline::topology_object_accessors!(ArtemisDivertStatus);
     fn cache(ctx: &Context) -> &super::Cache<Self> {
         &ctx.caches.diverts
     }

@@ -597,6 +597,23 @@ of_cluster_ref!(
     crate::api::connection_close::ConnectionClose
 );
 
+/// What a watch, a cache and a controller need of a kind.
+pub trait Watched:
+    Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// Run one kind's controller until shutdown (every kind is wired the same way).
 pub async fn run_controller<K, Fut>(
     wiring: Wiring<K>,
@@ -604,14 +621,7 @@ pub async fn run_controller<K, Fut>(
     reconcile: impl FnMut(Arc<K>, Arc<Context>) -> Fut,
     error_policy: impl Fn(Arc<K>, &ReconcileError, Arc<Context>) -> kube::runtime::controller::Action,
 ) where
-    K: kube::Resource<DynamicType = ()>
-        + OfCluster
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Watched + OfCluster,
     Fut: std::future::Future<Output = Result<kube::runtime::controller::Action, ReconcileError>>
         + Send
         + 'static,
@@ -755,13 +765,7 @@ async fn reflect<K>(
     indexes: Option<Indexes<K>>,
     deleted: impl Fn(&K),
 ) where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
 {
     use futures::StreamExt;
     use kube::runtime::WatchStreamExt;
@@ -979,32 +983,8 @@ async fn reflect_all(ctx: Arc<Context>, watches: Watches) {
                 .await
             }
         });
-    let q = ns
-        .apis::<ArtemisQueue>(client)
-        .into_iter()
-        .zip(watches.queues)
-        .map(|(a, (w, tx))| {
-            reflect(
-                a,
-                w,
-                Some(tx),
-                Some(indexes_of::<ArtemisQueue>(&ctx)),
-                |_: &ArtemisQueue| {},
-            )
-        });
-    let d = ns
-        .apis::<ArtemisDivert>(client)
-        .into_iter()
-        .zip(watches.diverts)
-        .map(|(a, (w, tx))| {
-            reflect(
-                a,
-                w,
-                Some(tx),
-                Some(indexes_of::<ArtemisDivert>(&ctx)),
-                |_: &ArtemisDivert| {},
-            )
-        });
+    let q = reflect_topology(&ctx, watches.queues);
+    let d = reflect_topology(&ctx, watches.diverts);
     let s = ns
         .apis::<ArtemisCaptureSubscription>(client)
         .into_iter()
@@ -1022,6 +1002,19 @@ async fn reflect_all(ctx: Arc<Context>, watches: Watches) {
         join_all(s),
         join_all(secrets)
     );
+}
+
+/// The watches of a topology kind (queue, divert), one per scope: its cache, its feed and the
+/// claim and dependents indexes the watch keeps.
+fn reflect_topology<K: pipeline::TopologyObject>(
+    ctx: &Context,
+    watches: Vec<Watch<K>>,
+) -> impl Iterator<Item = impl std::future::Future<Output = ()>> {
+    ctx.namespaces
+        .apis::<K>(&ctx.client)
+        .into_iter()
+        .zip(watches)
+        .map(|(a, (w, tx))| reflect(a, w, Some(tx), Some(indexes_of::<K>(ctx)), |_: &K| {}))
 }
 
 /// A watch's writer and feed sender

@@ -42,7 +42,7 @@ use crate::store::AuditIntent;
 use crate::topology::inventory::NodeInventory;
 use crate::topology::{LogicalNode, Topology};
 
-pub const PAUSED: &str = "Paused";
+pub use super::conditions::PAUSED;
 pub const DELETE_BLOCKED: &str = conditions::DELETE_BLOCKED;
 
 /// What one node needs, decided by a pure plan.
@@ -80,6 +80,30 @@ pub struct WholeRefusal {
 }
 
 /// A kind that keeps one broker object on every live node.
+/// The five accessors every topology kind implements alike, over `spec.cluster_ref`,
+/// `spec.dry_run`, `spec.deletion.policy` and `status`: `topology_object_accessors!(StatusType);`
+/// inside the kind's `impl TopologyObject`.
+macro_rules! topology_object_accessors {
+    ($status:ty) => {
+        fn cluster_ref(&self) -> &$crate::api::ClusterRef {
+            &self.spec.cluster_ref
+        }
+        fn dry_run(&self) -> bool {
+            self.spec.dry_run
+        }
+        fn deletion_policy(&self) -> $crate::api::DeletionPolicy {
+            self.spec.deletion.policy
+        }
+        fn current_status(&self) -> Option<&$status> {
+            self.status.as_ref()
+        }
+        fn set_status(&mut self, status: $status) {
+            self.status = Some(status);
+        }
+    };
+}
+pub(crate) use topology_object_accessors;
+
 pub trait TopologyObject:
     Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
     + Clone
@@ -578,7 +602,7 @@ async fn announce_not_ready<K: TopologyObject>(
     before: Option<&Condition>,
     conds: &[Condition],
 ) {
-    let Some(now) = conds.iter().find(|c| c.type_ == conditions::READY) else {
+    let Some(now) = conditions::get(conds, conditions::READY) else {
         return;
     };
     let same =
@@ -717,28 +741,8 @@ fn merge(planned: Vec<(NodeOutcome, bool)>, executed: Vec<NodeOutcome>) -> Vec<N
 }
 
 fn set_paused_condition(conditions_: &mut Vec<Condition>, gate: Gate, generation: Option<i64>) {
-    if gate == Gate::Paused {
-        conditions::set(
-            conditions_,
-            PAUSED,
-            true,
-            "Annotated",
-            format!(
-                "{} is \"true\": no broker writes, on apply or delete; status.nodes shows what would change",
-                crate::api::PAUSED_ANNOTATION
-            ),
-            generation,
-        );
-    } else {
-        conditions::set(
-            conditions_,
-            PAUSED,
-            false,
-            "NotPaused",
-            "broker writes allowed",
-            generation,
-        );
-    }
+    let waits = "no broker writes, on apply or delete; status.nodes shows what would change";
+    conditions::set_paused(conditions_, gate == Gate::Paused, waits, generation);
 }
 
 /// report: the one place that writes status.
@@ -1187,7 +1191,7 @@ async fn judge_apply<K: TopologyObject>(
     let generation = o.meta().generation;
     let mut conds = old_conditions(o);
     set_paused_condition(&mut conds, gate, generation);
-    let before = conds.iter().find(|c| c.type_ == conditions::READY).cloned();
+    let before = conditions::get(&conds, conditions::READY).cloned();
     conditions::from_outcomes(&mut conds, &nodes, generation, gate != Gate::Write, K::NOUN);
     set_not_converging(&mut conds, &nodes, generation);
     if last_audit_id == old_audit(o) {
@@ -1316,7 +1320,7 @@ async fn write<K: TopologyObject>(
         timeout: deref.rt.request_timeout * 3,
     };
     let seen_by_nodes = seen.clone();
-    let mut result = command::run(ctx, obj, scope, intent, |t| {
+    let mut result = command::execute(ctx, scope.told(obj), scope.topology, scope.timeout, intent, |t| {
         let (d, from, seen) = (d.clone(), from.clone(), seen_by_nodes.clone());
         async move {
             crate::crash_window::hold_all_but_first_node().await;
@@ -1747,7 +1751,15 @@ async fn execute_delete<K: TopologyObject>(
         timeout: deref.rt.request_timeout * 4,
     };
     let command = format!("{}.delete", K::NOUN);
-    let result = command::run(ctx, o, scope, intent(ctx, o, d, &command, params), delete).await?;
+    let result = command::execute(
+        ctx,
+        scope.told(o),
+        scope.topology,
+        scope.timeout,
+        intent(ctx, o, d, &command, params),
+        delete,
+    )
+    .await?;
     let mut executed = result.nodes;
     stamp(&mut executed, &command, result.audit_id);
     Ok((merge(plan, executed), result.audit_id))

@@ -223,18 +223,10 @@ impl Store {
         from: DateTime<Utc>,
         to: DateTime<Utc>,
     ) -> Result<Vec<CoverageSession>, StoreError> {
-        Ok(sqlx::query_as(
-            "SELECT subscription, node, source_address, started_at, confirmed_until, ended_at \
-             FROM capture_coverage WHERE cluster = $1 AND ($2::text IS NULL OR subscription = $2) \
-             AND started_at <= $4 AND coalesce(ended_at, 'infinity') >= $3 \
-             ORDER BY subscription, node, source_address, started_at",
-        )
-        .bind(cluster)
-        .bind(subscription)
-        .bind(from)
-        .bind(to)
-        .fetch_all(self.pool())
-        .await?)
+        let columns = "subscription, node, source_address, started_at, confirmed_until, ended_at";
+        let lived = ("capture_coverage", "started_at", "ended_at");
+        self.overlapping(columns, lived, cluster, subscription, (from, to))
+            .await
     }
 
     /// Taps installed at some time in the window: the (node, address) pairs that should be
@@ -246,12 +238,31 @@ impl Store {
         from: DateTime<Utc>,
         to: DateTime<Utc>,
     ) -> Result<Vec<TapIncarnation>, StoreError> {
-        Ok(sqlx::query_as(
-            "SELECT subscription, node, source_address, installed_at, removed_at FROM capture_tap \
+        let columns = "subscription, node, source_address, installed_at, removed_at";
+        let lived = ("capture_tap", "installed_at", "removed_at");
+        self.overlapping(columns, lived, cluster, subscription, (from, to))
+            .await
+    }
+
+    /// Rows of a per-tap table whose life (`lived`: table, start column, end column, the end
+    /// NULL while it lasts) overlaps the window, of one subscription or all of the cluster's.
+    async fn overlapping<T>(
+        &self,
+        columns: &str,
+        (table, start, end): (&str, &str, &str),
+        cluster: &str,
+        subscription: Option<&str>,
+        (from, to): (DateTime<Utc>, DateTime<Utc>),
+    ) -> Result<Vec<T>, StoreError>
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+    {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {columns} FROM {table} \
              WHERE cluster = $1 AND ($2::text IS NULL OR subscription = $2) \
-             AND installed_at <= $4 AND coalesce(removed_at, 'infinity') >= $3 \
-             ORDER BY subscription, node, source_address, installed_at",
-        )
+             AND {start} <= $4 AND coalesce({end}, 'infinity') >= $3 \
+             ORDER BY subscription, node, source_address, {start}"
+        ))
         .bind(cluster)
         .bind(subscription)
         .bind(from)

@@ -252,15 +252,11 @@ async fn management_write_follows_evidence_only() {
             Ok(NodeReport::new(Outcome::Applied, "created"))
         }
     };
-    let r = command::run(
+    let r = command::execute(
         &op.ctx,
-        &cluster,
-        command::Scope {
-            cluster_ns: &ns,
-            cluster_name: "c",
-            topology: &topology,
-            timeout: Duration::from_secs(5),
-        },
+        command::Told::management(&cluster, &ns, "c"),
+        &topology,
+        Duration::from_secs(5),
         intent("queue.create", &ns, &cluster),
         create,
     )
@@ -314,15 +310,11 @@ async fn management_write_follows_evidence_only() {
         target.management.create_queue(&json!("{not a queue")).await?;
         Ok(NodeReport::new(Outcome::Applied, "created"))
     };
-    let r = command::run(
+    let r = command::execute(
         &op.ctx,
-        &cluster,
-        command::Scope {
-            cluster_ns: &ns,
-            cluster_name: "c",
-            topology: &topology,
-            timeout: Duration::from_secs(5),
-        },
+        command::Told::management(&cluster, &ns, "c"),
+        &topology,
+        Duration::from_secs(5),
         intent("queue.create", &ns, &cluster),
         malformed,
     )
@@ -342,15 +334,11 @@ async fn management_write_follows_evidence_only() {
     );
 
     // ...and a permitted write flips it to AVAILABLE.
-    let r = command::run(
+    let r = command::execute(
         &op.ctx,
-        &cluster,
-        command::Scope {
-            cluster_ns: &ns,
-            cluster_name: "c",
-            topology: &topology,
-            timeout: Duration::from_secs(5),
-        },
+        command::Told::management(&cluster, &ns, "c"),
+        &topology,
+        Duration::from_secs(5),
         intent("queue.create", &ns, &cluster),
         create,
     )
@@ -411,15 +399,11 @@ async fn a_partially_failed_command_is_one_failed_audit_row_naming_the_applied_n
 
     let config =
         json!({"name": address, "address": address, "routing-type": "ANYCAST", "auto-create-address": true});
-    let r = command::run(
+    let r = command::execute(
         &op.ctx,
-        &cluster,
-        command::Scope {
-            cluster_ns: &ns,
-            cluster_name: "c",
-            topology: &topology,
-            timeout: Duration::from_secs(5),
-        },
+        command::Told::management(&cluster, &ns, "c"),
+        &topology,
+        Duration::from_secs(5),
         intent("queue.create", &ns, &cluster),
         |t| {
             let config = config.clone();

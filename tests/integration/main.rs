@@ -21,6 +21,7 @@ mod filters;
 mod gitops;
 mod leader;
 mod loops;
+mod pause;
 mod queue;
 mod reading;
 mod safety;

@@ -35,6 +35,13 @@ if degraded ~= nil and degraded.status == "True" then
   hs.message = tostring(degraded.reason) .. ": " .. tostring(degraded.message)
   return hs
 end
+-- Paused (artemis-studio.io/paused): no tap is installed, changed or removed until it goes.
+local paused = condition("Paused")
+if paused ~= nil and paused.status == "True" then
+  hs.status = "Suspended"
+  hs.message = tostring(paused.message)
+  return hs
+end
 local ready = condition("Ready")
 if ready ~= nil and ready.status == "True" then
   hs.status = "Healthy"

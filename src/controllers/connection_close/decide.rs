@@ -232,6 +232,20 @@ pub fn judge_confirmation(
     }
 }
 
+/// The pause annotation holds a confirmed close before it is armed: who it would disconnect
+/// stays shown, nothing is armed or sent until the annotation goes (the same rule as every
+/// other kind's broker writes).
+pub fn judge_pause(o: &ConnectionClose, status: &mut ConnectionCloseStatus) -> ControlFlow<Verdict> {
+    let paused = super::super::is_paused(&o.metadata);
+    let waits = "confirmed, not sent; the close goes on when the annotation goes";
+    conditions::set_paused(&mut status.conditions, paused, waits, o.metadata.generation);
+    if !paused {
+        return ControlFlow::Continue(());
+    }
+    let message = format!("paused ({} is \"true\"): {waits}", crate::api::PAUSED_ANNOTATION);
+    ControlFlow::Break(awaiting_confirmation(o, status, message))
+}
+
 /// A close by id, armed and audited: where it goes, its audit row, what was confirmed.
 pub struct Armed<'a> {
     pub at: At<'a>,
@@ -704,6 +718,28 @@ mod stage_tests {
             spec["confirm"] = c.into();
         }
         close(generation, spec, serde_json::json!({}))
+    }
+
+    #[test]
+    fn a_paused_close_is_shown_and_never_armed_until_the_annotation_goes() {
+        let spec = serde_json::json!({"clusterRef": {"name": "c"}, "target": {"node": "n1", "connectionId": "7"}, "confirm": "orders-app"});
+        let paused = close(
+            3,
+            spec.clone(),
+            serde_json::json!({"artemis-studio.io/paused": "true"}),
+        );
+        let mut status = ConnectionCloseStatus::default();
+        let ControlFlow::Break(v) = judge_pause(&paused, &mut status) else {
+            panic!("a paused close goes on to arm")
+        };
+        assert_eq!(v.status.phase, ClosePhase::AwaitingConfirmation);
+        assert!(v.status.armed_by.is_none() && v.resolve.is_none());
+        let p = conditions::get(&v.status.conditions, conditions::PAUSED).expect("Paused");
+        assert_eq!((p.status.as_str(), p.reason.as_str()), ("True", "Annotated"));
+        let unpaused = close(3, spec, serde_json::json!({}));
+        assert!(judge_pause(&unpaused, &mut status).is_continue());
+        let p = conditions::get(&status.conditions, conditions::PAUSED).expect("Paused");
+        assert_eq!(p.status, "False");
     }
 
     fn node(id: &str, live: bool) -> LogicalNode {

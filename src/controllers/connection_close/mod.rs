@@ -120,6 +120,7 @@ async fn close_by_id(
     let read = read::target(m, &o.spec.target).await;
     let snapshot = go_on!(ctx, o, decide::judge_target(o, at, read, &mut status));
     let expected = go_on!(ctx, o, decide::judge_confirmation(o, &snapshot, &mut status));
+    go_on!(ctx, o, decide::judge_pause(o, &mut status));
     if !arm(ctx, o, &mut status).await? {
         return Ok(Action::requeue(Duration::from_secs(2)));
     }
@@ -213,6 +214,7 @@ async fn close_address(
     let preview = read::address_preview(topology, address).await;
     let judged = decide::judge_address_preview(o, address, rt.bulk_cap, preview, &mut status);
     let snapshot = go_on!(ctx, o, judged);
+    go_on!(ctx, o, decide::judge_pause(o, &mut status));
     if !arm(ctx, o, &mut status).await? {
         return Ok(Action::requeue(Duration::from_secs(2)));
     }
@@ -250,7 +252,15 @@ async fn close_address_everywhere(
             })
         }
     };
-    command::run(ctx, o, scope, intent(ctx, o, snapshot, "every live node"), close).await
+    command::execute(
+        ctx,
+        scope.told(o),
+        scope.topology,
+        scope.timeout,
+        intent(ctx, o, snapshot, "every live node"),
+        close,
+    )
+    .await
 }
 
 async fn reconcile(o: Arc<ConnectionClose>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {

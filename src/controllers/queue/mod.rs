@@ -13,7 +13,7 @@ use self::plan::{DesiredQueue, NodeAction};
 use super::Context;
 use super::pipeline::{self, Pass, PlanFacts, Step, TopologyObject, WholeRefusal};
 use crate::api::queue::{ArtemisQueue, ArtemisQueueStatus, DeletePreview};
-use crate::api::{CAPTURE_PREFIX, ClusterRef, DeletionPolicy, Outcome, RefusalKind};
+use crate::api::{CAPTURE_PREFIX, Outcome, RefusalKind};
 use crate::broker::BrokerError;
 use crate::fanout::{self, NodeFailure, NodeReport, Target};
 use crate::topology::Topology;
@@ -324,21 +324,7 @@ impl TopologyObject for ArtemisQueue {
     const FINALIZER: &'static str = FINALIZER;
     const ALREADY_EXISTS: Option<RefusalKind> = Some(RefusalKind::QueueExists);
 
-    fn cluster_ref(&self) -> &ClusterRef {
-        &self.spec.cluster_ref
-    }
-    fn dry_run(&self) -> bool {
-        self.spec.dry_run
-    }
-    fn deletion_policy(&self) -> DeletionPolicy {
-        self.spec.deletion.policy
-    }
-    fn current_status(&self) -> Option<&ArtemisQueueStatus> {
-        self.status.as_ref()
-    }
-    fn set_status(&mut self, status: ArtemisQueueStatus) {
-        self.status = Some(status);
-    }
+    pipeline::topology_object_accessors!(ArtemisQueueStatus);
     /// A create: the broker's answer is the evidence (created, or AMQ229019: read and judged).
     fn answer_is_evidence(d: &DesiredQueue, snapshot: &NodeInventory) -> bool {
         matches!(plan::plan_node(d, snapshot), NodeAction::Create { .. })
