@@ -1740,7 +1740,7 @@ fn set_paused(status: &mut ArtemisCaptureSubscriptionStatus, s: &ArtemisCaptureS
     let generation = s.metadata.generation;
     let paused = crate::controllers::is_paused(&s.metadata);
     let waits = "no tap is installed, changed or removed (its drains go on) until the annotation goes";
-    conditions::set_paused(&mut status.conditions, paused, waits, generation);
+    conditions::note_paused(&mut status.conditions, paused, waits, generation);
     if paused && held {
         let message = format!(
             "paused ({} is \"true\"): taps to install or remove wait for the annotation to go",

@@ -145,6 +145,15 @@ pub fn set_paused(conditions: &mut Vec<Condition>, paused: bool, waits: &str, ge
     }
 }
 
+/// [`set_paused`] for the kinds that gained the condition later (closes, capture): set while
+/// paused and kept current once set, never added as False to a status that had none (an
+/// upgraded operator writes nothing to an object whose status is current).
+pub fn note_paused(conditions: &mut Vec<Condition>, paused: bool, waits: &str, generation: Option<i64>) {
+    if paused || get(conditions, PAUSED).is_some() {
+        set_paused(conditions, paused, waits, generation);
+    }
+}
+
 /// The condition of `type_`, if set.
 pub fn get<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
     conditions.iter().find(|c| c.type_ == type_)
@@ -392,5 +401,26 @@ mod kstatus_tests {
         set(&mut c, DELETE_BLOCKED, true, "NodesNotLive", "n down", Some(2));
         kstatus(&mut c, &[], Some(2));
         assert_eq!(status_of(&c, STALLED).0, "False");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paused_is_added_only_while_paused_and_kept_current_once_there() {
+        let mut conds = vec![];
+        note_paused(&mut conds, false, "nothing", Some(1));
+        assert!(
+            conds.is_empty(),
+            "an unpaused object's status is not written for it"
+        );
+        note_paused(&mut conds, true, "the close waits", Some(1));
+        let p = get(&conds, PAUSED).expect("Paused");
+        assert_eq!((p.status.as_str(), p.reason.as_str()), ("True", "Annotated"));
+        assert!(p.message.contains("the close waits"));
+        note_paused(&mut conds, false, "the close waits", Some(1));
+        assert_eq!(get(&conds, PAUSED).map(|p| p.status.as_str()), Some("False"));
     }
 }

@@ -238,7 +238,7 @@ pub fn judge_confirmation(
 pub fn judge_pause(o: &ConnectionClose, status: &mut ConnectionCloseStatus) -> ControlFlow<Verdict> {
     let paused = super::super::is_paused(&o.metadata);
     let waits = "confirmed, not sent; the close goes on when the annotation goes";
-    conditions::set_paused(&mut status.conditions, paused, waits, o.metadata.generation);
+    conditions::note_paused(&mut status.conditions, paused, waits, o.metadata.generation);
     if !paused {
         return ControlFlow::Continue(());
     }
