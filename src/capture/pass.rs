@@ -1742,10 +1742,7 @@ fn set_paused(status: &mut ArtemisCaptureSubscriptionStatus, s: &ArtemisCaptureS
     let waits = "no tap is installed, changed or removed (its drains go on) until the annotation goes";
     conditions::note_paused(&mut status.conditions, paused, waits, generation);
     if paused && held {
-        let message = format!(
-            "paused ({} is \"true\"): taps to install or remove wait for the annotation to go",
-            crate::api::PAUSED_ANNOTATION
-        );
+        let message = conditions::paused_message("taps to install or remove wait for the annotation to go");
         conditions::set(
             &mut status.conditions,
             conditions::READY,

@@ -128,11 +128,22 @@ pub fn set_all<'a>(
     }
 }
 
+/// What a pause holds, as conditions say it: `artemis-studio.io/paused is "true": {waits}`.
+pub fn paused_message(waits: &str) -> String {
+    format!("{} is \"true\": {waits}", crate::api::PAUSED_ANNOTATION)
+}
+
 /// Paused: True while the pause annotation is "true", its message saying what waits.
 pub fn set_paused(conditions: &mut Vec<Condition>, paused: bool, waits: &str, generation: Option<i64>) {
     if paused {
-        let message = format!("{} is \"true\": {waits}", crate::api::PAUSED_ANNOTATION);
-        set(conditions, PAUSED, true, "Annotated", message, generation);
+        set(
+            conditions,
+            PAUSED,
+            true,
+            "Annotated",
+            paused_message(waits),
+            generation,
+        );
     } else {
         set(
             conditions,

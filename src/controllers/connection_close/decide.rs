@@ -242,8 +242,11 @@ pub fn judge_pause(o: &ConnectionClose, status: &mut ConnectionCloseStatus) -> C
     if !paused {
         return ControlFlow::Continue(());
     }
-    let message = format!("paused ({} is \"true\"): {waits}", crate::api::PAUSED_ANNOTATION);
-    ControlFlow::Break(awaiting_confirmation(o, status, message))
+    ControlFlow::Break(awaiting_confirmation(
+        o,
+        status,
+        conditions::paused_message(waits),
+    ))
 }
 
 /// A close by id, armed and audited: where it goes, its audit row, what was confirmed.
