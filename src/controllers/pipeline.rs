@@ -42,7 +42,6 @@ use crate::store::AuditIntent;
 use crate::topology::inventory::NodeInventory;
 use crate::topology::{LogicalNode, Topology};
 
-pub use super::conditions::PAUSED;
 pub const DELETE_BLOCKED: &str = conditions::DELETE_BLOCKED;
 
 /// What one node needs, decided by a pure plan.
@@ -79,7 +78,6 @@ pub struct WholeRefusal {
     pub message: String,
 }
 
-/// A kind that keeps one broker object on every live node.
 /// The five accessors every topology kind implements alike, over `spec.cluster_ref`,
 /// `spec.dry_run`, `spec.deletion.policy` and `status`: `topology_object_accessors!(StatusType);`
 /// inside the kind's `impl TopologyObject`.
@@ -104,6 +102,7 @@ macro_rules! topology_object_accessors {
 }
 pub(crate) use topology_object_accessors;
 
+/// A kind that keeps one broker object on every live node.
 pub trait TopologyObject:
     Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
     + Clone
