@@ -31,11 +31,12 @@ pub struct Scope<'a> {
 }
 
 /// What a command's end tells besides its audit row: the object its Event goes on (None: an
-/// orphan's sweep, which no object asked for) and the cluster whose managementWrite its outcome
-/// is evidence for (None for capture's writes: they say nothing of the management user's
-/// authority over queues, ADR-0049).
+/// orphan's sweep, which no object asked for), whether a success is told too, and the cluster
+/// whose managementWrite its outcome is evidence for (None for capture's writes: they say
+/// nothing of the management user's authority over queues, ADR-0049).
 pub struct Told<'a, K> {
     pub on: Option<&'a K>,
+    pub success_event: bool,
     pub evidence_for: Option<(&'a str, &'a str)>,
 }
 
@@ -45,7 +46,18 @@ impl<'a, K> Told<'a, K> {
     pub fn management(obj: &'a K, cluster_ns: &'a str, cluster_name: &'a str) -> Self {
         Told {
             on: Some(obj),
+            success_event: true,
             evidence_for: Some((cluster_ns, cluster_name)),
+        }
+    }
+
+    /// Only a failure gets an Event: for a new object's create, which its status (`Ready`, each
+    /// node `APPLIED` with the audit row) and the audit log already say — an Event per created
+    /// object would be a third API write per object, and thousands of Events nobody acts on.
+    pub fn failures_only(self) -> Self {
+        Told {
+            success_event: false,
+            ..self
         }
     }
 }
@@ -117,7 +129,8 @@ where
     if let Some((ns, cluster)) = told.evidence_for {
         report_evidence(ctx, ns, cluster, command, &nodes).await?;
     }
-    if let Some(obj) = told.on {
+    let told_too = verdict != CommandVerdict::Succeeded || told.success_event;
+    if let Some(obj) = told.on.filter(|_| told_too) {
         announce(ctx, obj, command, verdict, &nodes).await;
     }
     Ok(CommandResult {
@@ -160,8 +173,13 @@ async fn record_outcome(
 }
 
 /// The Event a human sees for a finished command on its object.
-async fn announce<K>(ctx: &Context, obj: &K, command: &str, verdict: CommandVerdict, nodes: &[NodeOutcome])
-where
+pub async fn announce<K>(
+    ctx: &Context,
+    obj: &K,
+    command: &str,
+    verdict: CommandVerdict,
+    nodes: &[NodeOutcome],
+) where
     K: Resource<DynamicType = ()>,
 {
     let (warning, reason) = match verdict {
@@ -206,17 +224,13 @@ pub fn describe(command: &str, nodes: &[NodeOutcome]) -> String {
     format!("{command} ({}): {}", fanout::summary(nodes), parts.join("; "))
 }
 
-/// `<kind>.apply` for the first command of a spec generation; `<kind>.repair` when a command
-/// already ran for this generation and the brokers drifted since (ADR-0049's desired state).
-pub fn apply_or_repair(
-    kind: &str,
-    observed: Option<i64>,
-    generation: Option<i64>,
-    last_audit: Option<i64>,
-) -> String {
-    if last_audit.is_some() && observed == generation {
-        format!("{kind}.repair")
-    } else {
-        format!("{kind}.apply")
-    }
+/// A command already ran for this spec generation and the brokers drifted since (ADR-0049's
+/// desired state): the next one is `<kind>.repair`, not `<kind>.apply`.
+pub fn is_repair(observed: Option<i64>, generation: Option<i64>, last_audit: Option<i64>) -> bool {
+    last_audit.is_some() && observed == generation
+}
+
+/// `<kind>.apply` for the first command of a spec generation; `<kind>.repair` for a repair.
+pub fn apply_or_repair(kind: &str, repair: bool) -> String {
+    format!("{kind}.{}", if repair { "repair" } else { "apply" })
 }

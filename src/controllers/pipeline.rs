@@ -25,6 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::ops::ControlFlow;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::Cache;
@@ -1306,7 +1307,10 @@ async fn write<K: TopologyObject>(
         return Ok((plan.into_iter().map(|(n, _)| n).collect(), None));
     }
     let old_generation = obj.current_status().and_then(|s| s.observed_generation());
-    let command_name = command::apply_or_repair(K::NOUN, old_generation, generation, last_audit_id);
+    let repair = command::is_repair(old_generation, generation, last_audit_id);
+    let command_name = command::apply_or_repair(K::NOUN, repair);
+    // A create on every node it goes to: its status and audit row say so, no Event.
+    let creates_only = !repair && from.values().all(|p| matches!(p, Planned::Snapshot(_)));
     let mut params = obj.apply_params(d);
     params["plan"] = serde_json::to_value(plan.iter().map(|(n, _)| n).collect::<Vec<_>>())?;
     let ns = obj.namespace().unwrap_or_default();
@@ -1318,17 +1322,23 @@ async fn write<K: TopologyObject>(
         topology: &deref.topology.restricted_to(&targets),
         timeout: deref.rt.request_timeout * 3,
     };
-    let seen_by_nodes = seen.clone();
-    let mut result = command::execute(ctx, scope.told(obj), scope.topology, scope.timeout, intent, |t| {
-        let (d, from, seen) = (d.clone(), from.clone(), seen_by_nodes.clone());
+    let told = scope.told(obj);
+    let told = if creates_only { told.failures_only() } else { told };
+    let existed = Arc::new(AtomicBool::new(false));
+    let mut result = command::execute(ctx, told, scope.topology, scope.timeout, intent, |t| {
+        let (d, from, seen, existed) = (d.clone(), from.clone(), seen.clone(), existed.clone());
         async move {
             crate::crash_window::hold_all_but_first_node().await;
             let planned = from.get(&t.node_id).cloned();
             let planned = planned.unwrap_or_else(|| Planned::Fresh(Default::default()));
-            apply_with_evidence::<K>(t, d, planned, &seen).await
+            apply_with_evidence::<K>(t, d, planned, &seen, &existed).await
         }
     })
     .await?;
+    if creates_only && existed.load(Ordering::Relaxed) {
+        // A node held the object already (made behind the snapshot's back): not a create there.
+        command::announce(ctx, obj, &command_name, result.verdict, &result.nodes).await;
+    }
     let audit_id = result.audit_id;
     overlay_seen(ctx, &deref.cluster_key, &seen, obj.meta().uid.as_deref());
     stamp(&mut result.nodes, &command_name, audit_id);
@@ -1336,12 +1346,14 @@ async fn write<K: TopologyObject>(
 }
 
 /// One node's write and its evidence: the answer where it is the evidence (an "already exists"
-/// answer is read and planned again from what the node holds), else a verifying fresh read.
+/// answer is read and planned again from what the node holds, and `existed` set), else a
+/// verifying fresh read.
 async fn apply_with_evidence<K: TopologyObject>(
     t: Target,
     d: K::Desired,
     planned: Planned,
     seen: &std::sync::Mutex<BTreeMap<String, Arc<NodeInventory>>>,
+    existed: &AtomicBool,
 ) -> Result<NodeReport, NodeFailure> {
     let record = |inv: &Arc<NodeInventory>| {
         if let Ok(mut m) = seen.lock() {
@@ -1363,6 +1375,7 @@ async fn apply_with_evidence<K: TopologyObject>(
             Err(f) if K::ALREADY_EXISTS.is_some_and(|k| f.error.refusal_kind() == k) => {
                 // Made behind the snapshot's back (another writer, or a poll not yet seen):
                 // read that object and judge it as an update would be.
+                existed.store(true, Ordering::Relaxed);
                 let fresh = Arc::new(K::read_fresh(&t, &d, None).await?);
                 record(&fresh);
                 let report = K::apply_on(t.clone(), d.clone(), fresh.clone()).await?;
@@ -2038,7 +2051,8 @@ mod on_a_fake_broker {
     ) -> Result<NodeReport, NodeFailure> {
         let seen = Mutex::new(BTreeMap::new());
         let t = target("n1", fake.clone());
-        apply_with_evidence::<ArtemisQueue>(t, d.clone(), planned, &seen).await
+        let existed = AtomicBool::new(false);
+        apply_with_evidence::<ArtemisQueue>(t, d.clone(), planned, &seen, &existed).await
     }
 
     use super::super::queue;

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s_openapi::api::rbac::v1::ClusterRole;
-use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use serde_json::json;
@@ -536,7 +536,7 @@ async fn the_operator_runs_under_the_charts_service_account() {
         .node_id
         .clone();
 
-    // ArtemisQueue: finalizer, status, an Event, then a delete that releases the finalizer.
+    // ArtemisQueue: finalizer, status, an update's Event, then a delete that releases the finalizer.
     let queues: Api<ArtemisQueue> = Api::namespaced(admin.clone(), &ns);
     let name = format!("chart-q-{id}");
     let q: ArtemisQueue = serde_json::from_value(json!({
@@ -582,8 +582,17 @@ async fn the_operator_runs_under_the_charts_service_account() {
         Some(1),
         "the cluster's spec was never written"
     );
+    // A change to the queue that exists is told by an Event (a create only by its status).
+    queues
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"filter": "chart = 1"}})),
+        )
+        .await
+        .expect("change the queue's filter");
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin.clone(), &ns);
-    wait_until("an Event of the queue's command", Duration::from_secs(30), || {
+    wait_until("an Event of the queue's update", Duration::from_secs(60), || {
         let events = events.clone();
         let name = name.clone();
         async move {

@@ -81,19 +81,6 @@ async fn later_passes(op: &OperatorHandle, kind: &str, passes: u64) {
     .await;
 }
 
-async fn event_reasons(f: &Fixture, object: &str) -> Vec<String> {
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(f.admin.clone(), &f.ns);
-    events
-        .list(&Default::default())
-        .await
-        .expect("events")
-        .items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(object))
-        .filter_map(|e| e.reason)
-        .collect()
-}
-
 async fn delete_and_wait_gone(f: &Fixture, name: &str) {
     f.queues()
         .delete(name, &DeleteParams::default())
@@ -165,7 +152,7 @@ async fn deleting_a_dry_run_or_paused_object_leaves_the_existing_queue_untouched
             diverts.contains(&format!("{name}.into")),
             "{mode}: the divert stays"
         );
-        let reasons = event_reasons(&f, &name).await;
+        let reasons = f.event_reasons(&name).await;
         let expected = if mode == "dry" {
             "DryRunDelete"
         } else {
@@ -213,7 +200,7 @@ async fn deleting_an_object_refused_for_its_routing_type_leaves_the_other_queue(
         "a Warning Event for the refusal",
         Duration::from_secs(30),
         || async {
-            event_reasons(&f, &name)
+            f.event_reasons(&name)
                 .await
                 .iter()
                 .any(|r| r == "NotOnEveryLiveNode" || r == "NodesRefused")
@@ -226,7 +213,7 @@ async fn deleting_an_object_refused_for_its_routing_type_leaves_the_other_queue(
         "an Event says the delete touched nothing",
         Duration::from_secs(30),
         || async {
-            event_reasons(&f, &name)
+            f.event_reasons(&name)
                 .await
                 .iter()
                 .any(|r| r == "NothingDeleted")

@@ -347,6 +347,15 @@ fn jolokia_by_kind(url: &str) -> BTreeMap<(String, String), u64> {
     .collect()
 }
 
+/// The writes among API requests (every verb but get, list and watch).
+fn writes_of(requests: &BTreeMap<(String, String), u64>) -> BTreeMap<(String, String), u64> {
+    requests
+        .iter()
+        .filter(|((verb, _), _)| !matches!(verb.as_str(), "get" | "list" | "watch"))
+        .map(|(k, n)| (k.clone(), *n))
+        .collect()
+}
+
 /// What grew between two snapshots of `api_requests`.
 fn grown(
     before: &BTreeMap<(String, String), u64>,
@@ -699,6 +708,7 @@ async fn a_create_is_one_write_per_node_an_update_reads_and_verifies_a_delete_pr
     let removed: Vec<String> = (0..QUEUES).map(|i| format!("cost.{tag}.rm.{i:02}")).collect();
     let polls = s.polls();
     let before = s.ops_by_kind();
+    let api_before = api_requests(&s.op.ctx.metrics);
     s.create_queues(&kept).await;
     s.create_queues_with(&removed, json!({"deletion": {"removeEmptyAddress": true}}))
         .await;
@@ -706,6 +716,25 @@ async fn a_create_is_one_write_per_node_an_update_reads_and_verifies_a_delete_pr
     let created = ops_grown(&before, &s.ops_by_kind());
     let mut failures: Vec<String> = vec![];
     let q = QUEUES as u64;
+    // Two API writes per created object: its finalizer and its status — no Event (its status
+    // and audit row say it was created). The cluster's own status (the managementWrite
+    // evidence) is the cluster's, not the objects'.
+    let api_writes: BTreeMap<(String, String), u64> =
+        writes_of(&grown(&api_before, &api_requests(&s.op.ctx.metrics)))
+            .into_iter()
+            .filter(|((_, kind), _)| !kind.starts_with("artemisclusters"))
+            .collect();
+    let expected_api: BTreeMap<(String, String), u64> = [
+        (("patch".to_string(), "artemisqueues".to_string()), 2 * q),
+        (("patch".to_string(), "artemisqueues/status".to_string()), 2 * q),
+    ]
+    .into();
+    if api_writes != expected_api {
+        failures.push(format!(
+            "creating {} queues wrote {api_writes:?} to the API; expected only {expected_api:?} (one finalizer patch and one status write per object, no Event)",
+            2 * QUEUES
+        ));
+    }
     let expected_create: BTreeMap<String, u64> = [
         ("createAddress".to_string(), q),
         ("createQueue".to_string(), 2 * q),
@@ -721,6 +750,7 @@ async fn a_create_is_one_write_per_node_an_update_reads_and_verifies_a_delete_pr
 
     // An update: read (ADR-0049: overlay on what the broker holds), write, verify.
     let before = s.ops_by_kind();
+    let api_before = api_requests(&s.op.ctx.metrics);
     for name in &removed {
         s.queues()
             .patch(
@@ -736,6 +766,16 @@ async fn a_create_is_one_write_per_node_an_update_reads_and_verifies_a_delete_pr
     })
     .await;
     let updated = ops_grown(&before, &s.ops_by_kind());
+    // A change to a queue that exists is told by an Event on its object, besides its status.
+    let events = writes_of(&grown(&api_before, &api_requests(&s.op.ctx.metrics)))
+        .get(&("create".to_string(), "events".to_string()))
+        .copied()
+        .unwrap_or(0);
+    if events < q {
+        failures.push(format!(
+            "updating the filter of {QUEUES} queues created {events} Events; expected one per queue"
+        ));
+    }
     for (b, kinds) in &updated {
         let reads = kinds.get("read").copied().unwrap_or(0);
         let others: BTreeMap<&String, &u64> = kinds
@@ -815,10 +855,7 @@ async fn a_restart_with_converged_queues_writes_nothing() {
     .await;
     s.wait_polls(s.polls() + 1).await;
     let mut failures: Vec<String> = vec![];
-    let writes: BTreeMap<(String, String), u64> = api_requests(&s.op.ctx.metrics)
-        .into_iter()
-        .filter(|((verb, _), _)| !matches!(verb.as_str(), "get" | "list" | "watch"))
-        .collect();
+    let writes = writes_of(&api_requests(&s.op.ctx.metrics));
     if !writes.is_empty() {
         failures.push(format!(
             "the restarted operator wrote to the API with {QUEUES} converged queues: {writes:?} (by verb and kind; status writes are patch artemisqueues/status)"
