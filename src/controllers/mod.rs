@@ -16,6 +16,7 @@ pub mod pipeline;
 pub mod queue;
 pub mod report;
 pub mod runtime;
+pub mod shared_read;
 
 use std::sync::Arc;
 
@@ -236,7 +237,13 @@ pub struct Context {
     /// Commands of stopped processes this process recorded as `unknown`, by object uid: the
     /// object's next command names them (`params.follows`).
     pub abandoned: Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<i64>>>>,
+    /// The gate's fresh reads of each cluster's Secrets, shared by the commands that ask at the
+    /// same time: each Secret's resourceVersion, or why the access is withdrawn.
+    pub secret_reads: Arc<shared_read::SharedReads<SecretVersions>>,
 }
+
+/// What the gate before a broker write reads of a cluster's Secrets.
+pub type SecretVersions = Result<std::collections::BTreeMap<String, String>, Arc<access::AccessProblem>>;
 
 impl Context {
     /// The `unknown` rows the object's next command follows (taken: named once).
@@ -465,6 +472,7 @@ impl Context {
             capture_pass_interval: std::time::Duration::from_secs(30),
             address_locks: AddressLocks::default(),
             abandoned: Default::default(),
+            secret_reads: Default::default(),
         };
         (
             ctx,

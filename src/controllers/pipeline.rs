@@ -336,8 +336,15 @@ pub async fn ensure_credentials(ctx: &Context, ns: &str, cluster: &str) -> Resul
         .clusters
         .get(ns, cluster)
         .ok_or_else(|| DereferenceError::ClusterNotFound(k.clone()))?;
-    let now = match super::access::read_secrets(&ctx.client, ns, &c.spec).await {
-        Ok(material) => material.versions,
+    // Shared with the commands asking at the same time: a read that began after this one asked
+    // (of the spec generation it reads by: the Secrets' names and keys).
+    let slot = format!("{k}@{}", c.metadata.generation.unwrap_or_default());
+    let read = || async {
+        let read = super::access::read_secrets(&ctx.client, ns, &c.spec).await;
+        read.map(|m| m.versions).map_err(Arc::new)
+    };
+    let now = match ctx.secret_reads.read(&slot, read).await {
+        Ok(versions) => versions,
         Err(problem) => {
             // Withdrawn (a Secret or a key gone): nothing uses the access read from it.
             if problem.reason != "SecretUnreadable" {
