@@ -468,21 +468,7 @@ async fn an_exclusive_divert_refuses_that_node_and_installs_nothing_there() {
 #[tokio::test]
 async fn a_broker_user_without_security_authority_gets_no_security_authority_and_nothing_installed() {
     let _shared = brokers_shared().await;
-    let bed = TestBed::get();
-    let ns = bed.fresh_namespace("cap-nosec").await;
-    let clean = bed.clean_up(&[]);
-    let op = bed.start_operator(&ns).await;
-    let admin = bed.kube_admin().await;
-    let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
-    crate::support::create_cluster(&admin, &ns, "c", &urls, Some(bed.viewer_user())).await;
-    crate::support::wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
-    let f = Fixture {
-        bed,
-        ns,
-        admin,
-        op,
-        clean,
-    };
+    let f = crate::queue::fixture_on("cap-nosec", "c", TestBed::viewer_user, None).await;
     let id = short_id();
     f.clean.also(&id);
     let address = format!("cap.{id}.nosec");
@@ -690,21 +676,7 @@ async fn a_broker_restart_loses_only_the_ring_queue_and_the_next_pass_recreates_
     let _exclusive = crate::support::brokers_exclusive().await;
     let restore_bed = TestBed::get();
     let _restore = crate::support::RestoreHa(&restore_bed);
-    let bed = TestBed::get();
-    let ns = bed.fresh_namespace("cap-restart").await;
-    let clean = bed.clean_up(&[]);
-    let op = bed.start_operator(&ns).await;
-    let admin = bed.kube_admin().await;
-    let urls: Vec<String> = bed.cluster_brokers("ha").into_iter().map(|b| b.jolokia).collect();
-    crate::support::create_cluster(&admin, &ns, "ha", &urls, Some(bed.broker_user())).await;
-    crate::support::wait_cluster_condition(&admin, &ns, "ha", "Ready", "True").await;
-    let f = Fixture {
-        bed,
-        ns,
-        admin,
-        op,
-        clean,
-    };
+    let f = crate::queue::fixture_on("cap-restart", "ha", TestBed::broker_user, None).await;
     let id = short_id();
     f.clean.also(&id);
     let address = format!("cap.{id}.restart");
@@ -847,21 +819,7 @@ async fn after_a_failover_the_producer_is_never_refused_and_the_next_pass_rebuil
     let _exclusive = crate::support::brokers_exclusive().await;
     let restore_bed = TestBed::get();
     let _restore = crate::support::RestoreHa(&restore_bed);
-    let bed = TestBed::get();
-    let ns = bed.fresh_namespace("cap-failover").await;
-    let clean = bed.clean_up(&[]);
-    let op = bed.start_operator(&ns).await;
-    let admin = bed.kube_admin().await;
-    let urls: Vec<String> = bed.cluster_brokers("ha").into_iter().map(|b| b.jolokia).collect();
-    crate::support::create_cluster(&admin, &ns, "ha", &urls, Some(bed.broker_user())).await;
-    crate::support::wait_cluster_condition(&admin, &ns, "ha", "Ready", "True").await;
-    let f = Fixture {
-        bed,
-        ns,
-        admin,
-        op,
-        clean,
-    };
+    let f = crate::queue::fixture_on("cap-failover", "ha", TestBed::broker_user, None).await;
     let id = short_id();
     f.clean.also(&id);
     let address = format!("cap.{id}.proof");
@@ -1457,22 +1415,12 @@ async fn a_batch_redelivered_after_a_sigkill_between_commit_and_settle_makes_no_
 #[tokio::test]
 async fn postgres_stopped_under_load_never_refuses_the_producer_and_reports_the_real_loss() {
     let _shared = brokers_shared().await;
-    let f = fixture("cap-pgdown", None).await;
-    // This operator keeps its data in a Postgres server of its own, which the test stops.
-    let Fixture {
-        bed, ns, admin, op, ..
-    } = f;
-    let instance = op.ctx.instance_id.clone();
-    drop(op);
-    let pg = bed.scratch_postgres(&format!("pgdown-{}", short_id()));
-    let op = bed.start_operator_on(&[&ns], &pg.url, &instance).await;
-    let f = Fixture {
-        bed,
-        ns,
-        admin,
-        op,
-        clean: f.clean,
-    };
+    // This operator keeps its data in a Postgres server of its own, which the test stops (it
+    // outlives the operator).
+    let pg;
+    let mut f = fixture("cap-pgdown", None).await;
+    pg = f.bed.scratch_postgres(&format!("pgdown-{}", short_id()));
+    f.restart_operator_on(&pg.url).await;
     let id = short_id();
     f.clean.also(&id);
     let address = format!("cap.{id}.pgdown");

@@ -211,22 +211,12 @@ fn ready(s: &artemis_studio_operator::api::capture::ArtemisCaptureSubscription) 
 #[tokio::test]
 async fn postgres_stopped_makes_every_tap_degraded_within_two_passes_and_healthy_again_after() {
     let _shared = brokers_shared().await;
-    let f = fixture("cap-pgstatus", None).await;
-    // This operator keeps its data in a Postgres server of its own, which the test stops.
-    let crate::queue::Fixture {
-        bed, ns, admin, op, ..
-    } = f;
-    let instance = op.ctx.instance_id.clone();
-    drop(op);
-    let pg = bed.scratch_postgres(&format!("pgstatus-{}", short_id()));
-    let op = bed.start_operator_on(&[&ns], &pg.url, &instance).await;
-    let f = crate::queue::Fixture {
-        bed,
-        ns,
-        admin,
-        op,
-        clean: f.clean,
-    };
+    // This operator keeps its data in a Postgres server of its own, which the test stops (it
+    // outlives the operator).
+    let pg;
+    let mut f = fixture("cap-pgstatus", None).await;
+    pg = f.bed.scratch_postgres(&format!("pgstatus-{}", short_id()));
+    f.restart_operator_on(&pg.url).await;
     let id = short_id();
     f.clean.also(&id);
     let address = format!("cap.{id}.pgstatus");

@@ -27,24 +27,40 @@ pub struct Fixture {
 }
 
 pub async fn fixture(prefix: &str, bulk_cap: Option<u64>) -> Fixture {
+    let spec = bulk_cap.map(|cap| json!({"bulkCap": cap}));
+    fixture_on(prefix, "c", TestBed::broker_user, spec).await
+}
+
+/// A fresh namespace with its own operator and an ArtemisCluster `cluster` over the bed's
+/// brokers of that name, reached as `user`, with `spec` merged into its spec, once Ready.
+pub async fn fixture_on(
+    prefix: &str,
+    cluster: &str,
+    user: fn(&TestBed) -> (String, String),
+    spec: Option<serde_json::Value>,
+) -> Fixture {
     let bed = TestBed::get();
     let ns = bed.fresh_namespace(prefix).await;
     let clean = bed.clean_up(&[]);
     let op = bed.start_operator(&ns).await;
     let admin = bed.kube_admin().await;
-    let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
-    create_cluster(&admin, &ns, "c", &urls, Some(bed.broker_user())).await;
-    if let Some(cap) = bulk_cap {
+    let urls: Vec<String> = bed
+        .cluster_brokers(cluster)
+        .into_iter()
+        .map(|b| b.jolokia)
+        .collect();
+    create_cluster(&admin, &ns, cluster, &urls, Some(user(&bed))).await;
+    if let Some(spec) = spec {
         let api: Api<artemis_studio_operator::api::ArtemisCluster> = Api::namespaced(admin.clone(), &ns);
         api.patch(
-            "c",
+            cluster,
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"bulkCap": cap}})),
+            &Patch::Merge(json!({"spec": spec})),
         )
         .await
-        .expect("set bulk cap");
+        .expect("patch the cluster's spec");
     }
-    wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
+    wait_cluster_condition(&admin, &ns, cluster, "Ready", "True").await;
     Fixture {
         bed,
         ns,
@@ -55,6 +71,17 @@ pub async fn fixture(prefix: &str, bulk_cap: Option<u64>) -> Fixture {
 }
 
 impl Fixture {
+    /// Stop this fixture's operator and start another process of the same installation (its
+    /// instance ID) on the database `db`.
+    pub async fn restart_operator_on(&mut self, db: &str) {
+        let instance = self.op.ctx.instance_id.clone();
+        self.op.stop();
+        self.op = self
+            .bed
+            .start_operator_on(&[self.ns.as_str()], db, &instance)
+            .await;
+    }
+
     pub fn queues(&self) -> Api<ArtemisQueue> {
         Api::namespaced(self.admin.clone(), &self.ns)
     }

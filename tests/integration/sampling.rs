@@ -535,7 +535,7 @@ async fn switching_capture_to_sample_removes_the_taps_and_back_installs_them() {
 #[tokio::test]
 async fn an_operator_restart_never_stores_a_sampled_message_twice() {
     let _shared = brokers_shared().await;
-    let f = fixture("samp-restart", None).await;
+    let mut f = fixture("samp-restart", None).await;
     let id = short_id();
     f.clean.also(&id);
     let address = format!("samp.{id}.restart");
@@ -554,20 +554,8 @@ async fn an_operator_restart_never_stores_a_sampled_message_twice() {
 
     // The operator stops and starts again on the same database and instance ID: the high-water
     // marks are in Postgres, so the messages still on the queue are not stored again.
-    let instance = f.op.ctx.instance_id.clone();
-    let Fixture {
-        bed, ns, admin, op, ..
-    } = f;
-    let db = op.db.clone();
-    drop(op);
-    let op = bed.start_operator_on(&[&ns], &db, &instance).await;
-    let f = Fixture {
-        bed,
-        ns,
-        admin,
-        op,
-        clean: f.clean,
-    };
+    let db = f.op.db.clone();
+    f.restart_operator_on(&db).await;
     f.later_browses("again", 6).await;
     assert_eq!(f.rows_of("again").await.len(), 3, "nothing stored twice");
     assert_counters(&f.bed, &address, [3, 0, 3, 0], "three messages, none consumed").await;
