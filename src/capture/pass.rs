@@ -1502,7 +1502,7 @@ async fn remove_on(
 fn told(sub: Option<&Arc<ArtemisCaptureSubscription>>) -> command::Told<'_, ArtemisCaptureSubscription> {
     command::Told {
         on: sub.map(|s| s.as_ref()),
-        success_event: true,
+        success_event: command::SuccessEvent::Always,
         evidence_for: None,
     }
 }

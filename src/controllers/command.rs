@@ -2,6 +2,7 @@
 //! outcome → managementWrite evidence → one Event.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use kube::Resource;
@@ -36,8 +37,28 @@ pub struct Scope<'a> {
 /// nothing of the management user's authority over queues, ADR-0049).
 pub struct Told<'a, K> {
     pub on: Option<&'a K>,
-    pub success_event: bool,
+    pub success_event: SuccessEvent<'a>,
     pub evidence_for: Option<(&'a str, &'a str)>,
+}
+
+/// Whether a command that succeeded gets an Event on its object (a failure always does).
+#[derive(Clone, Copy)]
+pub enum SuccessEvent<'a> {
+    Always,
+    /// Only if a node held the object already (the flag its write sets): a new object's create
+    /// is told by its status (`Ready`, each node `APPLIED` with the audit row) and the audit
+    /// log — an Event per created object would be a third API write per object, and thousands
+    /// of Events nobody acts on.
+    IfExisted(&'a AtomicBool),
+}
+
+impl SuccessEvent<'_> {
+    fn wanted(self) -> bool {
+        match self {
+            SuccessEvent::Always => true,
+            SuccessEvent::IfExisted(existed) => existed.load(Ordering::Relaxed),
+        }
+    }
 }
 
 impl<'a, K> Told<'a, K> {
@@ -46,17 +67,15 @@ impl<'a, K> Told<'a, K> {
     pub fn management(obj: &'a K, cluster_ns: &'a str, cluster_name: &'a str) -> Self {
         Told {
             on: Some(obj),
-            success_event: true,
+            success_event: SuccessEvent::Always,
             evidence_for: Some((cluster_ns, cluster_name)),
         }
     }
 
-    /// Only a failure gets an Event: for a new object's create, which its status (`Ready`, each
-    /// node `APPLIED` with the audit row) and the audit log already say — an Event per created
-    /// object would be a third API write per object, and thousands of Events nobody acts on.
-    pub fn failures_only(self) -> Self {
+    /// A create on every node: its success gets an Event only if a node held the object already.
+    pub fn unless_created(self, existed: &'a AtomicBool) -> Self {
         Told {
-            success_event: false,
+            success_event: SuccessEvent::IfExisted(existed),
             ..self
         }
     }
@@ -129,7 +148,7 @@ where
     if let Some((ns, cluster)) = told.evidence_for {
         report_evidence(ctx, ns, cluster, command, &nodes).await?;
     }
-    let told_too = verdict != CommandVerdict::Succeeded || told.success_event;
+    let told_too = verdict != CommandVerdict::Succeeded || told.success_event.wanted();
     if let Some(obj) = told.on.filter(|_| told_too) {
         announce(ctx, obj, command, verdict, &nodes).await;
     }
@@ -173,13 +192,8 @@ async fn record_outcome(
 }
 
 /// The Event a human sees for a finished command on its object.
-pub async fn announce<K>(
-    ctx: &Context,
-    obj: &K,
-    command: &str,
-    verdict: CommandVerdict,
-    nodes: &[NodeOutcome],
-) where
+async fn announce<K>(ctx: &Context, obj: &K, command: &str, verdict: CommandVerdict, nodes: &[NodeOutcome])
+where
     K: Resource<DynamicType = ()>,
 {
     let (warning, reason) = match verdict {

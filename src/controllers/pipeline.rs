@@ -1329,9 +1329,13 @@ async fn write<K: TopologyObject>(
         topology: &deref.topology.restricted_to(&targets),
         timeout: deref.rt.request_timeout * 3,
     };
-    let told = scope.told(obj);
-    let told = if creates_only { told.failures_only() } else { told };
     let existed = Arc::new(AtomicBool::new(false));
+    let told = scope.told(obj);
+    let told = if creates_only {
+        told.unless_created(&existed)
+    } else {
+        told
+    };
     let mut result = command::execute(ctx, told, scope.topology, scope.timeout, intent, |t| {
         let (d, from, seen, existed) = (d.clone(), from.clone(), seen.clone(), existed.clone());
         async move {
@@ -1342,10 +1346,6 @@ async fn write<K: TopologyObject>(
         }
     })
     .await?;
-    if creates_only && existed.load(Ordering::Relaxed) {
-        // A node held the object already (made behind the snapshot's back): not a create there.
-        command::announce(ctx, obj, &command_name, result.verdict, &result.nodes).await;
-    }
     let audit_id = result.audit_id;
     overlay_seen(ctx, &deref.cluster_key, &seen, obj.meta().uid.as_deref());
     stamp(&mut result.nodes, &command_name, audit_id);
