@@ -971,7 +971,12 @@ async fn write_statuses(
     let marks = ctx.store.sample_marks(cluster_key).await?;
     for s in subs {
         if super::sample::is_sampling(s) {
-            super::sample::write_status(ctx, &state.sample, s, &seen.topology, &marks, &totals).await?;
+            let sampled = super::sample::Sampled {
+                marks: &marks,
+                totals: &totals,
+                held: held.contains(&s.name_any()),
+            };
+            super::sample::write_status(ctx, &state.sample, s, &seen.topology, &sampled).await?;
             continue;
         }
         let stored = Stored {
@@ -1572,7 +1577,8 @@ async fn write_status(
     let mine_totals = totals.iter().filter(|t| t.subscription == name);
     status.captured = mine_totals.clone().map(|t| t.captured.max(0) as u64).sum();
     status.dropped_estimate = mine_totals.map(|t| t.lost.max(0) as u64).sum();
-    set_paused(&mut status, s, stored.held.contains(&name));
+    let waits = "no tap is installed, changed or removed (its drains go on) until the annotation goes";
+    set_paused(&mut status, s, stored.held.contains(&name), waits);
     conditions::kstatus(&mut status.conditions, &[], generation);
     stalled_past_cap(&mut status.conditions, generation);
     let unchanged = same_status(&old, &status);
@@ -1736,11 +1742,16 @@ fn set_arming(
     }
 }
 
-/// Paused, and when the pause held a write of this pass, not Ready: the held writes say why.
-fn set_paused(status: &mut ArtemisCaptureSubscriptionStatus, s: &ArtemisCaptureSubscription, held: bool) {
+/// Paused (`waits`: what the pause holds in the subscription's mode), and when the pause held a
+/// write of this pass, not Ready: the held writes say why.
+pub(super) fn set_paused(
+    status: &mut ArtemisCaptureSubscriptionStatus,
+    s: &ArtemisCaptureSubscription,
+    held: bool,
+    waits: &str,
+) {
     let generation = s.metadata.generation;
     let paused = crate::controllers::is_paused(&s.metadata);
-    let waits = "no tap is installed, changed or removed (its drains go on) until the annotation goes";
     conditions::note_paused(&mut status.conditions, paused, waits, generation);
     if paused && held {
         let message = conditions::paused_message("taps to install or remove wait for the annotation to go");

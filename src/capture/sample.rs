@@ -580,6 +580,15 @@ pub fn untruncate(text: &str, limit: Option<usize>) -> (String, Option<usize>) {
     (text.to_string(), None)
 }
 
+/// What Postgres holds of a subscription in mode Sample after the pass, and whether the pause
+/// held a sweep of its taps.
+pub struct Sampled<'a> {
+    pub marks: &'a [SampleMark],
+    /// What an earlier mode Capture stored and lost stays counted.
+    pub totals: &'a [TapTotals],
+    pub held: bool,
+}
+
 /// Status of a subscription in mode Sample, written only when it changed: no taps; per node and
 /// matching queue, what its browses stored; Ready when the browses succeed; and the claim.
 pub async fn write_status(
@@ -587,9 +596,9 @@ pub async fn write_status(
     state: &Mutex<SampleState>,
     s: &ArtemisCaptureSubscription,
     topology: &Topology,
-    marks: &[SampleMark],
-    totals: &[TapTotals],
+    sampled: &Sampled<'_>,
 ) -> Result<(), kube::Error> {
+    let (marks, totals) = (sampled.marks, sampled.totals);
     let name = s.name_any();
     let generation = s.metadata.generation;
     let old = s.status.clone().unwrap_or_default();
@@ -617,6 +626,9 @@ pub async fn write_status(
     status.captured = mine.clone().map(|t| t.captured.max(0) as u64).sum();
     status.dropped_estimate = mine.map(|t| t.lost.max(0) as u64).sum();
     set_sampling_conditions(&mut status, s);
+    // Sampling writes nothing to a broker but the sweep of the taps the subscription had.
+    let waits = "no tap it had is removed (its browses go on) until the annotation goes";
+    super::pass::set_paused(&mut status, s, sampled.held, waits);
     conditions::kstatus(&mut status.conditions, &[], generation);
     if !super::status::same_status(&old, &status) {
         crate::controllers::report::apply_status(&ctx.client, s, &status).await?;

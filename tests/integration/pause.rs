@@ -170,3 +170,82 @@ async fn a_paused_subscription_installs_and_removes_no_tap_until_the_annotation_
     assert_eq!(diverts_present().await, 0);
     assert_eq!(f.capture_audit_rows("capture.remove").await.len(), 1);
 }
+
+/// Mode Sample writes nothing to a broker but the sweep of the taps the subscription had: a
+/// paused one switched to Sample keeps them, and says so (Paused, and Ready=False for the held
+/// sweep) until the annotation goes — then they are swept and Paused is False again.
+#[tokio::test]
+async fn a_paused_subscription_switched_to_sample_keeps_its_taps_and_says_why() {
+    let _b = brokers_shared().await;
+    let f = fixture("pause-sample", None).await;
+    let id = short_id();
+    f.clean.also(&id);
+    let address = format!("pause.{id}.sampled");
+    broker_queue(&f.bed, &address).await;
+    let sub: ArtemisCaptureSubscription = serde_json::from_value(json!({
+        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCaptureSubscription",
+        "metadata": {"name": "sampled", "annotations": {
+            "artemis-studio.io/confirm-without-review": "true"}},
+        "spec": {"clusterRef": {"name": "c"}, "queues": format!("pause.{id}.#"), "ringSize": 50},
+    }))
+    .expect("subscription json");
+    let api = f.subscriptions();
+    api.create(&PostParams::default(), &sub)
+        .await
+        .expect("create subscription");
+    f.wait_subscription("sampled", "3 taps drained", |s| {
+        taps_in(s, TapState::Healthy) == 3
+    })
+    .await;
+    let tap = f.tap(&address, "sampled");
+    let diverts_present = || async {
+        let mut n = 0;
+        for b in f.bed.cluster_brokers("c") {
+            n += usize::from(divert_names(&f.bed, &b).await.contains(&tap.divert()));
+        }
+        n
+    };
+    assert_eq!(diverts_present().await, 3);
+
+    // Paused and switched to Sample in one change: the sweep is held, and the status says why.
+    api.patch(
+        "sampled",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {PAUSED: "true"}},
+                              "spec": {"mode": "Sample", "sampleIntervalSeconds": 1}})),
+    )
+    .await
+    .expect("pause and switch to Sample");
+    let paused = |st: &artemis_studio_operator::api::capture::ArtemisCaptureSubscriptionStatus| {
+        condition(&st.conditions, "Paused").map(|p| p.status.clone())
+    };
+    f.wait_subscription("sampled", "sampling, its sweep held by the pause", |s| {
+        s.status.as_ref().is_some_and(|st| {
+            st.mode == Some(artemis_studio_operator::api::capture::CaptureMode::Sample)
+                && paused(st).as_deref() == Some("True")
+                && condition(&st.conditions, "Ready").is_some_and(|r| r.reason == "Paused")
+        })
+    })
+    .await;
+    f.later_passes(2).await;
+    assert_eq!(diverts_present().await, 3, "no tap removed while paused");
+    assert_eq!(f.capture_audit_rows("capture.remove").await.len(), 0);
+
+    // Unpaused: swept, and no longer claimed paused.
+    set_paused(&api, "sampled", false).await;
+    f.wait_subscription("sampled", "Paused=False in mode Sample", |s| {
+        s.status
+            .as_ref()
+            .is_some_and(|st| paused(st).as_deref() == Some("False"))
+    })
+    .await;
+    wait_until("the taps swept", Duration::from_secs(60), || async {
+        (diverts_present().await == 0).then_some(())
+    })
+    .await;
+    assert_eq!(f.capture_audit_rows("capture.remove").await.len(), 1);
+    api.delete("sampled", &DeleteParams::default())
+        .await
+        .expect("delete");
+    f.wait_subscription_gone("sampled").await;
+}
