@@ -625,11 +625,7 @@ pub async fn write_status(
     let mine = totals.iter().filter(|t| t.subscription == name);
     status.captured = mine.clone().map(|t| t.captured.max(0) as u64).sum();
     status.dropped_estimate = mine.map(|t| t.lost.max(0) as u64).sum();
-    set_sampling_conditions(&mut status, s);
-    // Sampling writes nothing to a broker but the sweep of the taps the subscription had.
-    let waits = "no tap it had is removed (its browses go on) until the annotation goes";
-    super::pass::set_paused(&mut status, s, sampled.held, waits);
-    conditions::kstatus(&mut status.conditions, &[], generation);
+    set_conditions(&mut status, s, sampled.held);
     if !super::status::same_status(&old, &status) {
         crate::controllers::report::apply_status(&ctx.client, s, &status).await?;
     }
@@ -703,6 +699,16 @@ fn set_sampled_queues(
     status.sampled_queues = queues;
     status.sampled_queue_counts = counts;
     super::status::set_addresses(status, addresses);
+}
+
+/// Every condition of a sampling subscription: from the browses' outcomes, then the pause
+/// (`held`: the pass held the sweep of the taps it had), then kstatus.
+fn set_conditions(status: &mut ArtemisCaptureSubscriptionStatus, s: &ArtemisCaptureSubscription, held: bool) {
+    set_sampling_conditions(status, s);
+    // Sampling writes nothing to a broker but the sweep of the taps the subscription had.
+    let waits = "no tap it had is removed (its browses go on) until the annotation goes";
+    super::pass::set_paused(status, s, held, waits);
+    conditions::kstatus(&mut status.conditions, &[], status.observed_generation);
 }
 
 /// Ready, Degraded and Sampling from the browses' outcomes.
@@ -816,6 +822,37 @@ mod tests {
             bytes < 64 * 1024,
             "{bytes} bytes of status for 2,000 sampled queues"
         );
+    }
+
+    #[test]
+    fn a_paused_sampling_subscription_says_so_and_a_stale_pause_goes() {
+        let sub = |annotations: serde_json::Value| -> ArtemisCaptureSubscription {
+            serde_json::from_value(json!({
+                "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCaptureSubscription",
+                "metadata": {"name": "s", "namespace": "ns", "generation": 2, "annotations": annotations},
+                "spec": {"clusterRef": {"name": "c"}, "queues": "orders.#", "mode": "Sample"}
+            }))
+            .expect("subscription")
+        };
+        let get = |st: &ArtemisCaptureSubscriptionStatus, t: &str| {
+            crate::controllers::conditions::get(&st.conditions, t)
+                .map(|c| (c.status.clone(), c.reason.clone()))
+                .expect("condition")
+        };
+        let mut status = ArtemisCaptureSubscriptionStatus {
+            observed_generation: Some(2),
+            ..Default::default()
+        };
+        status.sampled_queue_counts.browsing = 3;
+        let paused = sub(json!({"artemis-studio.io/paused": "true"}));
+        set_conditions(&mut status, &paused, true);
+        assert_eq!(get(&status, "Paused"), ("True".into(), "Annotated".into()));
+        assert_eq!(get(&status, "Ready"), ("False".into(), "Paused".into()));
+
+        // The annotation gone: Paused is False, not left True; Ready from the browses again.
+        set_conditions(&mut status, &sub(json!({})), false);
+        assert_eq!(get(&status, "Paused"), ("False".into(), "NotPaused".into()));
+        assert_eq!(get(&status, "Ready"), ("True".into(), "Sampling".into()));
     }
 
     fn target() -> BrowseTarget {
