@@ -47,6 +47,15 @@ async fn audit_rows(f: &Fixture, command: &str) -> i64 {
         .expect("count audit rows")
 }
 
+/// On how many of cluster c's brokers the divert `divert` is.
+async fn diverts_on_every_node(f: &Fixture, divert: &str) -> usize {
+    let mut n = 0;
+    for b in f.bed.cluster_brokers("c") {
+        n += usize::from(divert_names(&f.bed, &b).await.iter().any(|d| d == divert));
+    }
+    n
+}
+
 #[tokio::test]
 async fn a_paused_close_is_confirmed_and_shown_but_never_sent_until_the_annotation_goes() {
     let _b = brokers_shared().await;
@@ -117,14 +126,8 @@ async fn a_paused_subscription_installs_and_removes_no_tap_until_the_annotation_
     api.create(&PostParams::default(), &sub)
         .await
         .expect("create subscription");
-    let tap = f.tap(&address, "held");
-    let diverts_present = || async {
-        let mut n = 0;
-        for b in f.bed.cluster_brokers("c") {
-            n += usize::from(divert_names(&f.bed, &b).await.contains(&tap.divert()));
-        }
-        n
-    };
+    let divert = f.tap(&address, "held").divert();
+    let diverts_present = || diverts_on_every_node(&f, &divert);
 
     // Paused from its creation: a pass judged it (Ready=False, reason Paused) and installed nothing.
     f.wait_subscription("held", "held by the pause", |s| {
@@ -197,14 +200,8 @@ async fn a_paused_subscription_switched_to_sample_keeps_its_taps_and_says_why() 
         taps_in(s, TapState::Healthy) == 3
     })
     .await;
-    let tap = f.tap(&address, "sampled");
-    let diverts_present = || async {
-        let mut n = 0;
-        for b in f.bed.cluster_brokers("c") {
-            n += usize::from(divert_names(&f.bed, &b).await.contains(&tap.divert()));
-        }
-        n
-    };
+    let divert = f.tap(&address, "sampled").divert();
+    let diverts_present = || diverts_on_every_node(&f, &divert);
     assert_eq!(diverts_present().await, 3);
 
     // Paused and switched to Sample in one change: the sweep is held, and the status says why.
