@@ -90,6 +90,18 @@ impl Bed {
         ))
     }
 
+    /// The broker process of `name` (its pid file under the bed's state directory).
+    pub fn broker_pid(&self, name: &str) -> Result<u32> {
+        let path = PathBuf::from(self.var("TESTBED_STATE")?)
+            .join("brokers")
+            .join(name)
+            .join("broker.pid");
+        let text = std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+        text.trim()
+            .parse()
+            .with_context(|| format!("{}: not a pid", path.display()))
+    }
+
     pub async fn kube_admin(&self) -> Result<Client> {
         client_from(&self.var("TESTBED_KUBECONFIG")?).await
     }

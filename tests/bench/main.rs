@@ -9,6 +9,7 @@
 mod bed;
 mod capture;
 mod config;
+mod cpu;
 mod fanout;
 mod footprint;
 mod install;

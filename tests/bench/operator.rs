@@ -122,21 +122,11 @@ impl Operator {
 
     /// CPU time used so far (user + system), seconds.
     pub fn cpu_seconds(&self) -> Result<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid))?;
-        // Fields after the command name (which may hold spaces) start after the last ')'.
-        let rest = stat
-            .rsplit_once(')')
-            .map(|(_, r)| r)
-            .ok_or_else(|| anyhow!("unreadable /proc/{}/stat", self.pid))?;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        // utime and stime are fields 14 and 15 of stat: 12 and 13 after the name.
-        let ticks = |i: usize| -> Result<f64> {
-            fields
-                .get(i)
-                .and_then(|v| v.parse::<f64>().ok())
-                .ok_or_else(|| anyhow!("no field {i} in /proc/{}/stat", self.pid))
-        };
-        Ok((ticks(11)? + ticks(12)?) / clock_ticks())
+        crate::cpu::process_seconds(self.pid)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
     }
 
     /// Send a signal by name (`STOP` pauses the whole process, `CONT` resumes it).
@@ -165,14 +155,4 @@ impl Operator {
         }
         Ok(())
     }
-}
-
-fn clock_ticks() -> f64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<f64>().ok())
-        .filter(|t| *t > 0.0)
-        .unwrap_or(100.0)
 }
