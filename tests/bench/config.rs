@@ -130,7 +130,7 @@ impl Config {
             footprint_queues: env_or("ARTEMIS_STUDIO_BENCH_FOOTPRINT_QUEUES", 1000)?,
             footprint_subscriptions: env_or("ARTEMIS_STUDIO_BENCH_FOOTPRINT_SUBSCRIPTIONS", 10)?,
             capture_messages: env_or("ARTEMIS_STUDIO_BENCH_CAPTURE_MESSAGES", 2000)?,
-            capture_repeats: env_or("ARTEMIS_STUDIO_BENCH_CAPTURE_REPEATS", 3)?,
+            capture_repeats: env_or("ARTEMIS_STUDIO_BENCH_CAPTURE_REPEATS", 5)?,
             in_flight: env_or("ARTEMIS_STUDIO_BENCH_IN_FLIGHT", 8)?,
             apply_in_flight: env_or("ARTEMIS_STUDIO_BENCH_APPLY_IN_FLIGHT", 32)?,
             wait_ms_per_queue: env_or("ARTEMIS_STUDIO_BENCH_WAIT_MS_PER_QUEUE", 500)?,
