@@ -121,11 +121,36 @@ async fn purge(ctx: &Ctx, c1: &Node, queue: &str) -> Result<()> {
     Ok(())
 }
 
-/// One kind of producer round: the queue on c1 it sends to, and whether the operator is
-/// SIGSTOPped during it.
+/// One kind of producer round: the queue on c1 it sends to, whether the operator is SIGSTOPped
+/// during it, and the tap's subscription on that queue if it has one.
 struct Variant<'a> {
     source: &'a str,
     stopped: Option<&'a Operator>,
+    tap: Option<(&'a sqlx::PgPool, &'a str)>,
+}
+
+impl<'a> Variant<'a> {
+    fn to(source: &'a str) -> Self {
+        Variant {
+            source,
+            stopped: None,
+            tap: None,
+        }
+    }
+
+    fn tapped(self, pool: &'a sqlx::PgPool, subscription: &'a str) -> Self {
+        Variant {
+            tap: Some((pool, subscription)),
+            ..self
+        }
+    }
+
+    fn stopped(self, operator: &'a Operator) -> Self {
+        Variant {
+            stopped: Some(operator),
+            ..self
+        }
+    }
 }
 
 /// `repeats` producer rounds of each variant, interleaved (one of each, then again), so that the
@@ -141,22 +166,66 @@ async fn interleaved(ctx: &Ctx, shape: &Shape<'_>, variants: &[Variant<'_>]) -> 
     Ok(out)
 }
 
+/// One round. With a tap, the round ends when the drain has stored its copies: a running drain's
+/// catching up counts in the round's CPU (and never spills into the next round's), a stopped
+/// one's is outside it.
 async fn round(ctx: &Ctx, shape: &Shape<'_>, variant: &Variant<'_>, out: &mut Rounds) -> Result<()> {
     purge(ctx, shape.c1, variant.source).await?;
+    let stored_before = match variant.tap {
+        Some((pool, subscription)) => stored(pool, subscription).await?,
+        None => 0,
+    };
+    let drained = || async {
+        match variant.tap {
+            Some((pool, subscription)) => {
+                drained(pool, subscription, stored_before + shape.messages as i64).await
+            }
+            None => Ok(()),
+        }
+    };
     if let Some(op) = variant.stopped {
         op.signal("STOP")?;
     }
     let before = shape.cpu.snapshot();
     let rate = produce(shape.url, variant.source, shape.messages).await;
+    if variant.stopped.is_none() {
+        drained().await?;
+    }
     let spent = before.until(&shape.cpu.snapshot());
     if let Some(op) = variant.stopped {
         op.signal("CONT")?;
+        drained().await?;
     }
     out.rates.push(rate?);
     for (group, seconds) in spent {
         *out.cpu.entry(group).or_default() += seconds;
     }
     Ok(())
+}
+
+/// The rows `subscription` has stored.
+async fn stored(pool: &sqlx::PgPool, subscription: &str) -> Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM captured_message WHERE subscription = $1")
+            .bind(subscription)
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// Waits (up to 120 s) until `subscription` has stored `rows` rows.
+async fn drained(pool: &sqlx::PgPool, subscription: &str, rows: i64) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let now = stored(pool, subscription).await?;
+        if now >= rows {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{subscription}: {now} of {rows} rows stored after 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// What every producer round shares: who sends how many, and whose CPU counts.
@@ -310,10 +379,7 @@ async fn forwarded_divert(ctx: &Ctx, shape: &Shape<'_>, source: &str) -> Result<
         .await?;
     remote_binding(ctx, c1, &fwd).await?;
     divert(ctx, c1, "create", source, &fwd).await?;
-    let variant = Variant {
-        source,
-        stopped: None,
-    };
+    let variant = Variant::to(source);
     let mut rounds = Rounds::default();
     for _ in 0..ctx.cfg.capture_repeats {
         round(ctx, shape, &variant, &mut rounds).await?;
@@ -396,23 +462,11 @@ async fn measure(ctx: &Ctx, install: &Install) -> Result<Measured> {
         messages: m,
         cpu: &cpu,
     };
-    let [produce_bare, produce_local_divert_alone]: [Rounds; 2] = interleaved(
-        ctx,
-        &shape,
-        &[
-            Variant {
-                source: &source,
-                stopped: None,
-            },
-            Variant {
-                source: &plain,
-                stopped: None,
-            },
-        ],
-    )
-    .await?
-    .try_into()
-    .map_err(|_| anyhow!("two variants"))?;
+    let [produce_bare, produce_local_divert_alone]: [Rounds; 2] =
+        interleaved(ctx, &shape, &[Variant::to(&source), Variant::to(&plain)])
+            .await?
+            .try_into()
+            .map_err(|_| anyhow!("two variants"))?;
     let ingest_messages = m * 2;
     let produce_forwarded_divert = forwarded_divert(ctx, &shape, &source).await?;
     create_subscription(install, "bench-tap", &source, (ingest_messages * 2) as u64).await?;
@@ -423,18 +477,11 @@ async fn measure(ctx: &Ctx, install: &Install) -> Result<Measured> {
         ctx,
         &shape,
         &[
-            Variant {
-                source: &source,
-                stopped: None,
-            },
-            Variant {
-                source: &plain,
-                stopped: None,
-            },
-            Variant {
-                source: &source,
-                stopped: Some(&install.operator),
-            },
+            Variant::to(&source).tapped(&pool, "bench-tap"),
+            Variant::to(&plain),
+            Variant::to(&source)
+                .tapped(&pool, "bench-tap")
+                .stopped(&install.operator),
         ],
     )
     .await?
@@ -604,7 +651,7 @@ fn section(r: &Measured) -> Section {
         target: "1.0".into(),
         met: Some((loss_ratio - 1.0).abs() <= 0.01),
     });
-    s.notes.push("The drain's rate is measured from the commit of its first batch, so it excludes the attach and the first batch; the bare consumer's from its first copy. One run of (b) and (c): no spread. CPU is per 1,000 messages sent, summed over a variant's rounds; \"everything else\" is the machine's busy time no listed process accounts for (the API server, etcd, the other brokers of the bed), and \"idle\" is the cores' unused time: near zero when the producer is CPU-bound.".into());
+    s.notes.push("The drain's rate is measured from the commit of its first batch, so it excludes the attach and the first batch; the bare consumer's from its first copy. One run of (b) and (c): no spread. CPU is per 1,000 messages sent, summed over a variant's rounds; a tap's round ends when the drain has stored its copies, so the drain's catching up after the producer's last message counts in it (with the operator stopped, it happens after the round, outside it); \"everything else\" is the machine's busy time no listed process accounts for (the API server, etcd, the other brokers of the bed), and \"idle\" is the cores' unused time: near zero when the producer is CPU-bound.".into());
     let variants = variants(r);
     s.json = json!({
         "messages": r.messages,
