@@ -492,40 +492,16 @@ async fn measure(ctx: &Ctx, install: &Install) -> Result<Measured> {
     // (b) ingest: a bare ring beside the operator's, fed by a divert of its own; both preloaded
     // with the same copies while the operator is stopped (SIGSTOP).
     let bare = format!("{p}bare");
-    let exec = |op: &str, args: serde_json::Value| json!({"type": "exec", "mbean": c1.mbean, "operation": op, "arguments": args});
-    let queue_config = json!({"name": bare, "address": bare, "routing-type": "ANYCAST", "durable": false,
-        "ring-size": ingest_messages * 2, "auto-create-address": true});
-    ctx.jolokia
-        .post(
-            &c1,
-            &exec(
-                "createQueue(java.lang.String,boolean)",
-                json!([queue_config.to_string(), false]),
-            ),
-        )
-        .await?;
-    ctx.jolokia
-        .post(
-            &c1,
-            &exec(
-                "createDivert(java.lang.String,java.lang.String,java.lang.String,java.lang.String,boolean,java.lang.String,java.lang.String)",
-                json!([format!("{bare}.divert"), format!("{bare}.divert"), source, bare, false, null, null]),
-            ),
-        )
-        .await?;
-    let stored = |pool: sqlx::PgPool| async move {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM captured_message WHERE subscription = 'bench-tap'")
-            .fetch_one(&pool)
-            .await
-    };
-    let before = stored(pool.clone()).await?;
+    ring(ctx, &c1, &bare, ingest_messages * 2).await?;
+    divert(ctx, &c1, "create", &source, &bare).await?;
+    let before = stored(&pool, "bench-tap").await?;
     let paused_at = chrono::Utc::now();
     install.operator.signal("STOP")?;
     let produced = produce(&url, &source, ingest_messages).await;
     install.operator.signal("CONT")?;
     produced?;
     let deadline = Instant::now() + Duration::from_secs(300);
-    while stored(pool.clone()).await? < before + ingest_messages as i64 {
+    while stored(&pool, "bench-tap").await? < before + ingest_messages as i64 {
         if Instant::now() > deadline {
             bail!("the drain did not store {ingest_messages} copies within 300 s");
         }
