@@ -43,7 +43,8 @@ struct Measured {
     /// The same, in rounds interleaved with `produce_tapped`'s: the headline's baseline.
     produce_local_divert: Rounds,
     /// The same divert, and its ring address also on c2 with a consumer attached there: the
-    /// cluster forwards copies to c2 (a remote binding), as it does for a tap.
+    /// cluster forwards copies to c2 (a remote binding), as it did for a tap before the tap's
+    /// divert forwarded by FQQN.
     produce_forwarded_divert: Rounds,
     produce_tapped: Rounds,
     /// The operator's tap with the operator SIGSTOPped (no drain or Postgres work meanwhile).
@@ -175,7 +176,7 @@ async fn round(ctx: &Ctx, shape: &Shape<'_>, variant: &Variant<'_>, out: &mut Ro
         Some((pool, subscription)) => stored(pool, subscription).await?,
         None => 0,
     };
-    let drained = || async {
+    let wait_stored = || async {
         match variant.tap {
             Some((pool, subscription)) => {
                 drained(pool, subscription, stored_before + shape.messages as i64).await
@@ -189,12 +190,12 @@ async fn round(ctx: &Ctx, shape: &Shape<'_>, variant: &Variant<'_>, out: &mut Ro
     let before = shape.cpu.snapshot();
     let rate = produce(shape.url, variant.source, shape.messages).await;
     if variant.stopped.is_none() {
-        drained().await?;
+        wait_stored().await?;
     }
     let spent = before.until(&shape.cpu.snapshot());
     if let Some(op) = variant.stopped {
         op.signal("CONT")?;
-        drained().await?;
+        wait_stored().await?;
     }
     out.rates.push(rate?);
     for (group, seconds) in spent {
@@ -334,18 +335,20 @@ async fn ring(ctx: &Ctx, node: &Node, name: &str, size: usize) -> Result<()> {
     Ok(())
 }
 
-/// Creates ("create") or destroys ("destroy") the harness's non-exclusive divert `<to>.divert`
-/// from `from` to `to`, on `node`.
-async fn divert(ctx: &Ctx, node: &Node, verb: &str, from: &str, to: &str) -> Result<()> {
+/// The harness's non-exclusive divert `<to>.divert` from `from` to `to`, on `node`.
+async fn create_divert(ctx: &Ctx, node: &Node, from: &str, to: &str) -> Result<()> {
     let name = format!("{to}.divert");
-    let (operation, arguments) = match verb {
-        "create" => (
-            "createDivert(java.lang.String,java.lang.String,java.lang.String,java.lang.String,boolean,java.lang.String,java.lang.String)",
-            json!([name, name, from, to, false, null, null]),
-        ),
-        _ => ("destroyDivert(java.lang.String)", json!([name])),
-    };
-    let exec = json!({"type": "exec", "mbean": node.mbean, "operation": operation, "arguments": arguments});
+    let exec = json!({"type": "exec", "mbean": node.mbean,
+        "operation": "createDivert(java.lang.String,java.lang.String,java.lang.String,java.lang.String,boolean,java.lang.String,java.lang.String)",
+        "arguments": [name, name, from, to, false, null, null]});
+    ctx.jolokia.post(node, &exec).await?;
+    Ok(())
+}
+
+/// Destroys the divert `create_divert` made into `to`, on `node`.
+async fn destroy_divert(ctx: &Ctx, node: &Node, to: &str) -> Result<()> {
+    let exec = json!({"type": "exec", "mbean": node.mbean, "operation": "destroyDivert(java.lang.String)",
+        "arguments": [format!("{to}.divert")]});
     ctx.jolokia.post(node, &exec).await?;
     Ok(())
 }
@@ -378,18 +381,14 @@ async fn forwarded_divert(ctx: &Ctx, shape: &Shape<'_>, source: &str) -> Result<
         .attach(&mut remote_session)
         .await?;
     remote_binding(ctx, c1, &fwd).await?;
-    divert(ctx, c1, "create", source, &fwd).await?;
-    let variant = Variant::to(source);
-    let mut rounds = Rounds::default();
-    for _ in 0..ctx.cfg.capture_repeats {
-        round(ctx, shape, &variant, &mut rounds).await?;
-    }
-    divert(ctx, c1, "destroy", source, &fwd).await?;
+    create_divert(ctx, c1, source, &fwd).await?;
+    let rounds = interleaved(ctx, shape, &[Variant::to(source)]).await?.pop();
+    destroy_divert(ctx, c1, &fwd).await?;
     settled(ctx, &c2, &fwd).await?;
     let _ = remote_rx.close().await;
     let _ = remote_session.end().await;
     let _ = remote.close().await;
-    Ok(rounds)
+    rounds.ok_or_else(|| anyhow!("one variant"))
 }
 
 /// The remote binding of `address` (c2's queue with its consumer) reaches `c1` through the
@@ -452,7 +451,7 @@ async fn measure(ctx: &Ctx, install: &Install) -> Result<Measured> {
     ctx.jolokia.parallel(Op::Create, &plain).await?;
     let local = format!("{p}local");
     ring(ctx, &c1, &local, m * 2).await?;
-    divert(ctx, &c1, "create", &plain, &local).await?;
+    create_divert(ctx, &c1, &plain, &local).await?;
     produce(&url, &source, m / 4 + 1).await?;
     produce(&url, &plain, m / 4 + 1).await?;
     let cpu = accounts(ctx, &install.operator)?;
@@ -487,13 +486,13 @@ async fn measure(ctx: &Ctx, install: &Install) -> Result<Measured> {
     .await?
     .try_into()
     .map_err(|_| anyhow!("three variants"))?;
-    divert(ctx, &c1, "destroy", &plain, &local).await?;
+    destroy_divert(ctx, &c1, &local).await?;
 
     // (b) ingest: a bare ring beside the operator's, fed by a divert of its own; both preloaded
     // with the same copies while the operator is stopped (SIGSTOP).
     let bare = format!("{p}bare");
     ring(ctx, &c1, &bare, ingest_messages * 2).await?;
-    divert(ctx, &c1, "create", &source, &bare).await?;
+    create_divert(ctx, &c1, &source, &bare).await?;
     let before = stored(&pool, "bench-tap").await?;
     let paused_at = chrono::Utc::now();
     install.operator.signal("STOP")?;
