@@ -14,6 +14,8 @@ pub enum Window {
     AfterArm,
     /// A capture drain's batch committed to Postgres, not yet settled on the broker.
     AfterInsert,
+    /// A queue delete on a node: its dependent diverts removed, the queue not yet destroyed.
+    AfterDivertsRemoved,
 }
 
 #[cfg(feature = "test-hooks")]
@@ -29,6 +31,7 @@ mod open {
             Window::MidFanout => "ARTEMIS_STUDIO_TEST_PAUSE_MID_FANOUT",
             Window::AfterArm => "ARTEMIS_STUDIO_TEST_PAUSE_AFTER_ARM",
             Window::AfterInsert => "ARTEMIS_STUDIO_TEST_PAUSE_AFTER_INSERT",
+            Window::AfterDivertsRemoved => "ARTEMIS_STUDIO_TEST_PAUSE_AFTER_DIVERTS_REMOVED",
         })
     }
 

@@ -58,7 +58,8 @@ fn queue_status(generation: i64, nodes: Vec<NodeOutcome>, dry_run: bool) -> Queu
         queue_name: Some("orders".into()),
         ..Default::default()
     };
-    conditions::from_outcomes(&mut s.conditions, &nodes, Some(generation), dry_run, "queue");
+    let held = dry_run.then_some(conditions::Held::DryRun);
+    conditions::from_outcomes(&mut s.conditions, &nodes, Some(generation), held, "queue");
     s.nodes = nodes;
     s
 }
@@ -173,7 +174,7 @@ fn divert_health_follows_generation_nodes_and_conditions() {
             observed_generation: Some(generation),
             ..Default::default()
         };
-        conditions::from_outcomes(&mut s.conditions, &nodes, Some(generation), false, "divert");
+        conditions::from_outcomes(&mut s.conditions, &nodes, Some(generation), None, "divert");
         s.nodes = nodes;
         s
     };

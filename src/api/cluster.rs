@@ -78,12 +78,18 @@ pub struct ArtemisClusterSpec {
     #[serde(default = "default_poll_timeout")]
     #[schemars(range(min = 1, max = 600))]
     pub poll_timeout_seconds: u32,
-    /// The bulk cap (ADR-0022): the most messages one command may destroy, and the most
-    /// connections one command may close. Objects override it per command
-    /// (`deletion.allowMessageLoss`, `allowBulk`).
+    /// The bulk cap (ADR-0022) on connections: the most connections one command may close. A
+    /// ConnectionClose overrides it with `allowBulk`.
     #[serde(default = "default_bulk_cap")]
     #[schemars(range(min = 0))]
     pub bulk_cap: u64,
+    /// The bulk cap (ADR-0022) on messages: the most messages one queue delete may destroy
+    /// without the object naming the loss in `spec.deletion.allowMessageLoss`. Default 0: a
+    /// delete — a GitOps prune included, which nobody watches — destroys no message unless the
+    /// object says how many it may (issue 41).
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub message_loss_cap: u64,
     /// Where the declared topology lives (ADR-0084 §2): `StudioManaged` (the operator's objects
     /// are the declaration) or `ConfigManaged` (broker.xml rendered from it).
     #[serde(default)]

@@ -146,6 +146,101 @@ pub struct LastCommand {
     pub not_applied: Vec<String>,
 }
 
+/// Why a plain delete of this object leaves its broker object in place (issue 41): the object
+/// did not create it (adopted), or another writer keeps it. Recorded once, kept for the
+/// object's life (an operator restart reads it back from status), and never cleared by the
+/// operator: destroying the broker object takes `spec.deletion.destroyConfirmation` set to
+/// [`NotOwned::confirmation`], written after this was shown.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NotOwned {
+    /// Nodes where the broker object was found, holding messages or consumers, before this
+    /// object first wrote there: it was adopted, not created.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adopted: Vec<AdoptedNode>,
+    /// Nodes where another writer undid what this object had written (another operator
+    /// installation on these brokers, a script, broker.xml).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_writer: Vec<OtherWriterNode>,
+    /// When this was first recorded (RFC 3339).
+    pub since: String,
+    /// The `audit_event` row that recorded the adoption, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit_id: Option<i64>,
+    /// What `spec.deletion.destroyConfirmation` must say for a delete to destroy the broker
+    /// object anyway (the bulk cap still applies).
+    pub confirmation: String,
+}
+
+/// A node where the broker object existed, in use, before this object wrote to it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdoptedNode {
+    /// Logical node: the broker node ID.
+    pub node: String,
+    /// Messages it held when found.
+    pub message_count: u64,
+    /// Consumers attached when found.
+    pub consumer_count: u64,
+}
+
+/// A node where another writer changed the broker object after this object's write took.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OtherWriterNode {
+    /// Logical node: the broker node ID.
+    pub node: String,
+    /// The fields found changed back.
+    pub fields: Vec<String>,
+    /// This object's command that was undone (`queue.update`, audit #…).
+    pub undone: String,
+    /// When it was seen (RFC 3339).
+    pub at: String,
+}
+
+impl NotOwned {
+    /// What a delete says when it leaves the broker object in place.
+    pub fn evidence(&self) -> String {
+        let mut parts = vec![];
+        if !self.adopted.is_empty() {
+            let nodes: Vec<String> = self
+                .adopted
+                .iter()
+                .map(|n| {
+                    format!(
+                        "{} ({} message(s), {} consumer(s))",
+                        n.node, n.message_count, n.consumer_count
+                    )
+                })
+                .collect();
+            parts.push(format!(
+                "adopted, not created by this object: it was found in use on {}",
+                nodes.join(", ")
+            ));
+        }
+        if !self.other_writer.is_empty() {
+            let nodes: Vec<String> = self
+                .other_writer
+                .iter()
+                .map(|n| {
+                    format!(
+                        "{} ({} changed back after {}, {})",
+                        n.node,
+                        n.fields.join(", "),
+                        n.undone,
+                        n.at
+                    )
+                })
+                .collect();
+            parts.push(format!(
+                "another writer keeps it as it wants it (another operator installation on these brokers, a script, or broker.xml): {}",
+                nodes.join("; ")
+            ));
+        }
+        parts.join("; ")
+    }
+}
+
 /// What happens to the broker object when the Kubernetes object is deleted.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum DeletionPolicy {

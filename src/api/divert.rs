@@ -5,7 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::common::{ClusterRef, Condition, DeletionPolicy, NodeOutcome};
+use super::common::{ClusterRef, Condition, DeletionPolicy, NodeOutcome, NotOwned};
 
 /// A divert the operator keeps on every live node of an ArtemisCluster.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -81,6 +81,10 @@ pub struct DivertDeletion {
     /// `Delete` removes the divert from every live node; `Retain` leaves it.
     #[serde(default)]
     pub policy: DeletionPolicy,
+    /// A divert another writer keeps is released by a plain delete, left on the brokers
+    /// (issue 41). To remove it anyway, set this to `status.notOwned.confirmation`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destroy_confirmation: Option<String>,
 }
 
 /// What the operator last did on every node. Written by the operator only.
@@ -104,4 +108,7 @@ pub struct ArtemisDivertStatus {
     /// Audit row of the last command.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_audit_id: Option<i64>,
+    /// Why a plain delete leaves this divert on the brokers: another writer keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_owned: Option<NotOwned>,
 }

@@ -5,7 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::common::{ClusterRef, Condition, DeletionPolicy, NodeOutcome, RefusalKind};
+use super::common::{ClusterRef, Condition, DeletionPolicy, NodeOutcome, NotOwned, RefusalKind};
 
 /// A queue the operator keeps on every live node of an ArtemisCluster.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -161,6 +161,12 @@ pub struct QueueDeletion {
     /// Also delete the address when no binding is left on it (never forced).
     #[serde(default)]
     pub remove_empty_address: bool,
+    /// A queue this object did not create (found in use before it first wrote there) or that
+    /// another writer keeps is released by a plain delete, left on the brokers (issue 41). To
+    /// destroy it anyway, set this to `status.notOwned.confirmation`, shown once the operator
+    /// recorded why it is not owned; the bulk cap still applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destroy_confirmation: Option<String>,
 }
 
 /// What the operator last did on every node, and what deleting the queue would do now. Written
@@ -192,6 +198,9 @@ pub struct ArtemisQueueStatus {
     /// Audit row of the last command.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_audit_id: Option<i64>,
+    /// Why a plain delete leaves this queue on the brokers: adopted, or kept by another writer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_owned: Option<NotOwned>,
 }
 
 /// The blast radius of a delete, per node (ADR-0084 §1–§7).

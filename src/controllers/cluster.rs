@@ -170,6 +170,7 @@ fn runtime_for(
         memory,
         management_write,
         bulk_cap: obj.spec.bulk_cap,
+        message_loss_cap: obj.spec.message_loss_cap,
         declaration_mode: obj.spec.declaration_mode,
         poll_interval,
         request_timeout: Duration::from_secs(obj.spec.request_timeout_seconds.into()),

@@ -238,13 +238,52 @@ pub fn describe(command: &str, nodes: &[NodeOutcome]) -> String {
     format!("{command} ({}): {}", fanout::summary(nodes), parts.join("; "))
 }
 
-/// A command already ran for this spec generation and the brokers drifted since (ADR-0049's
-/// desired state): the next one is `<kind>.repair`, not `<kind>.apply`.
-pub fn is_repair(observed: Option<i64>, generation: Option<i64>, last_audit: Option<i64>) -> bool {
-    last_audit.is_some() && observed == generation
+/// A repair puts back what drifted: every node written was in the requested state at the last
+/// pass of this generation (APPLIED or ALREADY). A command that retries nodes that failed, timed
+/// out or were not live is this generation's apply again (issue 41 item 6: a retry after a
+/// refusal or a timeout is not a repair).
+pub fn is_repair(
+    observed: Option<i64>,
+    generation: Option<i64>,
+    last_audit: Option<i64>,
+    written_nodes_before: &[Option<Outcome>],
+) -> bool {
+    last_audit.is_some()
+        && observed == generation
+        && !written_nodes_before.is_empty()
+        && written_nodes_before
+            .iter()
+            .all(|o| matches!(o, Some(Outcome::Applied | Outcome::Already)))
 }
 
 /// `<kind>.apply` for the first command of a spec generation; `<kind>.repair` for a repair.
 pub fn apply_or_repair(kind: &str, repair: bool) -> String {
     format!("{kind}.{}", if repair { "repair" } else { "apply" })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retry_after_a_refusal_or_a_timeout_is_an_apply_and_drift_is_a_repair() {
+        let drifted = [Some(Outcome::Applied), Some(Outcome::Already)];
+        assert!(is_repair(Some(2), Some(2), Some(9), &drifted));
+        for retried in [Some(Outcome::Failed), Some(Outcome::SkippedNotLive), None] {
+            assert!(!is_repair(
+                Some(2),
+                Some(2),
+                Some(9),
+                &[Some(Outcome::Applied), retried]
+            ));
+        }
+        assert!(
+            !is_repair(Some(1), Some(2), Some(9), &drifted),
+            "a new generation applies"
+        );
+        assert!(
+            !is_repair(Some(2), Some(2), None, &drifted),
+            "nothing was sent yet"
+        );
+    }
 }

@@ -219,13 +219,40 @@ pub fn comparable(conditions: &[Condition]) -> Vec<(String, String, String, Stri
         .collect()
 }
 
+/// Why a pass wrote nothing on purpose: the reason Ready gives while a change waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// `spec.dryRun`: status shows what would change.
+    DryRun,
+    /// The paused annotation: broker writes stop until it goes.
+    Paused,
+}
+
+impl Held {
+    fn reason_and_message(self) -> (&'static str, String) {
+        match self {
+            Held::DryRun => (
+                "DryRun",
+                "dry run: nothing is written; see status.nodes for what would change".into(),
+            ),
+            Held::Paused => (
+                "Paused",
+                format!(
+                    "paused ({}): nothing is written; see status.nodes for what would change",
+                    crate::api::PAUSED_ANNOTATION
+                ),
+            ),
+        }
+    }
+}
+
 /// Ready and Diverged from a command's per-node outcomes (ADR-0049): Ready only when every live
 /// node is APPLIED or ALREADY; Diverged names the nodes that are not, not-live ones included.
 pub fn from_outcomes(
     conditions: &mut Vec<Condition>,
     nodes: &[NodeOutcome],
     generation: Option<i64>,
-    dry_run: bool,
+    held: Option<Held>,
     what: &str,
 ) {
     let in_state = |n: &&NodeOutcome| matches!(n.outcome, Outcome::Applied | Outcome::Already);
@@ -244,11 +271,8 @@ pub fn from_outcomes(
         )
     } else if live.is_empty() {
         ("NoLiveNode", format!("no live node: nothing received the {what}"))
-    } else if dry_run {
-        (
-            "DryRun",
-            "dry run or paused: nothing is written; see status.nodes for what would change".to_string(),
-        )
+    } else if let Some(held) = held {
+        held.reason_and_message()
     } else {
         let bad: Vec<String> = live
             .iter()
@@ -350,6 +374,25 @@ mod kstatus_tests {
             status_of(&c, STALLED),
             ("True".into(), "NotOnEveryLiveNode".into())
         );
+    }
+
+    #[test]
+    fn a_paused_change_says_paused_and_a_dry_run_says_dry_run() {
+        let node = NodeOutcome {
+            node: "c1".into(),
+            endpoint: None,
+            outcome: Outcome::WouldApply,
+            refusal: None,
+            message: "update: filter".into(),
+            detail: vec![],
+            last_command: None,
+        };
+        for (held, reason) in [(Held::Paused, "Paused"), (Held::DryRun, "DryRun")] {
+            let mut c = vec![];
+            from_outcomes(&mut c, std::slice::from_ref(&node), Some(1), Some(held), "queue");
+            let ready = get(&c, READY).expect("Ready");
+            assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", reason));
+        }
     }
 
     #[test]

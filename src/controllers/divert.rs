@@ -265,6 +265,16 @@ impl TopologyObject for ArtemisDivert {
             DivertAction::Refuse { kind, message } => Step::Refuse { kind, message },
         }
     }
+    /// ADR-0084 §1: a queue being deleted at the forwarding address removes this divert with
+    /// it; repairing it meanwhile (a restart in the middle of that delete) would put back what
+    /// the delete is removing.
+    fn held_by_delete(d: &DesiredDivert, facts: &PlanFacts) -> Option<String> {
+        let queue = facts.deleting_addresses.get(&d.spec.forwarding_address)?;
+        Some(format!(
+            "ArtemisQueue {queue} is being deleted at the forwarding address {}: its delete removes this divert with the queue (ADR-0084 §1), so the divert is not written meanwhile. Remove or change this ArtemisDivert, or it is refused with \"Nothing consumes at {}\" once the queue is gone",
+            d.spec.forwarding_address, d.spec.forwarding_address
+        ))
+    }
     fn plan_delete(d: &DesiredDivert, inv: &NodeInventory, _facts: &PlanFacts) -> Step {
         plan_divert_delete(d, inv)
     }
@@ -314,6 +324,7 @@ impl TopologyObject for ArtemisDivert {
             nodes_summary: Some(fanout::summary(&pass.nodes)),
             nodes: pass.nodes.clone(),
             last_audit_id: pass.last_audit_id,
+            not_owned: pass.not_owned.clone(),
         }
     }
 }

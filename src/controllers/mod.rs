@@ -12,6 +12,7 @@ pub mod divert;
 pub mod feed;
 #[cfg(test)]
 pub mod fixtures;
+pub mod ownership;
 pub mod pipeline;
 pub mod queue;
 pub mod report;
@@ -20,6 +21,7 @@ pub mod shared_read;
 
 use std::sync::Arc;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
 use kube::{Api, Client, Resource};
@@ -512,16 +514,39 @@ pub fn key(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}")
 }
 
-/// The actor of a command: the field manager that last changed the object's spec (from
-/// `managedFields`), or "unknown".
-pub fn actor_of(meta: &kube::api::ObjectMeta) -> String {
+/// What the audit row says when Kubernetes recorded no writer of the spec.
+pub const ACTOR_NOT_RECORDED: &str = "unknown (Kubernetes recorded no writer of the spec)";
+
+/// The `managedFields` entry of the last writer of the object's spec: the field manager that
+/// wrote `spec` most recently, never the operator itself (its finalizer and status entries
+/// own no spec field, and its own manager is excluded in case a future write does).
+fn last_spec_writer(meta: &kube::api::ObjectMeta) -> Option<&ManagedFieldsEntry> {
     meta.managed_fields
         .iter()
         .flatten()
+        .filter(|m| m.manager.as_deref() != Some(MANAGER))
         .filter(|m| m.fields_v1.as_ref().is_some_and(|f| f.0.get("f:spec").is_some()))
         .max_by_key(|m| m.time.as_ref().map(|t| t.0))
+}
+
+/// The actor of a command (issue 41): the field manager that last wrote the spec (from
+/// `managedFields`: `kubectl-client-side-apply`, `kubectl`, `argocd-controller`…), or
+/// [`ACTOR_NOT_RECORDED`].
+pub fn actor_of(meta: &kube::api::ObjectMeta) -> String {
+    last_spec_writer(meta)
         .and_then(|m| m.manager.clone())
-        .unwrap_or_else(|| "unknown".into())
+        .unwrap_or_else(|| ACTOR_NOT_RECORDED.into())
+}
+
+/// What a cache keeps of `managedFields`: only the last spec writer's entry, reduced to its
+/// manager, operation and time (its field set only marks `spec`). Caches hold what decisions
+/// need, and the audit row's actor is one; the full field sets only cost memory.
+pub fn keep_spec_writer(meta: &mut kube::api::ObjectMeta) {
+    let writer = last_spec_writer(meta).map(|m| ManagedFieldsEntry {
+        fields_v1: Some(FieldsV1(serde_json::json!({ "f:spec": {} }))),
+        ..m.clone()
+    });
+    meta.managed_fields = writer.map(|w| vec![w]);
 }
 
 /// The object is paused: no broker writes (annotation `artemis-studio.io/paused: "true"`).
@@ -538,6 +563,8 @@ pub trait StatusConditions: Clone + PartialEq + serde::Serialize + Default {
     fn observed_generation(&self) -> Option<i64>;
     fn last_audit_id(&self) -> Option<i64>;
     fn nodes(&self) -> &[crate::api::NodeOutcome];
+    /// Why a plain delete leaves the broker object in place (issue 41), once recorded.
+    fn not_owned(&self) -> Option<&crate::api::NotOwned>;
 }
 
 macro_rules! status_conditions {
@@ -554,6 +581,9 @@ macro_rules! status_conditions {
             }
             fn nodes(&self) -> &[crate::api::NodeOutcome] {
                 &self.nodes
+            }
+            fn not_owned(&self) -> Option<&crate::api::NotOwned> {
+                self.not_owned.as_ref()
             }
         }
     };
@@ -780,10 +810,7 @@ async fn reflect<K>(
     use kube::runtime::watcher::Event as Watched;
     let stream = kube::runtime::watcher(api, kube::runtime::watcher::Config::default())
         .default_backoff()
-        .modify(|o: &mut K| {
-            // Caches hold what decisions need; managedFields only cost memory.
-            o.meta_mut().managed_fields = None;
-        });
+        .modify(|o: &mut K| keep_spec_writer(o.meta_mut()));
     let changes = std::sync::Mutex::new(feed::Changes::default());
     let (deleted, changes, feed, indexes) = (&deleted, &changes, &feed, &indexes);
     let object = |o: &K| {

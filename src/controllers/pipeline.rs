@@ -35,9 +35,9 @@ use serde_json::Value;
 
 use super::command::{self, Scope};
 use super::runtime::ClusterRuntime;
-use super::{Context, ReconcileError, StatusConditions, actor_of, conditions, is_paused, key};
+use super::{Context, ReconcileError, StatusConditions, actor_of, conditions, is_paused, key, ownership};
 use crate::api::cluster::DeclarationMode;
-use crate::api::{ClusterRef, Condition, DeletionPolicy, NodeOutcome, Outcome, RefusalKind};
+use crate::api::{ClusterRef, Condition, DeletionPolicy, NodeOutcome, NotOwned, Outcome, RefusalKind};
 use crate::fanout::{self, NodeFailure, NodeReport, Target};
 use crate::store::AuditIntent;
 use crate::topology::inventory::NodeInventory;
@@ -64,12 +64,17 @@ pub struct PlanFacts {
     /// broker cluster.
     pub declared_diverts: BTreeMap<String, String>,
     pub declaration_mode: DeclarationMode,
-    pub bulk_cap: u64,
+    /// The cluster's cap on messages one delete may destroy (`messageLossCap`).
+    pub message_loss_cap: u64,
     /// This operator's instance ID: which capture taps are ours (ADR-0062 D7).
     pub instance_id: String,
     /// Capture subscription name → its queue pattern, for the live subscriptions on this
     /// cluster (ADR-0084 §5: which taps a queue delete leaves to their subscription).
     pub capture_patterns: BTreeMap<String, String>,
+    /// Address → the ArtemisQueue (`namespace/name`) being deleted there on the same brokers:
+    /// its delete removes the diverts that forward into it (ADR-0084 §1), so they are not
+    /// repaired meanwhile (issue 41, also after a restart in the middle of that delete).
+    pub deleting_addresses: BTreeMap<String, String>,
 }
 
 /// A delete refused as a whole before anything is sent (e.g. the bulk cap).
@@ -99,6 +104,9 @@ macro_rules! topology_object_accessors {
         fn set_status(&mut self, status: $status) {
             self.status = Some(status);
         }
+        fn destroy_confirmation(&self) -> Option<&str> {
+            self.spec.deletion.destroy_confirmation.as_deref()
+        }
     };
 }
 pub(crate) use topology_object_accessors;
@@ -127,6 +135,8 @@ pub trait TopologyObject:
     fn deletion_policy(&self) -> DeletionPolicy;
     fn current_status(&self) -> Option<&Self::Status>;
     fn set_status(&mut self, status: Self::Status);
+    /// `spec.deletion.destroyConfirmation`: destroy what is not owned (issue 41).
+    fn destroy_confirmation(&self) -> Option<&str>;
     /// The reflector store of this kind (conflicts are judged from memory, never a LIST).
     fn cache(ctx: &Context) -> &Cache<Self>;
 
@@ -196,6 +206,19 @@ pub trait TopologyObject:
     /// fresh read) triggers it, found through the kind's index of these keys.
     fn touch_keys(d: &Self::Desired) -> Vec<String>;
 
+    /// How this object's broker object is used on a node (messages, consumers): one found in
+    /// use where this object never wrote is adopted, not owned (issue 41). None: the kind's
+    /// broker object holds nothing a delete would destroy, or is not on the node.
+    fn in_use(_d: &Self::Desired, _inv: &NodeInventory) -> Option<ownership::InUse> {
+        None
+    }
+
+    /// Why this object must not be written now because a delete in progress removes it (a
+    /// divert forwarding into a queue being deleted, ADR-0084 §1), or None.
+    fn held_by_delete(_d: &Self::Desired, _facts: &PlanFacts) -> Option<String> {
+        None
+    }
+
     /// status (pure): the kind's status document from the pass.
     fn status(&self, pass: &Pass<'_, Self>) -> Self::Status;
 }
@@ -210,6 +233,8 @@ pub struct Pass<'a, K: TopologyObject> {
     /// The cluster's snapshot, when it was reached (for previews).
     pub topology: Option<&'a Topology>,
     pub facts: Option<&'a PlanFacts>,
+    /// Why a plain delete leaves the broker object in place (issue 41).
+    pub not_owned: Option<NotOwned>,
 }
 
 /// Why an object cannot reach its cluster now.
@@ -269,6 +294,15 @@ impl Gate {
             Gate::Paused
         } else {
             Gate::Write
+        }
+    }
+
+    /// The reason Ready gives when this gate held a change back.
+    fn held(self) -> Option<conditions::Held> {
+        match self {
+            Gate::DryRun => Some(conditions::Held::DryRun),
+            Gate::Paused => Some(conditions::Held::Paused),
+            Gate::Write => None,
         }
     }
 }
@@ -435,6 +469,26 @@ fn declared_diverts(ctx: &Context, cluster_key: &str) -> BTreeMap<String, String
         .collect()
 }
 
+/// The addresses of ArtemisQueues being deleted (their finalizer still held) on the same broker
+/// cluster (from the cache): after a restart the object is still there, so this survives one.
+fn deleting_addresses(ctx: &Context, cluster_key: &str) -> BTreeMap<String, String> {
+    ctx.caches
+        .queues
+        .state()
+        .iter()
+        .filter(|q| q.metadata.deletion_timestamp.is_some())
+        .filter(|q| ctx.watches(&q.namespace().unwrap_or_default()))
+        .filter(|q| {
+            let other = key(&q.namespace().unwrap_or_default(), &q.spec.cluster_ref.name);
+            same_brokers(ctx, cluster_key, &other) == Some(true)
+        })
+        .filter_map(|q| {
+            let d = q.desired().ok()?;
+            Some((d.address, key(&q.namespace().unwrap_or_default(), &q.name_any())))
+        })
+        .collect()
+}
+
 /// Whether two ArtemisClusters reach the same brokers: the same object, or topologies that share
 /// a broker node ID. None when one of them has no topology yet.
 pub fn same_brokers(ctx: &Context, a: &str, b: &str) -> Option<bool> {
@@ -497,8 +551,9 @@ fn facts(ctx: &Context, cluster_key: &str, rt: &ClusterRuntime) -> PlanFacts {
     PlanFacts {
         declared_diverts: declared_diverts(ctx, cluster_key),
         declaration_mode: rt.declaration_mode,
-        bulk_cap: rt.bulk_cap,
+        message_loss_cap: rt.message_loss_cap,
         instance_id: ctx.instance_id.clone(),
+        deleting_addresses: deleting_addresses(ctx, cluster_key),
         capture_patterns: ctx
             .caches
             .subscriptions
@@ -535,6 +590,22 @@ fn with_topology(
             cluster_key.clone(),
             format!(
                 "{url} refused the credentials in the cluster's Secret ({e}): fix the Secret or the broker's users"
+            ),
+        ));
+    }
+    // No live node because no endpoint answered as a broker (down, or a URL that is not
+    // Jolokia): the cluster's cause, not a bare "no live node" (issue 41 item 6).
+    if topology.live_nodes().next().is_none() && !topology.unreachable.is_empty() {
+        let causes: Vec<String> = topology
+            .unreachable
+            .iter()
+            .map(|(url, e)| format!("{url}: {e}"))
+            .collect();
+        return Err(DereferenceError::ClusterNotReady(
+            cluster_key.clone(),
+            format!(
+                "no endpoint answered as a live broker ({}): check the ArtemisCluster's spec.brokers (each a Jolokia URL, e.g. http://host:8161/console/jolokia) or spec.discovery, and that the brokers run",
+                causes.join("; ")
             ),
         ));
     }
@@ -702,7 +773,7 @@ fn intent<K: TopologyObject>(
     // says exactly that much (the API server's audit log has the deleter).
     let actor = match obj.meta().deletion_timestamp {
         Some(_) => format!(
-            "unknown deleter (Kubernetes does not record who deleted; last spec writer: {})",
+            "deleter not recorded by Kubernetes (the API server's audit log has it); last spec writer: {}",
             actor_of(obj.meta())
         ),
         None => actor_of(obj.meta()),
@@ -763,6 +834,10 @@ fn old_conditions<K: TopologyObject>(obj: &K) -> Vec<Condition> {
         .cloned()
         .map(|mut s| std::mem::take(s.conditions_mut()))
         .unwrap_or_default()
+}
+
+fn old_not_owned<K: TopologyObject>(obj: &K) -> Option<NotOwned> {
+    obj.current_status().and_then(|s| s.not_owned().cloned())
 }
 
 fn old_audit<K: TopologyObject>(obj: &K) -> Option<i64> {
@@ -828,6 +903,7 @@ async fn report_condition<K: TopologyObject>(
             last_audit_id: last_audit_id.or(old_audit(obj)),
             topology: None,
             facts: None,
+            not_owned: old_not_owned(obj),
         },
     )
     .await?;
@@ -926,7 +1002,7 @@ fn held_back(
 }
 
 /// What a contested node says to do.
-const CONTESTED_NEXT: &str = "Not written again for this generation, and a delete will not destroy it while contested: decide who owns it, then stop the other writer or change this spec to match";
+const CONTESTED_NEXT: &str = "Not written again for this generation, and a plain delete leaves it on the brokers: decide who owns it, then stop the other writer or change this spec to match";
 
 /// How soon after a repair a change back means another writer (issue 22 item 1).
 pub const FLAP_WINDOW: Duration = Duration::from_secs(120);
@@ -1086,6 +1162,14 @@ pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<
     let history = History::of(o);
     let plan = plan_apply::<K>(&ctx, &d, &deref, &history);
     let gate = Gate::of(o);
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let other_writer = match gate {
+        Gate::Write => {
+            let planned: Vec<NodeOutcome> = plan.iter().map(|(n, _)| n.clone()).collect();
+            ownership::other_writer_nodes(&history.nodes, &planned, history.same_generation, &now)
+        }
+        _ => vec![],
+    };
     let mut last_audit_id = old_audit(o);
     let mut nodes = if !plan.iter().any(|(_, w)| *w) || gate != Gate::Write {
         plan.into_iter().map(|(n, _)| n).collect()
@@ -1101,7 +1185,79 @@ pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<
         nodes
     };
     carry_history(&history.nodes, &mut nodes, history.same_generation);
-    judge_apply(&ctx, o, &d, &deref, &history, gate, (nodes, last_audit_id)).await
+    let not_owned = match gate {
+        Gate::Write => record_ownership(&ctx, o, &d, &deref, &history, other_writer, &now).await?,
+        _ => old_not_owned(o),
+    };
+    let outcome = (nodes, last_audit_id, not_owned);
+    judge_apply(&ctx, o, &d, &deref, &history, gate, outcome).await
+}
+
+/// Issue 41: what this pass learned of ownership, added to the record in status. A broker
+/// object found in use where this object never wrote is adopted: one `<kind>.adopt` audit row
+/// (no broker write: it records who declared it and what it held) and an Event. Another writer's
+/// change is told by an Event. Both are kept for the object's life.
+async fn record_ownership<K: TopologyObject>(
+    ctx: &Context,
+    o: &K,
+    d: &K::Desired,
+    deref: &Dereferenced,
+    history: &History,
+    other_writer: Vec<crate::api::OtherWriterNode>,
+    now: &str,
+) -> Result<Option<NotOwned>, ReconcileError> {
+    let old = old_not_owned(o);
+    let latest = ctx
+        .topologies
+        .get(&deref.cluster_key)
+        .unwrap_or(deref.topology.clone());
+    let inventories: BTreeMap<String, Arc<NodeInventory>> = latest
+        .live_nodes()
+        .filter_map(|n| n.inventory.clone().map(|i| (n.node_id.clone(), i)))
+        .collect();
+    let adopted = ownership::adopted_nodes(&history.nodes, old.as_ref(), &inventories, |inv| {
+        K::in_use(d, inv)
+    });
+    let new_writer: Vec<_> = other_writer
+        .into_iter()
+        .filter(|w| {
+            !old.as_ref()
+                .is_some_and(|r| r.other_writer.iter().any(|x| x.node == w.node))
+        })
+        .collect();
+    if adopted.is_empty() && new_writer.is_empty() {
+        return Ok(old);
+    }
+    let target = K::audit_target(d);
+    let mut record = ownership::merged(old.as_ref(), adopted.clone(), new_writer.clone(), now, &target);
+    if let Some(r) = record.as_mut().filter(|_| !adopted.is_empty()) {
+        let command = format!("{}.adopt", K::NOUN);
+        let detail = serde_json::json!({ "adopted": adopted, "brokerWrite": false });
+        let id = ctx
+            .store
+            .audit_intent(&intent(ctx, o, d, &command, detail.clone()))
+            .await?;
+        ctx.store
+            .audit_outcome(id, crate::store::CommandVerdict::Succeeded, &detail)
+            .await?;
+        r.audit_id = r.audit_id.or(Some(id));
+        let m = format!(
+            "{target} was already on the brokers and in use: {}. Adopted, not owned (audit #{id}): a plain delete leaves it on the brokers; to destroy it, set spec.deletion.destroyConfirmation: \"{}\"",
+            r.evidence(),
+            r.confirmation
+        );
+        ctx.event(o, false, "Adopted", &command, m).await;
+    }
+    if let Some(r) = record.as_ref().filter(|_| !new_writer.is_empty()) {
+        let m = format!(
+            "{target}: {}. A plain delete leaves it on the brokers; to destroy it, set spec.deletion.destroyConfirmation: \"{}\"",
+            r.evidence(),
+            r.confirmation
+        );
+        ctx.event(o, true, "OtherWriter", &format!("{}.apply", K::NOUN), m)
+            .await;
+    }
+    Ok(record)
 }
 
 /// The desired object and its cluster's topology, or why the object cannot be applied now
@@ -1132,10 +1288,16 @@ async fn apply_dereference<K: TopologyObject>(
             rt.poll_interval.max(Duration::from_secs(10)),
         )));
     }
-    match with_topology(ctx, rt, cluster_key) {
-        Ok(deref) => Ok(ControlFlow::Continue((d, deref))),
-        Err(e) => Ok(ControlFlow::Break(not_dereferenced(ctx, o, &d, e).await?)),
+    let deref = match with_topology(ctx, rt, cluster_key) {
+        Ok(deref) => deref,
+        Err(e) => return Ok(ControlFlow::Break(not_dereferenced(ctx, o, &d, e).await?)),
+    };
+    if let Some(why) = K::held_by_delete(&d, &deref.facts) {
+        stop(ctx, o, Some(&d), "HeldByDelete", why).await?;
+        let again = deref.rt.poll_interval.max(Duration::from_secs(5));
+        return Ok(ControlFlow::Break(Action::requeue(again)));
     }
+    Ok(ControlFlow::Continue((d, deref)))
 }
 
 /// What the last pass reported, for the plan (a write held back) and the report (history).
@@ -1193,13 +1355,13 @@ async fn judge_apply<K: TopologyObject>(
     deref: &Dereferenced,
     history: &History,
     gate: Gate,
-    (nodes, last_audit_id): (Vec<NodeOutcome>, Option<i64>),
+    (nodes, last_audit_id, not_owned): (Vec<NodeOutcome>, Option<i64>, Option<NotOwned>),
 ) -> Result<Action, ReconcileError> {
     let generation = o.meta().generation;
     let mut conds = old_conditions(o);
     set_paused_condition(&mut conds, gate, generation);
     let before = conditions::get(&conds, conditions::READY).cloned();
-    conditions::from_outcomes(&mut conds, &nodes, generation, gate != Gate::Write, K::NOUN);
+    conditions::from_outcomes(&mut conds, &nodes, generation, gate.held(), K::NOUN);
     set_not_converging(&mut conds, &nodes, generation);
     if last_audit_id == old_audit(o) {
         // No command (which has its own Event): a new refusal is still told once.
@@ -1218,6 +1380,7 @@ async fn judge_apply<K: TopologyObject>(
         last_audit_id,
         topology: Some(&topology),
         facts: Some(&deref.facts),
+        not_owned,
     };
     report(ctx, o, pass).await?;
     Ok(next)
@@ -1314,7 +1477,15 @@ async fn write<K: TopologyObject>(
         return Ok((plan.into_iter().map(|(n, _)| n).collect(), None));
     }
     let old_generation = obj.current_status().and_then(|s| s.observed_generation());
-    let repair = command::is_repair(old_generation, generation, last_audit_id);
+    let old_nodes = obj
+        .current_status()
+        .map(|s| s.nodes().to_vec())
+        .unwrap_or_default();
+    let before: Vec<Option<Outcome>> = targets
+        .iter()
+        .map(|t| old_nodes.iter().find(|n| &n.node == t).map(|n| n.outcome))
+        .collect();
+    let repair = command::is_repair(old_generation, generation, last_audit_id, &before);
     let command_name = command::apply_or_repair(K::NOUN, repair);
     // A create on every node it goes to: its status and audit row say so, no Event.
     let creates_only = !repair && from.values().all(|p| matches!(p, Planned::Snapshot(_)));
@@ -1561,6 +1732,9 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
         ControlFlow::Continue(d) => d,
         ControlFlow::Break(done) => return done,
     };
+    if let Some(done) = release_not_owned(&ctx, o, &d).await {
+        return done;
+    }
     let deref = match delete_dereference(&ctx, o, &d).await {
         ControlFlow::Continue(deref) => deref,
         ControlFlow::Break(done) => return done,
@@ -1700,23 +1874,35 @@ async fn delete_not_dereferenced<K: TopologyObject>(
     block(ctx, o, Some(d), e.reason(), blocked, None, None).await
 }
 
-/// What this object would delete belongs to another: an older object declaring it (released,
-/// left on the broker) or another writer that keeps it (issue 22 item 1: blocked — deleting
-/// would destroy what it keeps, the other installation's messages included).
+/// What this object would delete belongs to another object: an older one declaring it on the
+/// same brokers (released, left on the broker).
 async fn owned_elsewhere<K: TopologyObject>(
     ctx: &Context,
     o: &K,
     d: &K::Desired,
     cluster_key: &str,
 ) -> Option<Result<Action, ReconcileError>> {
-    if let Some(winner) = conflict_winner(ctx, o, d, cluster_key) {
-        let m = format!(
-            "{} belongs to the older {} {winner}: left on the broker",
-            K::audit_target(d),
-            K::kind(&())
-        );
-        return Some(release(ctx, o, "Released", m).await);
-    }
+    let winner = conflict_winner(ctx, o, d, cluster_key)?;
+    let m = format!(
+        "{} belongs to the older {} {winner}: left on the broker",
+        K::audit_target(d),
+        K::kind(&())
+    );
+    Some(release(ctx, o, "Released", m).await)
+}
+
+/// Issue 41: a broker object this object does not own — adopted (found in use before it wrote
+/// there) or kept by another writer (this object's writes were undone, or it is contested) — is
+/// left on the brokers by a plain delete, whichever side of a fight won: the object is released
+/// with the evidence. `spec.deletion.destroyConfirmation` set to the confirmation the status
+/// showed lets the delete go on (its checks and the bulk cap still apply).
+async fn release_not_owned<K: TopologyObject>(
+    ctx: &Context,
+    o: &K,
+    d: &K::Desired,
+) -> Option<Result<Action, ReconcileError>> {
+    let target = K::audit_target(d);
+    let record = old_not_owned(o);
     let contested: Vec<String> = o
         .current_status()
         .map(|s| {
@@ -1727,15 +1913,21 @@ async fn owned_elsewhere<K: TopologyObject>(
                 .collect()
         })
         .unwrap_or_default();
-    if contested.is_empty() {
-        return None;
-    }
-    let m = format!(
-        "{} is contested by another writer on {}: deleting it would destroy what that writer keeps. Set spec.deletion.policy to Retain to release this object and leave the broker as it is, or stop the other writer and delete again",
-        K::audit_target(d),
-        contested.join(", ")
-    );
-    Some(block(ctx, o, Some(d), "Contested", m, None, None).await)
+    let m = match ownership::delete_verdict(record.as_ref(), o.destroy_confirmation()) {
+        ownership::DeleteVerdict::Release {
+            evidence,
+            confirmation,
+        } => format!(
+            "{target} is left on the brokers: {evidence}. Released without a broker write; to destroy it, delete it on the brokers, or declare it again and set spec.deletion.destroyConfirmation: \"{confirmation}\" before deleting"
+        ),
+        ownership::DeleteVerdict::Destroy if record.is_none() && !contested.is_empty() => format!(
+            "{target} is contested by another writer on {}: left on the brokers, released without a broker write (deleting it would destroy what that writer keeps)",
+            contested.join(", ")
+        ),
+        ownership::DeleteVerdict::Destroy => return None,
+    };
+    tracing::info!(kind = K::NOUN, object = %o.name_any(), "{m}");
+    Some(release(ctx, o, "Released", m).await)
 }
 
 /// The audited delete on the nodes the plan writes to; each node's outcome merged into the plan.

@@ -22,7 +22,10 @@ pub struct ClusterRuntime {
     /// Shared by every runtime of this cluster across spec changes, so a write reported while
     /// the cluster is re-polled is never lost.
     pub management_write: Arc<Mutex<ManagementWrite>>,
+    /// Connections one close may close (ADR-0022).
     pub bulk_cap: u64,
+    /// Messages one queue delete may destroy unless the object names more (issue 41).
+    pub message_loss_cap: u64,
     /// ADR-0084 §2: what brings a removed declared divert back.
     pub declaration_mode: crate::api::cluster::DeclarationMode,
     pub poll_interval: Duration,

@@ -55,69 +55,7 @@ async fn a_sigkill_inside_a_delete_leaves_no_dangling_divert_and_no_pending_row(
 
     // State first: a target queue with messages, a source queue, and a declared divert into the
     // target, all converged by an operator that then goes away.
-    {
-        let port = free_port();
-        let _first = bed.spawn_operator(&ns, &db, port, &[]);
-        wait_ready(&reqwest::Client::new(), port).await;
-        wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
-        for (object, name, routing) in [("target", &target, "ANYCAST"), ("source", &source, "MULTICAST")] {
-            let q: ArtemisQueue = serde_json::from_value(json!({
-                "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
-                "metadata": {"name": object},
-                "spec": {"clusterRef": {"name": "c"}, "name": name, "routingType": routing}
-            }))
-            .expect("queue json");
-            queues
-                .create(&PostParams::default(), &q)
-                .await
-                .expect("create queue");
-        }
-        for object in ["target", "source"] {
-            wait_until(&format!("{object} Ready"), Duration::from_secs(90), || {
-                let queues = queues.clone();
-                async move {
-                    is_ready(
-                        queues
-                            .get(object)
-                            .await
-                            .ok()?
-                            .status
-                            .as_ref()
-                            .map(|s| &s.conditions),
-                    )
-                    .then_some(())
-                }
-            })
-            .await;
-        }
-        let d: ArtemisDivert = serde_json::from_value(json!({
-            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisDivert",
-            "metadata": {"name": "into"},
-            "spec": {"clusterRef": {"name": "c"}, "name": format!("into.{id}"), "address": source, "forwardingAddress": target}
-        }))
-        .expect("divert json");
-        diverts
-            .create(&PostParams::default(), &d)
-            .await
-            .expect("create divert");
-        wait_until("the divert Ready", Duration::from_secs(90), || {
-            let diverts = diverts.clone();
-            async move {
-                is_ready(
-                    diverts
-                        .get("into")
-                        .await
-                        .ok()?
-                        .status
-                        .as_ref()
-                        .map(|s| &s.conditions),
-                )
-                .then_some(())
-            }
-        })
-        .await;
-        send_messages(&bed, "c1", &target, 2).await;
-    }
+    converged_by_a_first_process(&bed, &ns, &db, &admin, &queues, &diverts, &target, &source).await;
 
     // The delete, SIGKILLed inside its fan-out: one node done, the others held.
     let marker = std::env::temp_dir().join(format!("crashdel-{id}"));
@@ -220,4 +158,209 @@ async fn a_sigkill_inside_a_delete_leaves_no_dangling_divert_and_no_pending_row(
         .await;
     }
     let _ = std::fs::remove_file(&marker);
+}
+
+/// Issue 41 item 3: a SIGKILL on a node between the removal of the queue's dependent divert and
+/// the queue's own destroy (the divert gone, the queue still there). The next process must not
+/// put the divert back (`divert.apply`/`divert.repair`) while the queue's delete is unfinished:
+/// the ArtemisQueue still holds its finalizer, and the resumed delete removes the queue.
+#[tokio::test]
+async fn a_restart_inside_a_delete_never_repairs_the_divert_the_delete_is_removing() {
+    let _b = brokers_shared().await;
+    let bed = TestBed::get();
+    let ns = bed.fresh_namespace("crashdiv").await;
+    bed.install_operator_rbac().await;
+    let db = bed.fresh_database().await;
+    let admin = bed.kube_admin().await;
+    let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
+    create_cluster(&admin, &ns, "c", &urls, Some(bed.broker_user())).await;
+    let id = short_id();
+    let _clean = bed.clean_up(&[&id]);
+    let (target, source) = (format!("crashd.tgt.{id}"), format!("crashd.src.{id}"));
+    let queues: Api<ArtemisQueue> = Api::namespaced(admin.clone(), &ns);
+    let diverts: Api<ArtemisDivert> = Api::namespaced(admin.clone(), &ns);
+    converged_by_a_first_process(&bed, &ns, &db, &admin, &queues, &diverts, &target, &source).await;
+
+    let marker = std::env::temp_dir().join(format!("crashdiv-{id}"));
+    let port = free_port();
+    let mut killed = bed.spawn_operator(
+        &ns,
+        &db,
+        port,
+        &[(
+            "ARTEMIS_STUDIO_TEST_PAUSE_AFTER_DIVERTS_REMOVED",
+            &marker.display().to_string(),
+        )],
+    );
+    wait_ready(&reqwest::Client::new(), port).await;
+    queues
+        .delete("target", &Default::default())
+        .await
+        .expect("delete");
+    wait_until(
+        "a node's divert removed, its queue not yet",
+        Duration::from_secs(120),
+        || {
+            let marker = marker.clone();
+            async move { marker.exists().then_some(()) }
+        },
+    )
+    .await;
+    killed.0.kill().expect("SIGKILL");
+    let _ = killed.0.wait();
+    // The state the restart meets: at least one node holds the queue without its divert.
+    let t = artemis_studio_operator::topology::poll(&bed.access("c", bed.broker_user()), &Default::default())
+        .await;
+    let without_divert = t
+        .nodes
+        .iter()
+        .filter_map(|n| n.inventory.as_ref())
+        .filter(|i| {
+            i.queues.contains_key(&target) && !i.diverts.values().any(|d| d.forwarding_address == target)
+        })
+        .count();
+    assert!(
+        without_divert > 0,
+        "the kill landed between the divert's removal and the queue's"
+    );
+    let pool = sqlx::PgPool::connect(&db).await.expect("audit database");
+    let killed_at: i64 = sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM audit_event")
+        .fetch_one(&pool)
+        .await
+        .expect("last row");
+
+    let port = free_port();
+    let _next = bed.spawn_operator(&ns, &db, port, &[]);
+    wait_until("the delete finished", Duration::from_secs(120), || {
+        let queues = queues.clone();
+        async move { queues.get_opt("target").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    // Positive evidence a later divert pass ran: the divert says its forwarding queue is gone.
+    wait_until(
+        "the divert refused: nothing consumes",
+        Duration::from_secs(90),
+        || {
+            let diverts = diverts.clone();
+            async move {
+                let d = diverts.get("into").await.ok()?;
+                let refused =
+                    d.status.as_ref()?.nodes.iter().all(|n| {
+                        n.refusal == Some(artemis_studio_operator::api::RefusalKind::NothingConsumes)
+                    });
+                refused.then_some(())
+            }
+        },
+    )
+    .await;
+    let divert_writes: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT id, command FROM audit_event WHERE command LIKE 'divert.%' AND id > $1 ORDER BY id",
+    )
+    .bind(killed_at)
+    .fetch_all(&pool)
+    .await
+    .expect("divert rows");
+    assert!(
+        divert_writes.is_empty(),
+        "the restart re-created the divert the delete was removing: {divert_writes:?}"
+    );
+    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_event WHERE outcome = 'pending'")
+        .fetch_one(&pool)
+        .await
+        .expect("pending");
+    assert_eq!(pending, 0, "no row stays pending");
+
+    diverts
+        .delete("into", &Default::default())
+        .await
+        .expect("delete divert");
+    queues
+        .delete("source", &Default::default())
+        .await
+        .expect("delete source");
+    wait_until("source gone", Duration::from_secs(90), || {
+        let queues = queues.clone();
+        async move { queues.get_opt("source").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    let _ = std::fs::remove_file(&marker);
+}
+
+/// State first: a target queue with messages, a source queue, and a declared divert into the
+/// target, all converged by an operator process that then goes away.
+#[allow(clippy::too_many_arguments)]
+async fn converged_by_a_first_process(
+    bed: &TestBed,
+    ns: &str,
+    db: &str,
+    admin: &kube::Client,
+    queues: &Api<ArtemisQueue>,
+    diverts: &Api<ArtemisDivert>,
+    target: &str,
+    source: &str,
+) {
+    let port = free_port();
+    let _first = bed.spawn_operator(ns, db, port, &[]);
+    wait_ready(&reqwest::Client::new(), port).await;
+    wait_cluster_condition(admin, ns, "c", "Ready", "True").await;
+    for (object, name, routing) in [("target", target, "ANYCAST"), ("source", source, "MULTICAST")] {
+        let q: ArtemisQueue = serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+            "metadata": {"name": object},
+            "spec": {"clusterRef": {"name": "c"}, "name": name, "routingType": routing,
+                // The delete destroys the target's 2 messages: named, as the cluster's
+                // messageLossCap (0) asks.
+                "deletion": {"allowMessageLoss": 2}}
+        }))
+        .expect("queue json");
+        queues
+            .create(&PostParams::default(), &q)
+            .await
+            .expect("create queue");
+    }
+    for object in ["target", "source"] {
+        wait_until(&format!("{object} Ready"), Duration::from_secs(90), || {
+            let queues = queues.clone();
+            async move {
+                is_ready(
+                    queues
+                        .get(object)
+                        .await
+                        .ok()?
+                        .status
+                        .as_ref()
+                        .map(|s| &s.conditions),
+                )
+                .then_some(())
+            }
+        })
+        .await;
+    }
+    let d: ArtemisDivert = serde_json::from_value(json!({
+        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisDivert",
+        "metadata": {"name": "into"},
+        "spec": {"clusterRef": {"name": "c"}, "name": format!("into.{target}"), "address": source, "forwardingAddress": target}
+    }))
+    .expect("divert json");
+    diverts
+        .create(&PostParams::default(), &d)
+        .await
+        .expect("create divert");
+    wait_until("the divert Ready", Duration::from_secs(90), || {
+        let diverts = diverts.clone();
+        async move {
+            is_ready(
+                diverts
+                    .get("into")
+                    .await
+                    .ok()?
+                    .status
+                    .as_ref()
+                    .map(|s| &s.conditions),
+            )
+            .then_some(())
+        }
+    })
+    .await;
+    send_messages(bed, "c1", target, 2).await;
 }

@@ -402,7 +402,7 @@ async fn a_namespace_prune_finishes_and_destroys_only_what_was_asked() {
         .patch(
             "c",
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"bulkCap": 2}})),
+            &Patch::Merge(json!({"spec": {"messageLossCap": 2}})),
         )
         .await
         .expect("set bulk cap");

@@ -579,7 +579,13 @@ async fn delete_removes_dependent_diverts_first_and_keeps_source_diverts() {
 #[tokio::test]
 async fn delete_over_the_bulk_cap_is_refused_until_message_loss_is_allowed() {
     let _b = brokers_shared().await;
-    let f = fixture("q-cap", Some(2)).await;
+    let f = fixture_on(
+        "q-cap",
+        "c",
+        TestBed::broker_user,
+        Some(json!({"messageLossCap": 2})),
+    )
+    .await;
     let id = short_id();
     f.clean.also(&id);
     let name = format!("cap.{id}");

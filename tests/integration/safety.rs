@@ -534,3 +534,124 @@ async fn without_its_cluster_or_secret_nothing_is_written_and_the_delete_says_ho
     .await;
     delete_and_wait_gone(&f, &never).await;
 }
+
+/// Issue 41 item 2: a queue that already existed with messages is adopted, not owned. The
+/// object's first pass records the adoption (status, a `queue.adopt` audit row, an Event), and
+/// a plain delete releases the object and leaves the queue and its messages. Declared again,
+/// the queue is destroyed only with `destroyConfirmation` set to what the status showed (and
+/// the loss named, the cluster's messageLossCap being 0).
+#[tokio::test]
+async fn an_adopted_queue_is_released_by_a_plain_delete_and_destroyed_only_when_confirmed() {
+    let _b = brokers_shared().await;
+    let f = fixture("s-adopt", None).await;
+    let id = short_id();
+    f.clean.also(&id);
+    let name = format!("adopt.{id}");
+    queue_behind_our_back(&f, &name, "ANYCAST").await;
+    let first = nodes(&f).await.into_iter().next().expect("a node");
+    send_messages(&f.bed, first.broker_name(), &name, 4).await;
+    let adopted = |q: &ArtemisQueue| {
+        ready(q)
+            && q.status
+                .as_ref()
+                .and_then(|s| s.not_owned.as_ref())
+                .is_some_and(|n| n.adopted.iter().any(|a| a.message_count == 4))
+    };
+    f.create(
+        &name,
+        json!({"filter": "x=1", "deletion": {"allowMessageLoss": 4}}),
+    )
+    .await;
+    let q = f
+        .wait_for(&name, "Ready, adopted with its 4 messages", adopted)
+        .await;
+    let warnings = q
+        .status
+        .as_ref()
+        .and_then(|s| s.delete_preview.as_ref())
+        .map(|p| p.warnings.join(" | "))
+        .unwrap_or_default();
+    assert!(
+        warnings.contains("destroyConfirmation"),
+        "the preview says how: {warnings}"
+    );
+    let rows = f.audit_rows("queue.adopt").await;
+    assert_eq!(rows.len(), 1, "one adoption row: {rows:?}");
+    assert!(f.event_reasons(&name).await.iter().any(|r| r == "Adopted"));
+
+    // A plain delete (allowMessageLoss set, so only ownership keeps the messages).
+    f.queues()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete");
+    f.wait_gone(&name).await;
+    let left = on_brokers(&f, &name).await;
+    assert_eq!(left.len(), 3, "the queue stays on every node: {left:?}");
+    assert_eq!(
+        left.iter().map(|(_, m, _)| m).sum::<u64>(),
+        4,
+        "its messages stay"
+    );
+    assert!(
+        f.audit_rows("queue.delete").await.is_empty(),
+        "no delete was sent"
+    );
+    assert!(f.event_reasons(&name).await.iter().any(|r| r == "Released"));
+
+    // Declared again, confirmed after the adoption was shown: destroyed and audited.
+    f.create(
+        &name,
+        json!({"filter": "x=1", "deletion": {"allowMessageLoss": 4}}),
+    )
+    .await;
+    let q = f.wait_for(&name, "adopted again", adopted).await;
+    let confirmation = q
+        .status
+        .and_then(|s| s.not_owned)
+        .map(|n| n.confirmation)
+        .expect("a confirmation to give");
+    f.queues()
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"deletion": {"destroyConfirmation": confirmation}}})),
+        )
+        .await
+        .expect("confirm");
+    f.queues()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete");
+    f.wait_gone(&name).await;
+    assert!(on_brokers(&f, &name).await.is_empty(), "destroyed on every node");
+    let rows = f.audit_rows("queue.delete").await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].1, "succeeded");
+}
+
+/// Issue 41 item 5: the audit row's actor is the field manager that last wrote the spec (here
+/// a server-side apply as `alice-gitops`), never the operator and never "unknown".
+#[tokio::test]
+async fn the_audit_actor_is_the_field_manager_that_wrote_the_spec() {
+    let _b = brokers_shared().await;
+    let f = fixture("s-actor", None).await;
+    let id = short_id();
+    f.clean.also(&id);
+    let name = format!("actor.{id}");
+    let q = json!({
+        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+        "metadata": {"name": name}, "spec": {"clusterRef": {"name": "c"}}
+    });
+    f.queues()
+        .patch(&name, &PatchParams::apply("alice-gitops"), &Patch::Apply(&q))
+        .await
+        .expect("server-side apply");
+    f.wait_for(&name, "Ready", ready).await;
+    let actors: Vec<(String, String)> =
+        sqlx::query_as("SELECT command, actor FROM audit_event WHERE command LIKE 'queue.%' ORDER BY id")
+            .fetch_all(f.op.store.pool())
+            .await
+            .expect("actors");
+    assert!(!actors.is_empty());
+    assert!(actors.iter().all(|(_, a)| a == "alice-gitops"), "{actors:?}");
+}

@@ -2,7 +2,9 @@
 //! own namespace, each with its own instance ID and audit database) declare one queue with
 //! different filters, over a queue that already holds messages. The fight stops after one
 //! repair: the side that finds its repair undone says the queue is contested (the field, both
-//! values, another writer suspected), writes no more, and its delete destroys nothing.
+//! values, another writer suspected) and writes no more. Issue 41: neither side's plain delete
+//! destroys the queue, whichever side won, in either order and across a restart — each keeps
+//! the evidence of the other writer (or of the adoption) in `status.notOwned`.
 
 use std::time::Duration;
 
@@ -38,22 +40,13 @@ async fn side(bed: &TestBed, admin: &kube::Client, prefix: &str) -> Side {
 }
 
 async fn writes(s: &Side) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM audit_event WHERE command LIKE 'queue.%'")
-        .fetch_one(s.op.store.pool())
-        .await
-        .expect("audit count")
-}
-
-/// `spec.deletion.policy: Retain`: the object goes, the broker is left as it is.
-async fn retain(s: &Side) {
-    s.queues
-        .patch(
-            "shared",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"deletion": {"policy": "Retain"}}})),
-        )
-        .await
-        .expect("retain");
+    // Broker writes: an adoption is recorded without one.
+    sqlx::query_scalar(
+        "SELECT count(*) FROM audit_event WHERE command LIKE 'queue.%' AND command <> 'queue.adopt'",
+    )
+    .fetch_one(s.op.store.pool())
+    .await
+    .expect("audit count")
 }
 
 fn contested_nodes(q: &ArtemisQueue) -> std::collections::BTreeSet<String> {
@@ -66,7 +59,7 @@ fn contested_nodes(q: &ArtemisQueue) -> std::collections::BTreeSet<String> {
 }
 
 #[tokio::test]
-async fn two_installations_declaring_one_queue_stop_fighting_and_the_contested_side_destroys_nothing() {
+async fn two_installations_declaring_one_queue_stop_fighting_and_neither_side_destroys_it() {
     let _b = brokers_shared().await;
     let bed = TestBed::get();
     let admin = bed.kube_admin().await;
@@ -177,49 +170,130 @@ async fn two_installations_declaring_one_queue_stop_fighting_and_the_contested_s
         "at most a create-or-update and one repair per side per node batch: {after:?}"
     );
 
-    // The contested side's delete destroys nothing: blocked, then released with Retain.
-    loser
-        .queues
+    // Issue 41: either side's plain delete leaves the queue and its messages, whichever won.
+    // The loser first; then the winner, after a restart (its evidence is read back from status).
+    delete_released(loser, &bed, &name, 3).await;
+    let winner = restarted(winner, &bed).await;
+    let q = winner.queues.get("shared").await.expect("get");
+    assert!(
+        q.status.as_ref().and_then(|s| s.not_owned.as_ref()).is_some(),
+        "the winner records the other writer (or the adoption) too: {:?}",
+        q.status
+    );
+    delete_released(&winner, &bed, &name, 3).await;
+    tidy(&bed, &name).await;
+}
+
+/// Issue 41, the other order: the older side created the queue (it owns what it created), the
+/// younger declares it too; after the fight the *winner* is deleted first, then the loser.
+/// Neither destroys the queue: each has evidence of the other writer.
+#[tokio::test]
+async fn two_installations_the_winners_delete_first_keeps_the_queue_the_other_declares() {
+    let _b = brokers_shared().await;
+    let bed = TestBed::get();
+    let admin = bed.kube_admin().await;
+    let id = short_id();
+    let _clean = bed.clean_up(&[&id]);
+    let (a, b) = (
+        side(&bed, &admin, "inst-c").await,
+        side(&bed, &admin, "inst-d").await,
+    );
+    let name = format!("owned.{id}");
+    declare(&a, &name, "k = 1", Some(12)).await;
+    wait_until("a's queue Ready", Duration::from_secs(90), || async {
+        let q = a.queues.get("shared").await.ok()?;
+        crate::queue::ready(&q).then_some(())
+    })
+    .await;
+    send_messages(&bed, "c1", &name, 12).await;
+    declare(&b, &name, "k = 2", Some(12)).await;
+    let winner_is_a = wait_until("one side contested", Duration::from_secs(120), || async {
+        let (qa, qb) = (
+            a.queues.get("shared").await.ok()?,
+            b.queues.get("shared").await.ok()?,
+        );
+        let (na, nb) = (contested_nodes(&qa), contested_nodes(&qb));
+        (!na.is_empty() || !nb.is_empty()).then_some(na.is_empty())
+    })
+    .await;
+    let (winner, loser) = if winner_is_a { (&a, &b) } else { (&b, &a) };
+    delete_released(winner, &bed, &name, 12).await;
+    delete_released(loser, &bed, &name, 12).await;
+    tidy(&bed, &name).await;
+}
+
+/// Declare the shared queue on one side (allowing the loss of `allow` messages, so only
+/// ownership can keep them).
+async fn declare(s: &Side, name: &str, filter: &str, allow: Option<u64>) {
+    let q: ArtemisQueue = serde_json::from_value(json!({
+        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+        "metadata": {"name": "shared"},
+        "spec": {"clusterRef": {"name": "c"}, "name": name, "filter": filter,
+            "deletion": {"allowMessageLoss": allow}}
+    }))
+    .expect("queue json");
+    s.queues.create(&PostParams::default(), &q).await.expect("create");
+}
+
+/// A plain delete of this side's object: released with an Event that gives the evidence, no
+/// `queue.delete` row, and the queue still on c1 with its `messages`.
+async fn delete_released(s: &Side, bed: &TestBed, name: &str, messages: u64) {
+    s.queues
         .delete("shared", &Default::default())
         .await
         .expect("delete");
-    wait_until(
-        "the delete is blocked as contested",
-        Duration::from_secs(60),
-        || async {
-            let q = loser.queues.get("shared").await.ok()?;
-            q.status
-                .as_ref()?
-                .conditions
-                .iter()
-                .any(|c| c.type_ == "DeleteBlocked" && c.status == "True" && c.reason == "Contested")
-                .then_some(())
-        },
-    )
-    .await;
-    retain(loser).await;
     wait_until("released", Duration::from_secs(60), || async {
-        loser.queues.get_opt("shared").await.ok()?.is_none().then_some(())
+        s.queues.get_opt("shared").await.ok()?.is_none().then_some(())
     })
     .await;
+    let deletes: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_event WHERE command = 'queue.delete'")
+        .fetch_one(s.op.store.pool())
+        .await
+        .expect("audit count");
+    assert_eq!(
+        deletes, 0,
+        "a plain delete of what another declares sends no delete"
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(bed.kube_admin().await, &s.ns);
+    let released = events
+        .list(&Default::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("shared"))
+        .find(|e| e.reason.as_deref() == Some("Released"))
+        .and_then(|e| e.note)
+        .expect("a Released Event");
+    assert!(released.contains("left on the brokers"), "{released}");
+    let access = bed.access("c", bed.broker_user());
     let t = artemis_studio_operator::topology::poll(&access, &Default::default()).await;
     let c1 = t.find(&bed.broker("c1").jolokia).expect("c1");
     let kept = c1
         .inventory
         .as_ref()
-        .and_then(|i| i.queues.get(&name))
+        .and_then(|i| i.queues.get(name))
         .expect("the queue is still there");
-    assert_eq!(kept.message_count, 3, "the messages are still there");
+    assert_eq!(kept.message_count, messages, "the messages are still there");
+}
 
-    // Tidy: the winner releases too, and the queue goes by hand.
-    retain(winner).await;
-    winner
-        .queues
-        .delete("shared", &Default::default())
-        .await
-        .expect("delete");
-    for m in t.nodes.iter().filter_map(|n| n.active.clone()) {
-        let _ = m.destroy_queue(&name, true).await;
+/// This side's operator stopped and started again on its database and instance ID.
+async fn restarted(s: &Side, bed: &TestBed) -> Side {
+    let instance = s.op.ctx.instance_id.clone();
+    s.op.stop();
+    let op = bed.start_operator_on(&[s.ns.as_str()], &s.op.db, &instance).await;
+    Side {
+        ns: s.ns.clone(),
+        queues: s.queues.clone(),
+        op,
     }
-    let _ = (&a.ns, &b.ns);
+}
+
+/// The queue goes by hand.
+async fn tidy(bed: &TestBed, name: &str) {
+    let t = artemis_studio_operator::topology::poll(&bed.access("c", bed.broker_user()), &Default::default())
+        .await;
+    for m in t.nodes.iter().filter_map(|n| n.active.clone()) {
+        let _ = m.destroy_queue(name, true).await;
+    }
 }

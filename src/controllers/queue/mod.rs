@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 use self::plan::{DesiredQueue, NodeAction};
 use super::Context;
+use super::ownership::InUse;
 use super::pipeline::{self, Pass, PlanFacts, Step, TopologyObject, WholeRefusal};
 use crate::api::queue::{ArtemisQueue, ArtemisQueueStatus, DeletePreview};
 use crate::api::{CAPTURE_PREFIX, Outcome, RefusalKind};
@@ -173,6 +174,13 @@ async fn delete_on(
             }
         }
     }
+    if !removed.is_empty() {
+        crate::crash_window::pause(
+            crate::crash_window::Window::AfterDivertsRemoved,
+            "diverts removed",
+        )
+        .await;
+    }
     if let Err(e) = t
         .ops
         .destroy_queue(&d.name, d.spec.deletion.disconnect_consumers)
@@ -280,7 +288,7 @@ fn preview(d: &DesiredQueue, topology: &Topology, facts: &PlanFacts) -> DeletePr
     }
     let (cap, exceeds) = plan::bulk_cap_verdict(
         p.total_messages,
-        facts.bulk_cap,
+        facts.message_loss_cap,
         d.spec.deletion.allow_message_loss,
     );
     p.bulk_cap = cap;
@@ -352,6 +360,7 @@ impl TopologyObject for ArtemisQueue {
             "disconnectConsumers": self.spec.deletion.disconnect_consumers,
             "allowMessageLoss": self.spec.deletion.allow_message_loss,
             "removeEmptyAddress": self.spec.deletion.remove_empty_address,
+            "destroyConfirmation": self.spec.deletion.destroy_confirmation,
         })
     }
 
@@ -397,11 +406,11 @@ impl TopologyObject for ArtemisQueue {
     ) -> Option<WholeRefusal> {
         let total: u64 = fresh.values().map(|inv| plan::owned_message_count(d, inv)).sum();
         let (cap, exceeds) =
-            plan::bulk_cap_verdict(total, facts.bulk_cap, d.spec.deletion.allow_message_loss);
+            plan::bulk_cap_verdict(total, facts.message_loss_cap, d.spec.deletion.allow_message_loss);
         exceeds.then(|| WholeRefusal {
             reason: "BulkCapExceeded",
             message: format!(
-                "BULK_CAP_EXCEEDED: deleting destroys {total} messages, above the bulk cap of {cap}: set spec.deletion.allowMessageLoss: {total} (or more) on this object to accept the loss, or drain the queue first"
+                "BULK_CAP_EXCEEDED: deleting destroys {total} messages, above the cap of {cap} (the cluster's messageLossCap, default 0: a delete destroys no message unless the object names the loss): set spec.deletion.allowMessageLoss: {total} (or more) on this object to accept the loss, or drain the queue first"
             ),
         })
     }
@@ -423,6 +432,15 @@ impl TopologyObject for ArtemisQueue {
         delete_on(t, d, facts, before).await
     }
 
+    /// The queue's messages and consumers on the node, when it is this object's queue (its
+    /// address and routing type): one found in use before this object wrote there is adopted.
+    fn in_use(d: &DesiredQueue, inv: &NodeInventory) -> Option<InUse> {
+        inv.queues.get(&d.name).filter(|q| d.owns(q)).map(|q| InUse {
+            messages: q.message_count,
+            consumers: q.consumer_count,
+        })
+    }
+
     fn touch_keys(d: &DesiredQueue) -> Vec<String> {
         use crate::topology::TopologyChange as C;
         vec![C::queue_key(&d.name), C::address_key(&d.address)]
@@ -431,7 +449,13 @@ impl TopologyObject for ArtemisQueue {
     fn status(&self, pass: &Pass<'_, Self>) -> ArtemisQueueStatus {
         let old = self.status.clone().unwrap_or_default();
         let delete_preview = match (pass.desired, pass.topology, pass.facts) {
-            (Some(d), Some(t), Some(f)) => Some(refreshed(old.delete_preview, preview(d, t, f))),
+            (Some(d), Some(t), Some(f)) => {
+                let mut p = preview(d, t, f);
+                if let Some(r) = &pass.not_owned {
+                    p.warnings.push(not_owned_warning(r));
+                }
+                Some(refreshed(old.delete_preview, p))
+            }
             _ => old.delete_preview,
         };
         ArtemisQueueStatus {
@@ -442,8 +466,18 @@ impl TopologyObject for ArtemisQueue {
             nodes: pass.nodes.clone(),
             delete_preview,
             last_audit_id: pass.last_audit_id,
+            not_owned: pass.not_owned.clone(),
         }
     }
+}
+
+/// The delete preview's word on a queue this object does not own (issue 41).
+fn not_owned_warning(r: &crate::api::NotOwned) -> String {
+    format!(
+        "a plain delete leaves this queue on the brokers and destroys nothing: {}. To destroy it, set spec.deletion.destroyConfirmation: \"{}\" first (the bulk cap still applies)",
+        r.evidence(),
+        r.confirmation
+    )
 }
 
 pub async fn run(ctx: Arc<Context>, wiring: super::Wiring<ArtemisQueue>) {
