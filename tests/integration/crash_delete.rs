@@ -229,14 +229,59 @@ async fn a_restart_inside_a_delete_never_repairs_the_divert_the_delete_is_removi
         .await
         .expect("last row");
 
+    // The resumed delete is held back by the message cap until the divert has had its pass (so
+    // the order is not a race): the object asks for no loss now.
+    queues
+        .patch(
+            "target",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"deletion": {"allowMessageLoss": 0}}})),
+        )
+        .await
+        .expect("no loss allowed for now");
     let port = free_port();
     let _next = bed.spawn_operator(&ns, &db, port, &[]);
+    // Positive evidence the divert's pass ran after the restart: it says it waits for the
+    // delete, or (the defect) it wrote.
+    wait_until(
+        "the divert's pass after the restart",
+        Duration::from_secs(90),
+        || {
+            let (diverts, pool) = (diverts.clone(), pool.clone());
+            async move {
+                let d = diverts.get("into").await.ok()?;
+                let held = d
+                    .status
+                    .as_ref()?
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.reason == "HeldByDelete");
+                let wrote: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM audit_event WHERE command LIKE 'divert.%' AND id > $1",
+                )
+                .bind(killed_at)
+                .fetch_one(&pool)
+                .await
+                .ok()?;
+                (held || wrote > 0).then_some(())
+            }
+        },
+    )
+    .await;
+    queues
+        .patch(
+            "target",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"deletion": {"allowMessageLoss": 2}}})),
+        )
+        .await
+        .expect("the loss allowed again");
     wait_until("the delete finished", Duration::from_secs(120), || {
         let queues = queues.clone();
         async move { queues.get_opt("target").await.ok()?.is_none().then_some(()) }
     })
     .await;
-    // Positive evidence a later divert pass ran: the divert says its forwarding queue is gone.
+    // A later divert pass: the divert says its forwarding queue is gone.
     wait_until(
         "the divert refused: nothing consumes",
         Duration::from_secs(90),
@@ -264,11 +309,19 @@ async fn a_restart_inside_a_delete_never_repairs_the_divert_the_delete_is_removi
         divert_writes.is_empty(),
         "the restart re-created the divert the delete was removing: {divert_writes:?}"
     );
-    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_event WHERE outcome = 'pending'")
-        .fetch_one(&pool)
-        .await
-        .expect("pending");
-    assert_eq!(pending, 0, "no row stays pending");
+    // The killed command's row becomes `unknown` once its process missed its heartbeats.
+    wait_until("no row pending", Duration::from_secs(90), || {
+        let pool = pool.clone();
+        async move {
+            let pending: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM audit_event WHERE outcome = 'pending'")
+                    .fetch_one(&pool)
+                    .await
+                    .ok()?;
+            (pending == 0).then_some(())
+        }
+    })
+    .await;
 
     diverts
         .delete("into", &Default::default())

@@ -16,8 +16,8 @@ use artemis_studio_operator::api::RefusalKind;
 use artemis_studio_operator::api::queue::ArtemisQueue;
 
 use crate::support::{
-    OperatorHandle, TestBed, brokers_shared, create_cluster, send_messages, short_id, wait_cluster_condition,
-    wait_until,
+    OperatorHandle, TestBed, brokers_shared, create_cluster, send_messages, send_messages_with, short_id,
+    wait_cluster_condition, wait_until,
 };
 
 struct Side {
@@ -184,9 +184,11 @@ async fn two_installations_declaring_one_queue_stop_fighting_and_neither_side_de
     tidy(&bed, &name).await;
 }
 
-/// Issue 41, the other order: the older side created the queue (it owns what it created), the
-/// younger declares it too; after the fight the *winner* is deleted first, then the loser.
-/// Neither destroys the queue: each has evidence of the other writer.
+/// Issue 41, the other order: the older side created the queue (empty: the younger side adopts
+/// nothing), the younger declares it too with another filter; after the fight, messages both
+/// filters take arrive, and the *winner* is deleted first, then the loser. Neither destroys the
+/// queue, though each allows the loss of every message: each holds evidence of the other writer
+/// (the winner's first write was undone by the other side).
 #[tokio::test]
 async fn two_installations_the_winners_delete_first_keeps_the_queue_the_other_declares() {
     let _b = brokers_shared().await;
@@ -199,14 +201,13 @@ async fn two_installations_the_winners_delete_first_keeps_the_queue_the_other_de
         side(&bed, &admin, "inst-d").await,
     );
     let name = format!("owned.{id}");
-    declare(&a, &name, "k = 1", Some(12)).await;
+    declare(&a, &name, "k = '1'", Some(12)).await;
     wait_until("a's queue Ready", Duration::from_secs(90), || async {
         let q = a.queues.get("shared").await.ok()?;
         crate::queue::ready(&q).then_some(())
     })
     .await;
-    send_messages(&bed, "c1", &name, 12).await;
-    declare(&b, &name, "k = 2", Some(12)).await;
+    declare(&b, &name, "k = '1' OR k = '2'", Some(12)).await;
     let winner_is_a = wait_until("one side contested", Duration::from_secs(120), || async {
         let (qa, qb) = (
             a.queues.get("shared").await.ok()?,
@@ -217,6 +218,15 @@ async fn two_installations_the_winners_delete_first_keeps_the_queue_the_other_de
     })
     .await;
     let (winner, loser) = if winner_is_a { (&a, &b) } else { (&b, &a) };
+    let q = winner.queues.get("shared").await.expect("get");
+    let record = q
+        .status
+        .and_then(|s| s.not_owned)
+        .expect("the winner has evidence");
+    assert!(record.adopted.is_empty(), "nothing was adopted: {record:?}");
+    assert!(!record.other_writer.is_empty(), "{record:?}");
+    // Messages either filter takes (a message the filter refuses is never routed to the queue).
+    send_messages_with(&bed, "c1", &name, 12, json!({"k": "1"})).await;
     delete_released(winner, &bed, &name, 12).await;
     delete_released(loser, &bed, &name, 12).await;
     tidy(&bed, &name).await;
