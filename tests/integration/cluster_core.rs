@@ -506,9 +506,17 @@ async fn bad_cluster_input_names_the_cause_and_the_fix() {
     // credentials (not "no live node"), and its delete — it never reached a broker — finishes.
     // The same for a queue whose cluster's Secret does not exist.
     let queues: Api<artemis_studio_operator::api::queue::ArtemisQueue> = Api::namespaced(admin.clone(), &ns);
+    // Issue 41 item 6: a cluster whose URL is not Jolokia (or does not answer) gives its queues
+    // the cluster's cause, not "no live node".
     for (cluster, reason, needle) in [
         ("wrongpw", "CredentialsRefused", "refused the credentials"),
         ("nosecret", "ClusterNotReady", "does not exist"),
+        (
+            "notjolokia",
+            "ClusterNotReady",
+            "no endpoint answered as a live broker",
+        ),
+        ("unreachable", "ClusterNotReady", "127.0.0.1:1"),
     ] {
         let q = serde_json::from_value(serde_json::json!({
             "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",

@@ -36,55 +36,111 @@ async fn audit(db: &str) -> Vec<(i64, String, String, Option<serde_json::Value>)
         .expect("audit rows")
 }
 
+/// A namespace with cluster `c`, a fresh audit database, a target queue with messages, a source
+/// queue and a declared divert into the target, converged by an operator process that then went
+/// away; and the delete of the target, SIGKILLed in a crash window.
+struct Scene {
+    bed: TestBed,
+    ns: String,
+    db: String,
+    id: String,
+    target: String,
+    queues: Api<ArtemisQueue>,
+    diverts: Api<ArtemisDivert>,
+    /// Last: the operator processes have stopped when it sweeps.
+    _clean: crate::support::CleanUp,
+}
+
+impl Scene {
+    async fn new(prefix: &str) -> Scene {
+        let bed = TestBed::get();
+        let ns = bed.fresh_namespace(prefix).await;
+        bed.install_operator_rbac().await;
+        let db = bed.fresh_database().await;
+        let admin = bed.kube_admin().await;
+        let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
+        create_cluster(&admin, &ns, "c", &urls, Some(bed.broker_user())).await;
+        let id = short_id();
+        // Before every operator process below, so none runs when it sweeps.
+        let _clean = bed.clean_up(&[&id]);
+        let (target, source) = (format!("{prefix}.tgt.{id}"), format!("{prefix}.src.{id}"));
+        let queues: Api<ArtemisQueue> = Api::namespaced(admin.clone(), &ns);
+        let diverts: Api<ArtemisDivert> = Api::namespaced(admin.clone(), &ns);
+        converged_by_a_first_process(&bed, &ns, &db, &admin, &queues, &diverts, &target, &source).await;
+        Scene {
+            bed,
+            ns,
+            db,
+            id,
+            target,
+            queues,
+            diverts,
+            _clean,
+        }
+    }
+
+    /// Delete the target under an operator process with the crash window `window_env` open;
+    /// SIGKILL it once the window's marker is written. Returns the marker's path.
+    async fn delete_killed_in(&self, window_env: &str, what: &str) -> std::path::PathBuf {
+        let marker = std::env::temp_dir().join(format!("crash-{}", self.id));
+        let port = free_port();
+        let mut killed = self.bed.spawn_operator(
+            &self.ns,
+            &self.db,
+            port,
+            &[(window_env, &marker.display().to_string())],
+        );
+        wait_ready(&reqwest::Client::new(), port).await;
+        self.queues
+            .delete("target", &Default::default())
+            .await
+            .expect("delete");
+        wait_until(what, Duration::from_secs(120), || {
+            let marker = marker.clone();
+            async move { marker.exists().then_some(()) }
+        })
+        .await;
+        killed.0.kill().expect("SIGKILL");
+        let _ = killed.0.wait();
+        marker
+    }
+
+    /// Tidy the shared brokers: the divert and the source queue go through their objects.
+    async fn tidy(&self) {
+        self.diverts
+            .delete("into", &Default::default())
+            .await
+            .expect("delete divert");
+        self.queues
+            .delete("source", &Default::default())
+            .await
+            .expect("delete source");
+        wait_until("source gone", Duration::from_secs(90), || {
+            let queues = self.queues.clone();
+            async move { queues.get_opt("source").await.ok()?.is_none().then_some(()) }
+        })
+        .await;
+    }
+}
+
 #[tokio::test]
 async fn a_sigkill_inside_a_delete_leaves_no_dangling_divert_and_no_pending_row() {
     let _b = brokers_shared().await;
-    let bed = TestBed::get();
-    let ns = bed.fresh_namespace("crashdel").await;
-    bed.install_operator_rbac().await;
-    let db = bed.fresh_database().await;
-    let admin = bed.kube_admin().await;
-    let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
-    create_cluster(&admin, &ns, "c", &urls, Some(bed.broker_user())).await;
-    let id = short_id();
-    // Before every operator process below, so none runs when it sweeps.
-    let _clean = bed.clean_up(&[&id]);
-    let (target, source) = (format!("crash.tgt.{id}"), format!("crash.src.{id}"));
-    let queues: Api<ArtemisQueue> = Api::namespaced(admin.clone(), &ns);
-    let diverts: Api<ArtemisDivert> = Api::namespaced(admin.clone(), &ns);
-
-    // State first: a target queue with messages, a source queue, and a declared divert into the
-    // target, all converged by an operator that then goes away.
-    converged_by_a_first_process(&bed, &ns, &db, &admin, &queues, &diverts, &target, &source).await;
-
-    // The delete, SIGKILLed inside its fan-out: one node done, the others held.
-    let marker = std::env::temp_dir().join(format!("crashdel-{id}"));
-    let port = free_port();
-    let mut killed = bed.spawn_operator(
-        &ns,
-        &db,
-        port,
-        &[(
-            "ARTEMIS_STUDIO_TEST_PAUSE_MID_FANOUT",
-            &marker.display().to_string(),
-        )],
+    let scene = Scene::new("crashdel").await;
+    let (bed, ns, db, target) = (
+        &scene.bed,
+        scene.ns.clone(),
+        scene.db.clone(),
+        scene.target.clone(),
     );
-    wait_ready(&reqwest::Client::new(), port).await;
-    queues
-        .delete("target", &Default::default())
-        .await
-        .expect("delete");
-    wait_until(
-        "the first node deleted, the others held",
-        Duration::from_secs(120),
-        || {
-            let marker = marker.clone();
-            async move { marker.exists().then_some(()) }
-        },
-    )
-    .await;
-    killed.0.kill().expect("SIGKILL");
-    let _ = killed.0.wait();
+    let queues = scene.queues.clone();
+    // The delete, SIGKILLed inside its fan-out: one node done, the others held.
+    let marker = scene
+        .delete_killed_in(
+            "ARTEMIS_STUDIO_TEST_PAUSE_MID_FANOUT",
+            "the first node deleted, the others held",
+        )
+        .await;
     let rows = audit(&db).await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0].2, "pending", "killed inside the command: {rows:?}");
@@ -141,22 +197,7 @@ async fn a_sigkill_inside_a_delete_leaves_no_dangling_divert_and_no_pending_row(
         );
     }
 
-    // Tidy the shared brokers.
-    diverts
-        .delete("into", &Default::default())
-        .await
-        .expect("delete divert");
-    queues
-        .delete("source", &Default::default())
-        .await
-        .expect("delete source");
-    for object in ["source"] {
-        wait_until(&format!("{object} gone"), Duration::from_secs(90), || {
-            let queues = queues.clone();
-            async move { queues.get_opt(object).await.ok()?.is_none().then_some(()) }
-        })
-        .await;
-    }
+    scene.tidy().await;
     let _ = std::fs::remove_file(&marker);
 }
 
@@ -167,47 +208,20 @@ async fn a_sigkill_inside_a_delete_leaves_no_dangling_divert_and_no_pending_row(
 #[tokio::test]
 async fn a_restart_inside_a_delete_never_repairs_the_divert_the_delete_is_removing() {
     let _b = brokers_shared().await;
-    let bed = TestBed::get();
-    let ns = bed.fresh_namespace("crashdiv").await;
-    bed.install_operator_rbac().await;
-    let db = bed.fresh_database().await;
-    let admin = bed.kube_admin().await;
-    let urls: Vec<String> = bed.cluster_brokers("c").into_iter().map(|b| b.jolokia).collect();
-    create_cluster(&admin, &ns, "c", &urls, Some(bed.broker_user())).await;
-    let id = short_id();
-    let _clean = bed.clean_up(&[&id]);
-    let (target, source) = (format!("crashd.tgt.{id}"), format!("crashd.src.{id}"));
-    let queues: Api<ArtemisQueue> = Api::namespaced(admin.clone(), &ns);
-    let diverts: Api<ArtemisDivert> = Api::namespaced(admin.clone(), &ns);
-    converged_by_a_first_process(&bed, &ns, &db, &admin, &queues, &diverts, &target, &source).await;
-
-    let marker = std::env::temp_dir().join(format!("crashdiv-{id}"));
-    let port = free_port();
-    let mut killed = bed.spawn_operator(
-        &ns,
-        &db,
-        port,
-        &[(
-            "ARTEMIS_STUDIO_TEST_PAUSE_AFTER_DIVERTS_REMOVED",
-            &marker.display().to_string(),
-        )],
+    let scene = Scene::new("crashdiv").await;
+    let (bed, ns, db, target) = (
+        &scene.bed,
+        scene.ns.clone(),
+        scene.db.clone(),
+        scene.target.clone(),
     );
-    wait_ready(&reqwest::Client::new(), port).await;
-    queues
-        .delete("target", &Default::default())
-        .await
-        .expect("delete");
-    wait_until(
-        "a node's divert removed, its queue not yet",
-        Duration::from_secs(120),
-        || {
-            let marker = marker.clone();
-            async move { marker.exists().then_some(()) }
-        },
-    )
-    .await;
-    killed.0.kill().expect("SIGKILL");
-    let _ = killed.0.wait();
+    let (queues, diverts) = (scene.queues.clone(), scene.diverts.clone());
+    let marker = scene
+        .delete_killed_in(
+            "ARTEMIS_STUDIO_TEST_PAUSE_AFTER_DIVERTS_REMOVED",
+            "a node's divert removed, its queue not yet",
+        )
+        .await;
     // The state the restart meets: at least one node holds the queue without its divert.
     let t = artemis_studio_operator::topology::poll(&bed.access("c", bed.broker_user()), &Default::default())
         .await;
@@ -323,19 +337,7 @@ async fn a_restart_inside_a_delete_never_repairs_the_divert_the_delete_is_removi
     })
     .await;
 
-    diverts
-        .delete("into", &Default::default())
-        .await
-        .expect("delete divert");
-    queues
-        .delete("source", &Default::default())
-        .await
-        .expect("delete source");
-    wait_until("source gone", Duration::from_secs(90), || {
-        let queues = queues.clone();
-        async move { queues.get_opt("source").await.ok()?.is_none().then_some(()) }
-    })
-    .await;
+    scene.tidy().await;
     let _ = std::fs::remove_file(&marker);
 }
 
