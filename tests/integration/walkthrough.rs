@@ -111,7 +111,21 @@ async fn the_readme_walkthrough_runs_as_written() {
     );
     assert!(stdout.contains("queue.apply"), "the audit trail:\n{stdout}");
 
-    // Tidy the shared brokers: the subscription's taps, the queues, the namespace.
+    // Tidy the shared brokers: the subscription's taps, the queues, the namespace. The orders
+    // queue holds the walk-through's messages: their loss is named, as the message cap (0) asks.
+    kubectl(
+        &bed,
+        &[
+            "-n",
+            "artemis-demo",
+            "patch",
+            "artemisqueue/orders",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"deletion":{"allowMessageLoss":1000}}}"#,
+        ],
+    );
     for object in [
         "artemiscapturesubscription/orders-capture",
         "artemisqueue/orders",
