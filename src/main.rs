@@ -4,10 +4,10 @@ use std::time::Duration;
 use clap::Parser;
 use kube::Api;
 
-use artemis_studio_operator::cli::{Cli, Command, RunArgs};
+use artemis_studio_operator::cli::{Cli, Command, RunArgs, Secret};
 use artemis_studio_operator::controllers::{self, Context, Namespaces, Reflectors};
 use artemis_studio_operator::leader;
-use artemis_studio_operator::store::Store;
+use artemis_studio_operator::store::{DatabaseConfig, Store};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -31,8 +31,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.lease_retry_period_seconds,
     )
     .map_err(anyhow::Error::msg)?;
-    Store::migrate(&args.database_url).await?;
-    let store = Store::connect(&args.database_url).await?;
+    let database = DatabaseConfig::new(
+        args.database_url.expose(),
+        args.database_password.as_ref().map(Secret::expose),
+    )?;
+    Store::migrate_to(&database).await?;
+    let store = Store::connect_to(&database).await?;
     // Every Kubernetes API request is counted (artemis_studio_api_requests_total).
     let metrics = Arc::new(artemis_studio_operator::telemetry::Metrics::default());
     let client = artemis_studio_operator::telemetry::api_client(metrics.clone()).await?;
@@ -41,6 +45,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         instance_id = %args.instance_id,
         namespaces = ?namespaces,
         listen = %args.listen,
+        database = %database.target(),
         pod = ?args.pod_name,
         pod_namespace = ?args.pod_namespace,
         "starting"

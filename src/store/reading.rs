@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::{Store, StoreError};
+use super::{OnPool, Store, StoreError};
 
 /// A subscription as Postgres knows it (the rows, coverage and loss are keyed by it).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, sqlx::FromRow)]
@@ -163,7 +163,8 @@ impl Store {
         .bind(namespace)
         .bind(subscription)
         .fetch_all(self.pool())
-        .await?)
+        .await
+        .on(self.pool())?)
     }
 
     /// Rows matching `q`, in row order (oldest first), at most `q.limit`.
@@ -193,7 +194,7 @@ impl Store {
         .bind(values)
         .bind(q.limit)
         .fetch_all(self.pool())
-        .await?)
+        .await.on(self.pool())?)
     }
 
     /// Rows on `address` that carry a reply-to (requests), and rows whose correlation ID names
@@ -212,7 +213,8 @@ impl Store {
         .bind(ids)
         .bind(from)
         .fetch_all(self.pool())
-        .await?)
+        .await
+        .on(self.pool())?)
     }
 
     /// Drain sessions that overlap the window, of one subscription or all of the cluster's.
@@ -268,7 +270,8 @@ impl Store {
         .bind(from)
         .bind(to)
         .fetch_all(self.pool())
-        .await?)
+        .await
+        .on(self.pool())?)
     }
 
     /// Cumulative estimated loss per tap and cause.
@@ -285,7 +288,8 @@ impl Store {
         .bind(cluster)
         .bind(subscription)
         .fetch_all(self.pool())
-        .await?)
+        .await
+        .on(self.pool())?)
     }
 
     /// Audit rows, newest first.
@@ -303,6 +307,6 @@ impl Store {
         .bind(&q.namespace)
         .bind(q.limit)
         .fetch_all(self.pool())
-        .await?)
+        .await.on(self.pool())?)
     }
 }

@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 
 use super::captured::{CapturedRow, Origin, SubscriptionKey, insert_rows};
-use super::{Store, StoreError};
+use super::{OnPool, Store, StoreError};
 
 /// One browsed queue on one node, as Postgres holds it.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
@@ -55,7 +55,7 @@ impl Store {
         .bind(mode)
         .bind(sample_interval_seconds)
         .execute(self.pool())
-        .await?;
+        .await.on(self.pool())?;
         Ok(())
     }
 
@@ -67,7 +67,8 @@ impl Store {
         )
         .bind(cluster)
         .fetch_all(self.pool())
-        .await?)
+        .await
+        .on(self.pool())?)
     }
 
     /// One successful browse: its new rows (marked origin=sampled) and the raised high-water
@@ -79,7 +80,7 @@ impl Store {
         rows: &[CapturedRow],
         high_water: i64,
     ) -> Result<u64, StoreError> {
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.pool().begin().await.on(self.pool())?;
         let n = insert_rows(&mut *tx, key, rows, Origin::Sampled, None).await?;
         sqlx::query(
             "INSERT INTO capture_sample_mark (cluster, subscription, node, queue, address, high_water, sampled, browses) \
