@@ -57,7 +57,7 @@ pub struct PassRecord<'a> {
 impl Store {
     /// The open tap incarnations of one cluster and instance.
     pub async fn open_taps(&self, cluster: &str, instance_id: &str) -> Result<Vec<TapRecord>, StoreError> {
-        Ok(sqlx::query_as(
+        sqlx::query_as(
             "SELECT subscription, node, source_address, capture_queue, installed_at FROM capture_tap \
              WHERE cluster = $1 AND instance_id = $2 AND removed_at IS NULL",
         )
@@ -65,19 +65,19 @@ impl Store {
         .bind(instance_id)
         .fetch_all(self.pool())
         .await
-        .on(self.pool())?)
+        .on(self.pool())
     }
 
     /// Clusters (namespace/name) with a tap still recorded as installed by this instance: they
     /// get a pass even when no subscription names them any more (the orphan sweep).
     pub async fn clusters_with_open_taps(&self, instance_id: &str) -> Result<Vec<String>, StoreError> {
-        Ok(sqlx::query_scalar(
+        sqlx::query_scalar(
             "SELECT DISTINCT cluster FROM capture_tap WHERE instance_id = $1 AND removed_at IS NULL",
         )
         .bind(instance_id)
         .fetch_all(self.pool())
         .await
-        .on(self.pool())?)
+        .on(self.pool())
     }
 
     /// A new incarnation: the capture queue was (re-)created. An incarnation still open for
@@ -192,13 +192,11 @@ impl Store {
     /// How many connections carry an application_name starting with `prefix` (the capture
     /// workers of one instance announce themselves this way).
     pub async fn count_connections_named(&self, prefix: &str) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE starts_with(application_name, $1)",
-        )
-        .bind(prefix)
-        .fetch_one(self.pool())
-        .await
-        .on(self.pool())?)
+        sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE starts_with(application_name, $1)")
+            .bind(prefix)
+            .fetch_one(self.pool())
+            .await
+            .on(self.pool())
     }
 }
 

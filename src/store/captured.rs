@@ -139,7 +139,7 @@ impl Store {
         source_address: &str,
         capture_queue: &str,
     ) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar(
+        sqlx::query_scalar(
             "INSERT INTO capture_coverage (cluster, subscription, node, source_address, capture_queue) \
              VALUES ($1, $2, $3, $4, $5) RETURNING id",
         )
@@ -150,7 +150,7 @@ impl Store {
         .bind(capture_queue)
         .fetch_one(self.pool())
         .await
-        .on(self.pool())?)
+        .on(self.pool())
     }
 
     /// The session was alive until now, and stored `messages` more.
@@ -232,7 +232,7 @@ impl Store {
 
     /// Per (subscription, node, source address): messages stored and estimated lost, for status.
     pub async fn capture_totals(&self, cluster: &str) -> Result<Vec<TapTotals>, StoreError> {
-        Ok(sqlx::query_as(
+        sqlx::query_as(
             "SELECT s.subscription, s.node, s.source_address, \
                COALESCE((SELECT sum(messages) FROM capture_coverage c WHERE c.cluster = $1 AND c.subscription = s.subscription \
                  AND c.node = s.node AND c.source_address = s.source_address), 0)::bigint AS captured, \
@@ -243,7 +243,7 @@ impl Store {
         )
         .bind(cluster)
         .fetch_all(self.pool())
-        .await.on(self.pool())?)
+        .await.on(self.pool())
     }
 
     /// The last counters read for a capture queue (None: never read).
@@ -252,7 +252,7 @@ impl Store {
         at: &LossAt<'_>,
         capture_queue: &str,
     ) -> Result<Option<QueueCounters>, StoreError> {
-        Ok(sqlx::query_as(
+        sqlx::query_as(
             "SELECT ring_evicted, address_dropped, messages_added, message_count FROM capture_counter \
              WHERE cluster = $1 AND subscription = $2 AND node = $3 AND capture_queue = $4",
         )
@@ -262,7 +262,7 @@ impl Store {
         .bind(capture_queue)
         .fetch_optional(self.pool())
         .await
-        .on(self.pool())?)
+        .on(self.pool())
     }
 
     pub async fn save_counters(

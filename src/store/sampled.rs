@@ -61,14 +61,14 @@ impl Store {
 
     /// Every high-water mark of one cluster.
     pub async fn sample_marks(&self, cluster: &str) -> Result<Vec<SampleMark>, StoreError> {
-        Ok(sqlx::query_as(
+        sqlx::query_as(
             "SELECT subscription, node, queue, address, high_water, sampled, browses, last_browse_at \
              FROM capture_sample_mark WHERE cluster = $1",
         )
         .bind(cluster)
         .fetch_all(self.pool())
         .await
-        .on(self.pool())?)
+        .on(self.pool())
     }
 
     /// One successful browse: its new rows (marked origin=sampled) and the raised high-water
