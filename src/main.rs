@@ -64,12 +64,25 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// kube's client logs every failed API request at ERROR ("failed with error client error
+/// (Connect)", naming neither the request nor its caller), and the caller logs the same failure
+/// again with its context: with the API server unreachable that doubled every retry's line.
+/// Off unless RUST_LOG names a `kube…` target itself.
+const KUBE_REQUEST_FAILURES_OFF: &str = "kube_client::client::builder=off";
+
 /// Logs as JSON or text, filtered by RUST_LOG (at info, with a warning, when it does not parse).
 fn init_logging(args: &RunArgs) {
-    let (filter, bad_filter) = match tracing_subscriber::EnvFilter::try_new(&args.log_filter) {
+    let (mut filter, bad_filter) = match tracing_subscriber::EnvFilter::try_new(&args.log_filter) {
         Ok(f) => (f, None),
         Err(e) => (tracing_subscriber::EnvFilter::new("info"), Some(e)),
     };
+    let names_kube = args
+        .log_filter
+        .split(',')
+        .any(|directive| directive.trim_start().starts_with("kube"));
+    if !names_kube && let Ok(off) = KUBE_REQUEST_FAILURES_OFF.parse() {
+        filter = filter.add_directive(off);
+    }
     if args.log_json {
         tracing_subscriber::fmt().json().with_env_filter(filter).init();
     } else {
