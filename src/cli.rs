@@ -39,9 +39,16 @@ pub struct PluginCli {
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// Postgres URL for the audit log (and captured messages).
+    /// Postgres URL for the audit log (and captured messages), e.g.
+    /// `postgres://user@host:5432/db`. Special characters in the user name or password must be
+    /// percent-encoded (`/` as %2F, `#` as %23, `@` as %40, …); or leave the password out and
+    /// give it in DATABASE_PASSWORD.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    pub database_url: Secret,
+    /// The Postgres password, as it is (no encoding); replaces any password in DATABASE_URL.
+    /// Never logged.
+    #[arg(long, env = "DATABASE_PASSWORD", hide_env_values = true)]
+    pub database_password: Option<Secret>,
     /// This installation's ID: the capture objects it owns carry it.
     #[arg(long, env = "INSTANCE_ID", default_value = "studio")]
     pub instance_id: String,
@@ -131,6 +138,32 @@ pub struct RunArgs {
     pub connection_close_concurrency: u16,
 }
 
+/// A setting that may hold a password: its `Debug` (and so `RunArgs`'s) never shows it.
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The value, for the one place that uses it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// Never fails: a value clap refused would be echoed in its error, password and all; the value
+/// is checked at start-up instead (`store::DatabaseConfig`).
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_string()))
+    }
+}
+
 /// How many reconciles of each kind may run at once (each at least 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Concurrency {
@@ -203,6 +236,20 @@ mod tests {
             Command::Run(r) => *r,
             other => panic!("parsed as {other:?}"),
         }
+    }
+
+    #[test]
+    fn the_database_settings_never_show_in_debug() {
+        let a = run_args(&["--database-password", "Qxq@Zzy/Kwk#Jvj"]);
+        assert_eq!(
+            a.database_password.as_ref().map(Secret::expose),
+            Some("Qxq@Zzy/Kwk#Jvj")
+        );
+        let shown = format!("{a:?}");
+        assert!(
+            !shown.contains("Qxq") && !shown.contains("postgres://"),
+            "{shown}"
+        );
     }
 
     #[test]
@@ -302,6 +349,7 @@ mod tests {
         let env = run_env_vars();
         for v in [
             "DATABASE_URL",
+            "DATABASE_PASSWORD",
             "WATCH_NAMESPACES",
             "WATCH_NAMESPACE",
             "RUST_LOG",

@@ -6,7 +6,13 @@
 //! stops its controllers at once and the process exits non-zero, so its writes stop before a
 //! standby may take the Lease over. On SIGTERM/SIGINT the controllers take no new reconcile,
 //! the in-flight ones get the shutdown grace to finish, then the Lease is released (a standby
-//! takes it at its next try) and the process exits 0.
+//! takes it at its next try) and the process exits 0. With nothing in flight the stop is at
+//! once: before the controllers have started (caches not synced) there is nothing to wait for,
+//! and a standby stops even in the middle of an attempt on the Lease.
+//!
+//! While the Lease cannot be read (API server unreachable), a standby retries with a growing
+//! delay, from the retry period to the lease duration, and logs a summary of the failures
+//! rather than every one ([`crate::backoff::Streak`]).
 //!
 //! # Why no crate
 //!
@@ -183,6 +189,10 @@ pub struct LeaseLock {
     timing: Timing,
     /// The record last read and when (this process's monotonic clock) it was first seen.
     observed: Option<(Record, Instant)>,
+    /// This process may hold the Lease: it last read itself as the holder, took or renewed it,
+    /// or sent a write whose answer it did not see (an attempt cut short). When false, a stop
+    /// need not release anything (and does not wait on an API server that may be unreachable).
+    may_hold: bool,
 }
 
 impl LeaseLock {
@@ -193,7 +203,13 @@ impl LeaseLock {
             identity,
             timing,
             observed: None,
+            may_hold: false,
         }
+    }
+
+    /// See the field: whether a stop must try to release the Lease.
+    pub fn may_hold(&self) -> bool {
+        self.may_hold
     }
 
     pub fn identity(&self) -> &str {
@@ -237,6 +253,7 @@ impl LeaseLock {
                 },
                 spec: Some(spec),
             };
+            self.may_hold = true;
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(created) => {
                     let record = Record::of(&created.spec.unwrap_or_default());
@@ -244,7 +261,10 @@ impl LeaseLock {
                     Ok(Attempt::Leading)
                 }
                 // Another process created it first: read it at the next attempt.
-                Err(kube::Error::Api(e)) if e.code == 409 => Ok(Attempt::Standby { holder: None }),
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    self.may_hold = false;
+                    Ok(Attempt::Standby { holder: None })
+                }
                 Err(e) => Err(e),
             };
         };
@@ -252,6 +272,7 @@ impl LeaseLock {
         let record = Record::of(&spec);
         let seen_since = self.observe(record.clone(), Instant::now());
         let mine = record.holder.as_deref() == Some(self.identity.as_str());
+        self.may_hold = mine;
         if let Some(holder) = &record.holder
             && !mine
         {
@@ -287,15 +308,19 @@ impl LeaseLock {
             ..spec
         });
         // The resourceVersion just read is the precondition: 409 if anyone wrote since.
+        self.may_hold = true;
         match self.api.replace(&self.name, &PostParams::default(), &next).await {
             Ok(written) => {
                 let record = Record::of(&written.spec.unwrap_or_default());
                 self.observe(record, Instant::now());
                 Ok(Attempt::Leading)
             }
-            Err(kube::Error::Api(e)) if e.code == 409 => Ok(Attempt::Standby {
-                holder: record.holder.filter(|h| *h != self.identity),
-            }),
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                self.may_hold = mine;
+                Ok(Attempt::Standby {
+                    holder: record.holder.filter(|h| *h != self.identity),
+                })
+            }
             Err(e) => Err(e),
         }
     }
@@ -308,6 +333,7 @@ impl LeaseLock {
         };
         let mut spec = lease.spec.take().unwrap_or_default();
         if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            self.may_hold = false;
             return Ok(false);
         }
         spec.holder_identity = None;
@@ -316,7 +342,10 @@ impl LeaseLock {
         spec.lease_duration_seconds = Some(1);
         lease.spec = Some(spec);
         match self.api.replace(&self.name, &PostParams::default(), &lease).await {
-            Ok(_) => Ok(true),
+            Ok(_) => {
+                self.may_hold = false;
+                Ok(true)
+            }
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
             Err(e) => Err(e),
         }
@@ -372,41 +401,93 @@ where
     lead(lock, shutdown, metrics, grace, renewed_at, controllers).await
 }
 
-/// Standby: try to take the Lease every retry period. When this process holds it, the start
-/// of the attempt that took it; None on a requested stop (the Lease released if taken).
+/// Standby: try to take the Lease every retry period (longer and longer while attempts fail).
+/// When this process holds it, the start of the attempt that took it; None on a requested stop,
+/// at once even in the middle of an attempt (the Lease released if it may have been taken).
 async fn wait_for_the_lease(lock: &mut LeaseLock, shutdown: &Shutdown, metrics: &Metrics) -> Option<Instant> {
     let timing = lock.timing;
-    let release_timeout = timing.release_timeout();
     let mut last_holder: Option<Option<String>> = None;
+    let mut failures = Failures::new(timing);
     loop {
-        if shutdown.is_requested() {
-            // An attempt that timed out may still have taken the Lease.
-            let _ = tokio::time::timeout(release_timeout, lock.release()).await;
-            return None;
-        }
         let started = Instant::now();
-        match tokio::time::timeout(timing.renew_deadline, lock.try_acquire_or_renew()).await {
-            Ok(Ok(Attempt::Leading)) => return Some(started),
+        let attempt = tokio::select! {
+            biased;
+            _ = shutdown.requested() => return stop_standing_by(lock).await,
+            r = tokio::time::timeout(timing.renew_deadline, lock.try_acquire_or_renew()) => r,
+        };
+        let wait = match attempt {
+            Ok(Ok(Attempt::Leading)) => {
+                failures.succeeded(lock);
+                return Some(started);
+            }
             Ok(Ok(Attempt::Standby { holder })) => {
+                failures.succeeded(lock);
                 if last_holder.as_ref() != Some(&holder) {
                     tracing::info!(lease = %lock.name, holder = ?holder, identity = %lock.identity, "standby: the Lease is held by another process");
                     last_holder = Some(holder);
                 }
                 metrics.set_ready();
+                timing.retry_period
             }
-            Ok(Err(e)) => tracing::warn!(error = %e, lease = %lock.name, "could not read or take the Lease"),
-            Err(_) => tracing::warn!(lease = %lock.name, "an attempt on the Lease timed out"),
-        }
+            Ok(Err(e)) => failures.failed(lock, &e),
+            Err(_) => failures.failed(lock, &format_args!("timed out after {:?}", timing.renew_deadline)),
+        };
         tokio::select! {
-            _ = tokio::time::sleep(timing.retry_period) => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = shutdown.requested() => {}
+        }
+    }
+}
+
+/// A standby asked to stop: releases the Lease only if an attempt may have taken it.
+async fn stop_standing_by(lock: &mut LeaseLock) -> Option<Instant> {
+    if lock.may_hold() {
+        let _ = tokio::time::timeout(lock.timing.release_timeout(), lock.release()).await;
+    }
+    None
+}
+
+/// A standby's failed attempts in a row: the delay before the next one doubles from the retry
+/// period to the lease duration (a standby that backs off takes an expired Lease over at most
+/// one lease duration later), and only some failures are logged (see `Streak`).
+struct Failures {
+    timing: Timing,
+    delays: backon::ExponentialBackoff,
+    streak: crate::backoff::Streak,
+}
+
+impl Failures {
+    fn new(timing: Timing) -> Failures {
+        Failures {
+            timing,
+            delays: crate::backoff::doubling(timing.retry_period, timing.lease_duration),
+            streak: crate::backoff::Streak::default(),
+        }
+    }
+
+    /// One more failure: logged when worth it; the delay before the next attempt.
+    fn failed(&mut self, lock: &LeaseLock, error: &dyn std::fmt::Display) -> Duration {
+        let wait = self.delays.next().unwrap_or(self.timing.lease_duration);
+        if let Some(run) = self.streak.failed() {
+            tracing::warn!(%error, lease = %lock.name, failures = run.failures, failing_for = ?run.lasting, next_attempt_in = ?wait,
+                "could not read or take the Lease");
+        }
+        wait
+    }
+
+    /// An attempt that reached the Lease: the delays start again, and a recovery is logged.
+    fn succeeded(&mut self, lock: &LeaseLock) {
+        if let Some(run) = self.streak.succeeded() {
+            tracing::info!(lease = %lock.name, failures = run.failures, failed_for = ?run.lasting, "the Lease can be read again");
+            self.delays = crate::backoff::doubling(self.timing.retry_period, self.timing.lease_duration);
         }
     }
 }
 
 /// As the leader (the Lease renewed at `renewed_at`): run `controllers`, stopped at once when
 /// the Lease is not renewed within the renew deadline or another process takes it, and given
-/// the grace to finish on a requested stop.
+/// the grace to finish on a requested stop (none when they have not started: nothing is in
+/// flight before the caches synced).
 async fn lead<F>(
     mut lock: LeaseLock,
     shutdown: Shutdown,
@@ -456,25 +537,72 @@ where
                 return Exit::GraceExceeded;
             }
             _ = shutdown.requested(), if stop_by.is_none() => {
-                tracing::info!(grace = ?grace, "stopping: no new reconciles; waiting for the in-flight ones");
+                if stop_unstarted(&task, &metrics, grace) {
+                    release_after_stop(&mut lock, release_timeout).await;
+                    return Exit::Stopped;
+                }
                 stop_by = Some(Instant::now() + grace);
             }
             _ = tokio::time::sleep_until(next_try) => {
                 let started = Instant::now();
                 next_try = started + timing.retry_period;
-                let left = deadline.saturating_duration_since(started);
-                match tokio::time::timeout(left, lock.try_acquire_or_renew()).await {
-                    Ok(Ok(Attempt::Leading)) => renewed_at = started,
-                    Ok(Ok(Attempt::Standby { holder })) => {
+                match renew(&mut lock, deadline.saturating_duration_since(started)).await {
+                    Renewal::Renewed => renewed_at = started,
+                    Renewal::Failed => {}
+                    Renewal::Lost => {
                         task.abort();
                         metrics.set_leader(false);
-                        tracing::error!(lease = %lock.name, holder = ?holder, "the Lease was taken by another process: controllers stopped");
                         return Exit::LeaseLost;
                     }
-                    Ok(Err(e)) => tracing::warn!(error = %e, lease = %lock.name, "could not renew the Lease"),
-                    Err(_) => tracing::warn!(lease = %lock.name, "renewing the Lease timed out"),
                 }
             }
+        }
+    }
+}
+
+/// On a requested stop: true (the controllers' task ended at once) when the controllers have
+/// not started, so nothing can be in flight; false when in-flight reconciles get the grace.
+///
+/// "Not started" is `/readyz` still false: `controllers::run_all` sets it once the caches
+/// synced, just before it starts the controllers, and a controller started after the stop was
+/// requested takes no reconcile (`graceful_shutdown_on` has already resolved). Without this,
+/// a stop while the caches cannot sync (API server unreachable, a CRD missing) would wait for
+/// the whole grace with nothing to wait for.
+fn stop_unstarted<T>(task: &tokio::task::JoinHandle<T>, metrics: &Metrics, grace: Duration) -> bool {
+    if metrics.is_ready() {
+        tracing::info!(grace = ?grace, "stopping: no new reconciles; waiting for the in-flight ones");
+        return false;
+    }
+    task.abort();
+    metrics.set_leader(false);
+    tracing::info!("stopping: the controllers had not started (caches not synced), nothing in flight");
+    true
+}
+
+/// How a renewal of a held Lease went.
+enum Renewal {
+    Renewed,
+    /// Not this time (logged); the deadline decides.
+    Failed,
+    /// Another process holds it (logged).
+    Lost,
+}
+
+/// One renewal attempt, given what is left before the renew deadline.
+async fn renew(lock: &mut LeaseLock, left: Duration) -> Renewal {
+    match tokio::time::timeout(left, lock.try_acquire_or_renew()).await {
+        Ok(Ok(Attempt::Leading)) => Renewal::Renewed,
+        Ok(Ok(Attempt::Standby { holder })) => {
+            tracing::error!(lease = %lock.name, holder = ?holder, "the Lease was taken by another process: controllers stopped");
+            Renewal::Lost
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, lease = %lock.name, "could not renew the Lease");
+            Renewal::Failed
+        }
+        Err(_) => {
+            tracing::warn!(lease = %lock.name, "renewing the Lease timed out");
+            Renewal::Failed
         }
     }
 }
@@ -511,7 +639,9 @@ async fn run_unelected(
         }
         _ = shutdown.requested() => {}
     }
-    tracing::info!(grace = ?grace, "stopping: no new reconciles; waiting for the in-flight ones");
+    if stop_unstarted(&task, &metrics, grace) {
+        return Exit::Stopped;
+    }
     match tokio::time::timeout(grace, &mut task).await {
         Ok(_) => Exit::Stopped,
         Err(_) => {
@@ -579,6 +709,8 @@ mod tests {
     #[tokio::test]
     async fn unelected_run_waits_for_in_flight_work_within_the_grace() {
         let metrics = Arc::new(Metrics::default());
+        // The controllers have started (their caches synced).
+        metrics.set_ready();
         let s = Shutdown::default();
         let trigger = s.requested();
         let work = async move {
@@ -595,5 +727,22 @@ mod tests {
         let stuck = std::future::pending::<()>();
         let exit = run_unelected(s, metrics, Duration::from_millis(20), stuck).await;
         assert_eq!(exit, Exit::GraceExceeded);
+    }
+
+    #[tokio::test]
+    async fn a_stop_before_the_controllers_started_waits_for_nothing() {
+        // Caches that never sync (API server unreachable): the controllers never start.
+        let metrics = Arc::new(Metrics::default());
+        let s = Shutdown::default();
+        s.request();
+        let never_synced = std::future::pending::<()>();
+        let started = std::time::Instant::now();
+        let exit = run_unelected(s, metrics, Duration::from_secs(20), never_synced).await;
+        assert_eq!(exit, Exit::Stopped);
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }

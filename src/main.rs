@@ -4,10 +4,10 @@ use std::time::Duration;
 use clap::Parser;
 use kube::Api;
 
-use artemis_studio_operator::cli::{Cli, Command, RunArgs};
+use artemis_studio_operator::cli::{Cli, Command, RunArgs, Secret};
 use artemis_studio_operator::controllers::{self, Context, Namespaces, Reflectors};
 use artemis_studio_operator::leader;
-use artemis_studio_operator::store::Store;
+use artemis_studio_operator::store::{DatabaseConfig, Store};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -31,8 +31,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.lease_retry_period_seconds,
     )
     .map_err(anyhow::Error::msg)?;
-    Store::migrate(&args.database_url).await?;
-    let store = Store::connect(&args.database_url).await?;
+    let database = DatabaseConfig::new(
+        args.database_url.expose(),
+        args.database_password.as_ref().map(Secret::expose),
+    )?;
+    Store::migrate_to(&database).await?;
+    let store = Store::connect_to(&database).await?;
     // Every Kubernetes API request is counted (artemis_studio_api_requests_total).
     let metrics = Arc::new(artemis_studio_operator::telemetry::Metrics::default());
     let client = artemis_studio_operator::telemetry::api_client(metrics.clone()).await?;
@@ -41,6 +45,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         instance_id = %args.instance_id,
         namespaces = ?namespaces,
         listen = %args.listen,
+        database = %database.target(),
         pod = ?args.pod_name,
         pod_namespace = ?args.pod_namespace,
         "starting"
@@ -59,12 +64,25 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// kube's client logs every failed API request at ERROR ("failed with error client error
+/// (Connect)", naming neither the request nor its caller), and the caller logs the same failure
+/// again with its context: with the API server unreachable that doubled every retry's line.
+/// Off unless RUST_LOG names a `kube…` target itself.
+const KUBE_REQUEST_FAILURES_OFF: &str = "kube_client::client::builder=off";
+
 /// Logs as JSON or text, filtered by RUST_LOG (at info, with a warning, when it does not parse).
 fn init_logging(args: &RunArgs) {
-    let (filter, bad_filter) = match tracing_subscriber::EnvFilter::try_new(&args.log_filter) {
+    let (mut filter, bad_filter) = match tracing_subscriber::EnvFilter::try_new(&args.log_filter) {
         Ok(f) => (f, None),
         Err(e) => (tracing_subscriber::EnvFilter::new("info"), Some(e)),
     };
+    let names_kube = args
+        .log_filter
+        .split(',')
+        .any(|directive| directive.trim_start().starts_with("kube"));
+    if !names_kube && let Ok(off) = KUBE_REQUEST_FAILURES_OFF.parse() {
+        filter = filter.add_directive(off);
+    }
     if args.log_json {
         tracing_subscriber::fmt().json().with_env_filter(filter).init();
     } else {

@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Store, StoreError};
+use super::{OnPool, Store, StoreError};
 use crate::api::{NodeOutcome, Outcome};
 
 /// How long a process may go without a heartbeat before its `pending` rows are completed as
@@ -97,7 +97,8 @@ impl Store {
         .bind(me)
         .bind(instance_id)
         .execute(&self.pool)
-        .await?;
+        .await
+        .on(&self.pool)?;
         let rows = sqlx::query_as::<_, AbandonedCommand>(
             "UPDATE audit_event a SET outcome = 'unknown', completed_at = now(), \
              outcome_detail = jsonb_build_object('reason', \
@@ -113,7 +114,7 @@ impl Store {
         .bind(me)
         .bind(PROCESS_GONE_AFTER.as_secs_f64())
         .fetch_all(&self.pool)
-        .await?;
+        .await.on(&self.pool)?;
         Ok(rows)
     }
 
@@ -127,7 +128,7 @@ impl Store {
         .bind(object_uid)
         .bind(reason)
         .execute(&self.pool)
-        .await?;
+        .await.on(&self.pool)?;
         Ok(r.rows_affected())
     }
 }
@@ -222,7 +223,7 @@ async fn write(pool: &sqlx::PgPool, batch: Vec<Request>) {
     let (intents, outcomes): (Vec<_>, Vec<_>) = batch
         .into_iter()
         .partition(|r| matches!(r, Request::Intent { .. }));
-    match write_together(pool, &intents, &outcomes).await {
+    match write_together(pool, &intents, &outcomes).await.on(pool) {
         Ok(ids) => {
             for (r, id) in intents.into_iter().zip(ids) {
                 answer(r, Ok(Some(id)));
@@ -253,7 +254,7 @@ async fn write_together(
     intents: &[Request],
     outcomes: &[Request],
 ) -> Result<Vec<i64>, StoreError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = pool.begin().await.on(pool)?;
     let ids = insert_intents(&mut tx, intents).await?;
     update_outcomes(&mut tx, outcomes).await?;
     tx.commit().await?;

@@ -5,7 +5,7 @@
 use sqlx::postgres::PgConnection;
 use sqlx::{ConnectOptions, Connection};
 
-use super::{Store, StoreError};
+use super::{OnPool, Store, StoreError};
 
 /// One open tap incarnation on one node.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
@@ -57,31 +57,33 @@ pub struct PassRecord<'a> {
 impl Store {
     /// The open tap incarnations of one cluster and instance.
     pub async fn open_taps(&self, cluster: &str, instance_id: &str) -> Result<Vec<TapRecord>, StoreError> {
-        Ok(sqlx::query_as(
+        sqlx::query_as(
             "SELECT subscription, node, source_address, capture_queue, installed_at FROM capture_tap \
              WHERE cluster = $1 AND instance_id = $2 AND removed_at IS NULL",
         )
         .bind(cluster)
         .bind(instance_id)
         .fetch_all(self.pool())
-        .await?)
+        .await
+        .on(self.pool())
     }
 
     /// Clusters (namespace/name) with a tap still recorded as installed by this instance: they
     /// get a pass even when no subscription names them any more (the orphan sweep).
     pub async fn clusters_with_open_taps(&self, instance_id: &str) -> Result<Vec<String>, StoreError> {
-        Ok(sqlx::query_scalar(
+        sqlx::query_scalar(
             "SELECT DISTINCT cluster FROM capture_tap WHERE instance_id = $1 AND removed_at IS NULL",
         )
         .bind(instance_id)
         .fetch_all(self.pool())
-        .await?)
+        .await
+        .on(self.pool())
     }
 
     /// A new incarnation: the capture queue was (re-)created. An incarnation still open for
     /// the same tap and node ends now with `previous_ended` (the gap starts there).
     pub async fn record_install(&self, t: &TapInstall<'_>, previous_ended: &str) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.pool().begin().await.on(self.pool())?;
         sqlx::query(
             "UPDATE capture_tap SET removed_at = now(), removal_reason = $6 \
              WHERE cluster = $1 AND subscription = $2 AND source_address = $3 AND node = $4 \
@@ -103,7 +105,7 @@ impl Store {
     /// An installed tap this database has no open record of (the record was lost, or the tap
     /// predates it): recorded from now, the earliest moment this process can vouch for.
     pub async fn ensure_tap_recorded(&self, t: &TapInstall<'_>) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.pool().begin().await.on(self.pool())?;
         let open: Option<i64> = sqlx::query_scalar(
             "SELECT id FROM capture_tap WHERE cluster = $1 AND subscription = $2 AND source_address = $3 \
              AND node = $4 AND instance_id = $5 AND removed_at IS NULL",
@@ -149,7 +151,8 @@ impl Store {
         .bind(reason)
         .bind(audit_id)
         .execute(self.pool())
-        .await?;
+        .await
+        .on(self.pool())?;
         Ok(())
     }
 
@@ -166,11 +169,12 @@ impl Store {
         .bind(p.commands)
         .bind(p.result)
         .execute(self.pool())
-        .await?;
+        .await.on(self.pool())?;
         sqlx::query("DELETE FROM capture_pass WHERE cluster = $1 AND started_at < now() - interval '7 days'")
             .bind(p.cluster)
             .execute(self.pool())
-            .await?;
+            .await
+            .on(self.pool())?;
         Ok(())
     }
 
@@ -182,18 +186,17 @@ impl Store {
             name.pop();
         }
         let options = (*self.pool().connect_options()).clone().application_name(&name);
-        Ok(options.connect().await?)
+        options.connect().await.on(self.pool())
     }
 
     /// How many connections carry an application_name starting with `prefix` (the capture
     /// workers of one instance announce themselves this way).
     pub async fn count_connections_named(&self, prefix: &str) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE starts_with(application_name, $1)",
-        )
-        .bind(prefix)
-        .fetch_one(self.pool())
-        .await?)
+        sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE starts_with(application_name, $1)")
+            .bind(prefix)
+            .fetch_one(self.pool())
+            .await
+            .on(self.pool())
     }
 }
 

@@ -4,7 +4,7 @@
 
 use chrono::{DateTime, Datelike, Duration, NaiveDate, Utc};
 
-use super::{Store, StoreError};
+use super::{OnPool, Store, StoreError};
 
 pub use super::storable::CapturedRow;
 
@@ -67,7 +67,8 @@ impl Store {
         .bind(cluster)
         .bind(subscription)
         .fetch_one(self.pool())
-        .await?;
+        .await
+        .on(self.pool())?;
         Ok(SubscriptionKey {
             cluster: cluster.into(),
             subscription: subscription.into(),
@@ -92,7 +93,8 @@ impl Store {
             ))
             .execute(self.pool())
             .await,
-        )?;
+        )
+        .on(self.pool())?;
         let today = Utc::now().date_naive();
         for day in [today, today + Duration::days(1)] {
             let next = day + Duration::days(1);
@@ -104,7 +106,8 @@ impl Store {
                 ))
                 .execute(self.pool())
                 .await,
-            )?;
+            )
+            .on(self.pool())?;
         }
         Ok(())
     }
@@ -123,7 +126,9 @@ impl Store {
             self.coverage_confirm(key, coverage, 0).await?;
             return Ok(0);
         }
-        insert_rows(self.pool(), key, rows, Origin::Captured, Some(coverage)).await
+        insert_rows(self.pool(), key, rows, Origin::Captured, Some(coverage))
+            .await
+            .on(self.pool())
     }
 
     /// A drain session starts: coverage for this node begins now.
@@ -134,7 +139,7 @@ impl Store {
         source_address: &str,
         capture_queue: &str,
     ) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar(
+        sqlx::query_scalar(
             "INSERT INTO capture_coverage (cluster, subscription, node, source_address, capture_queue) \
              VALUES ($1, $2, $3, $4, $5) RETURNING id",
         )
@@ -144,7 +149,8 @@ impl Store {
         .bind(source_address)
         .bind(capture_queue)
         .fetch_one(self.pool())
-        .await?)
+        .await
+        .on(self.pool())
     }
 
     /// The session was alive until now, and stored `messages` more.
@@ -163,7 +169,8 @@ impl Store {
         .bind(id)
         .bind(messages as i64)
         .execute(self.pool())
-        .await?;
+        .await
+        .on(self.pool())?;
         Ok(())
     }
 
@@ -182,7 +189,8 @@ impl Store {
         .bind(subscriptions)
         .bind(ids)
         .execute(self.pool())
-        .await?;
+        .await
+        .on(self.pool())?;
         Ok(())
     }
 
@@ -195,7 +203,7 @@ impl Store {
         .bind(&key.subscription)
         .bind(id)
         .execute(self.pool())
-        .await?;
+        .await.on(self.pool())?;
         Ok(())
     }
 
@@ -217,13 +225,14 @@ impl Store {
         .bind(cause)
         .bind(messages as i64)
         .execute(self.pool())
-        .await?;
+        .await
+        .on(self.pool())?;
         Ok(())
     }
 
     /// Per (subscription, node, source address): messages stored and estimated lost, for status.
     pub async fn capture_totals(&self, cluster: &str) -> Result<Vec<TapTotals>, StoreError> {
-        Ok(sqlx::query_as(
+        sqlx::query_as(
             "SELECT s.subscription, s.node, s.source_address, \
                COALESCE((SELECT sum(messages) FROM capture_coverage c WHERE c.cluster = $1 AND c.subscription = s.subscription \
                  AND c.node = s.node AND c.source_address = s.source_address), 0)::bigint AS captured, \
@@ -234,7 +243,7 @@ impl Store {
         )
         .bind(cluster)
         .fetch_all(self.pool())
-        .await?)
+        .await.on(self.pool())
     }
 
     /// The last counters read for a capture queue (None: never read).
@@ -243,7 +252,7 @@ impl Store {
         at: &LossAt<'_>,
         capture_queue: &str,
     ) -> Result<Option<QueueCounters>, StoreError> {
-        Ok(sqlx::query_as(
+        sqlx::query_as(
             "SELECT ring_evicted, address_dropped, messages_added, message_count FROM capture_counter \
              WHERE cluster = $1 AND subscription = $2 AND node = $3 AND capture_queue = $4",
         )
@@ -252,7 +261,8 @@ impl Store {
         .bind(at.node)
         .bind(capture_queue)
         .fetch_optional(self.pool())
-        .await?)
+        .await
+        .on(self.pool())
     }
 
     pub async fn save_counters(
@@ -277,7 +287,7 @@ impl Store {
         .bind(c.messages_added)
         .bind(c.message_count)
         .execute(self.pool())
-        .await?;
+        .await.on(self.pool())?;
         Ok(())
     }
 
@@ -298,7 +308,8 @@ impl Store {
         )
         .bind(&parent)
         .fetch_all(self.pool())
-        .await?;
+        .await
+        .on(self.pool())?;
         let today = day_name(key.id, Utc::now().date_naive());
         let oldest_kept = day_name(key.id, (Utc::now() - max_age).date_naive());
         let mut dropped = vec![];
@@ -312,10 +323,12 @@ impl Store {
             }
             sqlx::query(&format!("ALTER TABLE {parent} DETACH PARTITION {name}"))
                 .execute(self.pool())
-                .await?;
+                .await
+                .on(self.pool())?;
             sqlx::query(&format!("DROP TABLE {name}"))
                 .execute(self.pool())
-                .await?;
+                .await
+                .on(self.pool())?;
             total -= size;
             dropped.push(name);
             parts.remove(0);

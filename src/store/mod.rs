@@ -7,10 +7,14 @@ pub mod captured;
 pub mod reading;
 pub mod sampled;
 pub mod storable;
+pub mod target;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use std::sync::Arc;
+
+use sqlx::postgres::PgPoolOptions;
 use sqlx::{ConnectOptions, Connection, PgPool};
-use std::str::FromStr;
+
+pub use target::{DatabaseConfig, DatabaseTarget, DatabaseUrlError};
 
 pub use audit::{
     AbandonedCommand, AuditIntent, CommandVerdict, HEARTBEAT, PROCESS_GONE_AFTER, outcome_detail,
@@ -20,6 +24,16 @@ pub use audit::{
 pub enum StoreError {
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
+    /// The server could not be reached or refused the session: names which server, never the
+    /// password (see [`target::is_connection_error`]).
+    #[error("Postgres at {target}: {source}")]
+    Connection {
+        target: Arc<DatabaseTarget>,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error(transparent)]
+    Url(#[from] DatabaseUrlError),
     #[error("migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("encoding audit detail: {0}")]
@@ -59,9 +73,39 @@ impl StoreError {
     pub fn sqlstate(&self) -> Option<String> {
         match self {
             StoreError::Shared(e) => e.sqlstate(),
-            StoreError::Database(sqlx::Error::Database(e)) => e.code().map(|c| c.into_owned()),
+            StoreError::Database(sqlx::Error::Database(e))
+            | StoreError::Connection {
+                source: sqlx::Error::Database(e),
+                ..
+            } => e.code().map(|c| c.into_owned()),
             _ => None,
         }
+    }
+
+    /// This error, naming `target` when it is a connection failure.
+    fn at(self, target: impl FnOnce() -> Arc<DatabaseTarget>) -> StoreError {
+        match self {
+            StoreError::Database(source) if target::is_connection_error(&source) => StoreError::Connection {
+                target: target(),
+                source,
+            },
+            other => other,
+        }
+    }
+}
+
+/// Naming the server in a connection failure, for the results of statements on a pool: the
+/// pool's options say which server (computed only on a failure).
+pub(crate) trait OnPool<T> {
+    fn on(self, pool: &PgPool) -> Result<T, StoreError>;
+}
+
+impl<T, E: Into<StoreError>> OnPool<T> for Result<T, E> {
+    fn on(self, pool: &PgPool) -> Result<T, StoreError> {
+        self.map_err(|e| {
+            e.into()
+                .at(|| Arc::new(DatabaseTarget::of(&pool.connect_options())))
+        })
     }
 }
 
@@ -77,8 +121,18 @@ pub struct Store {
 }
 
 impl Store {
+    /// Connect to the database of `url` (checked first: see [`DatabaseConfig`]).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let pool = PgPoolOptions::new().max_connections(8).connect(url).await?;
+        Store::connect_to(&DatabaseConfig::new(url, None)?).await
+    }
+
+    /// Connect a pool; a failure names the server.
+    pub async fn connect_to(config: &DatabaseConfig) -> Result<Self, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(config.options().clone())
+            .await
+            .map_err(|e| StoreError::from(e).at(|| config.target().clone()))?;
         Ok(Store {
             pool,
             process_id: None,
@@ -101,9 +155,15 @@ impl Store {
     /// Apply the migrations on a dedicated connection that is closed afterwards (sqlx's
     /// migration lock can outlive a failed migration on a pooled connection).
     pub async fn migrate(url: &str) -> Result<(), StoreError> {
-        let mut conn = PgConnectOptions::from_str(url)?.connect().await?;
+        Store::migrate_to(&DatabaseConfig::new(url, None)?).await
+    }
+
+    /// [`Store::migrate`] on checked settings; a connection failure names the server.
+    pub async fn migrate_to(config: &DatabaseConfig) -> Result<(), StoreError> {
+        let named = |e: sqlx::Error| StoreError::from(e).at(|| config.target().clone());
+        let mut conn = config.options().connect().await.map_err(named)?;
         let result = MIGRATOR.run(&mut conn).await;
-        conn.close().await?;
+        conn.close().await.map_err(named)?;
         Ok(result?)
     }
 
@@ -118,5 +178,48 @@ impl Store {
             process_id: Some(process_id.to_string()),
             audit: self.audit.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server nothing listens on, with a password that must never show.
+    fn nowhere() -> DatabaseConfig {
+        DatabaseConfig::new("postgres://op@127.0.0.1:1/studio", Some("Qxq@Zzy")).expect("valid")
+    }
+
+    fn assert_names_the_server(e: &StoreError) {
+        assert!(matches!(e, StoreError::Connection { .. }), "{e:?}");
+        let text = e.to_string();
+        assert!(text.contains("127.0.0.1:1, database studio, user op"), "{text}");
+        assert!(
+            !text.contains("Qxq") && !format!("{e:?}").contains("Qxq"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connection_failure_at_start_up_names_the_server_and_never_the_password() {
+        let e = Store::migrate_to(&nowhere()).await.expect_err("nothing listens");
+        assert_names_the_server(&e);
+    }
+
+    #[tokio::test]
+    async fn a_statement_that_cannot_reach_the_server_names_it() {
+        let pool = PgPoolOptions::new()
+            .acquire_timeout(std::time::Duration::from_millis(300))
+            .connect_lazy_with(nowhere().options().clone());
+        let store = Store {
+            pool,
+            process_id: None,
+            audit: audit::GroupCommit::default(),
+        };
+        let e = store.audit_unknown("uid", "test").await.expect_err("unreachable");
+        assert_names_the_server(&e);
+        // A refusal of the statement itself is no connection failure.
+        let refused = StoreError::from(sqlx::Error::RowNotFound).at(|| nowhere().target().clone());
+        assert!(matches!(refused, StoreError::Database(_)), "{refused:?}");
     }
 }

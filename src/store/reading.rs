@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::{Store, StoreError};
+use super::{OnPool, Store, StoreError};
 
 /// A subscription as Postgres knows it (the rows, coverage and loss are keyed by it).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, sqlx::FromRow)]
@@ -155,7 +155,7 @@ impl Store {
         namespace: &str,
         subscription: Option<&str>,
     ) -> Result<Vec<KnownSubscription>, StoreError> {
-        Ok(sqlx::query_as(
+        sqlx::query_as(
             "SELECT cluster, subscription, mode FROM capture_subscription \
              WHERE split_part(cluster, '/', 1) = $1 AND ($2::text IS NULL OR subscription = $2) \
              ORDER BY cluster, subscription",
@@ -163,13 +163,14 @@ impl Store {
         .bind(namespace)
         .bind(subscription)
         .fetch_all(self.pool())
-        .await?)
+        .await
+        .on(self.pool())
     }
 
     /// Rows matching `q`, in row order (oldest first), at most `q.limit`.
     pub async fn captured_messages(&self, q: &MessageQuery) -> Result<Vec<StoredMessage>, StoreError> {
         let (keys, values): (Vec<String>, Vec<String>) = q.properties.iter().cloned().unzip();
-        Ok(sqlx::query_as(&format!(
+        sqlx::query_as(&format!(
             "SELECT {MESSAGE_COLUMNS} FROM captured_message \
              WHERE cluster = $1 AND ($2::text IS NULL OR subscription = $2) \
              AND ($3::text IS NULL OR original_address = $3) \
@@ -193,7 +194,7 @@ impl Store {
         .bind(values)
         .bind(q.limit)
         .fetch_all(self.pool())
-        .await?)
+        .await.on(self.pool())
     }
 
     /// Rows on `address` that carry a reply-to (requests), and rows whose correlation ID names
@@ -204,7 +205,7 @@ impl Store {
         ids: &[String],
         from: DateTime<Utc>,
     ) -> Result<Vec<StoredMessage>, StoreError> {
-        Ok(sqlx::query_as(&format!(
+        sqlx::query_as(&format!(
             "SELECT {MESSAGE_COLUMNS} FROM captured_message \
              WHERE cluster = $1 AND correlation_id = ANY($2) AND captured_at >= $3 ORDER BY row_id"
         ))
@@ -212,7 +213,8 @@ impl Store {
         .bind(ids)
         .bind(from)
         .fetch_all(self.pool())
-        .await?)
+        .await
+        .on(self.pool())
     }
 
     /// Drain sessions that overlap the window, of one subscription or all of the cluster's.
@@ -257,7 +259,7 @@ impl Store {
     where
         T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
     {
-        Ok(sqlx::query_as(&format!(
+        sqlx::query_as(&format!(
             "SELECT {columns} FROM {table} \
              WHERE cluster = $1 AND ($2::text IS NULL OR subscription = $2) \
              AND {start} <= $4 AND coalesce({end}, 'infinity') >= $3 \
@@ -268,7 +270,8 @@ impl Store {
         .bind(from)
         .bind(to)
         .fetch_all(self.pool())
-        .await?)
+        .await
+        .on(self.pool())
     }
 
     /// Cumulative estimated loss per tap and cause.
@@ -277,7 +280,7 @@ impl Store {
         cluster: &str,
         subscription: Option<&str>,
     ) -> Result<Vec<LossTally>, StoreError> {
-        Ok(sqlx::query_as(
+        sqlx::query_as(
             "SELECT subscription, node, source_address, cause, messages, updated_at FROM capture_loss \
              WHERE cluster = $1 AND ($2::text IS NULL OR subscription = $2) AND messages > 0 \
              ORDER BY subscription, node, source_address, cause",
@@ -285,13 +288,14 @@ impl Store {
         .bind(cluster)
         .bind(subscription)
         .fetch_all(self.pool())
-        .await?)
+        .await
+        .on(self.pool())
     }
 
     /// Audit rows, newest first.
     pub async fn audit_records(&self, q: &AuditQuery) -> Result<Vec<AuditRecord>, StoreError> {
         let (kind, name) = q.object.clone().unzip();
-        Ok(sqlx::query_as(
+        sqlx::query_as(
             "SELECT id, occurred_at, completed_at, instance_id, actor, command, cluster, target, object_kind, \
              object_namespace, object_name, object_generation, params, outcome, outcome_detail \
              FROM audit_event WHERE ($1::text IS NULL OR (object_namespace = $4 AND object_kind = $1 AND object_name = $2)) \
@@ -303,6 +307,6 @@ impl Store {
         .bind(&q.namespace)
         .bind(q.limit)
         .fetch_all(self.pool())
-        .await?)
+        .await.on(self.pool())
     }
 }

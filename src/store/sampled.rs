@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 
 use super::captured::{CapturedRow, Origin, SubscriptionKey, insert_rows};
-use super::{Store, StoreError};
+use super::{OnPool, Store, StoreError};
 
 /// One browsed queue on one node, as Postgres holds it.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
@@ -55,19 +55,20 @@ impl Store {
         .bind(mode)
         .bind(sample_interval_seconds)
         .execute(self.pool())
-        .await?;
+        .await.on(self.pool())?;
         Ok(())
     }
 
     /// Every high-water mark of one cluster.
     pub async fn sample_marks(&self, cluster: &str) -> Result<Vec<SampleMark>, StoreError> {
-        Ok(sqlx::query_as(
+        sqlx::query_as(
             "SELECT subscription, node, queue, address, high_water, sampled, browses, last_browse_at \
              FROM capture_sample_mark WHERE cluster = $1",
         )
         .bind(cluster)
         .fetch_all(self.pool())
-        .await?)
+        .await
+        .on(self.pool())
     }
 
     /// One successful browse: its new rows (marked origin=sampled) and the raised high-water
@@ -79,7 +80,7 @@ impl Store {
         rows: &[CapturedRow],
         high_water: i64,
     ) -> Result<u64, StoreError> {
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.pool().begin().await.on(self.pool())?;
         let n = insert_rows(&mut *tx, key, rows, Origin::Sampled, None).await?;
         sqlx::query(
             "INSERT INTO capture_sample_mark (cluster, subscription, node, queue, address, high_water, sampled, browses) \

@@ -229,11 +229,18 @@ impl Metrics {
     }
 
     pub fn set_ready(&self) {
-        self.ready.store(true, Ordering::Relaxed);
+        self.ready.store(true, Ordering::Release);
     }
 
     pub fn set_not_ready(&self) {
-        self.ready.store(false, Ordering::Relaxed);
+        self.ready.store(false, Ordering::Release);
+    }
+
+    /// What `/readyz` answers now. As the leader (or with leader election off), false means the
+    /// controllers have not started: `controllers::run_all` sets it only once the caches
+    /// synced, just before it starts them, so no reconcile can be in flight (src/leader.rs).
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
     }
 
     pub fn set_leader(&self, leading: bool) {

@@ -22,6 +22,7 @@ mod gitops;
 mod leader;
 mod loops;
 mod pause;
+mod process_faults;
 mod queue;
 mod reading;
 mod safety;
