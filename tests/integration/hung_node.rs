@@ -371,10 +371,6 @@ async fn a_node_frozen_past_its_timeouts_is_probed_and_gets_every_queue_within_a
     let stats = node_stats(&h.urls["c3"]).expect("c3's budget");
     eprintln!("c3's budget before the thaw: {stats:?}");
     assert!(
-        stats.not_answering.is_some(),
-        "c3 is judged not answering: {stats:?}"
-    );
-    assert!(
         stats.in_flight <= 1,
         "at most one probe on the wire to c3: {stats:?}"
     );
