@@ -83,6 +83,13 @@ pub const HUNG_FACTOR: f64 = 2.0;
 /// down the judgement of a node that answers quickly now.
 pub const SLOWEST_HALF_LIFE: Duration = Duration::from_secs(120);
 
+/// A judgement with nothing on the wire to the node and no timeout for this long has no evidence
+/// left (its POSTs were abandoned, or the last probe timed out long ago): it is forgotten, and the
+/// next call finds out again (let go within [`HUNG_AFTER_MIN`] if the node is still silent).
+/// Longer than a poll interval: while the cluster is polled, each poll's probe keeps a hung
+/// node's evidence fresh.
+pub const EVIDENCE_TTL: Duration = Duration::from_secs(20);
+
 /// Who asks for a POST: what happens when the node is judged not answering.
 #[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq)]
 pub enum Purpose {
@@ -207,6 +214,8 @@ pub struct Health {
     /// earliest of them went out at `timed_out_since`.
     timed_out: u32,
     timed_out_since: Option<Instant>,
+    /// When the last of those timeouts was seen.
+    last_timeout: Option<Instant>,
     silence: Option<Silence>,
     /// When the last silence ended: a POST sent before then was on the wire during it.
     last_recovery: Option<Instant>,
@@ -268,6 +277,7 @@ impl Health {
                 self.last_answer = Some(now);
                 self.timed_out = 0;
                 self.timed_out_since = None;
+                self.last_timeout = None;
             }
             Observation::TimedOut if self.last_answer.is_some_and(|a| a > started) => {
                 // Other POSTs were answered meanwhile: a slow node, not a silent one.
@@ -275,6 +285,7 @@ impl Health {
             }
             Observation::TimedOut => {
                 self.timed_out += 1;
+                self.last_timeout = Some(now);
                 self.timed_out_since = Some(self.timed_out_since.map_or(started, |t| t.min(started)));
                 self.judge(now, wall);
             }
@@ -310,6 +321,7 @@ impl Health {
     /// The judgement at `now` (latched: it holds until the node answers). `wall` is the wall
     /// clock at `now`, for the evidence's timestamp.
     pub fn judge(&mut self, now: Instant, wall: chrono::DateTime<chrono::Utc>) -> Option<NotAnswering> {
+        self.forget_stale(now);
         if self.silence.is_none() {
             let since = self.silent_from()?;
             let waited = now.saturating_duration_since(since);
@@ -329,6 +341,21 @@ impl Health {
             unanswered: self.on_wire.len(),
             since: s.since_utc,
         })
+    }
+
+    /// Nothing on the wire and no timeout within [`EVIDENCE_TTL`]: no evidence is left, the
+    /// node is not known to be silent any more.
+    fn forget_stale(&mut self, now: Instant) {
+        let stale = self.on_wire.is_empty()
+            && self
+                .last_timeout
+                .is_none_or(|t| now.saturating_duration_since(t) >= EVIDENCE_TTL);
+        if stale {
+            self.silence = None;
+            self.timed_out = 0;
+            self.timed_out_since = None;
+            self.last_timeout = None;
+        }
     }
 
     /// When the judgement may change if nothing else happens (None: only an event changes it).
@@ -939,19 +966,45 @@ mod tests {
         // The silence began when the oldest POST went out (wall clock at the judgement − 3 s).
         assert_eq!(judged.since, wall() - chrono::Duration::seconds(3));
         assert_eq!(h.silences(), 1);
-        // Latched: the POSTs going away (cancelled callers) does not make the node answer.
-        h.ended(t0);
-        h.ended(t0 + secs(0.5));
+        // Latched while the POSTs wait, and once one timed out.
         assert!(h.judge(t0 + secs(10.0), wall()).is_some());
+        h.ended(t0);
+        h.observe(t0, Observation::TimedOut, t0 + secs(30.0), wall());
+        h.ended(t0 + secs(0.5));
+        h.observe(t0 + secs(0.5), Observation::TimedOut, t0 + secs(30.5), wall());
+        let judged = h.judge(t0 + secs(31.0), wall()).expect("still judged");
+        assert_eq!((judged.timed_out, judged.unanswered), (2, 0));
         assert!(h.may_probe(), "nothing on the wire: a probe may go");
         // The probe is answered: the judgement clears at once, and it was a recovery.
-        let probe = t0 + secs(10.0);
+        let probe = t0 + secs(32.0);
         h.sent(probe);
         h.ended(probe);
         let j = h.observe(probe, answered(5), probe + secs(0.005), wall());
         assert!(j.recovered && !j.counts_for_load, "{j:?}");
         assert_eq!(h.judge(probe + secs(0.005), wall()), None);
         assert_eq!(h.silences(), 1, "one silence, counted once");
+    }
+
+    #[test]
+    fn a_judgement_with_no_evidence_left_is_forgotten() {
+        let t0 = Instant::now();
+        // Its POSTs were abandoned (their callers' runtime ended): nothing says it is silent.
+        let mut h = Health::default();
+        h.sent(t0);
+        assert!(h.judge(t0 + secs(3.0), wall()).is_some());
+        h.ended(t0);
+        assert_eq!(h.judge(t0 + secs(3.1), wall()), None);
+        // Its last timeout is older than the evidence's lifetime and nothing is on the wire.
+        let mut h = Health::default();
+        h.sent(t0);
+        h.ended(t0);
+        h.observe(t0, Observation::TimedOut, t0 + secs(5.0), wall());
+        assert!(
+            h.judge(t0 + secs(5.0) + EVIDENCE_TTL - secs(0.1), wall())
+                .is_some()
+        );
+        assert_eq!(h.judge(t0 + secs(5.0) + EVIDENCE_TTL, wall()), None);
+        assert_eq!(h.silences(), 1);
     }
 
     #[test]
@@ -1090,7 +1143,8 @@ mod tests {
             budget.acquire(Purpose::Probe).await.is_err(),
             "the hung POST is the probe"
         );
-        drop(hung);
+        // The hung POST times out: nothing on the wire now, the judgement stands on its timeout.
+        hung.finish(Observation::TimedOut, TIMEOUT);
         let probe = budget
             .acquire(Purpose::Probe)
             .await
