@@ -243,3 +243,89 @@ pub fn summary(outcomes: &[NodeOutcome]) -> String {
         .count();
     format!("{ok}/{}", outcomes.len())
 }
+
+#[cfg(test)]
+mod not_answering_tests {
+    //! A node the per-node budget judges not answering is SKIPPED_NOT_LIVE with the evidence and
+    //! never called (time paused: the judgement is made by a permit held past the threshold, no
+    //! HTTP involved).
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::broker::budget::{HUNG_AFTER_MIN, Purpose, budget_for};
+    use crate::broker::{Credentials, JolokiaClient};
+
+    fn node(url: &str) -> LogicalNode {
+        let client = JolokiaClient::new(
+            crate::broker::jolokia::http_client(None).expect("an HTTP client"),
+            url,
+            None,
+            Credentials {
+                username: "u".into(),
+                password: "p".into(),
+            },
+            Duration::from_secs(30),
+        );
+        LogicalNode {
+            node_id: "n3".into(),
+            active: Some(BrokerManagement::with_name(client, "b".into())),
+            standby: vec![],
+            failed_over: false,
+            not_live_reason: None,
+            inventory: None,
+            inventory_error: None,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_judged_not_answering_is_skipped_not_live_and_never_called() {
+        let url = "http://hung.invalid:8161/console/jolokia?fanout-test=1";
+        let n = node(url);
+        // A POST the node never answers, past the threshold.
+        let _hung = budget_for(url)
+            .acquire(Purpose::Work)
+            .await
+            .expect("answering so far");
+        assert!(n.is_live());
+        tokio::time::sleep(HUNG_AFTER_MIN + Duration::from_millis(100)).await;
+        assert!(!n.is_live(), "judged not live between polls");
+
+        let calls = AtomicUsize::new(0);
+        let outcome = run_on(&n, Duration::from_secs(30), &|_t: Target| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { Ok(NodeReport::new(Outcome::Applied, "written")) }
+        })
+        .await;
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "never called");
+        assert_eq!(outcome.outcome, Outcome::SkippedNotLive, "{outcome:?}");
+        assert!(
+            outcome
+                .message
+                .contains("is not answering (1 calls unanswered since"),
+            "{}",
+            outcome.message
+        );
+        assert_eq!(skipped(&n).outcome, Outcome::SkippedNotLive);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_judged_during_the_operation_with_nothing_sent_is_skipped_not_failed() {
+        let url = "http://hung.invalid:8161/console/jolokia?fanout-test=2";
+        let n = node(url);
+        let budget = budget_for(url);
+        let outcome = run_on(&n, Duration::from_secs(30), &|t: Target| {
+            let budget = budget.clone();
+            async move {
+                // Another caller's POST goes unanswered while this operation prepares.
+                let _hung = budget.acquire(Purpose::Work).await.expect("answering so far");
+                tokio::time::sleep(HUNG_AFTER_MIN + Duration::from_millis(100)).await;
+                t.management.identity().await?;
+                Ok(NodeReport::new(Outcome::Applied, "read"))
+            }
+        })
+        .await;
+        assert_eq!(outcome.outcome, Outcome::SkippedNotLive, "{outcome:?}");
+        assert_eq!(outcome.refusal, None);
+    }
+}
