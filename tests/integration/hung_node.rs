@@ -17,7 +17,7 @@ use serde_json::json;
 
 use artemis_studio_operator::api::queue::ArtemisQueue;
 use artemis_studio_operator::api::{ArtemisCluster, Outcome};
-use artemis_studio_operator::broker::budget::node_stats;
+use artemis_studio_operator::broker::budget::{MAX_IN_FLIGHT, node_stats};
 
 use crate::queue::ready;
 use crate::support::{
@@ -344,7 +344,8 @@ async fn a_frozen_node_costs_only_itself_and_gets_every_queue_when_it_thaws() {
 
 /// A node frozen longer than its request timeout: every POST that was on the wire to it has
 /// timed out, so only a probe (the poll's read, one at a time) can find out that it answers
-/// again — and it must, within about one poll interval of the thaw.
+/// again — and it must, within about one poll interval of the thaw, with its whole budget (the
+/// timeouts of a silence are not load: a budget cut to its floor made a returning node slow).
 #[tokio::test]
 async fn a_node_frozen_past_its_timeouts_is_probed_and_gets_every_queue_within_a_poll() {
     const N: usize = 100;
@@ -357,6 +358,7 @@ async fn a_node_frozen_past_its_timeouts_is_probed_and_gets_every_queue_within_a
     h.bed.broker_action("freeze", "c3");
     let thaw = Thaw(&h.bed, "c3");
     let frozen: Vec<String> = (0..N).map(|i| format!("hung-long.{tag}.{i:03}")).collect();
+    let started = Instant::now();
     h.create_queues(&frozen).await;
     h.wait_all(
         &frozen,
@@ -366,6 +368,7 @@ async fn a_node_frozen_past_its_timeouts_is_probed_and_gets_every_queue_within_a
     )
     .await
     .unwrap_or_else(|e| panic!("c3 frozen: {e}"));
+    eprintln!("{N} creates with c3 frozen: {:?}", started.elapsed());
     // Past every request timeout: what was on the wire to c3 timed out; at most a probe is.
     tokio::time::sleep(POLL_TIMEOUT + Duration::from_secs(3)).await;
     let stats = node_stats(&h.urls["c3"]).expect("c3's budget");
@@ -373,6 +376,11 @@ async fn a_node_frozen_past_its_timeouts_is_probed_and_gets_every_queue_within_a
     assert!(
         stats.in_flight <= 1,
         "at most one probe on the wire to c3: {stats:?}"
+    );
+    // Its timeouts were a silence, not load: c3 gets its whole budget back at once.
+    assert!(
+        stats.permitted == MAX_IN_FLIGHT && stats.backoffs == 0,
+        "the frozen node's timeouts cut its budget: {stats:?}"
     );
     drop(thaw);
     let failures = h.thawed_gets(&frozen).await;
