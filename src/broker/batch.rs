@@ -13,6 +13,10 @@
 //! operations is preserved (a ConnectionClose's re-read, then its close). A caller that gave up
 //! (its future dropped) before the batch left is not sent at all.
 //!
+//! While the node is judged not answering (`super::budget::Health`), a batch of work fails at
+//! once with the evidence, and a batch on the wire when the node is judged is let go (its POST
+//! goes on in the background): no caller waits a request timeout on a node that answers nothing.
+//!
 //! The task ends after [`IDLE_EXIT`] without requests (or when its runtime shuts down); the next
 //! call starts a new one.
 
@@ -23,7 +27,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use super::budget::{BatchKey, NodeBudget, Permit, budget_for, registry};
+use super::budget::{BatchKey, NodeBudget, Permit, Purpose, budget_for, registry};
 use super::error::BrokerError;
 use super::jolokia::{JolokiaClient, JolokiaRequest};
 
@@ -55,6 +59,7 @@ fn key_of(client: &JolokiaClient) -> BatchKey {
         // The node, not the URL as written: user info in a URL stays out of the key too (it is
         // part of the hashed credentials, as the exact URL is).
         node: client.node().to_string(),
+        purpose: client.purpose(),
         credentials: registry().credentials_hash(&credentials.username, &credentials.password, client.url()),
         trust: client.trust(),
         origin: client.origin().to_string(),
@@ -76,7 +81,7 @@ fn batcher_for(client: &JolokiaClient) -> mpsc::Sender<Pending> {
     }
     batchers.retain(|_, tx| !tx.is_closed());
     let (tx, rx) = mpsc::channel(QUEUE);
-    tokio::spawn(run(rx, budget_for(client.url())));
+    tokio::spawn(run(rx, budget_for(client.url()), client.purpose()));
     batchers.insert(key, tx.clone());
     tx
 }
@@ -140,7 +145,7 @@ pub(crate) async fn together(
 }
 
 /// The batcher task of one endpoint key.
-async fn run(mut rx: mpsc::Receiver<Pending>, budget: std::sync::Arc<NodeBudget>) {
+async fn run(mut rx: mpsc::Receiver<Pending>, budget: std::sync::Arc<NodeBudget>, purpose: Purpose) {
     loop {
         let first = match tokio::time::timeout(IDLE_EXIT, rx.recv()).await {
             Ok(Some(p)) => p,
@@ -155,7 +160,19 @@ async fn run(mut rx: mpsc::Receiver<Pending>, budget: std::sync::Arc<NodeBudget>
                 Ok(None) | Err(_) => break,
             }
         }
-        let permit = budget.acquire().await;
+        let permit = match budget.acquire(purpose).await {
+            Ok(permit) => permit,
+            Err(silence) => {
+                // The node is not answering: nothing of this batch is sent, nobody waits.
+                for p in batch {
+                    let n = p.requests.len();
+                    let _ = p
+                        .reply
+                        .send(vec![Err(BrokerError::NotAnswering(silence.clone())); n]);
+                }
+                continue;
+            }
+        };
         // Whoever queued while we waited for the node goes along.
         while size(&batch) < MAX_BATCH {
             match rx.try_recv() {
@@ -178,12 +195,13 @@ async fn send(batch: Vec<Pending>, permit: Permit) {
     let mut requests = Vec::with_capacity(batch.len());
     let mut replies = Vec::with_capacity(batch.len());
     for p in batch {
+        p.client.mark_sent();
         client.get_or_insert(p.client);
         replies.push((p.requests.len(), p.reply));
         requests.extend(p.requests);
     }
     let Some(client) = client else { return };
-    match client.post(permit, &requests).await {
+    match client.post(permit, requests).await {
         Ok(results) => {
             let mut results = results.into_iter();
             for (n, reply) in replies {
@@ -216,6 +234,7 @@ mod tests {
     use super::*;
     use crate::api::RefusalKind;
     use crate::broker::budget::{MAX_IN_FLIGHT, node_stats};
+    use crate::broker::error::NotAnswering;
     use crate::broker::jolokia::Credentials;
     use crate::telemetry::jolokia::metrics;
 
@@ -225,6 +244,8 @@ mod tests {
         elements: AtomicUsize,
         in_flight: AtomicUsize,
         max_in_flight: AtomicUsize,
+        /// `/flaky` answers nothing in time while this is set.
+        hung: std::sync::atomic::AtomicBool,
     }
 
     fn answer(body: &[u8]) -> Value {
@@ -263,6 +284,20 @@ mod tests {
         answer(&body).to_string()
     }
 
+    async fn flaky(State(seen): State<Arc<Seen>>, body: Bytes) -> String {
+        seen.posts.fetch_add(1, Ordering::SeqCst);
+        if seen.hung.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+        answer(&body).to_string()
+    }
+
+    async fn hang(State(seen): State<Arc<Seen>>) -> String {
+        seen.posts.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        String::new()
+    }
+
     async fn refused() -> String {
         json!({"status": 403, "error_type": "java.lang.Exception",
                "error": "java.lang.Exception : Origin http://nope is not allowed to call this agent"})
@@ -281,6 +316,8 @@ mod tests {
             .route("/refused", post(refused))
             .route("/garbage", post(garbage))
             .route("/slow", post(slow))
+            .route("/flaky", post(flaky))
+            .route("/hang", post(hang))
             .with_state(seen.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
@@ -476,32 +513,99 @@ mod tests {
         assert!(seen.max_in_flight.load(Ordering::SeqCst) <= MAX_IN_FLIGHT);
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_node_that_times_out_gets_fewer_posts_not_more() {
-        use crate::broker::budget::MIN_IN_FLIGHT;
-        let (base, _) = server().await;
-        let c = JolokiaClient::new(
+    fn client_with_timeout(url: String, timeout: Duration) -> JolokiaClient {
+        JolokiaClient::new(
             crate::broker::jolokia::http_client(None).expect("client"),
-            format!("{base}/slow"),
+            url,
             None,
             Credentials {
                 username: "u".into(),
                 password: "p".into(),
             },
-            Duration::from_millis(100),
-        );
+            timeout,
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_that_times_out_gets_no_more_posts_until_a_probe_is_answered() {
+        let (base, seen) = server().await;
+        seen.hung.store(true, Ordering::SeqCst);
+        let c = client_with_timeout(format!("{base}/flaky"), Duration::from_millis(100));
         let bulks = (0..12).map(|i| {
             let c = c.clone();
             async move { c.bulk(&[JolokiaRequest::read(format!("m{i}"), "X")]).await }
         });
         for r in futures::future::join_all(bulks).await {
-            let e = r.expect_err("every POST times out");
-            assert_eq!(e.refusal_kind(), RefusalKind::Timeout, "{e}");
+            let e = r.expect_err("no POST is answered in time");
+            // Sent and timed out; let go when another's timeout judged the node; or not sent.
+            assert!(
+                matches!(e, BrokerError::Timeout(_) | BrokerError::NotAnswering(_)),
+                "{e}"
+            );
         }
+        let posts = seen.posts.load(Ordering::SeqCst);
+        assert!(
+            posts <= MAX_IN_FLIGHT,
+            "{posts} POSTs to a node that answers nothing"
+        );
         let stats = node_stats(c.url()).expect("a budget");
-        assert_eq!(stats.permitted, MIN_IN_FLIGHT, "{stats:?}");
-        assert!(stats.backoffs >= 2, "{stats:?}");
-        assert!(stats.max_in_flight <= MAX_IN_FLIGHT, "{stats:?}");
-        assert_eq!(stats.in_flight, 0, "{stats:?}");
+        assert!(stats.not_answering.is_some(), "{stats:?}");
+        assert_eq!(stats.permitted, MAX_IN_FLIGHT, "a silence is not load: {stats:?}");
+
+        // The node is back. Work still fails at once; the poll's probe finds it answering.
+        seen.hung.store(false, Ordering::SeqCst);
+        let e = c
+            .call(JolokiaRequest::read("w", "X"))
+            .await
+            .expect_err("judged: not sent");
+        assert!(
+            matches!(e, BrokerError::NotAnswering(NotAnswering { sent: false, .. })),
+            "{e}"
+        );
+        assert_eq!(e.refusal_kind(), RefusalKind::Unreachable);
+        let probe = c.probing().call(JolokiaRequest::read("p", "X")).await;
+        assert_eq!(probe.expect("the probe is answered"), Value::from("p"));
+        assert_eq!(
+            c.call(JolokiaRequest::read("w", "X"))
+                .await
+                .expect("work goes again"),
+            Value::from("w")
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn callers_waiting_on_a_hung_node_are_let_go_within_seconds_not_a_timeout() {
+        use crate::broker::budget::HUNG_AFTER_MIN;
+        let (base, seen) = server().await;
+        let c = client_with_timeout(format!("{base}/hang"), Duration::from_secs(60));
+        let (tracked, sent) = c.tracked();
+        let started = std::time::Instant::now();
+        let calls = (0..10).map(|i| {
+            let c = tracked.clone();
+            async move { c.call(JolokiaRequest::read(format!("m{i}"), "X")).await }
+        });
+        for r in futures::future::join_all(calls).await {
+            let e = r.expect_err("never answered");
+            assert!(
+                matches!(e, BrokerError::NotAnswering(NotAnswering { sent: true, .. })),
+                "{e}"
+            );
+            assert_eq!(e.refusal_kind(), RefusalKind::Timeout, "its effect is unknown");
+        }
+        let waited = started.elapsed();
+        assert!(
+            waited >= HUNG_AFTER_MIN && waited < HUNG_AFTER_MIN + Duration::from_secs(2),
+            "let go after {waited:?}"
+        );
+        assert!(sent.any(), "the calls went on the wire");
+        // The next call is not sent, and says why.
+        let (tracked, sent) = c.tracked();
+        let e = tracked
+            .call(JolokiaRequest::read("late", "X"))
+            .await
+            .expect_err("judged");
+        assert!(e.to_string().starts_with("not answering: "), "{e}");
+        assert!(!sent.any(), "nothing sent to a node judged not answering");
+        assert!(seen.posts.load(Ordering::SeqCst) >= 1);
     }
 }

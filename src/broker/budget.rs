@@ -21,6 +21,19 @@
 //!   [`RECOVER_FRACTION`] of the timeout; between the two fractions nothing changes;
 //! - a connection refused is not a load signal: no change.
 //!
+//! Beside how fast a node answers, the budget judges *whether* it answers ([`Health`]): a node
+//! that leaves POSTs unanswered for [`HUNG_AFTER_MIN`] (or longer, for a node whose answers are
+//! slow anyway) with no answer to anything since, or whose POSTs time out with no answer since
+//! they were sent, is **not answering**. While it is, no call waits on it: new calls fail at
+//! once with [`super::error::BrokerError::NotAnswering`] (nothing sent), calls waiting on the wire are let go
+//! (their POST goes on in the background), and one probe at a time — the topology poll's read,
+//! sent only when nothing else is on the wire — finds out when it answers again; the first
+//! answer to anything clears the judgement. Why: a frozen node (SIGSTOP, a long GC pause, a hung
+//! management thread) used to hold every reconcile that wrote to it for a full request timeout
+//! (issue 41: one frozen node kept 500 creates from being Ready for 32 s). Timeouts and answers of
+//! POSTs that were on the wire during a silence say nothing about load: the AIMD rule ignores
+//! them, so a node that comes back gets its full budget at once.
+//!
 //! The budgets live in a process-wide registry ([`budget_for`]), keyed by the endpoint URL
 //! without user info ([`node_key`]); the per-endpoint batchers (`super::batch`) keep their own map, keyed by [`BatchKey`].
 
@@ -32,6 +45,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::error::NotAnswering;
 use crate::telemetry::jolokia::{NodeLabels, metrics};
 
 /// POSTs in flight to one endpoint from the whole process when the node answers quickly. Four
@@ -57,6 +71,36 @@ pub const DECREASE_FACTOR: f64 = 0.5;
 pub const CONCURRENCY_INCREASE_PER_ROUND: f64 = 0.5;
 /// POSTs per second gained per fast answer.
 pub const RATE_INCREASE_PER_ANSWER: f64 = 2.0;
+
+/// A node with POSTs on the wire and no answer to anything for this long is not answering: long
+/// enough for a busy broker's slowest ordinary POST (64 creates in bulk ≈ 0.4 s, an inventory
+/// scrape of 10,000 queues ≈ 1 s), short next to a request timeout (5–30 s).
+pub const HUNG_AFTER_MIN: Duration = Duration::from_secs(3);
+/// A node whose answers are slow anyway is judged only after this many times its slowest recent
+/// answer: a legitimately long POST (a big scrape) is not a silence.
+pub const HUNG_FACTOR: f64 = 2.0;
+/// The slowest recent answer halves every this long: one long answer an hour ago does not slow
+/// down the judgement of a node that answers quickly now.
+pub const SLOWEST_HALF_LIFE: Duration = Duration::from_secs(120);
+
+/// A judgement with nothing on the wire to the node and no timeout for this long has no evidence
+/// left (its POSTs were abandoned, or the last probe timed out long ago): it is forgotten, and the
+/// next call finds out again (let go within [`HUNG_AFTER_MIN`] if the node is still silent).
+/// Longer than a poll interval: while the cluster is polled, each poll's probe keeps a hung
+/// node's evidence fresh.
+pub const EVIDENCE_TTL: Duration = Duration::from_secs(20);
+
+/// Who asks for a POST: what happens when the node is judged not answering.
+#[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq)]
+pub enum Purpose {
+    /// A command's or a reader's call: fails at once while the node is not answering, and is let
+    /// go unanswered when the node is judged while it waits.
+    #[default]
+    Work,
+    /// The topology poll's reads: the one probe that may go to a node judged not answering (when
+    /// nothing else is on the wire), and waits for its own answer or timeout.
+    Probe,
+}
 
 /// What one POST told the budget about the node.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -145,6 +189,196 @@ impl Aimd {
     }
 }
 
+/// A silence the budget judged: since when the node left POSTs unanswered.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Silence {
+    since: Instant,
+    since_utc: chrono::DateTime<chrono::Utc>,
+}
+
+/// Whether a node answers at all (how fast is [`Aimd`]'s business), judged from the POSTs of the
+/// whole process: pure, so the rule is unit-tested with time injected.
+///
+/// The rule: the node is **not answering** once a POST timed out with no answer to anything
+/// since it was sent, or once POSTs have been on the wire for [`Health::hung_after`] while
+/// nothing at all was answered. The judgement holds until the node answers anything (a probe,
+/// or a late answer to a POST it had left waiting).
+#[derive(Clone, Debug, Default)]
+pub struct Health {
+    /// When each POST now on the wire went out.
+    on_wire: Vec<Instant>,
+    last_answer: Option<Instant>,
+    /// The slowest recent answer and when it was seen (decays by [`SLOWEST_HALF_LIFE`]).
+    slowest: Option<(Duration, Instant)>,
+    /// POSTs that timed out since the last answer, none answered after it was sent; and the
+    /// earliest of them went out at `timed_out_since`.
+    timed_out: u32,
+    timed_out_since: Option<Instant>,
+    /// When the last of those timeouts was seen.
+    last_timeout: Option<Instant>,
+    silence: Option<Silence>,
+    /// When the last silence ended: a POST sent before then was on the wire during it.
+    last_recovery: Option<Instant>,
+    /// Silences judged so far: a poll tells one that came and went since the previous poll.
+    silences: u64,
+}
+
+/// What one POST's end did to the judgement.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Judged {
+    /// The node answered and had been judged not answering.
+    pub recovered: bool,
+    /// The POST's latency or timeout is evidence of load (it did not overlap a silence).
+    pub counts_for_load: bool,
+}
+
+impl Health {
+    /// A POST went on the wire at `at`.
+    pub fn sent(&mut self, at: Instant) {
+        self.on_wire.push(at);
+    }
+
+    /// The POST that went out at `started` is off the wire (answered, failed or abandoned).
+    pub fn ended(&mut self, started: Instant) {
+        if let Some(i) = self.on_wire.iter().position(|t| *t == started) {
+            self.on_wire.swap_remove(i);
+        }
+    }
+
+    /// How long POSTs may wait with no answer to anything before the node is judged: at least
+    /// [`HUNG_AFTER_MIN`], and [`HUNG_FACTOR`] times the slowest recent answer.
+    pub fn hung_after(&self, now: Instant) -> Duration {
+        let slowest = self.slowest.map_or(0.0, |(d, at)| {
+            let age = now.saturating_duration_since(at).as_secs_f64();
+            d.as_secs_f64() * 0.5f64.powf(age / SLOWEST_HALF_LIFE.as_secs_f64())
+        });
+        HUNG_AFTER_MIN.max(Duration::from_secs_f64(HUNG_FACTOR * slowest))
+    }
+
+    /// Feed one POST's end (it went out at `started`; `ended` was called for it already).
+    pub fn observe(
+        &mut self,
+        started: Instant,
+        observation: Observation,
+        now: Instant,
+        wall: chrono::DateTime<chrono::Utc>,
+    ) -> Judged {
+        let mut judged = Judged::default();
+        match observation {
+            Observation::Answered(latency) => {
+                if self.silence.take().is_some() {
+                    self.last_recovery = Some(now);
+                    judged.recovered = true;
+                }
+                judged.counts_for_load = !self.overlapped_a_silence(started);
+                if judged.counts_for_load {
+                    self.note_latency(latency, now);
+                }
+                self.last_answer = Some(now);
+                self.timed_out = 0;
+                self.timed_out_since = None;
+                self.last_timeout = None;
+            }
+            Observation::TimedOut if self.last_answer.is_some_and(|a| a > started) => {
+                // Other POSTs were answered meanwhile: a slow node, not a silent one.
+                judged.counts_for_load = !self.overlapped_a_silence(started);
+            }
+            Observation::TimedOut => {
+                self.timed_out += 1;
+                self.last_timeout = Some(now);
+                self.timed_out_since = Some(self.timed_out_since.map_or(started, |t| t.min(started)));
+                self.judge(now, wall);
+            }
+            Observation::NoAnswer => judged.counts_for_load = true,
+        }
+        judged
+    }
+
+    /// Sent before the last silence ended, or during the current one.
+    fn overlapped_a_silence(&self, started: Instant) -> bool {
+        self.silence.is_some() || self.last_recovery.is_some_and(|r| started < r)
+    }
+
+    fn note_latency(&mut self, latency: Duration, now: Instant) {
+        let decayed = self.slowest.map_or(Duration::ZERO, |(d, at)| {
+            let age = now.saturating_duration_since(at).as_secs_f64();
+            d.mul_f64(0.5f64.powf(age / SLOWEST_HALF_LIFE.as_secs_f64()))
+        });
+        self.slowest = Some((latency.max(decayed), now));
+    }
+
+    /// When the node's silence began, if it is one: the oldest POST it left unanswered, or its
+    /// last answer if that came later.
+    fn silent_from(&self) -> Option<Instant> {
+        let oldest = self.on_wire.iter().min().copied();
+        let unanswered = match (oldest, self.timed_out_since) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }?;
+        Some(self.last_answer.map_or(unanswered, |a| a.max(unanswered)))
+    }
+
+    /// The judgement at `now` (latched: it holds until the node answers). `wall` is the wall
+    /// clock at `now`, for the evidence's timestamp.
+    pub fn judge(&mut self, now: Instant, wall: chrono::DateTime<chrono::Utc>) -> Option<NotAnswering> {
+        self.forget_stale(now);
+        if self.silence.is_none() {
+            let since = self.silent_from()?;
+            let waited = now.saturating_duration_since(since);
+            if self.timed_out == 0 && waited < self.hung_after(now) {
+                return None;
+            }
+            let since_utc = chrono::Duration::from_std(waited)
+                .ok()
+                .and_then(|w| wall.checked_sub_signed(w))
+                .unwrap_or(wall);
+            self.silence = Some(Silence { since, since_utc });
+            self.silences += 1;
+        }
+        self.silence.map(|s| NotAnswering {
+            sent: false,
+            timed_out: self.timed_out,
+            unanswered: self.on_wire.len(),
+            since: s.since_utc,
+        })
+    }
+
+    /// Nothing on the wire and no timeout within [`EVIDENCE_TTL`]: no evidence is left, the
+    /// node is not known to be silent any more.
+    fn forget_stale(&mut self, now: Instant) {
+        let stale = self.on_wire.is_empty()
+            && self
+                .last_timeout
+                .is_none_or(|t| now.saturating_duration_since(t) >= EVIDENCE_TTL);
+        if stale {
+            self.silence = None;
+            self.timed_out = 0;
+            self.timed_out_since = None;
+            self.last_timeout = None;
+        }
+    }
+
+    /// When the judgement may change if nothing else happens (None: only an event changes it).
+    pub fn next_check(&self, now: Instant) -> Option<Instant> {
+        if self.silence.is_some() {
+            return None;
+        }
+        let since = self.silent_from()?;
+        Some((since + self.hung_after(now)).max(now))
+    }
+
+    /// Whether a probe may go out to a node judged not answering: nothing else is on the wire
+    /// (a POST on the wire is a probe already: its answer clears the judgement).
+    pub fn may_probe(&self) -> bool {
+        self.on_wire.is_empty()
+    }
+
+    /// Silences judged so far.
+    pub fn silences(&self) -> u64 {
+        self.silences
+    }
+}
+
 struct State {
     aimd: Aimd,
     /// Slots taken against the permitted concurrency (waiting for a rate slot, or sending).
@@ -156,6 +390,7 @@ struct State {
     next_start: Instant,
     posts: u64,
     backoffs: u64,
+    health: Health,
 }
 
 /// The budget of one node (endpoint), shared by every client and controller of the process.
@@ -184,6 +419,10 @@ pub struct NodeStats {
     pub posts: u64,
     pub backoffs: u64,
     pub latency_ewma: Option<Duration>,
+    /// The judgement that the node does not answer, while it stands.
+    pub not_answering: Option<NotAnswering>,
+    /// Silences judged so far.
+    pub silences: u64,
 }
 
 impl NodeBudget {
@@ -203,6 +442,7 @@ impl NodeBudget {
                 next_start: Instant::now(),
                 posts: 0,
                 backoffs: 0,
+                health: Health::default(),
             }),
             changed: Notify::new(),
         }
@@ -219,6 +459,7 @@ impl NodeBudget {
     }
 
     pub fn stats(&self) -> NodeStats {
+        let not_answering = self.not_answering();
         let s = self.lock();
         NodeStats {
             permitted: s.aimd.permitted(),
@@ -228,12 +469,52 @@ impl NodeBudget {
             posts: s.posts,
             backoffs: s.backoffs,
             latency_ewma: s.aimd.latency_ewma(),
+            not_answering,
+            silences: s.health.silences(),
+        }
+    }
+
+    /// The judgement now, and when it may change if nothing else happens. A silence judged
+    /// here for the first time is logged once.
+    fn judge(&self, s: &mut State, now: Instant) -> (Option<NotAnswering>, Option<Instant>) {
+        let before = s.health.silences();
+        let judged = s.health.judge(now, chrono::Utc::now());
+        if let Some(e) = judged.as_ref().filter(|_| s.health.silences() > before) {
+            tracing::warn!(node = %self.node, evidence = %e.evidence(), "jolokia: the node does not answer; calls to it fail at once until it answers again");
+        }
+        (judged, s.health.next_check(now))
+    }
+
+    /// The node is judged not answering now: the evidence.
+    pub fn not_answering(&self) -> Option<NotAnswering> {
+        let mut s = self.lock();
+        self.judge(&mut s, Instant::now()).0
+    }
+
+    /// Silences judged so far (a poll compares it with the count it saw before).
+    pub fn silences(&self) -> u64 {
+        self.lock().health.silences()
+    }
+
+    /// Resolves when the node is judged not answering (at once if it is).
+    pub async fn until_not_answering(&self) -> NotAnswering {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let recheck = {
+                let mut s = self.lock();
+                match self.judge(&mut s, Instant::now()) {
+                    (Some(e), _) => return e,
+                    (None, recheck) => recheck,
+                }
+            };
+            wait(notified, recheck).await;
         }
     }
 
     /// A slot if the permitted concurrency has one: the time the POST may start (rate).
-    fn try_reserve(&self, now: Instant) -> Option<Instant> {
-        let mut s = self.lock();
+    fn try_reserve(&self, s: &mut State, now: Instant) -> Option<Instant> {
         let permitted = s.aimd.permitted();
         if s.reserved >= permitted {
             return None;
@@ -247,47 +528,93 @@ impl NodeBudget {
         Some(start)
     }
 
-    /// Wait for permission to send one POST to this node.
-    pub async fn acquire(self: &Arc<Self>) -> Permit {
+    /// What `acquire` may do now: go at a time (a slot), go now as the probe, fail, or wait
+    /// (until a change, or the time the judgement may change).
+    fn admit(&self, purpose: Purpose, now: Instant) -> Admission {
+        let mut s = self.lock();
+        let (judged, recheck) = self.judge(&mut s, now);
+        match judged {
+            Some(_) if purpose == Purpose::Probe && s.health.may_probe() => {
+                // The probe: past the AIMD limits (nothing is on the wire), on the wire now,
+                // under this lock so no second probe sees the wire empty.
+                s.reserved += 1;
+                s.in_flight += 1;
+                s.posts += 1;
+                s.max_in_flight = s.max_in_flight.max(s.in_flight);
+                s.health.sent(now);
+                Admission::Probe
+            }
+            Some(e) => Admission::Refused(e),
+            None => match self.try_reserve(&mut s, now) {
+                Some(start) => Admission::At(start),
+                None => Admission::Wait(recheck),
+            },
+        }
+    }
+
+    /// Permission to send one POST to this node: waits for a slot of the budget, or fails at
+    /// once with the evidence while the node is judged not answering (a [`Purpose::Probe`] goes
+    /// when nothing else is on the wire).
+    pub async fn acquire(self: &Arc<Self>, purpose: Purpose) -> Result<Permit, NotAnswering> {
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(start) = self.try_reserve(Instant::now()) {
-                let mut permit = Permit {
-                    budget: self.clone(),
-                    on_wire: false,
-                    released: false,
-                    started: Instant::now(),
-                };
-                tokio::time::sleep_until(start).await;
-                permit.start();
-                return permit;
-            }
-            notified.await;
+            let now = Instant::now();
+            let recheck = match self.admit(purpose, now) {
+                Admission::Refused(e) => return Err(e),
+                Admission::Probe => return Ok(self.permit(true, now)),
+                Admission::At(start) => {
+                    let mut permit = self.permit(false, now);
+                    tokio::time::sleep_until(start).await;
+                    // Judged while this one waited for its rate slot: it is not sent.
+                    if purpose == Purpose::Work
+                        && let Some(e) = self.not_answering()
+                    {
+                        return Err(e);
+                    }
+                    permit.start();
+                    return Ok(permit);
+                }
+                Admission::Wait(recheck) => recheck,
+            };
+            wait(notified, recheck).await;
         }
     }
 
-    fn release(&self, on_wire: bool, outcome: Option<(Instant, Observation, Duration)>) {
+    fn permit(self: &Arc<Self>, on_wire: bool, now: Instant) -> Permit {
+        Permit {
+            budget: self.clone(),
+            on_wire,
+            released: false,
+            started: now,
+        }
+    }
+
+    fn release(&self, on_wire: bool, started: Instant, outcome: Option<(Observation, Duration)>) {
         let node = NodeLabels {
             node: self.node.clone(),
         };
-        let (permitted, in_flight, backed_off) = {
+        let now = Instant::now();
+        let (permitted, in_flight, backed_off, recovered) = {
             let mut s = self.lock();
             s.reserved = s.reserved.saturating_sub(1);
             if on_wire {
                 s.in_flight = s.in_flight.saturating_sub(1);
+                s.health.ended(started);
             }
-            let backed_off = match outcome {
-                Some((started, observation, timeout)) => {
-                    s.aimd.observe(started, observation, timeout, Instant::now())
+            let (backed_off, recovered) = match outcome {
+                Some((observation, timeout)) => {
+                    let judged = s.health.observe(started, observation, now, chrono::Utc::now());
+                    let cut = judged.counts_for_load && s.aimd.observe(started, observation, timeout, now);
+                    (cut, judged.recovered)
                 }
-                None => false,
+                None => (false, false),
             };
             if backed_off {
                 s.backoffs += 1;
             }
-            (s.aimd.permitted(), s.in_flight, backed_off)
+            (s.aimd.permitted(), s.in_flight, backed_off, recovered)
         };
         let m = metrics();
         m.permitted_concurrency.get_or_create(&node).set(permitted as i64);
@@ -296,7 +623,32 @@ impl NodeBudget {
             m.backoffs.get_or_create(&node).inc();
             tracing::info!(node = %self.node, permitted, "jolokia: the node answers slowly; backing off");
         }
+        if recovered {
+            tracing::info!(node = %self.node, "jolokia: the node answers again");
+        }
         self.changed.notify_waiters();
+    }
+}
+
+/// What `acquire` may do now.
+enum Admission {
+    /// Take a slot; the POST may start at this time (rate).
+    At(Instant),
+    /// Go now as the probe of a node judged not answering.
+    Probe,
+    /// Fail: the node is judged not answering.
+    Refused(NotAnswering),
+    /// No slot: wait for a change, or until this time (the judgement may change then).
+    Wait(Option<Instant>),
+}
+
+/// Wait for `notified`, or until `until` when there is one.
+async fn wait(notified: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>, until: Option<Instant>) {
+    match until {
+        Some(t) => {
+            let _ = tokio::time::timeout_at(t, notified).await;
+        }
+        None => notified.await,
     }
 }
 
@@ -311,21 +663,25 @@ pub struct Permit {
 
 impl Permit {
     fn start(&mut self) {
+        let now = Instant::now();
         let in_flight = {
             let mut s = self.budget.lock();
             s.in_flight += 1;
             s.posts += 1;
             s.max_in_flight = s.max_in_flight.max(s.in_flight);
+            s.health.sent(now);
             s.in_flight
         };
         self.on_wire = true;
-        self.started = Instant::now();
+        self.started = now;
         metrics()
             .in_flight
             .get_or_create(&NodeLabels {
                 node: self.budget.node.clone(),
             })
             .set(in_flight as i64);
+        // A POST on the wire is evidence the judgement may need (its age).
+        self.budget.changed.notify_waiters();
     }
 
     /// When the POST was allowed on the wire.
@@ -333,18 +689,23 @@ impl Permit {
         self.started
     }
 
+    /// The budget this permit is of.
+    pub fn budget(&self) -> &Arc<NodeBudget> {
+        &self.budget
+    }
+
     /// The POST is done: feed the budget what it showed.
     pub fn finish(mut self, observation: Observation, timeout: Duration) {
         self.released = true;
         self.budget
-            .release(self.on_wire, Some((self.started, observation, timeout)));
+            .release(self.on_wire, self.started, Some((observation, timeout)));
     }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         if !self.released {
-            self.budget.release(self.on_wire, None);
+            self.budget.release(self.on_wire, self.started, None);
         }
     }
 }
@@ -369,6 +730,8 @@ pub(crate) struct Registry {
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub(crate) struct BatchKey {
     pub node: String,
+    /// Probes never share a POST with work: they go to a node that work may not reach.
+    pub purpose: Purpose,
     pub credentials: u64,
     pub trust: u64,
     pub origin: String,
@@ -541,18 +904,18 @@ mod tests {
         let budget = Arc::new(NodeBudget::new("test://permits".into()));
         let mut held = Vec::new();
         for _ in 0..MAX_IN_FLIGHT {
-            held.push(budget.acquire().await);
+            held.push(budget.acquire(Purpose::Work).await.expect("the node answers"));
         }
         assert_eq!(budget.stats().in_flight, MAX_IN_FLIGHT);
         let waiting = tokio::spawn({
             let budget = budget.clone();
-            async move { budget.acquire().await }
+            async move { budget.acquire(Purpose::Work).await.is_ok() }
         });
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(!waiting.is_finished(), "a fifth permit was granted");
         drop(held.pop());
         let fifth = tokio::time::timeout(Duration::from_secs(1), waiting).await;
-        assert!(matches!(fifth, Ok(Ok(_))), "the freed slot was not handed on");
+        assert!(matches!(fifth, Ok(Ok(true))), "the freed slot was not handed on");
         assert_eq!(budget.stats().max_in_flight, MAX_IN_FLIGHT);
     }
 
@@ -563,7 +926,7 @@ mod tests {
         // Sequential POSTs: the first MAX_IN_FLIGHT go at once (burst), then 1/rate apart.
         let n = 20;
         for _ in 0..n {
-            let p = budget.acquire().await;
+            let p = budget.acquire(Purpose::Work).await.expect("the node answers");
             p.finish(answered(1), TIMEOUT);
         }
         let elapsed = t0.elapsed().as_secs_f64();
@@ -572,5 +935,232 @@ mod tests {
             elapsed >= expected * 0.9,
             "{elapsed}s for {n} POSTs, expected ≥ {expected}s"
         );
+    }
+
+    fn wall() -> chrono::DateTime<chrono::Utc> {
+        chrono::DateTime::parse_from_rfc3339("2026-12-01T10:00:00Z")
+            .map(|t| t.with_timezone(&chrono::Utc))
+            .unwrap_or_default()
+    }
+
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
+    }
+
+    #[test]
+    fn a_node_that_leaves_posts_unanswered_for_seconds_is_not_answering_until_it_answers() {
+        let mut h = Health::default();
+        let t0 = Instant::now();
+        h.sent(t0);
+        h.sent(t0 + secs(0.5));
+        assert_eq!(
+            h.judge(t0 + secs(2.9), wall()),
+            None,
+            "not yet: under {HUNG_AFTER_MIN:?}"
+        );
+        assert_eq!(h.next_check(t0 + secs(2.9)), Some(t0 + HUNG_AFTER_MIN));
+        let judged = h
+            .judge(t0 + HUNG_AFTER_MIN, wall())
+            .expect("judged after the threshold");
+        assert_eq!((judged.sent, judged.timed_out, judged.unanswered), (false, 0, 2));
+        // The silence began when the oldest POST went out (wall clock at the judgement − 3 s).
+        assert_eq!(judged.since, wall() - chrono::Duration::seconds(3));
+        assert_eq!(h.silences(), 1);
+        // Latched while the POSTs wait, and once one timed out.
+        assert!(h.judge(t0 + secs(10.0), wall()).is_some());
+        h.ended(t0);
+        h.observe(t0, Observation::TimedOut, t0 + secs(30.0), wall());
+        h.ended(t0 + secs(0.5));
+        h.observe(t0 + secs(0.5), Observation::TimedOut, t0 + secs(30.5), wall());
+        let judged = h.judge(t0 + secs(31.0), wall()).expect("still judged");
+        assert_eq!((judged.timed_out, judged.unanswered), (2, 0));
+        assert!(h.may_probe(), "nothing on the wire: a probe may go");
+        // The probe is answered: the judgement clears at once, and it was a recovery.
+        let probe = t0 + secs(32.0);
+        h.sent(probe);
+        h.ended(probe);
+        let j = h.observe(probe, answered(5), probe + secs(0.005), wall());
+        assert!(j.recovered && !j.counts_for_load, "{j:?}");
+        assert_eq!(h.judge(probe + secs(0.005), wall()), None);
+        assert_eq!(h.silences(), 1, "one silence, counted once");
+    }
+
+    #[test]
+    fn a_judgement_with_no_evidence_left_is_forgotten() {
+        let t0 = Instant::now();
+        // Its POSTs were abandoned (their callers' runtime ended): nothing says it is silent.
+        let mut h = Health::default();
+        h.sent(t0);
+        assert!(h.judge(t0 + secs(3.0), wall()).is_some());
+        h.ended(t0);
+        assert_eq!(h.judge(t0 + secs(3.1), wall()), None);
+        // Its last timeout is older than the evidence's lifetime and nothing is on the wire.
+        let mut h = Health::default();
+        h.sent(t0);
+        h.ended(t0);
+        h.observe(t0, Observation::TimedOut, t0 + secs(5.0), wall());
+        assert!(
+            h.judge(t0 + secs(5.0) + EVIDENCE_TTL - secs(0.1), wall())
+                .is_some()
+        );
+        assert_eq!(h.judge(t0 + secs(5.0) + EVIDENCE_TTL, wall()), None);
+        assert_eq!(h.silences(), 1);
+    }
+
+    #[test]
+    fn a_node_that_answers_other_posts_is_slow_not_silent() {
+        let mut h = Health::default();
+        let t0 = Instant::now();
+        h.sent(t0);
+        h.sent(t0 + secs(1.0));
+        h.ended(t0 + secs(1.0));
+        h.observe(t0 + secs(1.0), answered(1000), t0 + secs(2.0), wall());
+        // The first POST has waited 4 s, but the node answered 2 s ago: not silent yet.
+        assert_eq!(h.judge(t0 + secs(4.0), wall()), None);
+        // Silent for the threshold since its last answer, with a POST still waiting: judged.
+        assert!(h.judge(t0 + secs(5.0), wall()).is_some());
+    }
+
+    #[test]
+    fn a_timeout_is_evidence_at_once_unless_the_node_answered_meanwhile() {
+        let t0 = Instant::now();
+        // Short request timeout (1 s): no answer since the POST went out.
+        let mut h = Health::default();
+        h.sent(t0);
+        h.ended(t0);
+        let j = h.observe(t0, Observation::TimedOut, t0 + secs(1.0), wall());
+        assert!(
+            !j.counts_for_load,
+            "a timeout of a silent node is not load: {j:?}"
+        );
+        let judged = h.judge(t0 + secs(1.0), wall()).expect("judged at once");
+        assert_eq!((judged.timed_out, judged.unanswered), (1, 0));
+        // Another POST answered after this one went out: a slow node, the AIMD rule's business.
+        let mut h = Health::default();
+        h.sent(t0);
+        h.sent(t0 + secs(0.1));
+        h.ended(t0 + secs(0.1));
+        h.observe(t0 + secs(0.1), answered(400), t0 + secs(0.5), wall());
+        h.ended(t0);
+        let j = h.observe(t0, Observation::TimedOut, t0 + secs(1.0), wall());
+        assert!(j.counts_for_load, "{j:?}");
+        assert_eq!(h.judge(t0 + secs(1.0), wall()), None);
+    }
+
+    #[test]
+    fn what_overlapped_a_silence_is_not_evidence_of_load() {
+        let mut h = Health::default();
+        let t0 = Instant::now();
+        for i in 0..4 {
+            h.sent(t0 + secs(0.01 * f64::from(i)));
+        }
+        assert!(h.judge(t0 + secs(3.5), wall()).is_some());
+        // Timeouts of the hung POSTs: no cut.
+        h.ended(t0);
+        assert!(
+            !h.observe(t0, Observation::TimedOut, t0 + secs(30.0), wall())
+                .counts_for_load
+        );
+        // The node comes back: the late answers of POSTs sent before say nothing of load, and do
+        // not make the node look slow (the threshold stays at its minimum).
+        for i in 1..4 {
+            let sent = t0 + secs(0.01 * f64::from(i));
+            h.ended(sent);
+            let j = h.observe(sent, answered(40_000), t0 + secs(40.0), wall());
+            assert_eq!(j.recovered, i == 1, "{i}: {j:?}");
+            assert!(!j.counts_for_load, "{i}: {j:?}");
+        }
+        assert_eq!(h.hung_after(t0 + secs(40.0)), HUNG_AFTER_MIN);
+        // A POST sent after the recovery counts again.
+        let later = t0 + secs(41.0);
+        h.sent(later);
+        h.ended(later);
+        assert!(
+            h.observe(later, answered(20), later + secs(0.02), wall())
+                .counts_for_load
+        );
+    }
+
+    #[test]
+    fn a_node_slow_anyway_is_given_longer_and_that_fades() {
+        let mut h = Health::default();
+        let t0 = Instant::now();
+        h.sent(t0);
+        h.ended(t0);
+        // A 4 s scrape: the threshold is twice that.
+        h.observe(t0, answered(4000), t0 + secs(4.0), wall());
+        assert_eq!(h.hung_after(t0 + secs(4.0)), secs(8.0));
+        let t1 = t0 + secs(5.0);
+        h.sent(t1);
+        assert_eq!(
+            h.judge(t1 + secs(7.0), wall()),
+            None,
+            "within twice its slowest answer"
+        );
+        assert!(h.judge(t1 + secs(8.5), wall()).is_some());
+        // Two half-lives later the slow answer counts a quarter: back near the minimum.
+        let mut fresh = Health::default();
+        fresh.observe(t0, answered(4000), t0 + secs(4.0), wall());
+        let later = t0 + secs(4.0) + 2 * SLOWEST_HALF_LIFE;
+        assert_eq!(fresh.hung_after(later), HUNG_AFTER_MIN);
+    }
+
+    #[test]
+    fn nothing_on_the_wire_is_never_a_silence() {
+        let mut h = Health::default();
+        let t0 = Instant::now();
+        assert_eq!(h.judge(t0 + secs(3600.0), wall()), None);
+        assert_eq!(h.next_check(t0), None);
+        h.observe(t0, Observation::NoAnswer, t0, wall());
+        assert_eq!(
+            h.judge(t0 + secs(3600.0), wall()),
+            None,
+            "a refused connection is no silence"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_judged_not_answering_fails_work_at_once_and_lets_one_probe_through() {
+        let budget = Arc::new(NodeBudget::new("test://silent".into()));
+        let hung = budget.acquire(Purpose::Work).await.expect("answering so far");
+        let judged = tokio::spawn({
+            let budget = budget.clone();
+            async move { budget.until_not_answering().await }
+        });
+        tokio::time::sleep(secs(2.9)).await;
+        assert!(!judged.is_finished(), "judged before the threshold");
+        tokio::time::sleep(secs(0.2)).await;
+        let evidence = judged.await.expect("task");
+        assert_eq!((evidence.unanswered, evidence.sent), (1, false));
+        // Work fails at once; a probe waits for nothing but may not go while a POST is out.
+        let work = budget.acquire(Purpose::Work).await;
+        assert!(
+            matches!(work, Err(ref e) if e.unanswered == 1),
+            "{:?}",
+            work.is_ok()
+        );
+        assert!(
+            budget.acquire(Purpose::Probe).await.is_err(),
+            "the hung POST is the probe"
+        );
+        // The hung POST times out: nothing on the wire now, the judgement stands on its timeout.
+        hung.finish(Observation::TimedOut, TIMEOUT);
+        let probe = budget
+            .acquire(Purpose::Probe)
+            .await
+            .expect("nothing on the wire: the probe goes");
+        assert!(
+            budget.acquire(Purpose::Probe).await.is_err(),
+            "one probe at a time"
+        );
+        assert!(budget.stats().not_answering.is_some());
+        probe.finish(answered(3), TIMEOUT);
+        assert!(
+            budget.stats().not_answering.is_none(),
+            "one answer clears the judgement"
+        );
+        let p = budget.acquire(Purpose::Work).await.expect("work goes again");
+        p.finish(answered(3), TIMEOUT);
+        assert_eq!(budget.stats().permitted, MAX_IN_FLIGHT, "the silence cut nothing");
     }
 }

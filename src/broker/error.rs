@@ -17,6 +17,54 @@ pub enum BrokerError {
     /// An answer the operator cannot interpret (not Jolokia, or not the expected shape).
     #[error("bad response: {0}")]
     BadResponse(String),
+    /// The node is judged not answering (the per-node budget's evidence, `budget::Health`):
+    /// the call was not sent, or was let go unanswered. A structure of its own so the fan-out
+    /// reports the node as not live (never called) without reading any text.
+    #[error("{0}")]
+    NotAnswering(NotAnswering),
+}
+
+/// The evidence that a node does not answer at all, as the per-node budget judged it: why a
+/// call failed fast instead of waiting a request timeout behind POSTs the node never answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotAnswering {
+    /// The call was on the wire when the node was judged (its effect is unknown until the node
+    /// answers); false: it was never sent.
+    pub sent: bool,
+    /// POSTs that timed out with no answer from the node since they were sent.
+    pub timed_out: u32,
+    /// POSTs on the wire now, unanswered.
+    pub unanswered: usize,
+    /// When the node stopped answering: the start of the oldest POST it left unanswered.
+    pub since: chrono::DateTime<chrono::Utc>,
+}
+
+impl NotAnswering {
+    /// What was seen, for a human: counts and the moment the silence began.
+    pub fn evidence(&self) -> String {
+        let since = self.since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        match (self.timed_out, self.unanswered) {
+            (0, waiting) => format!("{waiting} calls unanswered since {since}"),
+            (timed_out, 0) => format!("{timed_out} calls timed out since {since}"),
+            (timed_out, waiting) => {
+                format!("{timed_out} calls timed out and {waiting} unanswered since {since}")
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for NotAnswering {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.sent {
+            write!(
+                f,
+                "stopped answering while this call was on the wire ({}): its effect is unknown until the node answers again",
+                self.evidence()
+            )
+        } else {
+            write!(f, "not answering: {}; not sent", self.evidence())
+        }
+    }
 }
 
 /// A refusal by the broker, with its kind and what it said.
@@ -37,6 +85,9 @@ impl BrokerError {
             BrokerError::Unreachable(_) => RefusalKind::Unreachable,
             BrokerError::Timeout(_) => RefusalKind::Timeout,
             BrokerError::BadResponse(_) => RefusalKind::BadResponse,
+            // Sent: as a timeout, the effect is unknown. Not sent: the node could not be reached.
+            BrokerError::NotAnswering(n) if n.sent => RefusalKind::Timeout,
+            BrokerError::NotAnswering(_) => RefusalKind::Unreachable,
         }
     }
 

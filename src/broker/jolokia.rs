@@ -9,8 +9,8 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::budget::{NodeBudget, Observation, Permit, budget_for};
-use super::error::{BrokerError, ManagementRefusal, classify, is_origin_refusal};
+use super::budget::{NodeBudget, Observation, Permit, Purpose, budget_for};
+use super::error::{BrokerError, ManagementRefusal, NotAnswering, classify, is_origin_refusal};
 use crate::api::RefusalKind;
 use crate::telemetry::jolokia::metrics;
 
@@ -114,6 +114,25 @@ pub struct JolokiaClient {
     credentials: Credentials,
     timeout: Duration,
     budget: Arc<NodeBudget>,
+    /// What a call of this client does while the node is judged not answering.
+    purpose: Purpose,
+    /// Set once a request of this client (or of a clone made with it) goes on the wire.
+    sent: Option<Sent>,
+}
+
+/// Whether any request of a tracked client went on the wire: a call that failed because the node
+/// is not answering reached the node only if something was sent (the fan-out's SKIPPED_NOT_LIVE
+/// means never called).
+#[derive(Clone, Debug, Default)]
+pub struct Sent(Arc<std::sync::atomic::AtomicBool>);
+
+impl Sent {
+    pub fn any(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    fn mark(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// The Origin a broker's default strict checking accepts for this URL: `scheme://host`.
@@ -189,7 +208,63 @@ impl JolokiaClient {
             credentials,
             timeout,
             budget,
+            purpose: Purpose::Work,
+            sent: None,
         }
+    }
+
+    /// The same client for the topology poll's reads: the probe that may reach a node judged not
+    /// answering (when nothing else is on the wire), never let go before its own answer.
+    pub fn probing(&self) -> Self {
+        JolokiaClient {
+            purpose: Purpose::Probe,
+            ..self.clone()
+        }
+    }
+
+    /// The same client for work (commands, readers): fails at once while the node is judged not
+    /// answering.
+    pub fn working(&self) -> Self {
+        JolokiaClient {
+            purpose: Purpose::Work,
+            ..self.clone()
+        }
+    }
+
+    pub fn purpose(&self) -> Purpose {
+        self.purpose
+    }
+
+    /// The same client, telling whether any of its requests went on the wire.
+    pub fn tracked(&self) -> (Self, Sent) {
+        let sent = Sent::default();
+        let client = JolokiaClient {
+            sent: Some(sent.clone()),
+            ..self.clone()
+        };
+        (client, sent)
+    }
+
+    /// Note that a request of this client goes on the wire now.
+    pub(crate) fn mark_sent(&self) {
+        if let Some(s) = &self.sent {
+            s.mark();
+        }
+    }
+
+    /// The node behind this endpoint is judged not answering now: the evidence.
+    pub fn not_answering(&self) -> Option<NotAnswering> {
+        self.budget.not_answering()
+    }
+
+    /// Silences judged of this endpoint's node so far.
+    pub fn silences(&self) -> u64 {
+        self.budget.silences()
+    }
+
+    /// Resolves when the node behind this endpoint is judged not answering.
+    pub async fn until_not_answering(&self) -> NotAnswering {
+        self.budget.until_not_answering().await
     }
 
     pub fn url(&self) -> &str {
@@ -227,13 +302,50 @@ impl JolokiaClient {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        let permit = self.budget.acquire().await;
-        self.post(permit, requests).await
+        let permit = self
+            .budget
+            .acquire(self.purpose)
+            .await
+            .map_err(BrokerError::NotAnswering)?;
+        self.post(permit, requests.to_vec()).await
     }
 
     /// One POST under a permit of this endpoint's budget: the budget learns how the node
     /// answered, the metrics count the POST and each operation's result.
+    ///
+    /// The POST runs on a task of its own: a work call stops waiting when the node is judged not
+    /// answering (it fails with the evidence, `sent`), while its POST goes on to its answer or
+    /// timeout, which the budget still learns — the answer of a node that comes back is what
+    /// clears the judgement.
     pub(crate) async fn post(
+        &self,
+        permit: Permit,
+        requests: Vec<JolokiaRequest>,
+    ) -> Result<Vec<Result<Value, BrokerError>>, BrokerError> {
+        self.mark_sent();
+        let client = self.clone();
+        let exchange = tokio::spawn(async move { client.exchange(permit, &requests).await });
+        let stopped = |e: tokio::task::JoinError| {
+            BrokerError::Unreachable(format!(
+                "{}: the request stopped before an answer arrived ({e}); the effect of the call is unknown",
+                self.node()
+            ))
+        };
+        if self.purpose == Purpose::Probe {
+            return exchange.await.map_err(stopped)?;
+        }
+        tokio::select! {
+            biased;
+            done = exchange => done.map_err(stopped)?,
+            silence = self.budget.until_not_answering() => Err(BrokerError::NotAnswering(NotAnswering {
+                sent: true,
+                ..silence
+            })),
+        }
+    }
+
+    /// The POST itself, then what it showed to the budget and the metrics.
+    async fn exchange(
         &self,
         permit: Permit,
         requests: &[JolokiaRequest],

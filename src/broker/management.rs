@@ -102,6 +102,22 @@ impl BrokerManagement {
         &self.client
     }
 
+    /// The same broker through another client of the same endpoint (a probing, working or
+    /// tracked variant of this one's).
+    pub fn with_client(&self, client: JolokiaClient) -> Self {
+        BrokerManagement {
+            client,
+            broker_name: self.broker_name.clone(),
+        }
+    }
+
+    /// The same broker, telling whether any call made through it went on the wire (see
+    /// [`super::jolokia::Sent`]).
+    pub fn tracked(&self) -> (Self, super::jolokia::Sent) {
+        let (client, sent) = self.client.tracked();
+        (self.with_client(client), sent)
+    }
+
     fn broker(&self) -> String {
         mbean::broker(&self.broker_name)
     }

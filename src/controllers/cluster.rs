@@ -25,6 +25,10 @@ fn explain_endpoint(url: &str, e: &BrokerError) -> String {
         BrokerError::Timeout(s) => format!(
             "{url} did not answer within {s}s: the broker may be overloaded or frozen; raise spec.requestTimeoutSeconds if it is just slow"
         ),
+        BrokerError::NotAnswering(n) => format!(
+            "{url} is not answering ({}): the broker may be frozen, in a long pause, or overloaded; nothing is sent to it (its objects are SKIPPED_NOT_LIVE) and each poll probes it once, until it answers",
+            n.evidence()
+        ),
         other => format!("{url}: {other}"),
     }
 }
@@ -182,7 +186,11 @@ fn runtime_for(
 /// Poll with the new access first, then publish both: a command never sees the new access with
 /// a topology polled under the old one (e.g. other credentials). Dependents are triggered by
 /// what changed, never by a timer: a node that went live or down concerns every object, a
-/// changed broker object only the objects naming it. Returns the topology as polled.
+/// changed broker object only the objects naming it. A node that came back — live again, or
+/// judged not answering and answering again since the last poll (a silence between two polls
+/// leaves no trace in either) — gets everything it missed now: every dependent is retried at
+/// once, its backoff for failures while the node was away forgotten. Returns the topology as
+/// polled.
 async fn poll_and_publish(ctx: &Context, ns: &str, name: &str, rt: ClusterRuntime) -> Topology {
     let k = key(ns, name);
     let previous = ctx.clusters.get(&k);
@@ -197,27 +205,36 @@ async fn poll_and_publish(ctx: &Context, ns: &str, name: &str, rt: ClusterRuntim
     let in_flight = polling.lock().await;
     let started = std::time::Instant::now();
     let topology = topology::poll(&rt.access, &rt.memory).await;
+    let silenced = rt
+        .memory
+        .lock()
+        .await
+        .silenced_since_last_look(&rt.access.endpoints);
     record_poll_metrics(ctx, &k, &topology, started);
     // Inventories are shared (Arc): the copy kept for status costs the node list only.
     let polled = topology.clone();
     // Fresh reads made while the poll ran are newer than it: carried over, not lost.
-    let mut change = ctx
+    let (mut change, returned) = ctx
         .topologies
         .put_with(&k, |previous| {
             let merged = polled
                 .carrying_reads(previous, started)
                 .keeping_stale_inventories(previous);
             let change = topology::changes(previous, &merged);
-            (merged, change)
+            let returned = topology::returned(previous, &merged);
+            (merged, (change, returned))
         })
         .unwrap_or_default();
-    change.everything |= respecified || reauthorised;
+    let came_back = silenced || !returned.is_empty();
+    change.everything |= respecified || reauthorised || came_back;
     ctx.clusters.put(&k, rt);
     drop(in_flight);
-    if reauthorised {
-        super::pipeline::retry_dependents_now(ctx, ns, name);
+    if came_back {
+        tracing::info!(cluster = %k, ?returned, silenced, "a node came back: every dependent is retried now");
     }
-    if !change.is_empty() {
+    if reauthorised || came_back {
+        super::pipeline::retry_dependents_now(ctx, ns, name);
+    } else if !change.is_empty() {
         super::pipeline::trigger_dependents(ctx, ns, name, &change, None);
     }
     topology

@@ -1,6 +1,12 @@
 //! Fan-out (ADR-0049): one operation on every live logical node, concurrently (bounded), each
 //! with its own timeout; one NodeOutcome per logical node. Not-live nodes are SKIPPED_NOT_LIVE
 //! and never called. A partial failure is reported, never rolled back.
+//!
+//! A node the per-node budget judges not answering (`broker::budget::Health`) is not live: it is
+//! SKIPPED_NOT_LIVE with the evidence, whether it was judged before the operation (never
+//! called) or during it with nothing of the operation sent yet (its calls failed at once). An
+//! operation whose call was on the wire when the node was judged is FAILED (its effect is
+//! unknown), and never waits for that answer: no reconcile holds its slot on a hung node.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -9,6 +15,7 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use crate::api::{NodeOutcome, Outcome, RefusalKind};
+use crate::broker::error::NotAnswering;
 use crate::broker::{BrokerError, BrokerManagement};
 use crate::topology::{LogicalNode, Topology};
 
@@ -123,7 +130,11 @@ where
     let Some(management) = node.active.clone() else {
         return skipped(node);
     };
+    if let Some(silence) = management.client().not_answering() {
+        return not_answering(node, &silence);
+    }
     let endpoint = Some(management.client().url().to_string());
+    let (management, sent) = management.tracked();
     let target = Target::new(node.node_id.clone(), management);
     let result = tokio::time::timeout(timeout, op(target)).await;
     let result = result.unwrap_or_else(|_| Err(BrokerError::Timeout(timeout.as_secs()).into()));
@@ -137,6 +148,11 @@ where
             message: r.message,
             detail: r.detail,
         },
+        // Nothing of the operation reached the node: it was not live for it.
+        Err(NodeFailure {
+            error: BrokerError::NotAnswering(silence),
+            ..
+        }) if !sent.any() => not_answering(node, &silence),
         Err(f) => NodeOutcome {
             last_command: None,
             node: node.node_id.clone(),
@@ -149,7 +165,12 @@ where
     }
 }
 
+/// A node not live: SKIPPED_NOT_LIVE, never called, with why (the budget's evidence for a node
+/// the poll found active but that does not answer now).
 pub fn skipped(node: &LogicalNode) -> NodeOutcome {
+    if let Some(silence) = node.not_answering() {
+        return not_answering(node, &silence);
+    }
     NodeOutcome {
         last_command: None,
         node: node.node_id.clone(),
@@ -159,6 +180,24 @@ pub fn skipped(node: &LogicalNode) -> NodeOutcome {
         message: format!(
             "not live, did not receive the command: {}",
             node.not_live_reason.as_deref().unwrap_or("no active endpoint")
+        ),
+        detail: vec![],
+    }
+}
+
+/// A node judged not answering: SKIPPED_NOT_LIVE with the evidence. What it missed goes out
+/// when it answers again: the cluster's poll then triggers every object of the cluster.
+pub fn not_answering(node: &LogicalNode, silence: &NotAnswering) -> NodeOutcome {
+    NodeOutcome {
+        last_command: None,
+        node: node.node_id.clone(),
+        endpoint: None,
+        outcome: Outcome::SkippedNotLive,
+        refusal: None,
+        message: format!(
+            "not live, did not receive the command: {} is not answering ({}); the write is sent when it answers again",
+            node.active_endpoint().unwrap_or("its endpoint"),
+            silence.evidence()
         ),
         detail: vec![],
     }
@@ -203,4 +242,90 @@ pub fn summary(outcomes: &[NodeOutcome]) -> String {
         .filter(|o| matches!(o.outcome, Outcome::Applied | Outcome::Already))
         .count();
     format!("{ok}/{}", outcomes.len())
+}
+
+#[cfg(test)]
+mod not_answering_tests {
+    //! A node the per-node budget judges not answering is SKIPPED_NOT_LIVE with the evidence and
+    //! never called (time paused: the judgement is made by a permit held past the threshold, no
+    //! HTTP involved).
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::broker::budget::{HUNG_AFTER_MIN, Purpose, budget_for};
+    use crate::broker::{Credentials, JolokiaClient};
+
+    fn node(url: &str) -> LogicalNode {
+        let client = JolokiaClient::new(
+            crate::broker::jolokia::http_client(None).expect("an HTTP client"),
+            url,
+            None,
+            Credentials {
+                username: "u".into(),
+                password: "p".into(),
+            },
+            Duration::from_secs(30),
+        );
+        LogicalNode {
+            node_id: "n3".into(),
+            active: Some(BrokerManagement::with_name(client, "b".into())),
+            standby: vec![],
+            failed_over: false,
+            not_live_reason: None,
+            inventory: None,
+            inventory_error: None,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_judged_not_answering_is_skipped_not_live_and_never_called() {
+        let url = "http://hung.invalid:8161/console/jolokia?fanout-test=1";
+        let n = node(url);
+        // A POST the node never answers, past the threshold.
+        let _hung = budget_for(url)
+            .acquire(Purpose::Work)
+            .await
+            .expect("answering so far");
+        assert!(n.is_live());
+        tokio::time::sleep(HUNG_AFTER_MIN + Duration::from_millis(100)).await;
+        assert!(!n.is_live(), "judged not live between polls");
+
+        let calls = AtomicUsize::new(0);
+        let outcome = run_on(&n, Duration::from_secs(30), &|_t: Target| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { Ok(NodeReport::new(Outcome::Applied, "written")) }
+        })
+        .await;
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "never called");
+        assert_eq!(outcome.outcome, Outcome::SkippedNotLive, "{outcome:?}");
+        assert!(
+            outcome
+                .message
+                .contains("is not answering (1 calls unanswered since"),
+            "{}",
+            outcome.message
+        );
+        assert_eq!(skipped(&n).outcome, Outcome::SkippedNotLive);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_judged_during_the_operation_with_nothing_sent_is_skipped_not_failed() {
+        let url = "http://hung.invalid:8161/console/jolokia?fanout-test=2";
+        let n = node(url);
+        let budget = budget_for(url);
+        let outcome = run_on(&n, Duration::from_secs(30), &|t: Target| {
+            let budget = budget.clone();
+            async move {
+                // Another caller's POST goes unanswered while this operation prepares.
+                let _hung = budget.acquire(Purpose::Work).await.expect("answering so far");
+                tokio::time::sleep(HUNG_AFTER_MIN + Duration::from_millis(100)).await;
+                t.management.identity().await?;
+                Ok(NodeReport::new(Outcome::Applied, "read"))
+            }
+        })
+        .await;
+        assert_eq!(outcome.outcome, Outcome::SkippedNotLive, "{outcome:?}");
+        assert_eq!(outcome.refusal, None);
+    }
 }

@@ -2,6 +2,10 @@
 //! into logical nodes; a logical node's target is whichever endpoint is active *now*. Liveness
 //! comes from the poll (the endpoint answers and is active) and `listNetworkTopology`, never
 //! from configuration alone.
+//!
+//! Between polls, a node's liveness also follows the per-node budget's judgement
+//! (`broker::budget::Health`): a node whose calls go unanswered is not live within seconds,
+//! not at the next poll, and live again as soon as it answers anything.
 
 pub mod inventory;
 
@@ -14,7 +18,13 @@ use imbl::OrdMap;
 use imbl::ordmap::DiffItem;
 use tokio::sync::Mutex;
 
+use crate::broker::error::NotAnswering;
 use crate::broker::{BrokerError, BrokerManagement, Credentials, JolokiaClient, NodeIdentity};
+
+/// How long a poll waits for a node judged not answering: a node that came back answers its
+/// probe in milliseconds; one that did not is not waited on — its probe stays on the wire and
+/// clears the judgement when the node answers, and the next poll finds it live.
+pub const PROBE_GRACE: Duration = Duration::from_secs(1);
 
 /// How to reach one cluster's endpoints.
 #[derive(Clone, Debug)]
@@ -51,8 +61,14 @@ pub struct LogicalNode {
 }
 
 impl LogicalNode {
+    /// An endpoint is active and answers: the poll found it active, and the budget has not
+    /// judged it not answering since (evaluated now, not at the poll).
     pub fn is_live(&self) -> bool {
-        self.active.is_some()
+        self.active.is_some() && self.not_answering().is_none()
+    }
+    /// The active endpoint's node is judged not answering now: the evidence.
+    pub fn not_answering(&self) -> Option<NotAnswering> {
+        self.active.as_ref()?.client().not_answering()
     }
     pub fn active_endpoint(&self) -> Option<&str> {
         self.active.as_ref().map(|m| m.client().url())
@@ -171,9 +187,28 @@ impl Topology {
 pub struct TopologyMemory {
     broker_names: HashMap<String, String>,
     last_node_of: HashMap<String, String>,
+    /// Silences the budget had judged of each endpoint at the last look.
+    silences_seen: HashMap<String, u64>,
 }
 
-/// Poll every endpoint concurrently and group the answers into logical nodes.
+impl TopologyMemory {
+    /// Whether a node behind these endpoints was judged not answering since the last look (and
+    /// remember the counts). A silence that came and went between two polls leaves no trace in
+    /// either topology, yet objects were skipped on that node meanwhile: they need a pass.
+    pub fn silenced_since_last_look(&mut self, endpoints: &[String]) -> bool {
+        let mut silenced = false;
+        for url in endpoints {
+            let now = crate::broker::budget::budget_for(url).silences();
+            let before = self.silences_seen.insert(url.clone(), now);
+            silenced |= before.is_some_and(|b| b < now);
+        }
+        silenced
+    }
+}
+
+/// Poll every endpoint concurrently and group the answers into logical nodes. The poll's reads
+/// are the budget's probes: a node judged not answering is asked once (when nothing else is on
+/// the wire) and waited on for [`PROBE_GRACE`] at most.
 pub async fn poll(access: &ClusterAccess, memory: &Mutex<TopologyMemory>) -> Topology {
     let known: HashMap<String, String> = memory.lock().await.broker_names.clone();
     let observations = join_all(access.endpoints.iter().map(|url| {
@@ -183,22 +218,9 @@ pub async fn poll(access: &ClusterAccess, memory: &Mutex<TopologyMemory>) -> Top
             access.origin.clone(),
             access.credentials.clone(),
             access.poll_timeout,
-        );
-        let known_name = known.get(url).cloned();
-        async move {
-            let management = match known_name {
-                Some(name) => BrokerManagement::with_name(client, name),
-                None => BrokerManagement::connect(client).await?,
-            };
-            let identity = management.identity().await?;
-            // The inventory comes from the endpoint serving clients; a standby has none.
-            let inv = if identity.active {
-                Some(inventory::scrape(&management).await)
-            } else {
-                None
-            };
-            Ok::<_, BrokerError>((management, identity, inv))
-        }
+        )
+        .probing();
+        observe(client, known.get(url).cloned())
     }))
     .await;
 
@@ -213,8 +235,11 @@ pub async fn poll(access: &ClusterAccess, memory: &Mutex<TopologyMemory>) -> Top
                 answered.push((m, identity, inv));
             }
             Err(e) => {
-                // A wrong broker name (the endpoint now serves another broker) is re-resolved.
-                mem.broker_names.remove(url);
+                // A wrong broker name (the endpoint now serves another broker) is re-resolved;
+                // a node that does not answer says nothing about its name.
+                if !matches!(e, BrokerError::NotAnswering(_)) {
+                    mem.broker_names.remove(url);
+                }
                 unreachable.push((url.clone(), e));
             }
         }
@@ -227,6 +252,46 @@ pub async fn poll(access: &ClusterAccess, memory: &Mutex<TopologyMemory>) -> Top
         nodes,
         unreachable,
         fresh_reads: vec![],
+    }
+}
+
+/// One endpoint's identity and (when active) inventory, read with the probing client; the
+/// management it returns is for work (commands fail fast on a node judged not answering).
+async fn observe(client: JolokiaClient, known_name: Option<String>) -> Result<Answer, BrokerError> {
+    let identify = async {
+        let management = match known_name {
+            Some(name) => BrokerManagement::with_name(client.clone(), name),
+            None => BrokerManagement::connect(client.clone()).await?,
+        };
+        let identity = management.identity().await?;
+        Ok::<_, BrokerError>((management, identity))
+    };
+    let (management, identity) = unless_silent(&client, identify).await?;
+    // The inventory comes from the endpoint serving clients; a standby has none.
+    let inv = if identity.active {
+        Some(inventory::scrape(&management).await)
+    } else {
+        None
+    };
+    let work = management.with_client(management.client().working());
+    Ok((work, identity, inv))
+}
+
+/// `call`, unless the node is judged not answering for [`PROBE_GRACE`] first: then the
+/// evidence. The call's POST, if it went out, stays on the wire as the node's probe.
+async fn unless_silent<T>(
+    client: &JolokiaClient,
+    call: impl std::future::Future<Output = Result<T, BrokerError>>,
+) -> Result<T, BrokerError> {
+    let silent = async {
+        client.until_not_answering().await;
+        tokio::time::sleep(PROBE_GRACE).await;
+        client.until_not_answering().await
+    };
+    tokio::select! {
+        biased;
+        r = call => r,
+        e = silent => Err(BrokerError::NotAnswering(NotAnswering { sent: true, ..e })),
     }
 }
 
@@ -332,7 +397,13 @@ fn add_unreachable(
         if let Some(id) = last_node_of.get(url) {
             let node = node_entry(nodes, id);
             if node.active.is_none() {
-                node.not_live_reason = Some(format!("{url} does not answer: {e}"));
+                node.not_live_reason = Some(match e {
+                    BrokerError::NotAnswering(n) => format!(
+                        "{url} is not answering ({}); each poll probes it, and it gets what it missed when it answers again",
+                        n.evidence()
+                    ),
+                    e => format!("{url} does not answer: {e}"),
+                });
             }
         }
     }
@@ -523,6 +594,25 @@ pub fn changes(old: Option<&Topology>, new: &Topology) -> TopologyChange {
     c
 }
 
+/// The logical nodes active at the poll of `new` that were not at the poll of `old` (absent,
+/// or no endpoint active): nodes that came back. What they missed must go out now — every
+/// object of the cluster is looked at again, and a node's failures while it was away are not a
+/// reason to wait (ADR-0049: a node going live concerns every object).
+pub fn returned(old: Option<&Topology>, new: &Topology) -> Vec<String> {
+    let Some(old) = old else { return vec![] };
+    new.nodes
+        .iter()
+        .filter(|n| n.active.is_some())
+        .filter(|n| {
+            old.nodes
+                .iter()
+                .find(|o| o.node_id == n.node_id)
+                .is_none_or(|o| o.active.is_none())
+        })
+        .map(|n| n.node_id.clone())
+        .collect()
+}
+
 #[cfg(test)]
 mod change_tests {
     use super::*;
@@ -588,6 +678,17 @@ mod change_tests {
             n.active = Some(BrokerManagement::with_name(client.clone(), "b".into()));
         }
         t
+    }
+
+    #[test]
+    fn a_node_active_again_has_returned_and_one_that_stayed_or_left_has_not() {
+        let url = "http://n1:8161/console/jolokia";
+        let down = topology(&[]);
+        let up = live(topology(&[]), url);
+        assert_eq!(returned(Some(&down), &up), ["n1"]);
+        assert!(returned(Some(&up), &up).is_empty(), "stayed");
+        assert!(returned(Some(&up), &down).is_empty(), "left");
+        assert!(returned(None, &up).is_empty(), "a first poll is no return");
     }
 
     #[test]

@@ -19,6 +19,7 @@ mod credentials;
 mod divert;
 mod filters;
 mod gitops;
+mod hung_node;
 mod leader;
 mod loops;
 mod pause;

@@ -1,0 +1,388 @@
+//! Issue 41 item 4: a hung node costs only itself. With c3 frozen (SIGSTOP: its kernel still
+//! accepts connections, its broker answers nothing), creates reach c1 and c2 about as fast as with
+//! every node up, each object Ready with c3 SKIPPED_NOT_LIVE, and no reconcile holds its slot
+//! waiting on c3; once c3 thaws it gets every queue it missed within about one poll interval.
+//!
+//! The ArtemisCluster names the bed's Jolokia URLs with a query parameter the broker ignores (as
+//! tests/integration/scale.rs does): the per-node budget, which judges whether a node answers, is
+//! process-wide and keyed by URL, so this test's judgement of c3 is its own.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, stream};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+use artemis_studio_operator::api::queue::ArtemisQueue;
+use artemis_studio_operator::api::{ArtemisCluster, Outcome};
+use artemis_studio_operator::broker::budget::{MAX_IN_FLIGHT, node_stats};
+
+use crate::queue::ready;
+use crate::support::{
+    CleanUp, OperatorHandle, TestBed, Thaw, brokers_exclusive, create_cluster, jolokia_raw, short_id,
+    wait_cluster_condition, wait_until,
+};
+
+/// Queues per round: a burst large enough to fill every reconcile slot (64) twice over, small
+/// enough for the test to run in about a minute.
+const QUEUES: usize = 150;
+/// The cluster's poll interval (create_cluster's).
+const POLL_INTERVAL: Duration = Duration::from_secs(2);
+/// What "as fast as with every node up" allows beyond the measured time (issue 41's bound).
+const SLACK: Duration = Duration::from_secs(10);
+/// What c3's return may take beyond one poll interval: the poll's scrape, the creates in bulk,
+/// and the test's own listing cadence.
+const RETURN_MARGIN: Duration = Duration::from_secs(10);
+
+struct Hung {
+    bed: TestBed,
+    ns: String,
+    admin: Client,
+    _op: OperatorHandle,
+    /// Broker name (c1, c2, c3) → the Jolokia URL this test's ArtemisCluster names it by.
+    urls: BTreeMap<String, String>,
+    /// Last, so the operator has stopped when it sweeps the test's queues.
+    clean: CleanUp,
+}
+
+/// A fresh namespace, its own operator, and an ArtemisCluster over c1, c2, c3 with `spec` merged
+/// into its spec, once all three nodes are live.
+async fn fixture(spec: serde_json::Value) -> Hung {
+    let bed = TestBed::get();
+    let ns = bed.fresh_namespace("hung").await;
+    let clean = bed.clean_up(&[]);
+    let op = bed.start_operator(&ns).await;
+    let admin = bed.kube_admin().await;
+    let tag = short_id();
+    let urls: BTreeMap<String, String> = bed
+        .cluster_brokers("c")
+        .into_iter()
+        .map(|b| (b.name.clone(), format!("{}?hung-test={tag}", b.jolokia)))
+        .collect();
+    let list: Vec<String> = urls.values().cloned().collect();
+    create_cluster(&admin, &ns, "c", &list, Some(bed.broker_user())).await;
+    Api::<ArtemisCluster>::namespaced(admin.clone(), &ns)
+        .patch("c", &PatchParams::default(), &Patch::Merge(json!({"spec": spec})))
+        .await
+        .expect("patch the cluster's spec");
+    wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
+    let h = Hung {
+        bed,
+        ns,
+        admin,
+        _op: op,
+        urls,
+        clean,
+    };
+    h.wait_live_nodes(3).await;
+    h
+}
+
+impl Hung {
+    fn queues(&self) -> Api<ArtemisQueue> {
+        Api::namespaced(self.admin.clone(), &self.ns)
+    }
+
+    async fn wait_live_nodes(&self, n: u32) -> ArtemisCluster {
+        let api: Api<ArtemisCluster> = Api::namespaced(self.admin.clone(), &self.ns);
+        wait_until(
+            &format!("ArtemisCluster {}/c reports {n} live nodes", self.ns),
+            Duration::from_secs(90),
+            || {
+                let api = api.clone();
+                async move {
+                    api.get("c")
+                        .await
+                        .ok()
+                        .filter(|c| c.status.as_ref().is_some_and(|s| s.live_nodes == n))
+                }
+            },
+        )
+        .await
+    }
+
+    /// c3's logical node ID, from the cluster's status.
+    async fn node_of(&self, broker: &str) -> String {
+        let url = self.urls[broker].clone();
+        let cluster = self.wait_live_nodes(3).await;
+        cluster
+            .status
+            .and_then(|st| {
+                st.nodes
+                    .into_iter()
+                    .find(|n| n.active_endpoint.as_deref() == Some(url.as_str()))
+            })
+            .map(|n| n.node_id)
+            .unwrap_or_else(|| panic!("{broker}'s logical node in the cluster status"))
+    }
+
+    async fn create_queues(&self, names: &[String]) {
+        stream::iter(names.iter().cloned())
+            .map(|name| {
+                let api = self.queues();
+                async move {
+                    // Non-durable: a run that fails before its cleanup leaves nothing on the
+                    // brokers beyond their next restart.
+                    let q: ArtemisQueue = serde_json::from_value(json!({
+                        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+                        "metadata": {"name": name},
+                        "spec": {"clusterRef": {"name": "c"}, "durable": false}
+                    }))
+                    .expect("queue json");
+                    api.create(&PostParams::default(), &q)
+                        .await
+                        .unwrap_or_else(|e| panic!("create ArtemisQueue {name}: {e}"));
+                }
+            })
+            .buffer_unordered(8)
+            .collect::<Vec<()>>()
+            .await;
+    }
+
+    /// How long until every named ArtemisQueue passes `check` (a failure after `bound`, naming
+    /// how many did and what one that did not says).
+    async fn wait_all(
+        &self,
+        names: &[String],
+        what: &str,
+        bound: Duration,
+        check: impl Fn(&ArtemisQueue) -> bool,
+    ) -> Result<(), String> {
+        let wanted: BTreeSet<&str> = names.iter().map(String::as_str).collect();
+        let deadline = Instant::now() + bound;
+        loop {
+            let list = self
+                .queues()
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| format!("list ArtemisQueues: {e}"))?;
+            let mine: Vec<&ArtemisQueue> = list
+                .items
+                .iter()
+                .filter(|q| q.metadata.name.as_deref().is_some_and(|n| wanted.contains(n)))
+                .collect();
+            let bad: Vec<&&ArtemisQueue> = mine.iter().filter(|q| !check(q)).collect();
+            if mine.len() == names.len() && bad.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let example = bad.first().map(|q| format!("{:?}", q.status)).unwrap_or_default();
+                return Err(format!(
+                    "after {bound:?}, {} of {} ArtemisQueues {what}; one that is not: {example}",
+                    mine.len() - bad.len(),
+                    names.len()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// The queue names one broker holds now, read from the broker itself.
+    async fn held_by(&self, broker: &str) -> Option<BTreeSet<String>> {
+        let b = self.bed.broker(broker);
+        let (_, body) = jolokia_raw(
+            &b,
+            &self.bed.broker_user(),
+            Some("http://localhost"),
+            json!({"type": "read", "mbean": format!("org.apache.activemq.artemis:broker=\"{broker}\""),
+                   "attribute": "QueueNames"}),
+        )
+        .await;
+        body["value"].as_array().map(|names| {
+            names
+                .iter()
+                .filter_map(|n| n.as_str().map(str::to_string))
+                .collect()
+        })
+    }
+
+    /// c3 was just thawed: it must hold every one of `names` within one poll interval and a
+    /// margin (read from c3 itself), and every object converge on all three nodes. What failed.
+    async fn thawed_gets(&self, names: &[String]) -> Vec<String> {
+        let mut failures = vec![];
+        let thawed = Instant::now();
+        let bound = POLL_INTERVAL + RETURN_MARGIN;
+        let mut missing = names.len();
+        while thawed.elapsed() < bound {
+            missing = self.missing_on("c3", names).await;
+            if missing == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        eprintln!(
+            "c3 thawed: {} of {} queues after {:?}",
+            names.len() - missing,
+            names.len(),
+            thawed.elapsed()
+        );
+        if missing > 0 {
+            failures.push(format!(
+                "c3 still lacks {missing} of {} queues {bound:?} after it thawed (poll interval {POLL_INTERVAL:?})",
+                names.len()
+            ));
+        }
+        let converging = self
+            .wait_all(
+                names,
+                "converged on all three nodes",
+                Duration::from_secs(120),
+                converged,
+            )
+            .await;
+        if let Err(e) = converging {
+            failures.push(format!("after the thaw: {e}"));
+        }
+        failures
+    }
+
+    /// How many of `names` one broker lacks now.
+    async fn missing_on(&self, broker: &str, names: &[String]) -> usize {
+        match self.held_by(broker).await {
+            Some(held) => names.iter().filter(|n| !held.contains(*n)).count(),
+            None => names.len(),
+        }
+    }
+}
+
+/// Every node APPLIED or ALREADY, and Ready.
+fn converged(q: &ArtemisQueue) -> bool {
+    let nodes = q.status.as_ref().map(|s| s.nodes.as_slice()).unwrap_or_default();
+    ready(q)
+        && nodes.len() == 3
+        && nodes
+            .iter()
+            .all(|n| matches!(n.outcome, Outcome::Applied | Outcome::Already))
+}
+
+/// Ready, `hung` SKIPPED_NOT_LIVE, the two others APPLIED or ALREADY.
+fn ready_without(hung: &str) -> impl Fn(&ArtemisQueue) -> bool + '_ {
+    move |q| {
+        let nodes = q.status.as_ref().map(|s| s.nodes.as_slice()).unwrap_or_default();
+        ready(q)
+            && nodes.len() == 3
+            && nodes.iter().all(|n| {
+                if n.node == hung {
+                    n.outcome == Outcome::SkippedNotLive
+                } else {
+                    matches!(n.outcome, Outcome::Applied | Outcome::Already)
+                }
+            })
+    }
+}
+
+#[tokio::test]
+async fn a_frozen_node_costs_only_itself_and_gets_every_queue_when_it_thaws() {
+    let _b = brokers_exclusive().await;
+    // The default poll timeout (30 s): a request to the frozen node would wait that long.
+    let h = fixture(json!({})).await;
+    let tag = short_id();
+    h.clean.also(&tag);
+    let c3 = h.node_of("c3").await;
+
+    // The same burst with every node up: what "as fast" means on this machine, now.
+    let up: Vec<String> = (0..QUEUES).map(|i| format!("hung-up.{tag}.{i:03}")).collect();
+    let started = Instant::now();
+    h.create_queues(&up).await;
+    h.wait_all(
+        &up,
+        "converged on all three nodes",
+        Duration::from_secs(240),
+        converged,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("with every node up: {e}"));
+    let with_all_up = started.elapsed();
+    eprintln!("{QUEUES} creates with every node up: {with_all_up:?}");
+
+    h.bed.broker_action("freeze", "c3");
+    let thaw = Thaw(&h.bed, "c3");
+    let frozen: Vec<String> = (0..QUEUES).map(|i| format!("hung-frozen.{tag}.{i:03}")).collect();
+    let started = Instant::now();
+    h.create_queues(&frozen).await;
+    let bound = with_all_up + SLACK;
+    let judged = h
+        .wait_all(
+            &frozen,
+            "Ready with c3 SKIPPED_NOT_LIVE and c1, c2 APPLIED/ALREADY",
+            bound,
+            ready_without(&c3),
+        )
+        .await;
+    let took = started.elapsed();
+    eprintln!("{QUEUES} creates with c3 frozen: {took:?} (bound {bound:?}): {judged:?}");
+    let example = h
+        .queues()
+        .get(&frozen[QUEUES - 1])
+        .await
+        .ok()
+        .and_then(|q| q.status)
+        .and_then(|s| s.nodes.into_iter().find(|n| n.node == c3))
+        .map(|n| n.message)
+        .unwrap_or_default();
+    eprintln!("c3's outcome message: {example}");
+    let mut failures: Vec<String> = vec![];
+    if let Err(e) = judged {
+        failures.push(format!("c3 frozen: {e}"));
+    }
+    for broker in ["c1", "c2"] {
+        let missing = h.missing_on(broker, &frozen).await;
+        if missing > 0 {
+            failures.push(format!(
+                "{broker} lacks {missing} of the {QUEUES} queues created while c3 was frozen"
+            ));
+        }
+    }
+
+    // Thawed: c3 gets everything it missed within about one poll interval.
+    drop(thaw);
+    failures.extend(h.thawed_gets(&frozen).await);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A node frozen longer than its request timeout: every POST that was on the wire to it has
+/// timed out, so only a probe (the poll's read, one at a time) can find out that it answers
+/// again — and it must, within about one poll interval of the thaw, with its whole budget (the
+/// timeouts of a silence are not load: a budget cut to its floor made a returning node slow).
+#[tokio::test]
+async fn a_node_frozen_past_its_timeouts_is_probed_and_gets_every_queue_within_a_poll() {
+    const N: usize = 100;
+    const POLL_TIMEOUT: Duration = Duration::from_secs(5);
+    let _b = brokers_exclusive().await;
+    let h = fixture(json!({"pollTimeoutSeconds": POLL_TIMEOUT.as_secs()})).await;
+    let tag = short_id();
+    h.clean.also(&tag);
+    let c3 = h.node_of("c3").await;
+    h.bed.broker_action("freeze", "c3");
+    let thaw = Thaw(&h.bed, "c3");
+    let frozen: Vec<String> = (0..N).map(|i| format!("hung-long.{tag}.{i:03}")).collect();
+    let started = Instant::now();
+    h.create_queues(&frozen).await;
+    h.wait_all(
+        &frozen,
+        "Ready with c3 SKIPPED_NOT_LIVE and c1, c2 APPLIED/ALREADY",
+        Duration::from_secs(90),
+        ready_without(&c3),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("c3 frozen: {e}"));
+    eprintln!("{N} creates with c3 frozen: {:?}", started.elapsed());
+    // Past every request timeout: what was on the wire to c3 timed out; at most a probe is.
+    tokio::time::sleep(POLL_TIMEOUT + Duration::from_secs(3)).await;
+    let stats = node_stats(&h.urls["c3"]).expect("c3's budget");
+    eprintln!("c3's budget before the thaw: {stats:?}");
+    assert!(
+        stats.in_flight <= 1,
+        "at most one probe on the wire to c3: {stats:?}"
+    );
+    // Its timeouts were a silence, not load: c3 gets its whole budget back at once.
+    assert!(
+        stats.permitted == MAX_IN_FLIGHT && stats.backoffs == 0,
+        "the frozen node's timeouts cut its budget: {stats:?}"
+    );
+    drop(thaw);
+    let failures = h.thawed_gets(&frozen).await;
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
