@@ -63,6 +63,8 @@ use artemis_studio_operator::capture::names::{TapName, escape};
 /// A's queue filter before the burst, and after it.
 const FILTER_BEFORE: &str = "v = '1'";
 const FILTER_AFTER: &str = "v = '2'";
+/// The filter a tenth of A's queues get while c3 is frozen (c3 must get it after the thaw).
+const FILTER_WHILE_FROZEN: &str = "v = '3'";
 /// The second installation's filter on the queues both declare.
 const FILTER_B: &str = "side = 'b'";
 /// The diverts' filter before and after the burst: the producer's messages never match it, so
@@ -404,8 +406,7 @@ impl Bed {
 
     /// `testbed broker ACTION NAME` (start returns once the broker is ready).
     fn broker(&self, action: &str, name: &str) -> Result<()> {
-        let status = std::process::Command::new(self.var("TESTBED_SCRIPT")?)
-            .args(["broker", action, name])
+        let status = testbed_command(&self.var("TESTBED_SCRIPT")?, &["broker", action, name])
             .status()
             .context("run the testbed script")?;
         if !status.success() {
@@ -446,6 +447,18 @@ impl Bed {
     }
 }
 
+/// The testbed script with every inherited descriptor above stderr closed first: a broker it
+/// starts runs on (setsid) and would keep them open — a `flock` lock the caller holds among
+/// them, held by the broker for as long as it runs.
+fn testbed_command(script: &str, args: &[&str]) -> std::process::Command {
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg("-c")
+        .arg(r#"for fd in $(ls /proc/$BASHPID/fd); do [ "$fd" -gt 2 ] && eval "exec $fd>&-" 2>/dev/null; done; exec "$0" "$@""#)
+        .arg(script)
+        .args(args);
+    cmd
+}
+
 /// Restores the brokers this scenario moved, however it ends (thaw first: a frozen broker
 /// would hold the others' cluster bridges).
 struct BrokerGuard {
@@ -468,9 +481,7 @@ impl Drop for BrokerGuard {
             let name = slot.lock().ok().and_then(|mut s| s.take());
             if let Some(name) = name {
                 eprintln!("[faults] restoring broker {name} ({action})");
-                let _ = std::process::Command::new(&self.script)
-                    .args(["broker", action, &name])
-                    .status();
+                let _ = testbed_command(&self.script, &["broker", action, &name]).status();
             }
         }
     }
@@ -1017,8 +1028,8 @@ struct Scenario<'a> {
     bystanders: Vec<String>,
     /// subscription → its captured addresses
     subscriptions: BTreeMap<String, Vec<String>>,
-    /// A's filters now (they change with the burst).
-    queue_filter: &'static str,
+    /// A's filter of each queue now (a tenth change while c3 is frozen, all with the burst).
+    queue_filters: HashMap<String, &'static str>,
     divert_filter: &'static str,
     /// The second installation's queues are declared.
     contested_declared: bool,
@@ -1095,7 +1106,7 @@ pub async fn run(run: &RunSpec) -> Result<Report> {
         sink,
         bystanders: (0..size.bystanders).map(|i| format!("{p}by.{i:02}")).collect(),
         subscriptions,
-        queue_filter: FILTER_BEFORE,
+        queue_filters: HashMap::new(),
         divert_filter: DIVERT_BEFORE,
         contested_declared: false,
         kept: BTreeMap::new(),
@@ -1115,6 +1126,10 @@ pub async fn run(run: &RunSpec) -> Result<Report> {
 }
 
 impl Scenario<'_> {
+    fn filter_of(&self, queue: &str) -> &'static str {
+        self.queue_filters.get(queue).copied().unwrap_or(FILTER_BEFORE)
+    }
+
     fn a(&self) -> Result<&Install> {
         self.a.as_ref().ok_or_else(|| anyhow!("installation A is not up"))
     }
@@ -1212,7 +1227,25 @@ impl Scenario<'_> {
         self.log("freezing c3");
         BrokerGuard::set(&self.guard.frozen, Some("c3"));
         self.bed.broker("freeze", "c3")?;
-        tokio::time::sleep(Duration::from_secs(size.freeze_seconds)).await;
+        // Once the operator's polls of c3 have timed out, a tenth of the queues change their
+        // filter: c3 misses the writes, and must get them after the thaw.
+        let noticed = Duration::from_secs(u64::from(size.poll_timeout_seconds + size.poll_seconds) + 2);
+        tokio::time::sleep(noticed).await;
+        let changed: Vec<String> = self
+            .queues
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % 10 == 5)
+            .map(|(_, q)| q.name.clone())
+            .collect();
+        self.patch_queue_filters(&changed, FILTER_WHILE_FROZEN).await?;
+        phase.notes.push(format!(
+            "{} queues changed their filter {:.0} s into the freeze",
+            changed.len(),
+            t0.elapsed().as_secs_f64()
+        ));
+        let rest = Duration::from_secs(size.freeze_seconds).saturating_sub(t0.elapsed());
+        tokio::time::sleep(rest.max(Duration::from_secs(3))).await;
         self.bed.broker("thaw", "c3")?;
         BrokerGuard::set(&self.guard.frozen, None);
         phase.fault_seconds = t0.elapsed().as_secs_f64();
@@ -1224,9 +1257,8 @@ impl Scenario<'_> {
         // Phase 3: the operator is SIGKILLed mid-burst and started again.
         let mut phase = Phase::new("operator SIGKILLed mid-burst");
         let t0 = Instant::now();
-        self.kill_mid_burst(&mut phase).await?;
-        phase.fault_seconds = t0.elapsed().as_secs_f64();
-        let (end, end_db) = (Instant::now(), self.a()?.now().await?);
+        let (end, end_db) = self.kill_mid_burst(&mut phase).await?;
+        phase.fault_seconds = (end - t0).as_secs_f64();
         self.settle(&mut phase, end, end_db, true).await?;
         self.account(&mut phase).await?;
         self.finish(report, phase);
@@ -1378,7 +1410,7 @@ impl Scenario<'_> {
             objects.push(serde_json::from_value(json!({
                 "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
                 "metadata": {"name": q.name},
-                "spec": {"clusterRef": {"name": "c"}, "filter": self.queue_filter}
+                "spec": {"clusterRef": {"name": "c"}, "filter": self.filter_of(&q.name)}
             }))?);
         }
         self.log(&format!("declaring {} queues", objects.len()));
@@ -1442,6 +1474,32 @@ impl Scenario<'_> {
         self.create_all(&ns, subs).await
     }
 
+    /// Set these queues' filter (A's), a few in flight.
+    async fn patch_queue_filters(&mut self, names: &[String], filter: &'static str) -> Result<()> {
+        let api: Api<ArtemisQueue> = Api::namespaced(self.admin.clone(), &self.a()?.ns);
+        stream::iter(names)
+            .map(|name| {
+                let api = api.clone();
+                async move {
+                    api.patch(
+                        name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"spec": {"filter": filter}})),
+                    )
+                    .await
+                    .with_context(|| format!("patch {name}"))
+                    .map(|_| ())
+                }
+            })
+            .buffer_unordered(self.run.size.in_flight)
+            .try_collect::<Vec<()>>()
+            .await?;
+        for n in names {
+            self.queue_filters.insert(n.clone(), filter);
+        }
+        Ok(())
+    }
+
     /// Record what each of these queues holds on every node now.
     async fn record_kept(&mut self, names: &[String]) -> Result<()> {
         let snap = self.jmx.snapshot(&self.nodes, &self.run.token).await;
@@ -1494,9 +1552,9 @@ impl Scenario<'_> {
             check_queue(&self.sink, &[""]);
             for q in &self.queues {
                 if q.contested && self.contested_declared {
-                    check_queue(&q.name, &[self.queue_filter, FILTER_B]);
+                    check_queue(&q.name, &[self.filter_of(&q.name), FILTER_B]);
                 } else {
-                    check_queue(&q.name, &[self.queue_filter]);
+                    check_queue(&q.name, &[self.filter_of(&q.name)]);
                 }
             }
             for b in &self.bystanders {
@@ -1543,7 +1601,7 @@ impl Scenario<'_> {
     }
 
     /// Taps that are not HEALTHY, by the subscription's status, the brokers and the database.
-    async fn tap_problems(&self, snap: &Snapshot) -> Result<Vec<String>> {
+    async fn tap_problems(&self, snap: &Snapshot, since: DateTime<Utc>) -> Result<Vec<String>> {
         let a = self.a()?;
         let mut problems = vec![];
         // The subscriptions' word.
@@ -1602,9 +1660,11 @@ impl Scenario<'_> {
         .await?;
         let confirmed: Vec<(String, String, i64)> = sqlx::query_as(
             "SELECT subscription, source_address, count(DISTINCT node) FROM capture_coverage \
-             WHERE cluster = $1 AND ended_at IS NULL AND confirmed_until > now() - interval '20 seconds' GROUP BY 1, 2",
+             WHERE cluster = $1 AND ended_at IS NULL \
+               AND confirmed_until > greatest($2, now() - interval '20 seconds') GROUP BY 1, 2",
         )
         .bind(a.cluster_key())
+        .bind(since)
         .fetch_all(&a.pool)
         .await?;
         let index = |rows: &[(String, String, i64)]| -> HashMap<(String, String), i64> {
@@ -1628,7 +1688,7 @@ impl Scenario<'_> {
                 }
                 if c < nodes {
                     problems.push(format!(
-                        "{address} ({sub}): a drain confirmed in the last 20 s on {c} nodes, want {nodes}"
+                        "{address} ({sub}): a drain confirmed since the fault's end and in the last 20 s on {c} nodes, want {nodes}"
                     ));
                 }
             }
@@ -1741,7 +1801,7 @@ impl Scenario<'_> {
                 last.insert("no audit row pending", p);
             }
             if phase.taps_seconds.is_none() {
-                let p = self.tap_problems(&snap).await?;
+                let p = self.tap_problems(&snap, end_db).await?;
                 if p.is_empty() {
                     phase.taps_seconds = Some(at);
                     let now = a.now().await?;
@@ -1793,7 +1853,7 @@ impl Scenario<'_> {
             again.extend(self.spec_problems(&snap));
         }
         if phase.taps_seconds.is_some() {
-            again.extend(self.tap_problems(&snap).await?);
+            again.extend(self.tap_problems(&snap, end_db).await?);
         }
         if !again.is_empty() {
             phase
@@ -1909,7 +1969,7 @@ impl Scenario<'_> {
     /// Change every queue's and divert's filter (the burst); SIGKILL the operator once a
     /// quarter of the burst's commands have been written, then start it again on the same
     /// database and instance ID.
-    async fn kill_mid_burst(&mut self, phase: &mut Phase) -> Result<()> {
+    async fn kill_mid_burst(&mut self, phase: &mut Phase) -> Result<(Instant, DateTime<Utc>)> {
         let a = self
             .a
             .as_mut()
@@ -1968,7 +2028,11 @@ impl Scenario<'_> {
                 .try_collect::<Vec<()>>()
                 .await
         });
-        self.queue_filter = FILTER_AFTER;
+        self.queue_filters = self
+            .queues
+            .iter()
+            .map(|q| (q.name.clone(), FILTER_AFTER))
+            .collect();
         self.divert_filter = DIVERT_AFTER;
         println!("[faults] burst: {burst} filter changes; SIGKILL after {quarter} commands");
         let deadline = Instant::now() + self.run.size.wait();
@@ -2025,12 +2089,72 @@ impl Scenario<'_> {
             )
             .await?,
         );
+        // The fault ends when the operator is back (the rest of the burst is its work).
+        let end = (Instant::now(), a.now().await?);
         burst_task.await.map_err(|e| anyhow!("the burst task: {e}"))??;
-        Ok(())
+        Ok(end)
+    }
+
+    /// Installation A's word on what it does not own, before anyone else declares its queues:
+    /// exactly the queues made behind its back (adopted), in status.notOwned and as
+    /// `queue.adopt` audit rows — after the restart and the SIGKILL, none of those it created.
+    async fn ownership_problems(&self) -> Result<Vec<String>> {
+        let a = self.a()?;
+        let adopted: BTreeSet<String> = self
+            .queues
+            .iter()
+            .filter(|q| q.adopted)
+            .map(|q| q.name.clone())
+            .collect();
+        let api: Api<ArtemisQueue> = Api::namespaced(self.admin.clone(), &a.ns);
+        let not_owned: BTreeSet<String> = api
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|q| q.status.as_ref().is_some_and(|s| s.not_owned.is_some()))
+            .map(|q| q.name_any())
+            .collect();
+        let audited: BTreeSet<String> = sqlx::query_scalar::<_, String>(
+            "SELECT DISTINCT object_name FROM audit_event WHERE command = 'queue.adopt'",
+        )
+        .fetch_all(&a.pool)
+        .await?
+        .into_iter()
+        .collect();
+        let mut problems = vec![];
+        for (what, got) in [
+            ("status.notOwned", &not_owned),
+            ("queue.adopt audit rows", &audited),
+        ] {
+            let extra: Vec<String> = got.difference(&adopted).cloned().collect();
+            let missing: Vec<String> = adopted.difference(got).cloned().collect();
+            if !extra.is_empty() {
+                problems.push(format!(
+                    "installation A: {what} on {} queues it created itself: {}",
+                    extra.len(),
+                    summarize(&extra, 5)
+                ));
+            }
+            if !missing.is_empty() {
+                problems.push(format!(
+                    "installation A: no {what} on {} of the {} queues made behind its back with messages: {}",
+                    missing.len(),
+                    adopted.len(),
+                    summarize(&missing, 5)
+                ));
+            }
+        }
+        Ok(problems)
     }
 
     /// Messages into the queues both will declare, then installation B up and declaring them.
     async fn second_installation(&mut self, phase: &mut Phase) -> Result<()> {
+        for p in self.ownership_problems().await? {
+            phase
+                .failures
+                .push(format!("before the second installation: {p}"));
+        }
         let contested: Vec<String> = self
             .queues
             .iter()
