@@ -1519,7 +1519,6 @@ impl Scenario<'_> {
     /// What is not as declared on the brokers (empty: brokers = specs on every node).
     fn spec_problems(&self, snap: &Snapshot) -> Vec<String> {
         let mut problems = vec![];
-        let capture_prefix = format!("{CAPTURE_PREFIX}");
         for (node, st) in snap {
             let st = match st {
                 Ok(st) => st,
@@ -1590,7 +1589,7 @@ impl Scenario<'_> {
                 if name.starts_with(&self.run.prefix) && !known_diverts.contains(name.as_str()) {
                     problems.push(format!("{node}: divert {name} was never declared"));
                 }
-                if name.starts_with(&capture_prefix)
+                if name.starts_with(CAPTURE_PREFIX)
                     && !name.starts_with(&TapName::instance_prefix(&self.run.instance))
                 {
                     problems.push(format!("{node}: divert {name} is a tap of another instance"));
@@ -1610,11 +1609,7 @@ impl Scenario<'_> {
             let want = (addresses.len() * self.nodes.len()) as u64;
             match api.get(name).await {
                 Ok(s) => {
-                    let c = s
-                        .status
-                        .as_ref()
-                        .map(|st| st.tap_counts.clone())
-                        .unwrap_or_default();
+                    let c = s.status.as_ref().map(|st| st.tap_counts).unwrap_or_default();
                     if c.healthy != want || c.total() != want {
                         problems.push(format!(
                             "subscription {name}: status tapCounts healthy {} degraded {} pending {} refused {} (want {want} HEALTHY)",
