@@ -452,12 +452,13 @@ impl Bed {
 /// them, held by the broker for as long as it runs.
 fn testbed_command(script: &str, args: &[&str]) -> std::process::Command {
     let mut cmd = std::process::Command::new("bash");
-    cmd.arg("-c")
-        .arg(r#"for fd in $(ls /proc/$BASHPID/fd); do [ "$fd" -gt 2 ] && eval "exec $fd>&-" 2>/dev/null; done; exec "$0" "$@""#)
-        .arg(script)
-        .args(args);
+    cmd.arg("-c").arg(CLOSE_FDS_AND_EXEC).arg(script).args(args);
     cmd
 }
+
+/// `bash -c` this, then the program and its arguments: every descriptor above stderr closed,
+/// then the program in bash's place (same pid).
+const CLOSE_FDS_AND_EXEC: &str = r#"for fd in $(ls /proc/$BASHPID/fd); do [ "$fd" -gt 2 ] && eval "exec $fd>&-" 2>/dev/null; done; exec "$0" "$@""#;
 
 /// Restores the brokers this scenario moved, however it ends (thaw first: a frozen broker
 /// would hold the others' cluster bridges).
@@ -733,8 +734,12 @@ impl OperatorProc {
             .append(true)
             .open(log)
             .with_context(|| format!("open {}", log.display()))?;
-        let mut cmd = tokio::process::Command::new(bin);
-        cmd.args(["run", "--database-url", db_url, "--namespaces", ns])
+        // Through bash, which closes inherited descriptors (a caller's lock) and execs it.
+        let mut cmd = tokio::process::Command::new("bash");
+        cmd.arg("-c")
+            .arg(CLOSE_FDS_AND_EXEC)
+            .arg(bin)
+            .args(["run", "--database-url", db_url, "--namespaces", ns])
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "warn")
