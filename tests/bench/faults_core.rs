@@ -1860,6 +1860,9 @@ impl Scenario<'_> {
                 .failures
                 .push(format!("held, then no longer: {}", summarize(&again, 8)));
         }
+        for p in self.ownership_problems().await? {
+            phase.failures.push(format!("ownership: {p}"));
+        }
         let destroyed = self.destroyed(&snap).await?;
         if !destroyed.is_empty() {
             phase.failures.push(format!(
@@ -2095,9 +2098,10 @@ impl Scenario<'_> {
         Ok(end)
     }
 
-    /// Installation A's word on what it does not own, before anyone else declares its queues:
-    /// exactly the queues made behind its back (adopted), in status.notOwned and as
-    /// `queue.adopt` audit rows — after the restart and the SIGKILL, none of those it created.
+    /// Installation A's word on what it does not own: exactly the queues made behind its back
+    /// (adopted), in status.notOwned and as `queue.adopt` audit rows — whatever faults came
+    /// since, never a queue it created itself (those a second installation declares too
+    /// aside, once it does). With the evidence of the first few that are not as they should be.
     async fn ownership_problems(&self) -> Result<Vec<String>> {
         let a = self.a()?;
         let adopted: BTreeSet<String> = self
@@ -2106,14 +2110,25 @@ impl Scenario<'_> {
             .filter(|q| q.adopted)
             .map(|q| q.name.clone())
             .collect();
-        let api: Api<ArtemisQueue> = Api::namespaced(self.admin.clone(), &a.ns);
-        let not_owned: BTreeSet<String> = api
-            .list(&ListParams::default())
-            .await?
-            .items
+        let judged: BTreeSet<String> = self
+            .queues
             .iter()
-            .filter(|q| q.status.as_ref().is_some_and(|s| s.not_owned.is_some()))
-            .map(|q| q.name_any())
+            .filter(|q| !(q.contested && self.contested_declared))
+            .map(|q| q.name.clone())
+            .collect();
+        let api: Api<ArtemisQueue> = Api::namespaced(self.admin.clone(), &a.ns);
+        let items = api.list(&ListParams::default()).await?.items;
+        let evidence_of: HashMap<String, String> = items
+            .iter()
+            .filter_map(|q| {
+                let n = q.status.as_ref()?.not_owned.as_ref()?;
+                Some((q.name_any(), serde_json::to_string(n).unwrap_or_default()))
+            })
+            .collect();
+        let not_owned: BTreeSet<String> = evidence_of
+            .keys()
+            .filter(|n| judged.contains(*n))
+            .cloned()
             .collect();
         let audited: BTreeSet<String> = sqlx::query_scalar::<_, String>(
             "SELECT DISTINCT object_name FROM audit_event WHERE command = 'queue.adopt'",
@@ -2130,10 +2145,35 @@ impl Scenario<'_> {
             let extra: Vec<String> = got.difference(&adopted).cloned().collect();
             let missing: Vec<String> = adopted.difference(got).cloned().collect();
             if !extra.is_empty() {
+                let mut evidence = vec![];
+                for name in extra.iter().take(2) {
+                    let rows: Vec<(i64, String, String, String, Option<Value>)> = sqlx::query_as(
+                        "SELECT id, command, outcome, to_char(occurred_at, 'HH24:MI:SS.MS'), outcome_detail \
+                         FROM audit_event WHERE object_name = $1 ORDER BY id",
+                    )
+                    .bind(name)
+                    .fetch_all(&a.pool)
+                    .await?;
+                    let rows: Vec<String> = rows
+                        .iter()
+                        .map(|(id, c, o, at, d)| {
+                            format!(
+                                "#{id} {at} {c} {o} {}",
+                                cut(&d.as_ref().map(|d| d.to_string()).unwrap_or_default(), 400)
+                            )
+                        })
+                        .collect();
+                    evidence.push(format!(
+                        "{name}: notOwned {} — its audit rows: {}",
+                        cut(evidence_of.get(name).map_or("(none)", |s| s.as_str()), 600),
+                        rows.join(" | ")
+                    ));
+                }
                 problems.push(format!(
-                    "installation A: {what} on {} queues it created itself: {}",
+                    "installation A: {what} on {} queues it created itself: {}. Evidence: {}",
                     extra.len(),
-                    summarize(&extra, 5)
+                    summarize(&extra, 5),
+                    evidence.join(" ;; ")
                 ));
             }
             if !missing.is_empty() {
@@ -2150,11 +2190,6 @@ impl Scenario<'_> {
 
     /// Messages into the queues both will declare, then installation B up and declaring them.
     async fn second_installation(&mut self, phase: &mut Phase) -> Result<()> {
-        for p in self.ownership_problems().await? {
-            phase
-                .failures
-                .push(format!("before the second installation: {p}"));
-        }
         let contested: Vec<String> = self
             .queues
             .iter()
