@@ -12,6 +12,9 @@ pub enum Scenario {
     Scale,
     Capture,
     Footprint,
+    /// Faults at size (issue 41): only when named, never in `all` (it stops and freezes
+    /// brokers of the bed).
+    Faults,
 }
 
 impl Scenario {
@@ -21,6 +24,7 @@ impl Scenario {
             Scenario::Scale => "scale",
             Scenario::Capture => "capture",
             Scenario::Footprint => "footprint",
+            Scenario::Faults => "faults",
         }
     }
 
@@ -36,7 +40,8 @@ impl Scenario {
             "scale" | "2" => vec![Scenario::Scale],
             "capture" | "3" => vec![Scenario::Capture],
             "footprint" | "4" => vec![Scenario::Footprint],
-            other => bail!("unknown scenario {other:?}: fanout, scale, capture, footprint or all"),
+            "faults" | "5" => vec![Scenario::Faults],
+            other => bail!("unknown scenario {other:?}: fanout, scale, capture, footprint, faults or all"),
         })
     }
 }
@@ -76,6 +81,12 @@ pub struct Config {
     pub durable: bool,
     /// Creates per POST per node in the bulk baseline (scenario 2).
     pub bulk: usize,
+    /// Scenario 5: queues (each with a divert), captured addresses, the producer's messages per
+    /// second, seconds c3 stays frozen.
+    pub faults_queues: usize,
+    pub faults_taps: usize,
+    pub faults_rate: f64,
+    pub faults_freeze_seconds: u64,
 }
 
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> Result<T>
@@ -136,6 +147,10 @@ impl Config {
             wait_ms_per_queue: env_or("ARTEMIS_STUDIO_BENCH_WAIT_MS_PER_QUEUE", 500)?,
             durable: env_or("ARTEMIS_STUDIO_BENCH_DURABLE", true)?,
             bulk: env_or("ARTEMIS_STUDIO_BENCH_BULK", 64)?,
+            faults_queues: env_or("ARTEMIS_STUDIO_BENCH_FAULTS_QUEUES", 2000)?,
+            faults_taps: env_or("ARTEMIS_STUDIO_BENCH_FAULTS_TAPS", 300)?,
+            faults_rate: env_or("ARTEMIS_STUDIO_BENCH_FAULTS_RATE", 60.0)?,
+            faults_freeze_seconds: env_or("ARTEMIS_STUDIO_BENCH_FAULTS_FREEZE_SECONDS", 45)?,
         })
     }
 
@@ -145,6 +160,8 @@ impl Config {
             "convergedSeconds": self.converged_seconds, "idleSeconds": self.idle_seconds,
             "captureMessages": self.capture_messages, "captureRepeats": self.capture_repeats,
             "footprintQueues": self.footprint_queues, "footprintSubscriptions": self.footprint_subscriptions,
+            "faultsQueues": self.faults_queues, "faultsTaps": self.faults_taps,
+            "faultsRate": self.faults_rate, "faultsFreezeSeconds": self.faults_freeze_seconds,
             "inFlight": self.in_flight, "applyInFlight": self.apply_in_flight, "operator": self.operator_bin.display().to_string(),
         })
     }

@@ -11,6 +11,8 @@ mod capture;
 mod config;
 mod cpu;
 mod fanout;
+mod faults;
+mod faults_core;
 mod footprint;
 mod install;
 mod jolokia;
@@ -83,6 +85,7 @@ async fn run(config: Config) -> Result<bool> {
                     Scenario::Scale => scale::run(&ctx).await,
                     Scenario::Capture => capture::run(&ctx).await,
                     Scenario::Footprint => footprint::run(&ctx).await,
+                    Scenario::Faults => faults::run(&ctx).await,
                 };
                 match result {
                     Ok(section) => sections.push(section),

@@ -17,6 +17,7 @@ mod connection_close;
 mod crash_delete;
 mod credentials;
 mod divert;
+mod faults;
 mod filters;
 mod gitops;
 mod hung_node;
