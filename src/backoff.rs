@@ -34,6 +34,18 @@ pub fn watch() -> WatchBackoff {
     )
 }
 
+/// A watch of `api` (every object, kube's watcher) retried with [`watch`]'s delays: the one
+/// way every watch of the operator is made.
+pub fn watched<K>(
+    api: kube::Api<K>,
+) -> impl futures::Stream<Item = kube::runtime::watcher::Result<kube::runtime::watcher::Event<K>>> + Send
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    use kube::runtime::WatchStreamExt;
+    kube::runtime::watcher(api, kube::runtime::watcher::Config::default()).backoff(watch())
+}
+
 /// See [`watch`].
 pub struct WatchBackoff {
     builder: ExponentialBuilder,
@@ -156,6 +168,19 @@ impl WatchFailures {
         };
         tracing::warn!(watch, %error, failures = run.failures, failing_for = ?run.lasting,
             "a watch failed; retrying with a growing delay");
+    }
+
+    /// One item of the watch: an error is a failure, a complete list the recovery.
+    pub fn saw<K>(
+        &self,
+        watch: &str,
+        item: &kube::runtime::watcher::Result<kube::runtime::watcher::Event<K>>,
+    ) {
+        match item {
+            Err(e) => self.failed(watch, e),
+            Ok(kube::runtime::watcher::Event::InitDone) => self.listed(watch),
+            Ok(_) => {}
+        }
     }
 
     /// The watch listed everything again (`Event::InitDone`): the recovery, once.

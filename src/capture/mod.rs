@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube::ResourceExt;
-use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::runtime::{reflector, watcher};
 
 use crate::api::{ArtemisCaptureSubscription, ArtemisCluster};
 use crate::controllers::{Context, key};
@@ -208,6 +208,9 @@ pub async fn run(ctx: Arc<Context>) {
         ctx.namespaces.scopes().iter().map(|_| reflector::store()).unzip();
     let changed = Arc::new(tokio::sync::Notify::new());
     let mut streams: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> = vec![];
+    // One log streak per kind, over its namespaces' watches.
+    let sub_failures = Arc::new(crate::backoff::WatchFailures::default());
+    let cluster_failures = Arc::new(crate::backoff::WatchFailures::default());
     for (api, writer) in ctx
         .namespaces
         .apis::<ArtemisCaptureSubscription>(&ctx.client)
@@ -215,32 +218,30 @@ pub async fn run(ctx: Arc<Context>) {
         .zip(sub_writers)
     {
         let changed = changed.clone();
+        let failures = sub_failures.clone();
         // Only a change that asks for a pass wakes the worker (spec, arming annotation,
         // finalizers, deletion), never capture's own status writes (issue 25).
         let mut changes = crate::controllers::feed::Changes::default();
         streams.push(Box::pin(
-            reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff())
-                .for_each(move |r| {
-                    let asks = match r {
-                        Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
-                            changes.asks_for_reconcile(&o)
-                        }
-                        Ok(watcher::Event::Delete(o)) => {
-                            changes.forget(&o);
-                            true
-                        }
-                        Ok(watcher::Event::InitDone) => true,
-                        Ok(watcher::Event::Init) => false,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "capture: subscription watch");
-                            false
-                        }
-                    };
-                    if asks {
-                        changed.notify_one();
+            reflector::reflector(writer, crate::backoff::watched(api)).for_each(move |r| {
+                failures.saw("ArtemisCaptureSubscription", &r);
+                let asks = match r {
+                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                        changes.asks_for_reconcile(&o)
                     }
-                    futures::future::ready(())
-                }),
+                    Ok(watcher::Event::Delete(o)) => {
+                        changes.forget(&o);
+                        true
+                    }
+                    Ok(watcher::Event::InitDone) => true,
+                    Ok(watcher::Event::Init) => false,
+                    Err(_) => false,
+                };
+                if asks {
+                    changed.notify_one();
+                }
+                futures::future::ready(())
+            }),
         ));
     }
     for (api, writer) in ctx
@@ -249,14 +250,12 @@ pub async fn run(ctx: Arc<Context>) {
         .into_iter()
         .zip(cluster_writers)
     {
+        let failures = cluster_failures.clone();
         streams.push(Box::pin(
-            reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff())
-                .for_each(|r| {
-                    if let Err(e) = r {
-                        tracing::warn!(error = %e, "capture: cluster watch");
-                    }
-                    futures::future::ready(())
-                }),
+            reflector::reflector(writer, crate::backoff::watched(api)).for_each(move |r| {
+                failures.saw("ArtemisCluster (capture)", &r);
+                futures::future::ready(())
+            }),
         ));
     }
     let reflect = futures::future::join_all(streams);

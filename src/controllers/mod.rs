@@ -696,7 +696,16 @@ pub async fn run_controller<K, Fut>(
     };
     let config = kube::runtime::controller::Config::default().concurrency(wiring.concurrency.max(1));
     let controller = match wiring.source {
-        Source::Watch(api) => kube::runtime::Controller::new(*api, kube::runtime::watcher::Config::default()),
+        Source::Watch(api) => {
+            // Controller::new's own watcher would use kube's default backoff (see backoff::watch).
+            use kube::runtime::WatchStreamExt;
+            let (reader, writer) = kube::runtime::reflector::store();
+            let failures = Arc::new(crate::backoff::WatchFailures::default());
+            let stream = kube::runtime::reflector(writer, crate::backoff::watched(*api))
+                .inspect(move |r| failures.saw(K::kind(&()).as_ref(), r))
+                .applied_objects();
+            kube::runtime::Controller::for_stream(stream, reader)
+        }
         Source::Feed { changes, reader } => kube::runtime::Controller::for_stream(
             tokio_stream_of(changes).map(Ok::<K, kube::runtime::watcher::Error>),
             reader,
@@ -808,9 +817,9 @@ async fn reflect<K>(
     use futures::StreamExt;
     use kube::runtime::WatchStreamExt;
     use kube::runtime::watcher::Event as Watched;
-    let stream = kube::runtime::watcher(api, kube::runtime::watcher::Config::default())
-        .default_backoff()
-        .modify(|o: &mut K| keep_spec_writer(o.meta_mut()));
+    let stream = crate::backoff::watched(api).modify(|o: &mut K| keep_spec_writer(o.meta_mut()));
+    let failures = crate::backoff::WatchFailures::default();
+    let failures = &failures;
     let changes = std::sync::Mutex::new(feed::Changes::default());
     let (deleted, changes, feed, indexes) = (&deleted, &changes, &feed, &indexes);
     let object = |o: &K| {
@@ -842,8 +851,9 @@ async fn reflect<K>(
                     }
                     deleted(&o)
                 }
+                Ok(Watched::InitDone) => failures.listed(K::kind(&()).as_ref()),
                 Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, kind = K::kind(&()).as_ref(), "cache watch"),
+                Err(e) => failures.failed(K::kind(&()).as_ref(), &e),
             }
         })
         .await;
@@ -859,17 +869,17 @@ async fn watch_secrets(
     use futures::StreamExt;
     use kube::runtime::WatchStreamExt;
     // An Api of PartialObjectMeta makes metadata-only requests: Secret data never arrives.
-    let stream = kube::runtime::watcher(api, kube::runtime::watcher::Config::default())
-        .default_backoff()
-        .modify(|o: &mut SecretMeta| o.metadata.managed_fields = None);
+    let stream = crate::backoff::watched(api).modify(|o: &mut SecretMeta| o.metadata.managed_fields = None);
+    let failures = crate::backoff::WatchFailures::default();
     reflector::reflector(writer, stream)
+        .inspect(|r| failures.saw("Secret", r))
         .applied_objects()
         .for_each(|r| {
             let ctx = ctx.clone();
             async move {
                 match r {
                     Ok(secret) => trigger_clusters_of(&ctx, &secret),
-                    Err(e) => tracing::warn!(error = %e, "Secret metadata watch"),
+                    Err(_) => {} // logged by `failures`
                 }
             }
         })

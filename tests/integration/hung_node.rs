@@ -25,9 +25,9 @@ use crate::support::{
     wait_cluster_condition, wait_until,
 };
 
-/// Queues per round: a burst large enough to fill every reconcile slot (64) twice over, small
-/// enough for the test to run in about a minute.
-const QUEUES: usize = 150;
+/// Queues per round (issue 41: "c3 frozen during 500 creates"): a burst that fills every
+/// reconcile slot (64) many times over.
+const QUEUES: usize = 500;
 /// The cluster's poll interval (create_cluster's).
 const POLL_INTERVAL: Duration = Duration::from_secs(2);
 /// What "as fast as with every node up" allows beyond the measured time (issue 41's bound).
@@ -385,4 +385,107 @@ async fn a_node_frozen_past_its_timeouts_is_probed_and_gets_every_queue_within_a
     drop(thaw);
     let failures = h.thawed_gets(&frozen).await;
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Queues created around a broker stop (issue 41: "a broker stopped and started during 2,000
+/// creates").
+const STOPPED_QUEUES: usize = 2_000;
+/// That test's poll interval: "within two polls of its return".
+const STOPPED_POLL: Duration = Duration::from_secs(5);
+
+/// A broker stopped (a real process stop) in the middle of 2,000 creates and started 10 s later:
+/// within two polls of its return it holds every queue (read from the broker), and from then on
+/// no object says Ready while the broker lacks its queue (its status either names the node
+/// APPLIED/ALREADY, or is not Ready).
+#[tokio::test]
+async fn a_broker_stopped_during_2000_creates_has_all_of_them_within_two_polls_of_its_return() {
+    let _b = brokers_exclusive().await;
+    let h = fixture(json!({"pollIntervalSeconds": STOPPED_POLL.as_secs()})).await;
+    let tag = short_id();
+    h.clean.also(&tag);
+    let c2 = h.node_of("c2").await;
+    let names: Vec<String> = (0..STOPPED_QUEUES)
+        .map(|i| format!("hung-stop.{tag}.{i:04}"))
+        .collect();
+    let (first, second) = names.split_at(STOPPED_QUEUES / 2);
+    h.create_queues(first).await;
+    h.bed.broker_action("stop", "c2");
+    let started = Instant::now();
+    h.create_queues(second).await;
+    if let Some(rest) = Duration::from_secs(10).checked_sub(started.elapsed()) {
+        tokio::time::sleep(rest).await;
+    }
+    // The testbed's start returns once the broker answers Jolokia: its return.
+    h.bed.broker_action("start", "c2");
+    let back = Instant::now();
+    let bound = 2 * STOPPED_POLL + RETURN_MARGIN;
+    let mut missing = names.len();
+    while back.elapsed() < bound {
+        missing = h.missing_on("c2", &names).await;
+        if missing == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!(
+        "c2 back: lacks {missing} of {STOPPED_QUEUES} after {:?}",
+        back.elapsed()
+    );
+    let mut failures = vec![];
+    if missing > 0 {
+        failures.push(format!(
+            "c2 lacks {missing} of {STOPPED_QUEUES} queues {bound:?} after its return (poll {STOPPED_POLL:?})"
+        ));
+    }
+    // From here c2 is live and holds every queue: an object saying Ready must say c2 has it.
+    let claims = h.ready_claiming_absent(&names, &c2).await;
+    if !claims.is_empty() {
+        failures.push(format!(
+            "{} objects say Ready with {c2} not APPLIED/ALREADY two polls after its return, e.g. {}",
+            claims.len(),
+            claims[0]
+        ));
+    }
+    if let Err(e) = h
+        .wait_all(
+            &names,
+            "converged on all three nodes",
+            Duration::from_secs(120),
+            converged,
+        )
+        .await
+    {
+        failures.push(format!("after c2's return: {e}"));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+impl Hung {
+    /// The objects among `names` that say Ready while their status does not name `node`
+    /// APPLIED or ALREADY: each with what it says of that node.
+    async fn ready_claiming_absent(&self, names: &[String], node: &str) -> Vec<String> {
+        let wanted: BTreeSet<&str> = names.iter().map(String::as_str).collect();
+        let list = self
+            .queues()
+            .list(&ListParams::default())
+            .await
+            .expect("list ArtemisQueues");
+        list.items
+            .iter()
+            .filter(|q| q.metadata.name.as_deref().is_some_and(|n| wanted.contains(n)))
+            .filter(|q| ready(q))
+            .filter_map(|q| {
+                let nodes = q.status.as_ref().map(|s| s.nodes.as_slice()).unwrap_or_default();
+                let of_node = nodes.iter().find(|n| n.node == node);
+                match of_node {
+                    Some(n) if matches!(n.outcome, Outcome::Applied | Outcome::Already) => None,
+                    other => Some(format!(
+                        "{}: {:?}",
+                        q.metadata.name.clone().unwrap_or_default(),
+                        other.map(|n| (&n.outcome, &n.message))
+                    )),
+                }
+            })
+            .collect()
+    }
 }
