@@ -189,6 +189,11 @@ pub struct ArtemisQueueStatus {
     /// Per-node outcome of the last command.
     #[serde(default)]
     pub nodes: Vec<NodeOutcome>,
+    /// The generation `nodes` were judged for, when older than `observedGeneration`: a pass that
+    /// could not reach the brokers for the latest spec reported it and kept what the nodes last
+    /// reported. Absent: the nodes describe `observedGeneration`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes_generation: Option<i64>,
     /// `applied/total`: nodes in the requested state over live nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes_summary: Option<String>,

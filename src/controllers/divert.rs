@@ -323,6 +323,7 @@ impl TopologyObject for ArtemisDivert {
             conditions: pass.conditions.clone(),
             nodes_summary: Some(fanout::summary(&pass.nodes)),
             nodes: pass.nodes.clone(),
+            nodes_generation: pass.nodes_generation,
             last_audit_id: pass.last_audit_id,
             not_owned: pass.not_owned.clone(),
         }

@@ -561,6 +561,9 @@ pub fn is_paused(meta: &kube::api::ObjectMeta) -> bool {
 pub trait StatusConditions: Clone + PartialEq + serde::Serialize + Default {
     fn conditions_mut(&mut self) -> &mut Vec<crate::api::Condition>;
     fn observed_generation(&self) -> Option<i64>;
+    /// The generation the per-node outcomes were judged for (issue 41: a report that could not
+    /// reach the brokers moves `observedGeneration` on and keeps older nodes).
+    fn nodes_generation(&self) -> Option<i64>;
     fn last_audit_id(&self) -> Option<i64>;
     fn nodes(&self) -> &[crate::api::NodeOutcome];
     /// Why a plain delete leaves the broker object in place (issue 41), once recorded.
@@ -575,6 +578,9 @@ macro_rules! status_conditions {
             }
             fn observed_generation(&self) -> Option<i64> {
                 self.observed_generation
+            }
+            fn nodes_generation(&self) -> Option<i64> {
+                self.nodes_generation.or(self.observed_generation)
             }
             fn last_audit_id(&self) -> Option<i64> {
                 self.last_audit_id

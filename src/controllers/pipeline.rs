@@ -229,6 +229,8 @@ pub struct Pass<'a, K: TopologyObject> {
     pub conditions: Vec<Condition>,
     pub desired: Option<&'a K::Desired>,
     pub nodes: Vec<NodeOutcome>,
+    /// The generation `nodes` were judged for, when not `generation` (they were carried).
+    pub nodes_generation: Option<i64>,
     pub last_audit_id: Option<i64>,
     /// The cluster's snapshot, when it was reached (for previews).
     pub topology: Option<&'a Topology>,
@@ -887,11 +889,10 @@ async fn report_condition<K: TopologyObject>(
         .iter()
         .any(|c| c.type_ == type_ && c.reason == reason && c.message == message && c.status == shown);
     conditions::set(&mut conds, type_, status, reason, message.clone(), generation);
-    let nodes = nodes.unwrap_or_else(|| {
-        obj.current_status()
-            .map(|s| s.nodes().to_vec())
-            .unwrap_or_default()
-    });
+    let (nodes, nodes_generation) = match nodes {
+        Some(judged) => (judged, None),
+        None => carried_nodes(obj.current_status(), generation),
+    };
     report(
         ctx,
         obj,
@@ -900,6 +901,7 @@ async fn report_condition<K: TopologyObject>(
             conditions: conds,
             desired: d,
             nodes,
+            nodes_generation,
             last_audit_id: last_audit_id.or(old_audit(obj)),
             topology: None,
             facts: None,
@@ -917,6 +919,16 @@ async fn report_condition<K: TopologyObject>(
             .await;
     }
     Ok(())
+}
+
+/// The nodes a report keeps when it judged none, and the generation they describe when it is
+/// not `generation`: nodes carried from an older generation stay described as such, so a later
+/// pass never reads them as this generation's outcomes (issue 41: no other-writer evidence and
+/// no repair from a change that was never applied).
+fn carried_nodes<S: StatusConditions>(old: Option<&S>, generation: Option<i64>) -> (Vec<NodeOutcome>, Option<i64>) {
+    let carried = old.map(|s| s.nodes().to_vec()).unwrap_or_default();
+    let judged_for = old.and_then(|s| s.nodes_generation());
+    (carried, judged_for.filter(|g| Some(*g) != generation))
 }
 
 /// How long a converged object waits before it is looked at again without a trigger (the
@@ -1312,7 +1324,7 @@ impl History {
         let status = o.current_status();
         History {
             nodes: status.map(|s| s.nodes().to_vec()).unwrap_or_default(),
-            same_generation: status.and_then(|s| s.observed_generation()) == o.meta().generation,
+            same_generation: status.and_then(|s| s.nodes_generation()) == o.meta().generation,
             retry_key: format!("{}/nodes", o.uid().unwrap_or_default()),
         }
     }
@@ -1377,6 +1389,7 @@ async fn judge_apply<K: TopologyObject>(
         conditions: conds,
         desired: Some(d),
         nodes,
+        nodes_generation: None,
         last_audit_id,
         topology: Some(&topology),
         facts: Some(&deref.facts),
@@ -1476,7 +1489,7 @@ async fn write<K: TopologyObject>(
         overlay_seen(ctx, &deref.cluster_key, &seen, obj.meta().uid.as_deref());
         return Ok((plan.into_iter().map(|(n, _)| n).collect(), None));
     }
-    let old_generation = obj.current_status().and_then(|s| s.observed_generation());
+    let old_generation = obj.current_status().and_then(|s| s.nodes_generation());
     let old_nodes = obj
         .current_status()
         .map(|s| s.nodes().to_vec())
@@ -2198,6 +2211,46 @@ mod contested_tests {
 /// The execute stage on a fake broker node (`fanout::fake`): what each write sends and what
 /// it takes as evidence (issue 23: a create is one write and no read; ADR-0049: an update
 /// reads, writes and verifies; ADR-0084 §3: a delete removes the diverts first).
+#[cfg(test)]
+mod carried_tests {
+    use super::*;
+    use crate::api::queue::ArtemisQueueStatus;
+
+    fn status(observed: i64, nodes_generation: Option<i64>) -> ArtemisQueueStatus {
+        ArtemisQueueStatus {
+            observed_generation: Some(observed),
+            nodes_generation,
+            nodes: vec![NodeOutcome {
+                node: "n1".into(),
+                endpoint: None,
+                outcome: Outcome::Applied,
+                refusal: None,
+                message: "created".into(),
+                detail: vec![],
+                last_command: None,
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn nodes_carried_into_a_newer_generation_keep_the_generation_they_were_judged_for() {
+        // Judged for 1, reported again for 2 (the cluster not reachable): still 1's.
+        let (nodes, judged) = carried_nodes(Some(&status(1, None)), Some(2));
+        assert_eq!((nodes.len(), judged), (1, Some(1)));
+        // Carried twice (2, then 3): the generation they were judged for, not the last report's.
+        let (_, judged) = carried_nodes(Some(&status(2, Some(1))), Some(3));
+        assert_eq!(judged, Some(1));
+        // Same generation: nothing to say.
+        let (_, judged) = carried_nodes(Some(&status(2, None)), Some(2));
+        assert_eq!(judged, None);
+        // A pass that judges the nodes for 3 after all: History reads them as 3's.
+        let judged_now = status(3, None);
+        assert_eq!(judged_now.nodes_generation(), Some(3));
+        assert_eq!(status(3, Some(1)).nodes_generation(), Some(1));
+    }
+}
+
 #[cfg(test)]
 mod on_a_fake_broker {
     use std::sync::Mutex;

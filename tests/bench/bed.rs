@@ -4,6 +4,9 @@
 //! Written for the benchmark (the integration tests' support module is a test module): the
 //! same approach, small pieces copied, errors returned instead of panics.
 
+#[path = "../common/testbed_env.rs"]
+mod testbed_env;
+use testbed_env::env_file;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -25,20 +28,6 @@ pub struct Bed {
     vars: HashMap<String, String>,
 }
 
-fn env_file() -> PathBuf {
-    if let Ok(p) = std::env::var("ARTEMIS_STUDIO_TESTBED_ENV") {
-        return PathBuf::from(p);
-    }
-    let cache = std::env::var("ARTEMIS_STUDIO_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            let base = std::env::var("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache"));
-            base.join("artemis-studio")
-        });
-    cache.join("testbed").join("env")
-}
 
 impl Bed {
     /// The running test bed, or an error naming the command that brings it up.
@@ -50,11 +39,7 @@ impl Bed {
                 path.display()
             )
         })?;
-        let vars = text
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let vars = testbed_env::vars(&text);
         Ok(Bed { vars })
     }
 

@@ -41,6 +41,9 @@
 //! hold is a failure in the report, never a panic, so one run reports every failure.
 #![allow(dead_code)]
 
+#[path = "../common/testbed_env.rs"]
+mod testbed_env;
+use testbed_env::env_file;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -339,20 +342,6 @@ pub struct Bed {
     vars: HashMap<String, String>,
 }
 
-fn env_file() -> PathBuf {
-    if let Ok(p) = std::env::var("ARTEMIS_STUDIO_TESTBED_ENV") {
-        return PathBuf::from(p);
-    }
-    let cache = std::env::var("ARTEMIS_STUDIO_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            let base = std::env::var("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache"));
-            base.join("artemis-studio")
-        });
-    cache.join("testbed").join("env")
-}
 
 impl Bed {
     pub fn load() -> Result<Bed> {
@@ -364,11 +353,7 @@ impl Bed {
             )
         })?;
         Ok(Bed {
-            vars: text
-                .lines()
-                .filter_map(|l| l.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            vars: testbed_env::vars(&text),
         })
     }
 

@@ -2,6 +2,9 @@
 //! Test support: the real test bed (deploy/dev/testbed) as the tests see it. Every test gets a
 //! fresh namespace and a fresh database; brokers are shared, so tests use unique object names.
 
+#[path = "../common/testbed_env.rs"]
+mod testbed_env;
+use testbed_env::env_file;
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
@@ -25,20 +28,6 @@ pub struct Broker {
     pub strict_origin: bool,
 }
 
-fn env_file() -> PathBuf {
-    if let Ok(p) = std::env::var("ARTEMIS_STUDIO_TESTBED_ENV") {
-        return PathBuf::from(p);
-    }
-    let cache = std::env::var("ARTEMIS_STUDIO_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            let base = std::env::var("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache"));
-            base.join("artemis-studio")
-        });
-    cache.join("testbed").join("env")
-}
 
 impl TestBed {
     /// The running test bed. Panics with the command to run when it is not up.
@@ -50,11 +39,7 @@ impl TestBed {
                 path.display()
             )
         });
-        let vars = text
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let vars = testbed_env::vars(&text);
         TestBed { vars }
     }
 

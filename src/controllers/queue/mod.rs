@@ -464,6 +464,7 @@ impl TopologyObject for ArtemisQueue {
             queue_name: pass.desired.map(|d| d.name.clone()).or(old.queue_name),
             nodes_summary: Some(fanout::summary(&pass.nodes)),
             nodes: pass.nodes.clone(),
+            nodes_generation: pass.nodes_generation,
             delete_preview,
             last_audit_id: pass.last_audit_id,
             not_owned: pass.not_owned.clone(),
