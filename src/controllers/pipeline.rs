@@ -925,7 +925,10 @@ async fn report_condition<K: TopologyObject>(
 /// not `generation`: nodes carried from an older generation stay described as such, so a later
 /// pass never reads them as this generation's outcomes (issue 41: no other-writer evidence and
 /// no repair from a change that was never applied).
-fn carried_nodes<S: StatusConditions>(old: Option<&S>, generation: Option<i64>) -> (Vec<NodeOutcome>, Option<i64>) {
+fn carried_nodes<S: StatusConditions>(
+    old: Option<&S>,
+    generation: Option<i64>,
+) -> (Vec<NodeOutcome>, Option<i64>) {
     let carried = old.map(|s| s.nodes().to_vec()).unwrap_or_default();
     let judged_for = old.and_then(|s| s.nodes_generation());
     (carried, judged_for.filter(|g| Some(*g) != generation))

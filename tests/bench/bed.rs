@@ -4,9 +4,7 @@
 //! Written for the benchmark (the integration tests' support module is a test module): the
 //! same approach, small pieces copied, errors returned instead of panics.
 
-#[path = "../common/testbed_env.rs"]
-mod testbed_env;
-use testbed_env::env_file;
+use crate::testbed_env::{self, env_file};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -27,7 +25,6 @@ pub struct Broker {
 pub struct Bed {
     vars: HashMap<String, String>,
 }
-
 
 impl Bed {
     /// The running test bed, or an error naming the command that brings it up.

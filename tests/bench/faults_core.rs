@@ -41,9 +41,7 @@
 //! hold is a failure in the report, never a panic, so one run reports every failure.
 #![allow(dead_code)]
 
-#[path = "../common/testbed_env.rs"]
-mod testbed_env;
-use testbed_env::env_file;
+use crate::testbed_env::{self, env_file};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -341,7 +339,6 @@ pub struct Node {
 pub struct Bed {
     vars: HashMap<String, String>,
 }
-
 
 impl Bed {
     pub fn load() -> Result<Bed> {

@@ -22,6 +22,8 @@ mod operator;
 mod report;
 mod scale;
 mod stats;
+#[path = "../common/testbed_env.rs"]
+mod testbed_env;
 
 use std::process::ExitCode;
 

@@ -32,6 +32,8 @@ mod sampling;
 mod scale;
 mod smoke;
 mod support;
+#[path = "../common/testbed_env.rs"]
+mod testbed_env;
 mod tls;
 mod two_installations;
 mod upgrade;

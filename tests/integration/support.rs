@@ -2,9 +2,7 @@
 //! Test support: the real test bed (deploy/dev/testbed) as the tests see it. Every test gets a
 //! fresh namespace and a fresh database; brokers are shared, so tests use unique object names.
 
-#[path = "../common/testbed_env.rs"]
-mod testbed_env;
-use testbed_env::env_file;
+use crate::testbed_env::{self, env_file};
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
@@ -27,7 +25,6 @@ pub struct Broker {
     pub amqp: String,
     pub strict_origin: bool,
 }
-
 
 impl TestBed {
     /// The running test bed. Panics with the command to run when it is not up.
