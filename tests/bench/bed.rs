@@ -4,7 +4,7 @@
 //! Written for the benchmark (the integration tests' support module is a test module): the
 //! same approach, small pieces copied, errors returned instead of panics.
 
-use crate::testbed_env::{self, env_file};
+use crate::testbed_env;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -29,14 +29,7 @@ pub struct Bed {
 impl Bed {
     /// The running test bed, or an error naming the command that brings it up.
     pub fn get() -> Result<Bed> {
-        let path = env_file();
-        let text = std::fs::read_to_string(&path).with_context(|| {
-            format!(
-                "the test bed is not up ({}); run `deploy/dev/testbed up`",
-                path.display()
-            )
-        })?;
-        let vars = testbed_env::vars(&text);
+        let vars = testbed_env::read().map_err(anyhow::Error::msg)?;
         Ok(Bed { vars })
     }
 

@@ -41,7 +41,7 @@
 //! hold is a failure in the report, never a panic, so one run reports every failure.
 #![allow(dead_code)]
 
-use crate::testbed_env::{self, env_file};
+use crate::testbed_env;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -342,16 +342,8 @@ pub struct Bed {
 
 impl Bed {
     pub fn load() -> Result<Bed> {
-        let path = env_file();
-        let text = std::fs::read_to_string(&path).with_context(|| {
-            format!(
-                "the test bed is not up ({}): run `deploy/dev/testbed up`",
-                path.display()
-            )
-        })?;
-        Ok(Bed {
-            vars: testbed_env::vars(&text),
-        })
+        let vars = testbed_env::read().map_err(anyhow::Error::msg)?;
+        Ok(Bed { vars })
     }
 
     fn var(&self, key: &str) -> Result<String> {

@@ -2,7 +2,7 @@
 //! Test support: the real test bed (deploy/dev/testbed) as the tests see it. Every test gets a
 //! fresh namespace and a fresh database; brokers are shared, so tests use unique object names.
 
-use crate::testbed_env::{self, env_file};
+use crate::testbed_env;
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
@@ -29,14 +29,7 @@ pub struct Broker {
 impl TestBed {
     /// The running test bed. Panics with the command to run when it is not up.
     pub fn get() -> TestBed {
-        let path = env_file();
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-            panic!(
-                "the test bed is not up ({}: {e}); run `deploy/dev/testbed up`",
-                path.display()
-            )
-        });
-        let vars = testbed_env::vars(&text);
+        let vars = testbed_env::read().unwrap_or_else(|e| panic!("{e}"));
         TestBed { vars }
     }
 
