@@ -6,10 +6,10 @@
 
 #[path = "../common/testbed_env.rs"]
 mod testbed_env;
-use testbed_env::env_file;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use testbed_env::env_file;
 
 use anyhow::{Context, Result, anyhow, bail};
 use k8s_openapi::api::core::v1::Namespace;
@@ -27,7 +27,6 @@ pub struct Broker {
 pub struct Bed {
     vars: HashMap<String, String>,
 }
-
 
 impl Bed {
     /// The running test bed, or an error naming the command that brings it up.

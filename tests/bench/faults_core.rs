@@ -43,12 +43,12 @@
 
 #[path = "../common/testbed_env.rs"]
 mod testbed_env;
-use testbed_env::env_file;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use testbed_env::env_file;
 
 use anyhow::{Context, Result, anyhow, bail};
 use chrono::{DateTime, Utc};
@@ -341,7 +341,6 @@ pub struct Node {
 pub struct Bed {
     vars: HashMap<String, String>,
 }
-
 
 impl Bed {
     pub fn load() -> Result<Bed> {

@@ -4,11 +4,11 @@
 
 #[path = "../common/testbed_env.rs"]
 mod testbed_env;
-use testbed_env::env_file;
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
+use testbed_env::env_file;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -27,7 +27,6 @@ pub struct Broker {
     pub amqp: String,
     pub strict_origin: bool,
 }
-
 
 impl TestBed {
     /// The running test bed. Panics with the command to run when it is not up.
