@@ -883,9 +883,9 @@ async fn watch_secrets(
         .for_each(|r| {
             let ctx = ctx.clone();
             async move {
-                match r {
-                    Ok(secret) => trigger_clusters_of(&ctx, &secret),
-                    Err(_) => {} // logged by `failures`
+                // An error is logged by `failures`.
+                if let Ok(secret) = r {
+                    trigger_clusters_of(&ctx, &secret);
                 }
             }
         })
