@@ -75,6 +75,10 @@ pub enum RefusalKind {
     InvalidConfiguration,
     /// Authentication or management.xml authorization refused the call.
     NotAuthorized,
+    /// Jolokia's access policy (the broker's `jolokia-access.xml`: strict Origin checking, an
+    /// https Origin over http, the client address) refused the HTTP request as a whole, before
+    /// any MBean: the cluster's `spec.origin` or that file is to change, not the credentials.
+    OriginRefused,
     /// The command would destroy more messages or close more connections than the cluster's cap.
     BulkCapExceeded,
     /// An exclusive divert on the source address would starve a capture tap (ADR-0062 D8).

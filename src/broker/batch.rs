@@ -298,10 +298,10 @@ mod tests {
         String::new()
     }
 
-    async fn refused() -> String {
-        json!({"status": 403, "error_type": "java.lang.Exception",
-               "error": "java.lang.Exception : Origin http://nope is not allowed to call this agent"})
-        .to_string()
+    /// What the bed's strict-origin broker answers a bulk POST with an https Origin over http
+    /// (captured: HTTP 200, one object, no `request`).
+    async fn refused() -> &'static str {
+        include_str!("../../tests/fixtures/jolokia/bulk_secure_origin_over_http_403.json")
     }
 
     async fn garbage() -> &'static str {
@@ -390,7 +390,17 @@ mod tests {
         });
         for r in futures::future::join_all(calls).await {
             let e = r.expect_err("refused");
-            assert_eq!(e.refusal_kind(), RefusalKind::NotAuthorized, "{e}");
+            // Issue 42: Jolokia's access policy, not the credentials; the message names the fix.
+            assert_eq!(e.refusal_kind(), RefusalKind::OriginRefused, "{e}");
+            let text = e.to_string();
+            assert!(
+                text.contains("Secure origin https://localhost should not be processed over HTTP"),
+                "{text}"
+            );
+            assert!(
+                text.contains("spec.origin") && text.contains("jolokia-access.xml"),
+                "{text}"
+            );
         }
     }
 

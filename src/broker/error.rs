@@ -166,8 +166,10 @@ pub fn classify(status: u64, error_type: Option<&str>, error: Option<&str>) -> B
         });
     }
     if status == 403 {
-        // Jolokia's access policy (the Origin check) is a configuration problem of the
-        // operator's request, not a denial of the management user: say which.
+        // One request of a bulk POST refused (the element carries its `request`): the broker's
+        // management.xml authorization of the management user (Artemis's guard throws a
+        // SecurityException, which Jolokia reports as 403). Jolokia's access policy refuses the
+        // whole POST instead: see [`classify_whole_request`].
         return BrokerError::Refused(ManagementRefusal {
             kind: RefusalKind::NotAuthorized,
             code: None,
@@ -186,9 +188,30 @@ pub fn classify(status: u64, error_type: Option<&str>, error: Option<&str>) -> B
     BrokerError::BadResponse(format!("status {status}: {message}"))
 }
 
-/// Is this 403 Jolokia's Origin check rather than the management user's authorization?
-pub fn is_origin_refusal(message: &str) -> bool {
-    message.contains("Origin") && message.contains("not allowed")
+/// Classify Jolokia's answer to a bulk POST that is one object with a status, not one element
+/// per request: the agent refused the HTTP request as a whole, before reading any request in it.
+///
+/// Status 403 there is Jolokia's access policy, by structure: `AgentServlet.handle` calls
+/// `HttpRequestHandler.checkAccess` first and answers its `SecurityException` through
+/// `handleThrowable` with HTTP 200 and one object `{"status": 403, "error_type":
+/// "java.lang.Exception", "error": …}` (jolokia/jolokia v2.1.1, which Artemis 2.40 ships, and
+/// later versions alike). The management user's refusals come otherwise: a wrong password is
+/// HTTP 401/403 from the web server, an operation management.xml denies is a 403 element of
+/// the array, with its `request`. So this is [`RefusalKind::OriginRefused`], classified here once.
+///
+/// Which clause of `checkAccess` refused (the Origin is not allowed under strict checking, an
+/// https Origin over http, or the client address under `<remote>`) Jolokia says only in its
+/// message, so this does not tell them apart: the message is kept as the broker wrote it, and
+/// the fix the operator adds names both `spec.origin` and `jolokia-access.xml`.
+pub fn classify_whole_request(status: u64, error_type: Option<&str>, error: Option<&str>) -> BrokerError {
+    if status == 403 {
+        return BrokerError::Refused(ManagementRefusal {
+            kind: RefusalKind::OriginRefused,
+            code: None,
+            message: broker_message(error.unwrap_or("")).to_string(),
+        });
+    }
+    classify(status, error_type, error)
 }
 
 #[cfg(test)]
@@ -279,10 +302,6 @@ mod tests {
                 .contains("not authorized to access operation: createQueue")
         );
 
-        let e = classify_fixture("read_without_origin_403.json");
-        assert_eq!(e.refusal_kind(), RefusalKind::NotAuthorized);
-        assert!(is_origin_refusal(&e.to_string()));
-
         let e = classify_fixture("create_queue_bad_json.json");
         assert_eq!(e.refusal_kind(), RefusalKind::InvalidConfiguration, "{e}");
         assert!(!e.is_authorization());
@@ -290,6 +309,52 @@ mod tests {
         let e = classify_fixture("exec_unknown_operation.json");
         assert_eq!(e.refusal_kind(), RefusalKind::BadResponse, "{e}");
         let e = classify_fixture("read_unknown_mbean_404.json");
+        assert_eq!(e.refusal_kind(), RefusalKind::BadResponse, "{e}");
+    }
+
+    /// Issue 42: "Secure origin … should not be processed over HTTP" was CredentialsRefused.
+    /// Jolokia's access policy answers a bulk POST with one object (captured from the bed's
+    /// strict-origin broker c1, Jolokia 2.1.1): OriginRefused, whatever its words; the same 403
+    /// as an element of the array is management.xml refusing the user.
+    #[test]
+    fn a_whole_request_refused_by_jolokias_access_policy_is_origin_refused() {
+        for file in [
+            "bulk_secure_origin_over_http_403.json",
+            "bulk_origin_not_allowed_403.json",
+            "read_without_origin_403.json",
+        ] {
+            let v = fixture(file);
+            assert!(
+                v.is_object() && v.get("request").is_none(),
+                "{file}: not the whole-request shape"
+            );
+            let e = classify_whole_request(
+                v["status"].as_u64().unwrap_or(0),
+                v["error_type"].as_str(),
+                v["error"].as_str(),
+            );
+            assert_eq!(e.refusal_kind(), RefusalKind::OriginRefused, "{file}: {e}");
+            assert!(!e.is_authorization(), "{file}");
+            assert!(!e.to_string().contains("java."), "{file}: {e}");
+        }
+        let v = fixture("create_queue_viewer_not_authorized.json");
+        let e = classify_whole_request(
+            v["status"].as_u64().unwrap_or(0),
+            v["error_type"].as_str(),
+            v["error"].as_str(),
+        );
+        assert_eq!(
+            e.refusal_kind(),
+            RefusalKind::OriginRefused,
+            "the shape decides, not the words"
+        );
+        assert!(classify_fixture("create_queue_viewer_not_authorized.json").is_authorization());
+        // Another status of the whole request is classified as an element's would be.
+        let e = classify_whole_request(
+            500,
+            Some("java.lang.Exception"),
+            Some("java.lang.Exception : boom"),
+        );
         assert_eq!(e.refusal_kind(), RefusalKind::BadResponse, "{e}");
     }
 

@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::budget::{NodeBudget, Observation, Permit, Purpose, budget_for};
-use super::error::{BrokerError, ManagementRefusal, NotAnswering, classify, is_origin_refusal};
+use super::error::{BrokerError, ManagementRefusal, NotAnswering, classify, classify_whole_request};
 use crate::api::RefusalKind;
 use crate::telemetry::jolokia::metrics;
 
@@ -426,13 +426,19 @@ impl JolokiaClient {
                 items.len(),
                 requests.len()
             ))),
-            // The whole request was refused (e.g. the Origin check): every element failed alike.
-            Value::Object(_) => {
-                let e = element(parsed).err().unwrap_or_else(|| {
-                    BrokerError::BadResponse(format!("{} answered one object to a bulk request", self.url))
-                });
-                Err(self.explain(e))
-            }
+            // The whole request was refused (Jolokia's access policy, before any request in it
+            // was read): every element failed alike.
+            Value::Object(ref whole) => match whole.get("status").and_then(Value::as_u64) {
+                Some(status) if status != 200 => Err(self.explain(classify_whole_request(
+                    status,
+                    whole.get("error_type").and_then(Value::as_str),
+                    whole.get("error").and_then(Value::as_str),
+                ))),
+                _ => Err(BrokerError::BadResponse(format!(
+                    "{} answered one object to a bulk request",
+                    self.url
+                ))),
+            },
             _ => Err(BrokerError::BadResponse(format!(
                 "{} answered an unexpected JSON shape",
                 self.url
@@ -453,10 +459,10 @@ impl JolokiaClient {
     /// Add what to do to refusals whose cause is the request, not the broker's state.
     fn explain(&self, e: BrokerError) -> BrokerError {
         match e {
-            BrokerError::Refused(mut r) if is_origin_refusal(&r.message) => {
+            BrokerError::Refused(mut r) if r.kind == RefusalKind::OriginRefused => {
                 r.message = format!(
-                    "{} (Jolokia strict origin checking refused Origin {}): set spec.origin to an origin the broker's jolokia-access.xml allows, e.g. http://<its --http-host>",
-                    r.message, self.origin
+                    "{}: Jolokia's access policy on {} refused the request as a whole (the operator sent Origin {}). Set the cluster's spec.origin to an origin the broker's jolokia-access.xml allows (<cors> <allow-origin>; with the scheme of the broker's URL: an https origin is refused over http), e.g. http://<its --http-host>, or allow this origin in that file (a refused client address is its <remote>)",
+                    r.message, self.url, self.origin
                 );
                 BrokerError::Refused(r)
             }

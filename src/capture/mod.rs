@@ -528,6 +528,9 @@ impl Worker {
             return;
         }
         let started = chrono::Utc::now();
+        // Every subscription's loss counters exist (at 0) before a pass can count a loss.
+        let names: Vec<String> = mine.iter().map(|s| s.name_any()).collect();
+        crate::telemetry::capture::metrics().subscriptions(cluster_key, names.iter().map(String::as_str));
         let elsewhere = pass::claimed_elsewhere(&ctx, cluster_key, cluster, all_subs, all_clusters);
         let mut outcome = pass::run(&ctx, &s.state, cluster, &mine, &self.holder, &view, &elsewhere).await;
         let mut judgement = None;

@@ -305,9 +305,15 @@ fn readiness(status: &ArtemisClusterStatus, topology: &Topology) -> (bool, &'sta
         );
         return (true, "NodesLive", message);
     }
-    let auth_refused = topology.unreachable.iter().find(|(_, e)| e.is_authorization());
+    let refused = |kind| {
+        topology
+            .unreachable
+            .iter()
+            .find(|(_, e)| e.refusal_kind() == kind)
+    };
+    let auth_refused = refused(RefusalKind::OriginRefused).or_else(|| refused(RefusalKind::NotAuthorized));
     let (reason, message) = match (auth_refused, topology.unreachable.first()) {
-        (Some((url, e)), _) if crate::broker::error::is_origin_refusal(&e.to_string()) => {
+        (Some((url, e)), _) if e.refusal_kind() == RefusalKind::OriginRefused => {
             ("OriginRefused", explain_endpoint(url, e))
         }
         (Some((url, e)), _) => ("CredentialsRefused", explain_endpoint(url, e)),

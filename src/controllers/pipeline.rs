@@ -258,6 +258,8 @@ pub enum DereferenceError {
     CredentialsChanged(String, String),
     #[error("ArtemisCluster {0}: {1}")]
     CredentialsRefused(String, String),
+    #[error("ArtemisCluster {0}: {1}")]
+    OriginRefused(String, String),
 }
 
 impl DereferenceError {
@@ -268,6 +270,7 @@ impl DereferenceError {
             DereferenceError::CredentialsMissing(..) => "CredentialsMissing",
             DereferenceError::CredentialsChanged(..) => "CredentialsChanged",
             DereferenceError::CredentialsRefused(..) => "CredentialsRefused",
+            DereferenceError::OriginRefused(..) => "OriginRefused",
         }
     }
 }
@@ -584,6 +587,19 @@ fn with_topology(
         .topologies
         .get(&cluster_key)
         .ok_or_else(|| DereferenceError::NotYetPolled(cluster_key.clone()))?;
+    // No live node because Jolokia's access policy refused the operator's requests: the
+    // cluster's spec.origin (or the broker's jolokia-access.xml), not the credentials.
+    if topology.live_nodes().next().is_none()
+        && let Some((_, e)) = topology
+            .unreachable
+            .iter()
+            .find(|(_, e)| e.refusal_kind() == crate::api::RefusalKind::OriginRefused)
+    {
+        return Err(DereferenceError::OriginRefused(
+            cluster_key.clone(),
+            e.to_string(),
+        ));
+    }
     // No live node because every endpoint refused the credentials: say that, not "no live node".
     if topology.live_nodes().next().is_none()
         && let Some((url, e)) = topology.unreachable.iter().find(|(_, e)| e.is_authorization())

@@ -18,7 +18,7 @@ use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 
 use crate::store::reading::{AuditQuery, KnownSubscription, MessageQuery, StoredMessage};
-use crate::store::{Store, StoreError};
+use crate::store::{DatabaseConfig, Store, StoreError};
 use coverage::Window;
 use render::{CAPTURED_CLAIM, CoverageDoc, Document, Format, MessageDoc, Printer, SAMPLED_CLAIM};
 
@@ -47,9 +47,14 @@ pub enum CaptureCommand {
 /// Where to read and how to print.
 #[derive(Args, Debug, Clone)]
 pub struct Source {
-    /// The operator's Postgres URL.
+    /// The operator's Postgres URL, e.g. `postgres://user@host:5432/db`. Special characters in
+    /// the user name or password must be percent-encoded; or leave the password out and give
+    /// it in DATABASE_PASSWORD.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    pub database_url: crate::cli::Secret,
+    /// The Postgres password, as it is (no encoding); replaces any password in DATABASE_URL.
+    #[arg(long, env = "DATABASE_PASSWORD", hide_env_values = true)]
+    pub database_password: Option<crate::cli::Secret>,
     /// Namespace of the objects (default: the kubeconfig context's namespace, else `default`).
     #[arg(short = 'n', long, env = "ARTEMIS_NAMESPACE")]
     pub namespace: Option<String>,
@@ -238,10 +243,18 @@ impl Source {
             .unwrap_or_else(|| "default".into())
     }
 
+    /// The operator's database, checked as the operator checks it (`store::DatabaseConfig`);
+    /// a server that refuses or does not answer within [`CONNECT_WITHIN`] is an error naming
+    /// it and the cause.
     async fn store(&self) -> Result<Store, ReadError> {
-        Ok(Store::connect(&self.database_url).await?)
+        let password = self.database_password.as_ref().map(crate::cli::Secret::expose);
+        let config = DatabaseConfig::new(self.database_url.expose(), password).map_err(StoreError::from)?;
+        Ok(Store::connect_within(&config, CONNECT_WITHIN).await?)
     }
 }
+
+/// How long a reading command waits for its first database connection (and any later one).
+pub const CONNECT_WITHIN: Duration = Duration::from_secs(4);
 
 /// Run one reading command, printing to `out`.
 pub async fn run<W: Write>(cmd: ReadCommand, out: W) -> Result<(), ReadError> {

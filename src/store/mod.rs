@@ -140,6 +140,39 @@ impl Store {
         })
     }
 
+    /// For a one-shot reader (`kubectl artemis`): one connection first, within `within`, so
+    /// that a server that refuses or does not answer is an error at once naming it (host, port,
+    /// database, user) and the cause. A pool's first acquire retries a refused connection until
+    /// its acquire timeout (30 s by default) and then says only "pool timed out". Then a pool
+    /// whose acquire waits at most `within`.
+    pub async fn connect_within(
+        config: &DatabaseConfig,
+        within: std::time::Duration,
+    ) -> Result<Self, StoreError> {
+        let named = |e: sqlx::Error| StoreError::from(e).at(|| config.target().clone());
+        let first = tokio::time::timeout(within, config.options().connect())
+            .await
+            .map_err(|_| StoreError::Connection {
+                target: config.target().clone(),
+                source: sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no connection within {} s", within.as_secs_f64()),
+                )),
+            })?
+            .map_err(named)?;
+        // Its job is done: the server answers and takes these credentials.
+        let _ = first.close().await;
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(within)
+            .connect_lazy_with(config.options().clone());
+        Ok(Store {
+            pool,
+            process_id: None,
+            audit: audit::GroupCommit::default(),
+        })
+    }
+
     /// A store that never connects unless used (unit tests of stages that write no audit row).
     #[cfg(test)]
     pub fn unconnected() -> Self {
@@ -204,6 +237,27 @@ mod tests {
     async fn a_connection_failure_at_start_up_names_the_server_and_never_the_password() {
         let e = Store::migrate_to(&nowhere()).await.expect_err("nothing listens");
         assert_names_the_server(&e);
+    }
+
+    #[tokio::test]
+    async fn a_reader_is_told_at_once_which_server_refused_and_why() {
+        let started = std::time::Instant::now();
+        let e = match Store::connect_within(&nowhere(), std::time::Duration::from_secs(5)).await {
+            Ok(_) => panic!("nothing listens on 127.0.0.1:1"),
+            Err(e) => e,
+        };
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_names_the_server(&e);
+        let text = e.to_string();
+        assert!(!text.contains("pool timed out"), "{text}");
+        assert!(
+            matches!(&e, StoreError::Connection { source: sqlx::Error::Io(io), .. } if io.kind() == std::io::ErrorKind::ConnectionRefused),
+            "{e:?}"
+        );
     }
 
     #[tokio::test]

@@ -2,6 +2,7 @@
 //! batch sizes, insert latency and drain lag. Counted process-wide (drains run in their own tasks
 //! and have no handle to [`super::Metrics`]); every replica exports what its own drains did.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -22,9 +23,24 @@ pub struct SubscriptionLabels {
 pub struct DropLabels {
     pub cluster: String,
     pub subscription: String,
-    /// `rate_cap`, `ring_overwrite`, `address_full` or `broker_restart` (as in `capture_loss`).
+    /// One of [`LOSS_CAUSES`] (as in `capture_loss`).
     pub cause: String,
 }
+
+/// Every cause a loss is counted under (`capture_loss.cause`, `capture_dropped_total`'s
+/// `cause`): each subscription's counters exist at 0 for all of them from its first pass, so a
+/// first loss is an increase a `rate()`/`increase()` sees, not a series born holding its count.
+pub const LOSS_CAUSES: &[&str] = &[
+    "rate_cap",
+    "unstorable",
+    "undecodable",
+    "ring_overwrite",
+    "address_full",
+    "broker_restart",
+    "failover_window",
+    crate::capture::reconcile::TAP_MISSING,
+    crate::capture::reconcile::UNEXPLAINED,
+];
 
 type HistogramFamily = Family<SubscriptionLabels, Histogram, fn() -> Histogram>;
 
@@ -56,6 +72,9 @@ pub struct CaptureMetrics {
     /// Messages a browse saw and stored (mode Sample, rows marked origin=sampled): what was
     /// still on a queue when it was browsed, never a count of what was sent.
     pub sampled: Family<SubscriptionLabels, Counter>,
+    /// The subscriptions whose loss counters exist (at 0 or more), by cluster: see
+    /// [`CaptureMetrics::subscriptions`].
+    known: std::sync::Mutex<BTreeMap<String, BTreeSet<String>>>,
 }
 
 impl CaptureMetrics {
@@ -68,6 +87,7 @@ impl CaptureMetrics {
             drain_lag_seconds: Family::default(),
             drains: Gauge::default(),
             sampled: Family::default(),
+            known: std::sync::Mutex::default(),
         }
     }
 
@@ -79,7 +99,7 @@ impl CaptureMetrics {
         );
         registry.register(
             "capture_dropped",
-            "Captured copies lost, by subscription and cause (rate_cap, ring_overwrite, address_full, broker_restart)",
+            "Captured copies lost, by subscription and cause (rate_cap, unstorable, undecodable, ring_overwrite, address_full, broker_restart, failover_window, tap_missing, unexplained); 0 for every cause from a subscription's first capture pass",
             self.dropped.clone(),
         );
         registry.register(
@@ -109,7 +129,41 @@ impl CaptureMetrics {
         );
     }
 
+    /// The capture subscriptions of `cluster` a pass serves: each one's loss counter exists
+    /// for every cause of [`LOSS_CAUSES`] (created at 0, so that its first loss is an
+    /// increase), and the counters of a subscription of `cluster` no longer served are removed.
+    pub fn subscriptions<'a>(&self, cluster: &str, subscriptions: impl IntoIterator<Item = &'a str>) {
+        let now: BTreeSet<String> = subscriptions.into_iter().map(str::to_string).collect();
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        let before = known.entry(cluster.to_string()).or_default();
+        let labels = |subscription: &str, cause: &str| DropLabels {
+            cluster: cluster.into(),
+            subscription: subscription.into(),
+            cause: cause.into(),
+        };
+        for gone in before.difference(&now) {
+            for cause in LOSS_CAUSES {
+                self.dropped.remove(&labels(gone, cause));
+            }
+        }
+        for new in now.difference(before) {
+            for cause in LOSS_CAUSES {
+                // get_or_create: a count already there (a drain's loss first) is kept.
+                drop(self.dropped.get_or_create(&labels(new, cause)));
+            }
+        }
+        if now.is_empty() {
+            known.remove(cluster);
+        } else {
+            *before = now;
+        }
+    }
+
     pub fn dropped(&self, cluster: &str, subscription: &str, cause: &str, n: u64) {
+        debug_assert!(
+            LOSS_CAUSES.contains(&cause),
+            "loss cause {cause} not in LOSS_CAUSES"
+        );
         if n > 0 {
             self.dropped
                 .get_or_create(&DropLabels {
@@ -125,4 +179,57 @@ impl CaptureMetrics {
 pub fn metrics() -> &'static CaptureMetrics {
     static METRICS: OnceLock<CaptureMetrics> = OnceLock::new();
     METRICS.get_or_init(CaptureMetrics::new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encoded(m: &CaptureMetrics) -> String {
+        let mut registry = Registry::with_prefix("artemis_studio");
+        m.register(&mut registry);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).expect("encode");
+        out
+    }
+
+    fn line(cluster: &str, subscription: &str, cause: &str) -> String {
+        format!(
+            "artemis_studio_capture_dropped_total{{cluster=\"{cluster}\",subscription=\"{subscription}\",cause=\"{cause}\"}}"
+        )
+    }
+
+    /// Issue 42: a series born at the moment of a loss, already holding its count, has no
+    /// increase for `rate()` to see. Every cause exists at 0 from the subscription's first pass.
+    #[test]
+    fn loss_counters_exist_at_zero_from_the_first_pass() {
+        let m = CaptureMetrics::new();
+        m.subscriptions("ns/c", ["orders", "audit"]);
+        let out = encoded(&m);
+        for sub in ["orders", "audit"] {
+            for cause in LOSS_CAUSES {
+                let want = format!("{} 0\n", line("ns/c", sub, cause));
+                assert!(out.contains(&want), "missing {want} in\n{out}");
+            }
+        }
+        // A loss then counts up from 0; a later pass keeps the count.
+        m.dropped("ns/c", "orders", "rate_cap", 3);
+        m.subscriptions("ns/c", ["orders", "audit"]);
+        let out = encoded(&m);
+        assert!(
+            out.contains(&format!("{} 3\n", line("ns/c", "orders", "rate_cap"))),
+            "{out}"
+        );
+        // A subscription no longer served loses its series; another cluster's are kept.
+        m.subscriptions("ns/other", ["orders"]);
+        m.subscriptions("ns/c", ["orders"]);
+        let out = encoded(&m);
+        assert!(!out.contains("subscription=\"audit\""), "{out}");
+        assert!(
+            out.contains(&format!("{} 0\n", line("ns/other", "orders", "tap_missing"))),
+            "{out}"
+        );
+        m.subscriptions("ns/c", []);
+        assert!(!encoded(&m).contains("cluster=\"ns/c\""));
+    }
 }

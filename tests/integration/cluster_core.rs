@@ -556,6 +556,110 @@ async fn bad_cluster_input_names_the_cause_and_the_fix() {
     }
 }
 
+/// Issue 42: Jolokia's origin refusal was reported as CredentialsRefused. On the bed's
+/// strict-origin broker c1: an https Origin over http ("Secure origin … should not be processed
+/// over HTTP") and an Origin jolokia-access.xml does not allow are OriginRefused on the cluster
+/// and on a queue of it, naming spec.origin and jolokia-access.xml; the right origin is Ready.
+#[tokio::test]
+async fn a_cluster_whose_origin_jolokia_refuses_says_origin_refused_and_the_fix() {
+    use kube::api::PostParams;
+    let _brokers = brokers_shared().await;
+    let bed = TestBed::get();
+    assert!(bed.broker("c1").strict_origin, "c1 checks origins strictly");
+    let ns = bed.fresh_namespace("orig").await;
+    let _op = bed.start_operator(&ns).await;
+    let admin = bed.kube_admin().await;
+    let c1 = bed.broker("c1").jolokia;
+    let clusters: Api<ArtemisCluster> = Api::namespaced(admin.clone(), &ns);
+    let (u, p) = bed.broker_user();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(admin.clone(), &ns);
+    let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds"},
+        "stringData": {"username": u, "password": p}});
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(secret).expect("secret json"),
+        )
+        .await
+        .expect("secret");
+    for (name, origin) in [
+        ("secure", "https://localhost"),
+        ("foreign", "http://evil.example"),
+        ("allowed", "http://localhost"),
+    ] {
+        let cluster = json!({"apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCluster",
+            "metadata": {"name": name},
+            "spec": {"brokers": [{"url": c1}], "credentials": {"secretName": "creds"},
+                     "origin": origin, "pollIntervalSeconds": 2, "requestTimeoutSeconds": 10}});
+        clusters
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(cluster).expect("cluster json"),
+            )
+            .await
+            .expect("create ArtemisCluster");
+    }
+    let queues: Api<artemis_studio_operator::api::queue::ArtemisQueue> = Api::namespaced(admin.clone(), &ns);
+    for (name, broker_said) in [
+        (
+            "secure",
+            "Secure origin https://localhost should not be processed over HTTP",
+        ),
+        ("foreign", "Origin http://evil.example is not allowed"),
+    ] {
+        let reason_is = |want: &'static str| {
+            let clusters = clusters.clone();
+            async move {
+                let c = clusters.get(name).await.ok()?;
+                let ready = c.status?.conditions.into_iter().find(|c| c.type_ == "Ready")?;
+                (ready.reason == want).then_some(ready.message)
+            }
+        };
+        let message = wait_until(
+            &format!("{name}: Ready=False OriginRefused"),
+            Duration::from_secs(60),
+            || reason_is("OriginRefused"),
+        )
+        .await;
+        assert!(message.contains(broker_said), "{name}: {message}");
+        assert!(
+            message.contains("spec.origin") && message.contains("jolokia-access.xml"),
+            "{name}: {message}"
+        );
+        assert!(!message.contains("credentials"), "{name}: {message}");
+        let q = serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+            "metadata": {"name": name}, "spec": {"clusterRef": {"name": name}}
+        }))
+        .expect("queue json");
+        queues
+            .create(&PostParams::default(), &q)
+            .await
+            .expect("create queue");
+        wait_until(
+            &format!("the queue on {name} says OriginRefused"),
+            Duration::from_secs(60),
+            || {
+                let queues = queues.clone();
+                async move {
+                    let q = queues.get(name).await.ok()?;
+                    q.status?
+                        .conditions
+                        .iter()
+                        .any(|c| {
+                            c.type_ == "Ready"
+                                && c.reason == "OriginRefused"
+                                && c.message.contains("spec.origin")
+                        })
+                        .then_some(())
+                }
+            },
+        )
+        .await;
+    }
+    wait_cluster_condition(&admin, &ns, "allowed", "Ready", "True").await;
+}
+
 #[tokio::test]
 async fn pod_discovery_finds_broker_pods_by_label_and_uses_the_configured_origin() {
     use k8s_openapi::api::core::v1::Pod;

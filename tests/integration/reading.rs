@@ -707,3 +707,55 @@ async fn sampled_and_captured_rows_are_never_rendered_alike_and_a_sampled_tail_s
             .expect("delete");
     }
 }
+
+/// Issue 42: a database nothing listens on made the plugin wait 31–33 s and then say only "pool
+/// timed out". Now: an error naming the server (host and port) and the cause within 5 s, with
+/// the password from DATABASE_PASSWORD or from the URL never shown. No bed needed.
+#[tokio::test]
+async fn an_unreachable_database_is_named_with_its_cause_within_five_seconds() {
+    // A port on 127.0.0.1 that was free a moment ago: nothing listens on it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let plugin = env!("CARGO_BIN_EXE_kubectl-artemis");
+    let cases = [
+        (
+            format!("postgres://reader@127.0.0.1:{port}/studio"),
+            Some("Qxq@Zzy/secret"),
+        ),
+        (
+            format!("postgres://reader:Qxq%40Zzy@127.0.0.1:{port}/studio"),
+            None,
+        ),
+    ];
+    for (url, password) in cases {
+        let mut c = tokio::process::Command::new(plugin);
+        c.args(["capture", "search", "--subscription", "orders", "--since", "1h"])
+            .env("DATABASE_URL", &url)
+            .env_remove("DATABASE_PASSWORD")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        if let Some(p) = password {
+            c.env("DATABASE_PASSWORD", p);
+        }
+        let started = std::time::Instant::now();
+        let out = tokio::time::timeout(Duration::from_secs(10), c.output())
+            .await
+            .expect("the plugin ends within 10 s")
+            .expect("run kubectl-artemis");
+        let took = started.elapsed();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{url}: exited 0\n{stderr}");
+        assert!(took < Duration::from_secs(5), "{url}: took {took:?}\n{stderr}");
+        assert!(
+            stderr.contains(&format!("127.0.0.1:{port}")),
+            "{url}: no host:port in\n{stderr}"
+        );
+        assert!(stderr.contains("refused"), "{url}: no cause in\n{stderr}");
+        assert!(!stderr.contains("pool timed out"), "{stderr}");
+        for secret in ["Qxq", "Zzy", "secret"] {
+            assert!(!stderr.contains(secret), "{url}: the password shows in\n{stderr}");
+        }
+    }
+}
