@@ -171,34 +171,31 @@ pub fn skipped(node: &LogicalNode) -> NodeOutcome {
     if let Some(silence) = node.not_answering() {
         return not_answering(node, &silence);
     }
-    NodeOutcome {
-        last_command: None,
-        node: node.node_id.clone(),
-        endpoint: None,
-        outcome: Outcome::SkippedNotLive,
-        refusal: None,
-        message: format!(
-            "not live, did not receive the command: {}",
-            node.not_live_reason.as_deref().unwrap_or("no active endpoint")
-        ),
-        detail: vec![],
-    }
+    skipped_because(
+        node,
+        node.not_live_reason.as_deref().unwrap_or("no active endpoint"),
+    )
 }
 
 /// A node judged not answering: SKIPPED_NOT_LIVE with the evidence. What it missed goes out
 /// when it answers again: the cluster's poll then triggers every object of the cluster.
 pub fn not_answering(node: &LogicalNode, silence: &NotAnswering) -> NodeOutcome {
+    let why = format!(
+        "{} is not answering ({}); the write is sent when it answers again",
+        node.active_endpoint().unwrap_or("its endpoint"),
+        silence.evidence()
+    );
+    skipped_because(node, &why)
+}
+
+fn skipped_because(node: &LogicalNode, why: &str) -> NodeOutcome {
     NodeOutcome {
         last_command: None,
         node: node.node_id.clone(),
         endpoint: None,
         outcome: Outcome::SkippedNotLive,
         refusal: None,
-        message: format!(
-            "not live, did not receive the command: {} is not answering ({}); the write is sent when it answers again",
-            node.active_endpoint().unwrap_or("its endpoint"),
-            silence.evidence()
-        ),
+        message: format!("not live, did not receive the command: {why}"),
         detail: vec![],
     }
 }
