@@ -825,7 +825,6 @@ async fn reflect<K>(
     use kube::runtime::watcher::Event as Watched;
     let stream = crate::backoff::watched(api).modify(|o: &mut K| keep_spec_writer(o.meta_mut()));
     let failures = crate::backoff::WatchFailures::default();
-    let failures = &failures;
     let changes = std::sync::Mutex::new(feed::Changes::default());
     let (deleted, changes, feed, indexes) = (&deleted, &changes, &feed, &indexes);
     let object = |o: &K| {
@@ -835,6 +834,7 @@ async fn reflect<K>(
         )
     };
     reflector::reflector(writer, stream)
+        .inspect(|r| failures.saw(K::kind(&()).as_ref(), r))
         .for_each(|r| async move {
             match r {
                 Ok(Watched::Apply(o) | Watched::InitApply(o)) => {
@@ -857,9 +857,8 @@ async fn reflect<K>(
                     }
                     deleted(&o)
                 }
-                Ok(Watched::InitDone) => failures.listed(K::kind(&()).as_ref()),
-                Ok(_) => {}
-                Err(e) => failures.failed(K::kind(&()).as_ref(), &e),
+                // Errors and a complete list: told by `failures`.
+                Ok(_) | Err(_) => {}
             }
         })
         .await;

@@ -271,6 +271,21 @@ impl Unreachable {
         }
     }
 
+    /// Started, left 30 s facing the unreachable API server, then stopped by SIGTERM (which
+    /// must exit 0 at once: nothing is in flight): its log lines.
+    async fn log_of_30s(leader_election: bool) -> Vec<serde_json::Value> {
+        let mut op = Unreachable::start(leader_election).await;
+        op.wait_started().await;
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let lines = op.lines();
+        let (took, exit) = op.stop().await;
+        assert!(
+            exit.success() && took < Duration::from_secs(3),
+            "{exit:?} after {took:?}"
+        );
+        lines
+    }
+
     /// The log's lines so far, parsed.
     fn lines(&self) -> Vec<serde_json::Value> {
         std::fs::read_to_string(&self.log)
@@ -335,15 +350,7 @@ fn complaints(lines: &[serde_json::Value]) -> Vec<String> {
 /// summarised (the 1st, 2nd, 4th… failure in a row), never one line per retry period.
 #[tokio::test]
 async fn an_unreachable_api_server_is_retried_by_the_lease_loop_with_growing_delays_and_few_lines() {
-    let mut op = Unreachable::start(true).await;
-    op.wait_started().await;
-    tokio::time::sleep(Duration::from_secs(30)).await;
-    let lines = op.lines();
-    let (took, exit) = op.stop().await;
-    assert!(
-        exit.success() && took < Duration::from_secs(3),
-        "{exit:?} after {took:?}"
-    );
+    let lines = Unreachable::log_of_30s(true).await;
     let all = complaints(&lines);
     let per_request: Vec<&String> = all
         .iter()
@@ -372,15 +379,7 @@ async fn an_unreachable_api_server_is_retried_by_the_lease_loop_with_growing_del
 /// Every watch backs off too (kube's default backoff never grew: ~1 line per watch per second).
 #[tokio::test]
 async fn an_unreachable_api_server_is_retried_by_every_watch_with_growing_delays_and_few_lines() {
-    let mut op = Unreachable::start(false).await;
-    op.wait_started().await;
-    tokio::time::sleep(Duration::from_secs(30)).await;
-    let lines = op.lines();
-    let (took, exit) = op.stop().await;
-    assert!(
-        exit.success() && took < Duration::from_secs(3),
-        "{exit:?} after {took:?}"
-    );
+    let lines = Unreachable::log_of_30s(false).await;
     let all = complaints(&lines);
     // Eight watches: at most a handful of lines each in 30 s (was about 30 each).
     assert!(all.len() <= 8 * 4, "{} lines in 30 s: {all:#?}", all.len());
