@@ -424,8 +424,9 @@ pub async fn ensure_credentials(ctx: &Context, ns: &str, cluster: &str) -> Resul
     ))
 }
 
-/// After a cluster's credentials or trust roots changed: every dependent is retried now (its
-/// failed nodes' backoff is forgotten: they may have failed for the old credentials).
+/// After a cluster's credentials or trust roots changed, or a node came back: every dependent
+/// is retried now (its failed nodes' backoff is forgotten: they may have failed for the old
+/// credentials, or while the node was away).
 pub fn retry_dependents_now(ctx: &Context, ns: &str, cluster: &str) {
     forget_node_backoff::<crate::api::ArtemisQueue>(ctx, ns, cluster);
     forget_node_backoff::<crate::api::ArtemisDivert>(ctx, ns, cluster);
