@@ -61,9 +61,15 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
     let old = obj.status.clone().unwrap_or_default();
     let poll_interval = Duration::from_secs(obj.spec.poll_interval_seconds.max(1).into());
     if let Some(rt) = recently_polled(&ctx, &ns, &k, generation, poll_interval) {
-        report_write_evidence(&ctx, &obj, &old, &rt).await?;
-        let age = ctx.topologies.get(&k).map(|t| t.age()).unwrap_or_default();
-        return Ok(Action::requeue(poll_interval.saturating_sub(age)));
+        let away = ctx.topologies.get(&k).map(|t| away(&t)).unwrap_or_default();
+        tracing::debug!(cluster = %k, ?away, "between polls");
+        if away.is_empty() || !topology::any_back(&rt.access, &rt.memory, &away).await {
+            report_write_evidence(&ctx, &obj, &old, &rt).await?;
+            let age = ctx.topologies.get(&k).map(|t| t.age()).unwrap_or_default();
+            let next = next_look(&away, poll_interval.saturating_sub(age));
+            return Ok(Action::requeue(next));
+        }
+        tracing::info!(cluster = %k, ?away, "an endpoint away at the last poll answers: polled now");
     }
     let mut status = ArtemisClusterStatus {
         observed_generation: generation,
@@ -81,8 +87,9 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
         Ok(access) => {
             let rt = runtime_for(&ctx, &obj, access, &old, poll_interval);
             let management_write = rt.management_write.clone();
-            let topology = poll_and_publish(&ctx, &ns, &name, rt).await;
+            let (topology, returned) = poll_and_publish(&ctx, &ns, &name, rt).await;
             describe_topology(&mut status, &topology);
+            announce_return(&ctx, &obj, &returned).await;
             // Read after the poll: a write reported meanwhile is included.
             status.management_write = management_write.lock().await.clone();
         }
@@ -93,7 +100,25 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
     if status_changed(&old, &status) {
         super::report::apply_status(&ctx.client, obj.as_ref(), &status).await?;
     }
-    Ok(Action::requeue(poll_interval))
+    let away = ctx.topologies.get(&k).map(|t| away(&t)).unwrap_or_default();
+    Ok(Action::requeue(next_look(&away, poll_interval)))
+}
+
+/// How often, between polls, endpoints that were away are looked at for their return.
+pub const RETURN_PROBE: Duration = Duration::from_secs(2);
+
+/// The endpoints that did not answer the last poll.
+fn away(t: &Topology) -> Vec<String> {
+    t.unreachable.iter().map(|(url, _)| url.clone()).collect()
+}
+
+/// The next pass: the next poll, or sooner while an endpoint is away (a look for its return).
+fn next_look(away: &[String], until_poll: Duration) -> Duration {
+    if away.is_empty() {
+        until_poll
+    } else {
+        until_poll.min(RETURN_PROBE)
+    }
 }
 
 /// A pass caused by this controller's own status write (or any other change that is not the
@@ -191,7 +216,7 @@ fn runtime_for(
 /// leaves no trace in either) — gets everything it missed now: every dependent is retried at
 /// once, its backoff for failures while the node was away forgotten. Returns the topology as
 /// polled.
-async fn poll_and_publish(ctx: &Context, ns: &str, name: &str, rt: ClusterRuntime) -> Topology {
+async fn poll_and_publish(ctx: &Context, ns: &str, name: &str, rt: ClusterRuntime) -> (Topology, Returned) {
     let k = key(ns, name);
     let previous = ctx.clusters.get(&k);
     let respecified = previous.as_ref().is_none_or(|p| p.generation != rt.generation);
@@ -213,31 +238,79 @@ async fn poll_and_publish(ctx: &Context, ns: &str, name: &str, rt: ClusterRuntim
     record_poll_metrics(ctx, &k, &topology, started);
     // Inventories are shared (Arc): the copy kept for status costs the node list only.
     let polled = topology.clone();
-    // Fresh reads made while the poll ran are newer than it: carried over, not lost.
-    let (mut change, returned) = ctx
+    // Fresh reads made while the poll ran are newer than it: carried over, not lost. A node that
+    // came back is published live only once what it missed is on it (catch_up.rs).
+    let (mut change, returned, merged) = ctx
         .topologies
         .put_with(&k, |previous| {
             let merged = polled
                 .carrying_reads(previous, started)
                 .keeping_stale_inventories(previous);
             let change = topology::changes(previous, &merged);
-            let returned = topology::returned(previous, &merged);
-            (merged, (change, returned))
+            let returned = with_silenced(topology::returned(previous, &merged), &silenced, &merged);
+            let published = merged.catching_up(&returned);
+            (published, (change, returned, Some(merged)))
         })
         .unwrap_or_default();
-    let came_back = silenced || !returned.is_empty();
+    let came_back = !returned.is_empty();
     change.everything |= respecified || reauthorised || came_back;
     ctx.clusters.put(&k, rt);
-    drop(in_flight);
-    if came_back {
-        tracing::info!(cluster = %k, ?returned, silenced, "a node came back: every dependent is retried now");
+    let mut caught_up = super::catch_up::Summary::default();
+    if let Some(merged) = merged.filter(|_| came_back) {
+        caught_up = super::catch_up::catch_up_returned(ctx, ns, name, merged, &returned).await;
+        tracing::info!(cluster = %k, ?returned, ?caught_up, "a node came back: what it missed was sent in bulk; every dependent is retried now");
     }
+    drop(in_flight);
     if reauthorised || came_back {
         super::pipeline::retry_dependents_now(ctx, ns, name);
     } else if !change.is_empty() {
         super::pipeline::trigger_dependents(ctx, ns, name, &change, None);
     }
-    topology
+    (
+        topology,
+        Returned {
+            nodes: returned,
+            caught_up,
+        },
+    )
+}
+
+/// Nodes that came back at a poll, and what was sent to them in bulk.
+#[derive(Default)]
+struct Returned {
+    nodes: Vec<String>,
+    caught_up: super::catch_up::Summary,
+}
+
+/// The nodes that came back: live again at this poll, or behind an endpoint judged not
+/// answering since the last one and live now.
+fn with_silenced(mut returned: Vec<String>, silenced: &[String], topology: &Topology) -> Vec<String> {
+    for n in topology.live_nodes() {
+        let was_silent = n
+            .active_endpoint()
+            .is_some_and(|e| silenced.iter().any(|s| s == e));
+        if was_silent && !returned.contains(&n.node_id) {
+            returned.push(n.node_id.clone());
+        }
+    }
+    returned
+}
+
+/// One Event on the ArtemisCluster per return that sent something: which nodes, how many
+/// objects, and where their audit rows are (each object's own status reports its command).
+async fn announce_return(ctx: &Context, obj: &ArtemisCluster, returned: &Returned) {
+    let s = &returned.caught_up;
+    let Some((first, last)) = s.audit_ids else {
+        return;
+    };
+    let note = format!(
+        "node(s) {} came back: {} queue(s) they missed were sent in bulk ({} failed; audit #{first}–#{last}); each object's status reports its own",
+        returned.nodes.join(", "),
+        s.objects,
+        s.failed
+    );
+    ctx.event(obj, s.failed > 0, "NodeCaughtUp", "queue.apply", note)
+        .await;
 }
 
 fn record_poll_metrics(ctx: &Context, k: &str, topology: &Topology, started: std::time::Instant) {

@@ -2,6 +2,7 @@
 //! same pipeline: dereference → plan → preflight → command → record (OPERATOR.md).
 
 pub mod access;
+pub mod catch_up;
 pub mod census;
 pub mod claims;
 pub mod cluster;
@@ -242,6 +243,8 @@ pub struct Context {
     /// The gate's fresh reads of each cluster's Secrets, shared by the commands that ask at the
     /// same time: each Secret's resourceVersion, or why the access is withdrawn.
     pub secret_reads: Arc<shared_read::SharedReads<SecretVersions>>,
+    /// What a node that came back was sent in bulk, until each object's pass reports it.
+    pub caught_up: catch_up::CaughtUp,
 }
 
 /// What the gate before a broker write reads of a cluster's Secrets.
@@ -475,6 +478,7 @@ impl Context {
             address_locks: AddressLocks::default(),
             abandoned: Default::default(),
             secret_reads: Default::default(),
+            caught_up: Default::default(),
         };
         (
             ctx,

@@ -292,7 +292,7 @@ pub enum Gate {
 }
 
 impl Gate {
-    fn of<K: TopologyObject>(obj: &K) -> Gate {
+    pub(super) fn of<K: TopologyObject>(obj: &K) -> Gate {
         if obj.dry_run() {
             Gate::DryRun
         } else if is_paused(obj.meta()) {
@@ -553,7 +553,7 @@ fn dereference<K: TopologyObject>(
     Ok((rt, key(&ns, &obj.cluster_ref().name)))
 }
 
-fn facts(ctx: &Context, cluster_key: &str, rt: &ClusterRuntime) -> PlanFacts {
+pub(super) fn facts(ctx: &Context, cluster_key: &str, rt: &ClusterRuntime) -> PlanFacts {
     PlanFacts {
         declared_diverts: declared_diverts(ctx, cluster_key),
         declaration_mode: rt.declaration_mode,
@@ -780,7 +780,7 @@ fn snapshot_inventories(topology: &Topology) -> BTreeMap<String, Result<Arc<Node
         .collect()
 }
 
-fn intent<K: TopologyObject>(
+pub(super) fn intent<K: TopologyObject>(
     ctx: &Context,
     obj: &K,
     d: &K::Desired,
@@ -1121,7 +1121,7 @@ fn set_not_converging(conds: &mut Vec<Condition>, nodes: &[NodeOutcome], generat
 }
 
 /// The node outcomes of a command, each with the command it received.
-fn stamp(nodes: &mut [NodeOutcome], command: &str, audit_id: i64) {
+pub(super) fn stamp(nodes: &mut [NodeOutcome], command: &str, audit_id: i64) {
     let at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     for n in nodes.iter_mut().filter(|n| n.outcome != Outcome::SkippedNotLive) {
         let not_applied = if n.refusal == Some(RefusalKind::NotConverging) {
@@ -1217,6 +1217,10 @@ pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<
         nodes
     };
     carry_history(&history.nodes, &mut nodes, history.same_generation);
+    // What a node that came back was sent in bulk for this object (catch_up.rs).
+    let uid = o.uid().unwrap_or_default();
+    ctx.caught_up
+        .report_into(&uid, o.meta().generation, &mut nodes, &mut last_audit_id);
     let not_owned = match gate {
         Gate::Write => record_ownership(&ctx, o, &d, &deref, &history, other_writer, &now).await?,
         _ => old_not_owned(o),
@@ -1465,7 +1469,7 @@ async fn preflight_apply<K: TopologyObject>(
 
 /// What a node's write is planned from.
 #[derive(Clone)]
-enum Planned {
+pub(super) enum Planned {
     /// The preflight's fresh read: the write is verified by another one.
     Fresh(Arc<NodeInventory>),
     /// The cluster's snapshot: the write's answer is the evidence.
@@ -1559,7 +1563,7 @@ async fn write<K: TopologyObject>(
 /// One node's write and its evidence: the answer where it is the evidence (an "already exists"
 /// answer is read and planned again from what the node holds, and `existed` set), else a
 /// verifying fresh read.
-async fn apply_with_evidence<K: TopologyObject>(
+pub(super) async fn apply_with_evidence<K: TopologyObject>(
     t: Target,
     d: K::Desired,
     planned: Planned,
