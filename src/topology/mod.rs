@@ -286,7 +286,8 @@ pub async fn poll(access: &ClusterAccess, memory: &Mutex<TopologyMemory>) -> Top
 
 /// Whether any of these endpoints (away at the last poll) answers now as an active broker: a
 /// look between polls at the identity only, so a node that comes back is polled — and sent what
-/// it missed — within seconds rather than at the next poll. Costs one read per endpoint away.
+/// it missed — within seconds rather than at the next poll. Costs one read per endpoint away
+/// (none while the budget judges it not answering: the poll's probe is on the wire).
 pub async fn any_back(access: &ClusterAccess, memory: &Mutex<TopologyMemory>, urls: &[String]) -> bool {
     let known: HashMap<String, String> = memory.lock().await.broker_names.clone();
     let answers = join_all(urls.iter().map(|url| {
@@ -299,7 +300,13 @@ pub async fn any_back(access: &ClusterAccess, memory: &Mutex<TopologyMemory>, ur
         )
         .probing();
         let known_name = known.get(url).cloned();
+        // A node judged not answering has the poll's probe on the wire already: its answer ends
+        // the judgement, and the look after that asks. Never a second probe.
+        let silent = crate::broker::budget::budget_for(url).not_answering().is_some();
         async move {
+            if silent {
+                return false;
+            }
             let identify = async {
                 let management = match known_name {
                     Some(name) => BrokerManagement::with_name(client.clone(), name),
