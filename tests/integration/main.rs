@@ -10,6 +10,7 @@ mod capture_blast;
 mod capture_cost;
 mod capture_faults;
 mod capture_reconcile;
+mod capture_scale;
 mod chart;
 mod close_once;
 mod cluster_core;
