@@ -9,6 +9,7 @@ mod capture;
 mod capture_blast;
 mod capture_cost;
 mod capture_faults;
+mod capture_names;
 mod capture_reconcile;
 mod capture_scale;
 mod chart;
