@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use artemis_studio_operator::api::capture::TapState;
 
-use crate::capture::{divert_names, taps_in};
+use crate::capture::divert_names;
 use crate::queue::fixture;
 use crate::support::{Broker, TestBed, brokers_exclusive, jolokia_raw, short_id, wait_until};
 
@@ -173,14 +173,28 @@ async fn left_on(bed: &TestBed, brokers: &[Broker], mine: &str) -> usize {
 
 async fn wait_healthy(f: &crate::queue::Fixture, taps: usize, bound: Duration) {
     let api = f.subscriptions();
-    wait_until(&format!("{taps} taps HEALTHY"), bound, || {
-        let api = api.clone();
-        async move {
-            let s = api.get("scale").await.ok()?;
-            (taps_in(&s, TapState::Healthy) == taps).then_some(())
+    let seen = std::sync::Mutex::new(String::new());
+    let done = tokio::time::timeout(bound, async {
+        loop {
+            if let Ok(s) = api.get("scale").await {
+                // status.taps lists a bounded number; tapCounts counts them all.
+                if s.status.as_ref().is_some_and(|st| {
+                    st.tap_counts.healthy == taps as u64 && st.tap_counts.total() == taps as u64
+                }) {
+                    return;
+                }
+                let st = s.status.as_ref();
+                let other = st.and_then(|st| st.taps.iter().find(|t| t.state != TapState::Healthy));
+                if let Ok(mut seen) = seen.lock() {
+                    *seen = format!("{:?}; e.g. {other:?}", st.map(|st| st.tap_counts));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
     })
     .await;
+    let last = seen.lock().map(|s| s.clone()).unwrap_or_default();
+    assert!(done.is_ok(), "{taps} taps not HEALTHY after {bound:?}: {last}");
 }
 
 /// Node taps installed per second: APPLIED nodes of the `capture.install` rows over the time
