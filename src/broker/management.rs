@@ -285,6 +285,21 @@ impl BrokerManagement {
             .unwrap_or_default())
     }
 
+    /// Whether a divert of this name is bound on `address` on this node: one read of its own
+    /// MBean, not the node's whole `DivertNames` (which grows with every tap).
+    pub async fn divert_exists(&self, address: &str, name: &str) -> Result<bool, BrokerError> {
+        let mbean = super::mbean::divert(&self.broker_name, address, name);
+        match self
+            .client
+            .call(JolokiaRequest::read(mbean, "ForwardingAddress"))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if crate::topology::inventory::is_not_found(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// `listBindingsForAddress(address)`: binding names (queues and diverts).
     pub async fn bindings_for_address(&self, address: &str) -> Result<Value, BrokerError> {
         self.exec("listBindingsForAddress(java.lang.String)", vec![json!(address)])

@@ -3,8 +3,10 @@
 //! objects from anyone else's by name alone, and a name read back from a broker says exactly
 //! which tap it belongs to.
 //!
-//! `artemis-studio.capture.<instance>.<address>.<subscription>` is the capture address and its
-//! ring queue; the divert is the same name with `.divert` appended (queues and diverts share the
+//! `artemis-studio.capture.<instance>.<address>.<namespace>/<subscription>` is the capture
+//! address and its ring queue (issue 42: the subscription's namespace is in it, so same-named
+//! subscriptions of two namespaces on shared brokers never share a ring; taps installed before
+//! keep their `<subscription>`-only name, `TapName::legacy`); the divert is the same name with `.divert` appended (queues and diverts share the
 //! broker's binding namespace, so they cannot share a name). Each component is escaped so it is
 //! one Artemis word: `[A-Za-z0-9_-]` stay, every other byte (the `.` delimiter, the `*` and `#`
 //! wildcards, `~` itself, `::` of a FQQN, non-ASCII) becomes `~XX` (hex). Escaping is
@@ -63,24 +65,52 @@ pub fn unescape(word: &str) -> Option<String> {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TapName {
     pub instance: String,
+    /// The subscription's namespace (its cluster's), empty in a name made before names carried
+    /// it (see [`TapName::legacy`]).
+    pub namespace: String,
     /// The captured (source) address.
     pub address: String,
-    /// The subscription's name (its namespace is the cluster's).
+    /// The subscription's name.
     pub subscription: String,
 }
 
 impl TapName {
-    pub fn new(instance: &str, address: &str, subscription: &str) -> Self {
+    /// The tap of subscription `namespace/subscription` on `address`: its broker names carry
+    /// the subscription's identity, so same-named subscriptions of two namespaces on shared
+    /// brokers never share a capture queue (issue 42).
+    pub fn new(instance: &str, namespace: &str, address: &str, subscription: &str) -> Self {
         TapName {
             instance: instance.to_string(),
+            namespace: namespace.to_string(),
             address: address.to_string(),
             subscription: subscription.to_string(),
         }
     }
 
+    /// A tap as named before its names carried the namespace: kept by the taps installed then
+    /// (renaming a live tap would drop what its ring holds), while no same-named subscription
+    /// of another namespace shares the brokers.
+    pub fn legacy(instance: &str, address: &str, subscription: &str) -> Self {
+        Self::new(instance, "", address, subscription)
+    }
+
+    pub fn is_legacy(&self) -> bool {
+        self.namespace.is_empty()
+    }
+
     /// Every object name of this instance starts with this.
     pub fn instance_prefix(instance: &str) -> String {
         format!("{CAPTURE_PREFIX}{}.", escape(instance))
+    }
+
+    /// The subscription's word: `namespace/name` escaped (a `/` is in no Kubernetes name, so
+    /// the split back is unambiguous), or the bare name in a legacy name.
+    fn subscription_word(&self) -> String {
+        if self.is_legacy() {
+            escape(&self.subscription)
+        } else {
+            escape(&format!("{}/{}", self.namespace, self.subscription))
+        }
     }
 
     /// The capture address and its ring queue.
@@ -89,7 +119,7 @@ impl TapName {
             "{}{}.{}",
             Self::instance_prefix(&self.instance),
             escape(&self.address),
-            escape(&self.subscription)
+            self.subscription_word()
         )
     }
 
@@ -119,11 +149,17 @@ impl TapName {
             [a, s, d] if *d == DIVERT_SUFFIX => (a, s, TapObject::Divert),
             _ => return None,
         };
+        let subscription = unescape(subscription)?;
+        let (namespace, subscription) = match subscription.split_once('/') {
+            Some((ns, name)) => (ns.to_string(), name.to_string()),
+            None => (String::new(), subscription),
+        };
         Some((
             TapName {
                 instance: instance.to_string(),
+                namespace,
                 address: unescape(address)?,
-                subscription: unescape(subscription)?,
+                subscription,
             },
             object,
         ))
@@ -226,9 +262,36 @@ mod tests {
     }
 
     #[test]
+    fn names_carry_the_subscriptions_namespace_and_legacy_names_parse_as_such() {
+        let a = TapName::new("prod", "team-a", "orders.in", "audit");
+        let b = TapName::new("prod", "team-b", "orders.in", "audit");
+        assert_eq!(
+            a.capture_queue(),
+            "artemis-studio.capture.prod.orders~2Ein.team-a~2Faudit"
+        );
+        assert_ne!(a.capture_queue(), b.capture_queue());
+        assert_ne!(a.divert(), b.divert());
+        assert_eq!(
+            TapName::parse("prod", &b.divert()),
+            Some((b.clone(), TapObject::Divert))
+        );
+        let old = TapName::legacy("prod", "orders.in", "audit");
+        assert_eq!(
+            old.capture_queue(),
+            "artemis-studio.capture.prod.orders~2Ein.audit"
+        );
+        let (parsed, _) = TapName::parse("prod", &old.capture_queue()).expect("a legacy name parses");
+        assert!(parsed.is_legacy() && parsed == old);
+        assert_ne!(old, a);
+    }
+
+    #[test]
     fn names_parse_back_and_other_instances_are_not_ours() {
-        let t = TapName::new("prod", "orders.in", "audit");
-        assert_eq!(t.capture_queue(), "artemis-studio.capture.prod.orders~2Ein.audit");
+        let t = TapName::new("prod", "ns", "orders.in", "audit");
+        assert_eq!(
+            t.capture_queue(),
+            "artemis-studio.capture.prod.orders~2Ein.ns~2Faudit"
+        );
         assert_eq!(
             TapName::parse("prod", &t.divert()),
             Some((t.clone(), TapObject::Divert))
@@ -244,7 +307,7 @@ mod tests {
             None
         );
         // An instance whose ID is a prefix of ours is another instance.
-        let other = TapName::new("prod-2", "orders.in", "audit");
+        let other = TapName::new("prod-2", "ns", "orders.in", "audit");
         assert_eq!(TapName::parse("prod", &other.divert()), None);
     }
 

@@ -336,7 +336,7 @@ pub async fn run(
     let cluster_key = key(&ns, &cluster.name_any());
     let instance = ctx.instance_id.as_str();
     let mut summary = PassSummary::default();
-    let seen = survey(ctx, state, cluster, subs, &cluster_key).await?;
+    let seen = survey(ctx, state, cluster, subs, &cluster_key, elsewhere).await?;
     let mut judged = Judged::default();
     for node in &seen.topology.nodes {
         judge_node(&seen, node, instance, &cluster_key, drains, &mut judged).await;
@@ -443,6 +443,7 @@ async fn survey(
     cluster: &ArtemisCluster,
     subs: &[Arc<ArtemisCaptureSubscription>],
     cluster_key: &str,
+    elsewhere: &BTreeMap<String, String>,
 ) -> Result<Survey, PassError> {
     let instance = ctx.instance_id.as_str();
     // Finalizers first: a subscription never has a tap on a broker without one.
@@ -474,7 +475,14 @@ async fn survey(
         .filter_map(|n| n.inventory.as_deref())
         .collect();
     let role = cluster.spec.capture_role.clone();
-    let (desired, past_cap) = plan::desired_taps(instance, &role, &views, inventories.iter().copied());
+    let ns = cluster.namespace().unwrap_or_default();
+    let legacy = legacy_taps(instance, &records, &inventories, elsewhere);
+    let naming = plan::Naming {
+        instance,
+        namespace: &ns,
+        legacy: &legacy,
+    };
+    let (desired, past_cap) = plan::desired_taps(&naming, &role, &views, inventories.iter().copied());
     Ok(Survey {
         access,
         topology,
@@ -484,6 +492,30 @@ async fn survey(
         desired,
         past_cap,
     })
+}
+
+/// The (subscription, address) of this instance's taps named before names carried the
+/// namespace — from the open records and the nodes' inventories — that keep that name: renaming
+/// a live tap would drop what its ring holds. Not where another cluster on these brokers has a
+/// subscription of the same name (the name would be both's): those are installed under the new
+/// name, and the old one swept.
+fn legacy_taps(
+    instance: &str,
+    records: &[crate::store::capture::TapRecord],
+    inventories: &[&crate::topology::inventory::NodeInventory],
+    elsewhere: &BTreeMap<String, String>,
+) -> BTreeSet<(String, String)> {
+    let recorded = records
+        .iter()
+        .filter_map(|r| TapName::parse(instance, &r.capture_queue).map(|(t, _)| t));
+    let on_brokers = inventories
+        .iter()
+        .flat_map(|inv| plan::our_objects(instance, inv).into_keys());
+    recorded
+        .chain(on_brokers)
+        .filter(|t| t.is_legacy() && !elsewhere.contains_key(&t.subscription))
+        .map(|t| (t.subscription, t.address))
+        .collect()
 }
 
 /// The cluster's access and a topology to judge from (issue 24: capture reads the cluster's
@@ -592,7 +624,7 @@ async fn judge_node(
         };
         judged.found.insert(k, f);
     }
-    orphans_on(seen, node, instance, inv, judged);
+    orphans_on(seen, node, (instance, cluster_key), inv, judged);
 }
 
 /// A node not served now: every desired tap waits for it.
@@ -724,14 +756,19 @@ fn found_elsewise(name: &TapName, verdict: Verdict, problem: Option<&(RefusalKin
 fn orphans_on(
     seen: &Survey,
     node: &crate::topology::LogicalNode,
-    instance: &str,
+    (instance, cluster_key): (&str, &str),
     inv: &crate::topology::inventory::NodeInventory,
     judged: &mut Judged,
 ) {
+    // Another namespace's taps on shared brokers are its cluster's to judge.
+    let ns = cluster_key.split_once('/').map_or("", |(ns, _)| ns);
     let mut ours = plan::our_objects(instance, inv);
+    ours.retain(|t, _| t.is_legacy() || t.namespace == ns);
     for r in seen.records.iter().filter(|r| r.node == node.node_id) {
-        ours.entry(TapName::new(instance, &r.source_address, &r.subscription))
-            .or_insert((false, false));
+        let tap = TapName::parse(instance, &r.capture_queue)
+            .map(|(t, _)| t)
+            .unwrap_or_else(|| TapName::new(instance, ns, &r.source_address, &r.subscription));
+        ours.entry(tap).or_insert((false, false));
     }
     for (tap, objects) in ours {
         if !seen.desired.contains_key(&tap) {
@@ -841,8 +878,9 @@ async fn install_all(
     first_error.map_or(Ok(commands), Err)
 }
 
-/// Taps installed at once by a pass.
-const INSTALLS_AT_ONCE: usize = 16;
+/// Taps installed (or removed) at once by a pass: each install is a few operations one after
+/// another per node, so this many keep the node's bulk POSTs full (issue 42: ≥ 100 installs/s).
+const INSTALLS_AT_ONCE: usize = 128;
 
 fn found_after_install(o: NodeOutcome) -> Found {
     if o.outcome == Outcome::Applied {
@@ -868,7 +906,9 @@ fn found_after_install(o: NodeOutcome) -> Found {
 }
 
 /// The orphan sweep: the only thing that ever removes a tap (ADR-0062 D6). The number of
-/// commands sent.
+/// commands sent. Issue 42: the drains of every swept tap stop together (one grace), then the
+/// removals run side by side, so their operations to one node share bulk POSTs; each keeps its
+/// own audit row.
 async fn sweep_all(
     scope: &PassScope<'_>,
     state: &ClusterState,
@@ -876,31 +916,63 @@ async fn sweep_all(
     subs_by_name: &BTreeMap<String, &Arc<ArtemisCaptureSubscription>>,
     elsewhere: &BTreeMap<String, String>,
 ) -> Result<i32, PassError> {
-    let mut commands = 0;
+    use futures::StreamExt;
+    let mut swept = vec![];
     for (tap, nodes) in sweeps {
         let sub = subs_by_name.get(&tap.subscription).copied();
         if let (None, Some(owner)) = (sub, elsewhere.get(&tap.subscription)) {
             tracing::debug!(tap = %tap.divert(), %owner, "not this cluster's tap: its subscription is another cluster's on these brokers");
             continue;
         }
-        // The drain goes first: a consumer re-attaching to a queue the sweep just removed could
-        // have the broker auto-create an ordinary queue in its place.
-        for node in nodes.keys() {
-            let k = DrainKey {
-                cluster: scope.cluster_key.to_string(),
-                node: node.clone(),
-                capture_queue: tap.capture_queue(),
+        swept.push((tap, nodes, sub));
+    }
+    // The drains go first: a consumer re-attaching to a queue the sweep just removed could
+    // have the broker auto-create an ordinary queue in its place.
+    let mut keys: Vec<DrainKey> = vec![];
+    for (tap, nodes, _) in &swept {
+        keys.extend(nodes.keys().map(|node| DrainKey {
+            cluster: scope.cluster_key.to_string(),
+            node: node.clone(),
+            capture_queue: tap.capture_queue(),
+        }));
+    }
+    let handles: Vec<super::drain::DrainHandle> = {
+        let mut drains = state.drains.lock().await;
+        keys.iter().filter_map(|k| drains.remove(k)).collect()
+    };
+    futures::future::join_all(handles.into_iter().map(|h| h.stop(SWEEP_DRAIN_GRACE))).await;
+    // Boxed as Send, as in `install_all`.
+    let each: Vec<futures::future::BoxFuture<'_, Result<(), PassError>>> = swept
+        .into_iter()
+        .map(|(tap, nodes, sub)| -> futures::future::BoxFuture<'_, Result<(), PassError>> {
+            let reason = match elsewhere.get(&tap.subscription) {
+                Some(other) if sub.is_some() && tap.is_legacy() => format!(
+                    "named before tap names carried the namespace, and {other} has the same name on these brokers: re-installed under a name that carries it (issue 42)"
+                ),
+                _ => sweep_reason(sub, &tap),
             };
-            let handle = state.drains.lock().await.remove(&k);
-            if let Some(h) = handle {
-                h.stop(Duration::from_secs(10)).await;
+            Box::pin(async move { remove(scope, sub, &tap, &nodes, &reason).await })
+        })
+        .collect();
+    let results: Vec<Result<(), PassError>> = futures::stream::iter(each)
+        .buffer_unordered(INSTALLS_AT_ONCE)
+        .collect()
+        .await;
+    let mut commands = 0;
+    let mut first_error = None;
+    for r in results {
+        match r {
+            Ok(()) => commands += 1,
+            Err(e) => {
+                first_error.get_or_insert(e);
             }
         }
-        remove(scope, sub, &tap, &nodes, &sweep_reason(sub, &tap)).await?;
-        commands += 1;
     }
-    Ok(commands)
+    first_error.map_or(Ok(commands), Err)
 }
+
+/// How long a swept tap's drain may take to commit and settle the batch in hand.
+const SWEEP_DRAIN_GRACE: Duration = Duration::from_secs(10);
 
 /// Why a tap is swept, for its audit row.
 fn sweep_reason(sub: Option<&Arc<ArtemisCaptureSubscription>>, tap: &TapName) -> String {
@@ -1389,9 +1461,9 @@ async fn install_on(m: &BrokerManagement, spec: &TapSpec, parts: &[Part]) -> Res
             Part::QueueRingSize => m.update_queue(&spec.queue_document()).await.map(|_| ()),
             Part::Divert => match m.create_divert(&spec.divert_document()).await {
                 Ok(()) => {
-                    // The broker ignores a duplicate or a missing address silently: verify.
-                    let names = m.divert_names().await?;
-                    if names.contains(&spec.name.divert()) {
+                    // The broker ignores a duplicate or a missing address silently: verify
+                    // (the divert's own MBean: the cost of one install does not grow with taps).
+                    if m.divert_exists(&spec.name.address, &spec.name.divert()).await? {
                         Ok(())
                     } else {
                         Err(BrokerError::refused(
@@ -1502,12 +1574,13 @@ async fn remove_on(
     ))
 }
 
-/// A capture command tells its subscription (none for an orphan's sweep), and is no evidence
+/// A capture command tells its subscription of a failure (none for an orphan's sweep; a success
+/// is in the subscription's status and the audit log), and is no evidence
 /// of the management user's authority over queues (ADR-0049).
 fn told(sub: Option<&Arc<ArtemisCaptureSubscription>>) -> command::Told<'_, ArtemisCaptureSubscription> {
     command::Told {
         on: sub.map(|s| s.as_ref()),
-        success_event: command::SuccessEvent::Always,
+        success_event: command::SuccessEvent::Never,
         evidence_for: None,
     }
 }
@@ -1864,6 +1937,62 @@ mod deleting_tests {
                 .as_deref()
                 .is_some_and(|m| m.contains("not in this cluster")),
             "{tap:?}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod naming_tests {
+    use super::*;
+    use crate::store::capture::TapRecord;
+    use crate::topology::inventory::{NodeInventory, QueueInfo};
+
+    fn record(tap: &TapName) -> TapRecord {
+        TapRecord {
+            subscription: tap.subscription.clone(),
+            node: "n1".into(),
+            source_address: tap.address.clone(),
+            capture_queue: tap.capture_queue(),
+            installed_at: chrono::Utc::now(),
+        }
+    }
+
+    #[test]
+    fn taps_named_before_namespaces_keep_their_name_unless_another_cluster_shares_it() {
+        let recorded = TapName::legacy("i1", "orders", "audit");
+        let on_broker = TapName::legacy("i1", "payments", "audit");
+        let renamed = TapName::new("i1", "ns", "refunds", "audit");
+        let mut inv = NodeInventory::default();
+        for t in [&on_broker, &renamed] {
+            let name = t.capture_queue();
+            inv.queues.insert(
+                name.clone(),
+                QueueInfo {
+                    name,
+                    ..Default::default()
+                },
+            );
+        }
+        let records = [record(&recorded), record(&renamed)];
+        let kept = legacy_taps("i1", &records, &[&inv], &BTreeMap::new());
+        let want: BTreeSet<(String, String)> = [("audit", "orders"), ("audit", "payments")]
+            .into_iter()
+            .map(|(s, a)| (s.to_string(), a.to_string()))
+            .collect();
+        assert_eq!(kept, want);
+        let elsewhere = BTreeMap::from([("audit".to_string(), "other/audit on cluster other/c".to_string())]);
+        assert!(legacy_taps("i1", &records, &[&inv], &elsewhere).is_empty());
+        let legacy = kept;
+        let naming = plan::Naming {
+            instance: "i1",
+            namespace: "ns",
+            legacy: &legacy,
+        };
+        assert_eq!(naming.tap("orders", "audit"), recorded);
+        assert_eq!(naming.tap("refunds", "audit"), renamed);
+        assert_eq!(
+            naming.tap("orders", "other"),
+            TapName::new("i1", "ns", "orders", "other")
         );
     }
 }

@@ -73,10 +73,32 @@ pub fn captured_addresses<'a>(
     matched_addresses(pattern, inventories).0
 }
 
+/// How one cluster's taps are named: with the subscription's namespace, except a tap installed
+/// before names carried it, which keeps its name (`TapName::legacy`).
+pub struct Naming<'a> {
+    pub instance: &'a str,
+    pub namespace: &'a str,
+    /// (subscription, address) of the taps that keep their legacy name.
+    pub legacy: &'a BTreeSet<(String, String)>,
+}
+
+impl Naming<'_> {
+    pub fn tap(&self, address: &str, subscription: &str) -> TapName {
+        if self
+            .legacy
+            .contains(&(subscription.to_string(), address.to_string()))
+        {
+            TapName::legacy(self.instance, address, subscription)
+        } else {
+            TapName::new(self.instance, self.namespace, address, subscription)
+        }
+    }
+}
+
 /// The desired taps: every live subscription × the addresses it taps (`arming::chosen`); second,
 /// per subscription, the addresses refused past its cap.
 pub fn desired_taps<'a>(
-    instance: &str,
+    naming: &Naming<'_>,
     role: &str,
     subscriptions: &[Subscription],
     inventories: impl IntoIterator<Item = &'a NodeInventory> + Clone,
@@ -90,7 +112,7 @@ pub fn desired_taps<'a>(
             past_cap.insert(s.name.clone(), refused);
         }
         for address in chosen {
-            let name = TapName::new(instance, &address, &s.name);
+            let name = naming.tap(&address, &s.name);
             out.insert(
                 name.clone(),
                 TapSpec {
@@ -354,12 +376,21 @@ mod tests {
 
     fn spec(address: &str) -> TapSpec {
         TapSpec {
-            name: TapName::new("i1", address, "sub"),
+            name: TapName::new("i1", "ns", address, "sub"),
             filter: None,
             ring_size: 100,
             expiry_delay_ms: 60_000,
             max_buffer_bytes: 64 << 20,
             role: "amq".into(),
+        }
+    }
+
+    fn naming() -> Naming<'static> {
+        static NONE: std::sync::OnceLock<BTreeSet<(String, String)>> = std::sync::OnceLock::new();
+        Naming {
+            instance: "i1",
+            namespace: "ns",
+            legacy: NONE.get_or_init(BTreeSet::new),
         }
     }
 
@@ -552,7 +583,7 @@ mod tests {
         let mut inv = inv_with("orders.in");
         installed(&mut inv, &tap, 0);
         let other = TapSpec {
-            name: TapName::new("i2", "orders.in", "sub"),
+            name: TapName::new("i2", "ns", "orders.in", "sub"),
             ..spec("orders.in")
         };
         installed(&mut inv, &other, 0);
@@ -566,13 +597,13 @@ mod tests {
         let inv = inv_with("orders.in");
         let mut s = orders_sub(true, 100, BTreeSet::new());
         assert_eq!(
-            desired_taps("i1", "amq", std::slice::from_ref(&s), [&inv])
+            desired_taps(&naming(), "amq", std::slice::from_ref(&s), [&inv])
                 .0
                 .len(),
             1
         );
         s.deleting = true;
-        assert!(desired_taps("i1", "amq", &[s], [&inv]).0.is_empty());
+        assert!(desired_taps(&naming(), "amq", &[s], [&inv]).0.is_empty());
     }
 
     #[test]
@@ -589,14 +620,14 @@ mod tests {
             );
         }
         let mut s = orders_sub(false, 2, BTreeSet::from(["orders.c".to_string()]));
-        let (d, cap) = desired_taps("i1", "amq", std::slice::from_ref(&s), [&inv]);
+        let (d, cap) = desired_taps(&naming(), "amq", std::slice::from_ref(&s), [&inv]);
         assert_eq!(
             d.keys().map(|t| t.address.as_str()).collect::<Vec<_>>(),
             ["orders.c"]
         );
         assert!(cap.is_empty());
         s.armed = true;
-        let (d, cap) = desired_taps("i1", "amq", std::slice::from_ref(&s), [&inv]);
+        let (d, cap) = desired_taps(&naming(), "amq", std::slice::from_ref(&s), [&inv]);
         assert_eq!(d.len(), 2);
         assert_eq!(cap.get("sub"), Some(&vec!["orders.b".to_string()]));
     }

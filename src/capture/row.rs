@@ -226,7 +226,7 @@ mod tests {
     }
 
     fn tap() -> TapName {
-        TapName::new("i1", "orders.in", "sub")
+        TapName::new("i1", "ns", "orders.in", "sub")
     }
 
     #[test]

@@ -50,6 +50,9 @@ pub enum SuccessEvent<'a> {
     /// log — an Event per created object would be a third API write per object, and thousands
     /// of Events nobody acts on.
     IfExisted(&'a AtomicBool),
+    /// Never: a capture tap's install or removal, one of thousands a pattern makes — its
+    /// subscription's status lists each tap and the audit log each command.
+    Never,
 }
 
 impl SuccessEvent<'_> {
@@ -57,6 +60,7 @@ impl SuccessEvent<'_> {
         match self {
             SuccessEvent::Always => true,
             SuccessEvent::IfExisted(existed) => existed.load(Ordering::Relaxed),
+            SuccessEvent::Never => false,
         }
     }
 }

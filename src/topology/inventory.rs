@@ -300,7 +300,7 @@ fn matches(result: Result<Value, BrokerError>) -> Result<Vec<Value>, BrokerError
 }
 
 /// Jolokia's answer for an MBean that does not exist (InstanceNotFoundException).
-fn is_not_found(e: &BrokerError) -> bool {
+pub(crate) fn is_not_found(e: &BrokerError) -> bool {
     matches!(e, BrokerError::BadResponse(m) if m.starts_with("status 404"))
 }
 

@@ -1607,7 +1607,7 @@ impl Scenario<'_> {
             };
             for (sub, addresses) in &self.subscriptions {
                 for address in addresses {
-                    let tap = TapName::new(&self.run.instance, address, sub);
+                    let tap = TapName::new(&self.run.instance, &a.ns, address, sub);
                     match st.diverts.get(&tap.divert()) {
                         Some(d) if d.address == *address && d.forwarding == tap.forwarding_address() => {}
                         Some(d) => problems.push(format!("{node}: tap divert of {address} is {d:?}")),

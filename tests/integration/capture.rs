@@ -226,7 +226,7 @@ impl Fixture {
     }
 
     pub fn tap(&self, address: &str, subscription: &str) -> TapName {
-        TapName::new(&self.op.ctx.instance_id, address, subscription)
+        TapName::new(&self.op.ctx.instance_id, &self.ns, address, subscription)
     }
 }
 
@@ -570,7 +570,7 @@ async fn taps_of_a_subscription_deleted_while_no_operator_ran_are_swept_at_start
     let address = format!("cap.{id}.orphan");
     broker_queue(&f.bed, &address).await;
     // Another installation's tap on the same address, on every node.
-    let foreign = TapName::new(&format!("other-{id}"), &address, "orders");
+    let foreign = TapName::new(&format!("other-{id}"), "other", &address, "orders");
     for b in f.bed.cluster_brokers("c") {
         hand_made_tap(&f.bed, &b, &foreign).await;
     }

@@ -741,7 +741,9 @@ async fn upgrade_in_place(run: &Run<'_>) {
     );
     let rows_before = captured(&pool, &ns).await;
     let old_holders: BTreeSet<String> = passes(&pool, &ns).await.into_iter().map(|p| p.0).collect();
-    let tap = TapName::new(&instance, &tapped, SUBSCRIPTION);
+    // Installed by the previous operator before tap names carried the namespace: the upgrade
+    // keeps its name (renaming a live tap would drop what its ring holds).
+    let tap = TapName::legacy(&instance, &tapped, SUBSCRIPTION);
     let broker_queues = vec![
         tapped.clone(),
         target.clone(),

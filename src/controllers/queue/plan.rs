@@ -642,7 +642,7 @@ mod tests {
         assert!(kept.iter().any(|k| k.note.contains("another operator instance")));
         // Our own tap: removed by its subscription's next pass when this is the last matching
         // queue on the address, kept when another matching queue remains.
-        let ours = crate::capture::names::TapName::new("i1", "target", "sub");
+        let ours = crate::capture::names::TapName::new("i1", "ns", "target", "sub");
         let with_tap = |queues: Vec<QueueInfo>| {
             inv(
                 queues,
