@@ -4,6 +4,8 @@
 //! empty inline functions here and reads no environment variable. In a `test-hooks` build a
 //! window opens only when its environment variable names a marker file: the hook writes the
 //! marker (what the test waits for) and then sleeps, so the test kills the process there.
+//! [`drain_dies`] is the one hook that is not a pause: it makes capture drains die (panic), for
+//! the test of their supervision.
 
 /// One pause point, named by the environment variable that opens it.
 #[derive(Debug, Clone, Copy)]
@@ -48,6 +50,11 @@ mod open {
         }
     }
 
+    /// The variable names a file; drains die while it exists.
+    pub fn drain_dies() -> bool {
+        std::env::var_os("ARTEMIS_STUDIO_TEST_DRAIN_DIES").is_some_and(|f| std::path::Path::new(&f).exists())
+    }
+
     pub async fn hold_all_but_first_node() {
         if marker(Window::MidFanout).is_some() && FIRST_NODE_TAKEN.swap(true, Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_secs(3600)).await;
@@ -56,7 +63,7 @@ mod open {
 }
 
 #[cfg(feature = "test-hooks")]
-pub use open::{hold_all_but_first_node, mark, pause};
+pub use open::{drain_dies, hold_all_but_first_node, mark, pause};
 
 /// Write the window's marker, then sleep (for the test's SIGKILL).
 #[cfg(not(feature = "test-hooks"))]
@@ -72,3 +79,11 @@ pub fn mark(_: Window, _: &str) {}
 #[cfg(not(feature = "test-hooks"))]
 #[inline(always)]
 pub async fn hold_all_but_first_node() {}
+
+/// Whether a capture drain dies now (panics at its next batch): while the file that
+/// `ARTEMIS_STUDIO_TEST_DRAIN_DIES` names exists, every drain of the process does.
+#[cfg(not(feature = "test-hooks"))]
+#[inline(always)]
+pub fn drain_dies() -> bool {
+    false
+}

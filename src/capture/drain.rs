@@ -14,11 +14,13 @@ use fe2o3_amqp::link::delivery::Delivery;
 use fe2o3_amqp::link::delivery::DeliveryInfo;
 use fe2o3_amqp::types::messaging::Body;
 use fe2o3_amqp::types::primitives::Value;
+use futures::FutureExt;
 use tokio::sync::watch;
 
 use super::connection::{LinkKey, NodeLinks};
 use super::names::TapName;
 use super::split::{Refusal, Sink, SplitInsert};
+use super::supervise::{Death, DeathCause, Restart};
 use crate::store::captured::{CapturedRow, LossAt, SubscriptionKey};
 use crate::store::{NO_PARTITION_OR_CHECK, Store, StoreError};
 
@@ -114,10 +116,40 @@ impl DrainHealth {
             .is_ok_and(|m| m.get(key).is_some_and(|s| s.connected || s.problem.is_some()))
     }
 
-    fn forget(&self, key: &DrainKey) {
+    /// No drain runs for `key` now: its state and its open coverage are forgotten.
+    pub(super) fn forget(&self, key: &DrainKey) {
         if let Ok(mut m) = self.inner.lock() {
             m.remove(key);
         }
+        self.set_coverage(key, None);
+    }
+
+    /// The drain died: not draining (its coverage claims nothing past its death), and says so
+    /// until the next converge restarts it.
+    fn died(&self, key: &DrainKey, death: &Death) {
+        self.set_coverage(key, None);
+        let why = format!("drain died: {}; the next capture pass restarts it", death.cause);
+        self.set(key, false, Some(why));
+    }
+
+    /// The drain that died restarts at `at`, when its backoff ends.
+    pub(super) fn restarts_at(
+        &self,
+        key: &DrainKey,
+        death: &Death,
+        restart: &Restart,
+        at: chrono::DateTime<chrono::Utc>,
+    ) {
+        let in_a_row = match restart.deaths_in_a_row {
+            0 | 1 => String::new(),
+            n => format!(", {n} deaths in a row"),
+        };
+        let why = format!(
+            "drain died: {}{in_a_row}; restarts at {}",
+            death.cause,
+            rfc3339(at)
+        );
+        self.set(key, false, Some(why));
     }
 
     /// The drain's coverage interval is open (or, with None, ends now).
@@ -274,23 +306,57 @@ pub struct DrainSpec {
 }
 
 /// A running drain. [`DrainHandle::stop`] stops it after the batch in hand; dropping the handle
-/// (the worker is gone) aborts it, and its unsettled copies go back to the queue.
+/// (the worker is gone) aborts it, and its unsettled copies go back to the queue. A drain whose
+/// task ended while nobody stopped it has died ([`DrainHandle::has_ended`],
+/// [`super::supervise`]).
 pub struct DrainHandle {
     /// Where it is attached, and as whom: a drain whose node or credentials changed is replaced.
     pub link: LinkKey,
+    key: DrainKey,
+    health: DrainHealth,
+    /// The deaths in a row before this drain started (0: not a restart).
+    deaths_in_a_row: u32,
     stop: watch::Sender<bool>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    task: Option<tokio::task::JoinHandle<Option<Death>>>,
 }
 
 impl DrainHandle {
     /// Stop after the batch in hand is committed and settled (unsettled copies go back to the
-    /// queue head); waits up to `grace`.
+    /// queue head); waits up to `grace`. Not a death, whenever the task ends.
     pub async fn stop(mut self, grace: Duration) {
         let _ = self.stop.send(true);
         if let Some(mut task) = self.task.take()
             && tokio::time::timeout(grace, &mut task).await.is_err()
         {
             task.abort();
+        }
+        self.health.forget(&self.key);
+    }
+
+    /// Its task has ended (a drain that was not stopped: it died).
+    pub fn has_ended(&self) -> bool {
+        self.task
+            .as_ref()
+            .is_none_or(tokio::task::JoinHandle::is_finished)
+    }
+
+    pub fn deaths_in_a_row(&self) -> u32 {
+        self.deaths_in_a_row
+    }
+
+    /// How the task ended, once [`DrainHandle::has_ended`]: its death, or None when it was
+    /// stopped.
+    pub async fn death(mut self) -> Option<Death> {
+        let task = self.task.take()?;
+        match task.await {
+            Ok(death) => death,
+            Err(e) if e.is_panic() => Some(Death {
+                at: Instant::now(),
+                at_wall: chrono::Utc::now(),
+                ran_for: Duration::ZERO,
+                cause: DeathCause::of_panic(e.into_panic().as_ref()),
+            }),
+            Err(_) => None,
         }
     }
 }
@@ -303,27 +369,90 @@ impl Drop for DrainHandle {
     }
 }
 
-pub fn spawn(store: Store, health: DrainHealth, links: NodeLinks, spec: DrainSpec) -> DrainHandle {
+/// Start a drain: at once, or after `restart.wait` (the backoff of a drain that died).
+pub fn spawn(
+    store: Store,
+    health: DrainHealth,
+    links: NodeLinks,
+    spec: DrainSpec,
+    restart: Restart,
+) -> DrainHandle {
     let (stop, stopped) = watch::channel(false);
-    let link = spec.link.clone();
-    let task = tokio::spawn(async move {
-        let drains = &crate::telemetry::capture::metrics().drains;
-        drains.inc();
-        // Counted down however the task ends (stopped, or aborted with its handle).
-        struct Running<'a>(&'a prometheus_client::metrics::gauge::Gauge);
-        impl Drop for Running<'_> {
-            fn drop(&mut self) {
-                self.0.dec();
-            }
-        }
-        let _running = Running(drains);
-        run(store, health, links, spec, stopped).await
-    });
+    let (link, key) = (spec.link.clone(), spec.key.clone());
+    let task = tokio::spawn(supervised(
+        store,
+        health.clone(),
+        links,
+        spec,
+        stopped,
+        restart.wait,
+    ));
     DrainHandle {
         link,
+        key,
+        health,
+        deaths_in_a_row: restart.deaths_in_a_row,
         stop,
         task: Some(task),
     }
+}
+
+/// Counts a running drain down however its task ends (stopped, died, or aborted with its
+/// handle).
+struct Running(&'static prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// A drain's task: after `wait`, [`run`] until stopped. A run that ends otherwise — a panic, or
+/// a return — is the drain's death: recorded ([`super::supervise::record_death`]), in its
+/// health, and returned to the converge that restarts it.
+async fn supervised(
+    store: Store,
+    health: DrainHealth,
+    links: NodeLinks,
+    spec: DrainSpec,
+    stopped: watch::Receiver<bool>,
+    wait: Duration,
+) -> Option<Death> {
+    let mut stop = stopped.clone();
+    if !wait.is_zero() {
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => {}
+        }
+    }
+    if *stop.borrow() {
+        return None;
+    }
+    let (key, subscription) = (spec.key.clone(), spec.tap.subscription.clone());
+    let started = Instant::now();
+    let outcome = {
+        let drains = &crate::telemetry::capture::metrics().drains;
+        drains.inc();
+        let _running = Running(drains);
+        std::panic::AssertUnwindSafe(run(store, health.clone(), links, spec, stopped))
+            .catch_unwind()
+            .await
+    };
+    if *stop.borrow() {
+        return None;
+    }
+    let death = Death {
+        at: Instant::now(),
+        at_wall: chrono::Utc::now(),
+        ran_for: started.elapsed(),
+        cause: match outcome {
+            Ok(()) => DeathCause::Returned,
+            Err(payload) => DeathCause::of_panic(payload.as_ref()),
+        },
+    };
+    super::supervise::record_death(&key, &subscription, &death);
+    health.died(&key, &death);
+    Some(death)
 }
 
 async fn run(
@@ -447,6 +576,10 @@ async fn batches(
     loop {
         if *stopped.borrow() {
             return Ok(());
+        }
+        // A drain that dies (test builds only): what supervision restarts.
+        if crate::crash_window::drain_dies() {
+            panic!("test hook ARTEMIS_STUDIO_TEST_DRAIN_DIES");
         }
         let batch = collect(receiver, stopped).await?;
         if batch.is_empty() {
@@ -730,6 +863,109 @@ mod tests {
         assert!(
             why.starts_with("a batch of 7 copies has waited on the database since"),
             "{why}"
+        );
+    }
+
+    fn death(cause: DeathCause) -> Death {
+        Death {
+            at: Instant::now(),
+            at_wall: chrono::DateTime::from_timestamp(1_800_000_000, 0).expect("time"),
+            ran_for: Duration::ZERO,
+            cause,
+        }
+    }
+
+    #[test]
+    fn a_dead_drain_is_not_draining_and_says_how_it_died_and_when_it_restarts() {
+        let health = DrainHealth::default();
+        health.set(&key(), true, None);
+        let d = death(DeathCause::Returned);
+        health.died(&key(), &d);
+        let why = health
+            .draining(&key(), Duration::from_secs(60))
+            .expect_err("dead");
+        assert!(
+            why.starts_with(
+                "drain died: its task ended without being stopped; the next capture pass restarts it (since "
+            ),
+            "{why}"
+        );
+        assert!(health.settled(&key()), "a report does not wait on a dead drain");
+        let restart = Restart {
+            deaths_in_a_row: 3,
+            backoff: Duration::from_secs(4),
+            wait: Duration::from_secs(3),
+        };
+        let at = d.at_wall + chrono::Duration::seconds(4);
+        health.restarts_at(&key(), &d, &restart, at);
+        let why = health
+            .draining(&key(), Duration::from_secs(60))
+            .expect_err("dead");
+        assert!(
+            why.starts_with("drain died: its task ended without being stopped, 3 deaths in a row; restarts at 2027-01-15T08:00:04Z"),
+            "{why}"
+        );
+    }
+
+    fn handle_of(
+        node: &str,
+        task: tokio::task::JoinHandle<Option<Death>>,
+        deaths: u32,
+    ) -> (DrainKey, DrainHandle) {
+        let k = DrainKey {
+            node: node.into(),
+            ..key()
+        };
+        let handle = DrainHandle {
+            link: LinkKey {
+                url: "amqp://127.0.0.1:5672".into(),
+                username: "u".into(),
+                password: "p".into(),
+            },
+            key: k.clone(),
+            health: DrainHealth::default(),
+            deaths_in_a_row: deaths,
+            stop: watch::channel(false).0,
+            task: Some(task),
+        };
+        (k, handle)
+    }
+
+    /// What a converge does with its drains first: every one whose task ended is taken out
+    /// with the restart its death earns; one that was stopped has no death, and one still
+    /// running stays.
+    #[tokio::test]
+    async fn ended_drains_are_taken_out_with_their_restart_and_a_running_one_stays() {
+        let returned = death(DeathCause::Returned);
+        let mut drains: std::collections::BTreeMap<DrainKey, DrainHandle> = [
+            handle_of("returned", tokio::spawn(async move { Some(returned) }), 2),
+            handle_of("panicked", tokio::spawn(async { panic!("boom") }), 0),
+            handle_of("stopped", tokio::spawn(async { None }), 0),
+            handle_of("running", tokio::spawn(std::future::pending()), 0),
+        ]
+        .into_iter()
+        .collect();
+        while drains.values().filter(|h| h.has_ended()).count() < 3 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let taken = super::super::supervise::take_ended(&mut drains).await;
+        let running: Vec<&str> = drains.keys().map(|k| k.node.as_str()).collect();
+        assert_eq!(running, ["running"]);
+        let summary: Vec<(&str, u32, Duration, &DeathCause)> = taken
+            .iter()
+            .map(|(k, (d, r))| (k.node.as_str(), r.deaths_in_a_row, r.backoff, &d.cause))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (
+                    "panicked",
+                    1,
+                    Duration::from_secs(1),
+                    &DeathCause::Panicked(Some("boom"))
+                ),
+                ("returned", 3, Duration::from_secs(4), &DeathCause::Returned),
+            ]
         );
     }
 

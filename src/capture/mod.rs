@@ -7,6 +7,7 @@
 //! - `pass`: one pass over one cluster — install, heal, sweep, audit, status (D6, ADR-0066 D2).
 //! - `status`: what the status writers share (conditions, change test, the finalizer).
 //! - `sample`: mode Sample — browse (never consume) matching queues, no tap (D3, D10).
+//! - `supervise`: a drain that dies is counted, shown in status and restarted with a backoff.
 //! - [`run`]: the worker every replica runs (capture is not leader-only): per cluster, a pass
 //!   runs only while this process holds the cluster's Postgres advisory lock, so passes never
 //!   overlap and clusters spread across replicas.
@@ -24,6 +25,7 @@ pub mod row;
 pub mod sample;
 pub mod split;
 pub mod status;
+pub mod supervise;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -70,7 +72,8 @@ impl Served {
     }
 
     /// Start the drains the pass asks for, stop the others (a removed tap, a node no longer
-    /// live, an endpoint that changed).
+    /// live, an endpoint that changed); restart the ones that died, each after its backoff
+    /// (`supervise`). The drains started now, for the report to wait on.
     async fn converge_drains(
         &mut self,
         ctx: &Context,
@@ -81,6 +84,11 @@ impl Served {
         let wanted: BTreeMap<drain::DrainKey, pass::DrainTarget> =
             targets.into_iter().map(|t| (t.key.clone(), t)).collect();
         let mut drains = self.state.drains.lock().await;
+        let mut dead = supervise::take_ended(&mut drains).await;
+        // A drain that died and is no longer wanted is not restarted: nothing runs there now.
+        for k in dead.keys().filter(|k| !wanted.contains_key(*k)) {
+            health.forget(k);
+        }
         let stale: Vec<drain::DrainKey> = drains
             .iter()
             .filter(|(k, h)| wanted.get(*k).is_none_or(|t| t.link != h.link))
@@ -93,18 +101,7 @@ impl Served {
         }
         let mut started = vec![];
         for (k, t) in wanted {
-            let cap = self
-                .caps
-                .entry(t.tap.subscription.clone())
-                .or_insert_with(|| {
-                    Arc::new(std::sync::Mutex::new(drain::RateCap::new(
-                        t.max_ingest_per_second,
-                    )))
-                })
-                .clone();
-            if let Ok(mut c) = cap.lock() {
-                c.set_rate(t.max_ingest_per_second);
-            }
+            let cap = rate_cap(&mut self.caps, &t);
             if drains.contains_key(&k) {
                 continue;
             }
@@ -115,6 +112,7 @@ impl Served {
                     continue;
                 }
             };
+            let restart = supervise::restart_of(health, &k, &t.tap.subscription, dead.remove(&k));
             let spec = drain::DrainSpec {
                 key: k.clone(),
                 tap: t.tap.clone(),
@@ -124,14 +122,33 @@ impl Served {
                 rate_cap: cap,
                 link_name: format!("{}-{}", t.tap.capture_queue(), uuid::Uuid::new_v4().simple()),
             };
-            started.push(k.clone());
-            drains.insert(
-                k,
-                drain::spawn(ctx.store.clone(), health.clone(), links.clone(), spec),
-            );
+            if restart.wait.is_zero() {
+                started.push(k.clone());
+            }
+            let handle = drain::spawn(ctx.store.clone(), health.clone(), links.clone(), spec, restart);
+            drains.insert(k, handle);
         }
         started
     }
+}
+
+/// The subscription's rate cap, shared by all its drains, at its spec's rate now.
+fn rate_cap(
+    caps: &mut BTreeMap<String, Arc<std::sync::Mutex<drain::RateCap>>>,
+    t: &pass::DrainTarget,
+) -> Arc<std::sync::Mutex<drain::RateCap>> {
+    let cap = caps
+        .entry(t.tap.subscription.clone())
+        .or_insert_with(|| {
+            Arc::new(std::sync::Mutex::new(drain::RateCap::new(
+                t.max_ingest_per_second,
+            )))
+        })
+        .clone();
+    if let Ok(mut c) = cap.lock() {
+        c.set_rate(t.max_ingest_per_second);
+    }
+    cap
 }
 
 /// How long the worker waits on Postgres for what it reads outside a pass.

@@ -192,8 +192,8 @@ impl<W: Write> Printer<W> {
             } => tail_started_lines(&mut self.out, cluster, subscription, mode, *at),
             Document::Message(m) => {
                 self.head_once(format_args!(
-                    "{:<8} {:<24} {:<9} {:<8} {:<24} {:<14} {:<30} BODY",
-                    "ROW", "AT", "ORIGIN", "NODE", "ADDRESS", "CORRELATION", "PROPERTIES"
+                    "{:<8} {:<24} {:<9} {:<20} {:<8} {:<24} {:<14} {:<30} BODY",
+                    "ROW", "AT", "ORIGIN", "SUBSCRIPTION", "NODE", "ADDRESS", "CORRELATION", "PROPERTIES"
                 ))?;
                 message_line(&mut self.out, m.row)
             }
@@ -245,6 +245,9 @@ fn tail_started_lines(
     Ok(())
 }
 
+/// One message under the heads: the subscription that stored it too, so a message two
+/// subscriptions both capture shows as two rows told apart (issue 42). A listing covers one
+/// ArtemisCluster, so one namespace: the subscription's name says which.
 fn message_line(o: &mut impl Write, r: &StoredMessage) -> std::io::Result<()> {
     // A sampled row is marked in its origin and its row number (ADR-0062 D10).
     let (row, origin) = if r.sampled() {
@@ -254,10 +257,11 @@ fn message_line(o: &mut impl Write, r: &StoredMessage) -> std::io::Result<()> {
     };
     writeln!(
         o,
-        "{:<8} {:<24} {:<9} {:<8} {:<24} {:<14} {:<30} {}",
+        "{:<8} {:<24} {:<9} {:<20} {:<8} {:<24} {:<14} {:<30} {}",
         row,
         time(r.captured_at),
         origin,
+        clip(&r.subscription, 20),
         short_node(&r.node),
         clip(&r.original_address, 24),
         clip(r.correlation_id.as_deref().unwrap_or("-"), 14),
@@ -443,6 +447,50 @@ mod tests {
         assert_eq!(json["origin"], "sampled");
         assert_eq!(json["claim"], SAMPLED_CLAIM);
         assert!(printed(Format::Table, &s).contains("~7"));
+    }
+
+    /// Issue 42: two subscriptions capturing the same address store each message twice; the
+    /// table tells the two rows apart by their subscription, under its own head, and the JSON
+    /// and YAML documents carry it (and the cluster, whose namespace it is in).
+    #[test]
+    fn each_message_row_names_its_subscription_in_every_format() {
+        let mut a = row("captured");
+        a.subscription = "orders-audit".into();
+        let mut b = a.clone();
+        b.row_id = 8;
+        b.subscription = "everything".into();
+        let mut p = Printer::new(vec![], Format::Table);
+        for r in [&a, &b] {
+            p.print(&Document::Message(MessageDoc {
+                row: r,
+                claim: CAPTURED_CLAIM,
+            }))
+            .expect("print");
+        }
+        let table = String::from_utf8(p.into_inner()).expect("utf8");
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 3, "{table}");
+        let column = lines[0].find("SUBSCRIPTION").expect("a SUBSCRIPTION head");
+        assert_eq!(lines[1].get(column..column + 12), Some("orders-audit"), "{table}");
+        assert_eq!(lines[2].get(column..column + 10), Some("everything"), "{table}");
+        // The rest of the two rows (their number aside) is the same message.
+        let (first, second) = (&lines[1][column + 20..], &lines[2][column + 20..]);
+        assert_eq!(first, second, "{table}");
+
+        let json: serde_json::Value =
+            serde_json::from_str(printed(Format::Json, &a).trim()).expect("json line");
+        assert_eq!(
+            (&json["subscription"], &json["cluster"]),
+            (&serde_json::json!("orders-audit"), &serde_json::json!("ns/c"))
+        );
+        let yaml: serde_json::Value = serde_yaml::from_str(
+            printed(Format::Yaml, &a)
+                .strip_prefix("---\n")
+                .expect("a YAML document"),
+        )
+        .expect("yaml");
+        assert_eq!(yaml["subscription"], "orders-audit");
+        assert_eq!(yaml["cluster"], "ns/c");
     }
 
     #[test]

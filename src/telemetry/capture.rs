@@ -69,6 +69,9 @@ pub struct CaptureMetrics {
     pub drain_lag_seconds: Family<SubscriptionLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// Drains running in this process.
     pub drains: Gauge,
+    /// Drains that died (panicked, or ended without being stopped), counted at their death;
+    /// each is restarted by the next capture pass after its backoff (`capture::supervise`).
+    pub drain_restarts: Family<SubscriptionLabels, Counter>,
     /// Messages a browse saw and stored (mode Sample, rows marked origin=sampled): what was
     /// still on a queue when it was browsed, never a count of what was sent.
     pub sampled: Family<SubscriptionLabels, Counter>,
@@ -86,6 +89,7 @@ impl CaptureMetrics {
             insert_seconds: Family::new_with_constructor(seconds_histogram),
             drain_lag_seconds: Family::default(),
             drains: Gauge::default(),
+            drain_restarts: Family::default(),
             sampled: Family::default(),
             known: std::sync::Mutex::default(),
         }
@@ -123,6 +127,11 @@ impl CaptureMetrics {
             self.drains.clone(),
         );
         registry.register(
+            "capture_drain_restarts",
+            "Capture drains that died (panicked, or ended without being stopped), by subscription, counted at their death; each is restarted by the next capture pass after a backoff (1 s doubling to 60 s); 0 from a subscription's first capture pass",
+            self.drain_restarts.clone(),
+        );
+        registry.register(
             "capture_sampled",
             "Messages stored by sampling (a browse saw them still on the queue; never complete), by subscription",
             self.sampled.clone(),
@@ -130,8 +139,9 @@ impl CaptureMetrics {
     }
 
     /// The capture subscriptions of `cluster` a pass serves: each one's loss counter exists
-    /// for every cause of [`LOSS_CAUSES`] (created at 0, so that its first loss is an
-    /// increase), and the counters of a subscription of `cluster` no longer served are removed.
+    /// for every cause of [`LOSS_CAUSES`], and its drain restarts counter (created at 0, so that
+    /// its first loss or death is an increase), and the counters of a subscription of `cluster`
+    /// no longer served are removed.
     pub fn subscriptions<'a>(&self, cluster: &str, subscriptions: impl IntoIterator<Item = &'a str>) {
         let now: BTreeSet<String> = subscriptions.into_iter().map(str::to_string).collect();
         let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
@@ -141,16 +151,22 @@ impl CaptureMetrics {
             subscription: subscription.into(),
             cause: cause.into(),
         };
+        let of = |subscription: &str| SubscriptionLabels {
+            cluster: cluster.into(),
+            subscription: subscription.into(),
+        };
         for gone in before.difference(&now) {
             for cause in LOSS_CAUSES {
                 self.dropped.remove(&labels(gone, cause));
             }
+            self.drain_restarts.remove(&of(gone));
         }
         for new in now.difference(before) {
             for cause in LOSS_CAUSES {
                 // get_or_create: a count already there (a drain's loss first) is kept.
                 drop(self.dropped.get_or_create(&labels(new, cause)));
             }
+            drop(self.drain_restarts.get_or_create(&of(new)));
         }
         if now.is_empty() {
             known.remove(cluster);
@@ -211,6 +227,10 @@ mod tests {
                 let want = format!("{} 0\n", line("ns/c", sub, cause));
                 assert!(out.contains(&want), "missing {want} in\n{out}");
             }
+            let want = format!(
+                "artemis_studio_capture_drain_restarts_total{{cluster=\"ns/c\",subscription=\"{sub}\"}} 0\n"
+            );
+            assert!(out.contains(&want), "missing {want} in\n{out}");
         }
         // A loss then counts up from 0; a later pass keeps the count.
         m.dropped("ns/c", "orders", "rate_cap", 3);

@@ -105,6 +105,7 @@ fn metrics_with_a_sample_everywhere() -> Metrics {
     c.insert_seconds.get_or_create(&sub).observe(0.01);
     c.drain_lag_seconds.get_or_create(&sub).set(0.5);
     c.sampled.get_or_create(&sub).inc();
+    c.drain_restarts.get_or_create(&sub).inc();
     m.census.count_from(std::sync::Arc::new(OneOfEach));
     m
 }

@@ -347,3 +347,161 @@ async fn a_copy_postgres_refuses_for_its_size_is_found_by_splitting_and_kept_as_
         .await
         .expect("delete");
 }
+
+/// One sample's value in a `/metrics` text: the line that starts with `series` (its name and
+/// labels as encoded).
+#[cfg(feature = "test-hooks")]
+fn sample(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The deaths in a row a tap's message states (`…, N deaths in a row; restarts at …`).
+#[cfg(feature = "test-hooks")]
+fn deaths_in_a_row(message: &str) -> u32 {
+    message
+        .split_once(" deaths in a row")
+        .and_then(|(before, _)| before.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(1)
+}
+
+/// Issue 42: a drain task that died was never restarted (`converge_drains` skipped any key with
+/// a handle). Now: an operator process whose drains panic (the `ARTEMIS_STUDIO_TEST_DRAIN_DIES`
+/// hook, while its file exists) restarts them at the next passes with a growing backoff, counts
+/// every death in `capture_drain_restarts_total` (0 before the first), and its taps say the
+/// drain died and when it restarts; once the fault is gone they are drained again and capture
+/// works. Drains stopped on purpose (the taps swept) are not counted.
+#[cfg(feature = "test-hooks")]
+#[tokio::test]
+async fn a_drain_that_dies_is_restarted_with_a_backoff_counted_and_shown_in_status_while_it_is_down() {
+    use std::time::Duration;
+
+    use crate::support::{metrics, wait_ready, wait_until};
+
+    let _shared = brokers_shared().await;
+    let f = fixture("cap-supervise", None).await;
+    let id = short_id();
+    f.clean.also(&id);
+    let address = format!("cap.{id}.supervise");
+    broker_queue(&f.bed, &address).await;
+    f.subscribe("orders", json!({"queues": address})).await;
+    f.wait_subscription("orders", "3 taps drained", |s| taps_in(s, TapState::Healthy) == 3)
+        .await;
+
+    // The same installation, now as a process whose drains die while the file exists.
+    f.op.stop();
+    let dies = std::env::temp_dir().join(format!("drain-dies-{id}"));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let _process = f.bed.spawn_operator(
+        &f.ns,
+        &f.op.db,
+        port,
+        &[
+            ("ARTEMIS_STUDIO_TEST_DRAIN_DIES", &dies.display().to_string()),
+            ("INSTANCE_ID", &f.op.ctx.instance_id),
+            ("CAPTURE_PASS_SECONDS", "2"),
+            ("RUST_BACKTRACE", "0"),
+        ],
+    );
+    let http = reqwest::Client::new();
+    wait_ready(&http, port).await;
+    let restarts_series = format!(
+        "artemis_studio_capture_drain_restarts_total{{cluster=\"{}/c\",subscription=\"orders\"}}",
+        f.ns
+    );
+    let read = |series: &'static str| {
+        let (http, restarts_series) = (http.clone(), restarts_series.clone());
+        async move {
+            let body = metrics(&http, port).await;
+            let series = if series == "restarts" {
+                restarts_series.as_str()
+            } else {
+                series
+            };
+            sample(&body, series)
+        }
+    };
+    wait_until(
+        "3 drains running, and the restarts counter at 0",
+        Duration::from_secs(60),
+        || async {
+            let running = read("artemis_studio_capture_drains").await;
+            (running == Some(3.0) && read("restarts").await == Some(0.0)).then_some(())
+        },
+    )
+    .await;
+
+    std::fs::write(&dies, "").expect("open the fault");
+    // Each drain dies at its next batch (within a second), and again at each restart: its
+    // backoff grows past the pass interval, and its taps say so while it is down.
+    let said = "drain died: it panicked: test hook ARTEMIS_STUDIO_TEST_DRAIN_DIES";
+    let down = f
+        .wait_subscription(
+            "orders",
+            "every tap says its drain died, 3+ times in a row, and when it restarts",
+            |s| {
+                let taps = s.status.as_ref().map(|st| st.taps.clone()).unwrap_or_default();
+                taps.len() == 3
+                    && taps.iter().all(|t| {
+                        let m = t.message.as_deref().unwrap_or_default();
+                        t.state == TapState::Degraded
+                            && m.contains(said)
+                            && m.contains("; restarts at ")
+                            && deaths_in_a_row(m) >= 3
+                    })
+            },
+        )
+        .await;
+    eprintln!(
+        "while down: {:?}",
+        down.status
+            .as_ref()
+            .and_then(|s| s.taps.first())
+            .map(|t| &t.message)
+    );
+    let counted = read("restarts").await.expect("the restarts counter");
+    assert!(counted >= 9.0, "3 drains, 3+ deaths each: {counted}");
+    // Backed off: with a backoff of 8 s or more now, no drain dies more than twice in 10 s
+    // (restarted at every 2 s pass, each would die 5 times).
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let later = read("restarts").await.expect("the restarts counter");
+    assert!(
+        later - counted <= 6.0,
+        "deaths in 10 s: {} (from {counted})",
+        later - counted
+    );
+
+    std::fs::remove_file(&dies).expect("close the fault");
+    f.wait_subscription("orders", "3 taps drained again", |s| {
+        taps_in(s, TapState::Healthy) == 3
+    })
+    .await;
+    assert_eq!(read("artemis_studio_capture_drains").await, Some(3.0));
+    crate::support::send_messages(&f.bed, "c1", &address, 3).await;
+    f.wait_rows("orders", 3).await;
+    let recovered = read("restarts").await.expect("the restarts counter");
+
+    // Drains stopped on purpose (Sample mode sweeps the taps) are not deaths.
+    f.subscriptions()
+        .patch(
+            "orders",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"mode": "Sample"}})),
+        )
+        .await
+        .expect("switch to Sample");
+    wait_until("no drain runs", Duration::from_secs(60), || async {
+        (read("artemis_studio_capture_drains").await == Some(0.0)).then_some(())
+    })
+    .await;
+    f.later_passes(2).await;
+    assert_eq!(read("restarts").await, Some(recovered), "a stop is not a death");
+    f.subscriptions()
+        .delete("orders", &DeleteParams::default())
+        .await
+        .expect("delete");
+    f.wait_subscription_gone("orders").await;
+}

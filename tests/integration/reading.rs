@@ -376,6 +376,67 @@ async fn search_by_property_and_text_returns_exactly_the_matching_captured_rows_
         .expect("delete");
 }
 
+/// Issue 42: two subscriptions capturing one address store each message twice, and the table
+/// showed the two rows alike. Each row names its subscription: the table's SUBSCRIPTION column,
+/// `subscription` in JSON.
+#[tokio::test]
+async fn overlapping_subscriptions_show_a_message_once_per_subscription_told_apart() {
+    let _shared = brokers_shared().await;
+    let f = fixture("read-overlap", None).await;
+    let id = short_id();
+    f.clean.also(&id);
+    let address = format!("read.{id}.overlap");
+    broker_queue(&f.bed, &address).await;
+    for s in ["audit", "billing"] {
+        f.subscribe(s, json!({"queues": address})).await;
+    }
+    for s in ["audit", "billing"] {
+        f.wait_subscription(s, "3 taps drained", |x| taps_in(x, TapState::Healthy) == 3)
+            .await;
+    }
+    let mut amqp = Amqp::open(&f.bed, "c1", &format!("overlap-{id}")).await;
+    amqp.send(&address, vec![text("one order", &[])]).await;
+    amqp.close().await;
+    wait_stored(&f, "audit", 1).await;
+    wait_stored(&f, "billing", 1).await;
+
+    let table = text_output(&f, &["capture", "search", "--cluster", "c", "-n", &f.ns]).await;
+    let column = table
+        .lines()
+        .next()
+        .and_then(|head| head.find("SUBSCRIPTION"))
+        .unwrap_or_else(|| panic!("no SUBSCRIPTION column:\n{table}"));
+    let mut named: Vec<&str> = table
+        .lines()
+        .filter(|l| l.contains("one order"))
+        .filter_map(|l| l.get(column..)?.split_whitespace().next())
+        .collect();
+    named.sort();
+    assert_eq!(
+        named,
+        ["audit", "billing"],
+        "one row per subscription, named:\n{table}"
+    );
+
+    let docs = documents(
+        &f,
+        &["capture", "search", "--cluster", "c", "-n", &f.ns, "-o", "json"],
+    )
+    .await;
+    let mut named: Vec<&str> = of_kind(&docs, "Message")
+        .iter()
+        .filter_map(|m| m["subscription"].as_str())
+        .collect();
+    named.sort();
+    assert_eq!(named, ["audit", "billing"], "{docs:?}");
+    for s in ["audit", "billing"] {
+        f.subscriptions()
+            .delete(s, &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+}
+
 #[tokio::test]
 async fn requests_pairs_replies_with_latency_and_marks_a_temporary_reply_queue_not_capturable() {
     let _shared = brokers_shared().await;

@@ -744,8 +744,8 @@ impl TestBed {
         .stdout(std::process::Stdio::null());
         for (k, v) in env {
             assert!(
-                !k.starts_with("ARTEMIS_STUDIO_TEST_PAUSE") || cfg!(feature = "test-hooks"),
-                "{k} opens a crash window only in a test-hooks build: run the suite with `--features test-hooks` (deploy/dev/test does)"
+                !k.starts_with("ARTEMIS_STUDIO_TEST_") || cfg!(feature = "test-hooks"),
+                "{k} opens a test hook only in a test-hooks build: run the suite with `--features test-hooks` (deploy/dev/test does)"
             );
             cmd.env(k, v);
         }
