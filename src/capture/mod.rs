@@ -61,9 +61,7 @@ struct Served {
 impl Served {
     async fn stop_drains(&mut self) {
         let all = std::mem::take(&mut *self.state.drains.lock().await);
-        for (_, d) in all {
-            d.stop(DRAIN_GRACE).await;
-        }
+        futures::future::join_all(all.into_values().map(|d| d.stop(DRAIN_GRACE))).await;
     }
 
     async fn release(mut self) {
@@ -83,34 +81,50 @@ impl Served {
     ) -> Vec<drain::DrainKey> {
         let wanted: BTreeMap<drain::DrainKey, pass::DrainTarget> =
             targets.into_iter().map(|t| (t.key.clone(), t)).collect();
-        let mut drains = self.state.drains.lock().await;
-        let mut dead = supervise::take_ended(&mut drains).await;
+        // Issue 42: the lock is held for the map only, never across a stop or the database.
+        let (mut dead, stale, missing) = {
+            let mut drains = self.state.drains.lock().await;
+            let dead = supervise::take_ended(&mut drains).await;
+            let stale_keys: Vec<drain::DrainKey> = drains
+                .iter()
+                .filter(|(k, h)| wanted.get(*k).is_none_or(|t| t.link != h.link))
+                .map(|(k, _)| k.clone())
+                .collect();
+            let stale: Vec<drain::DrainHandle> = stale_keys.iter().filter_map(|k| drains.remove(k)).collect();
+            let missing: Vec<(drain::DrainKey, pass::DrainTarget)> = wanted
+                .iter()
+                .filter(|(k, _)| !drains.contains_key(*k))
+                .map(|(k, t)| (k.clone(), t.clone()))
+                .collect();
+            (dead, stale, missing)
+        };
         // A drain that died and is no longer wanted is not restarted: nothing runs there now.
         for k in dead.keys().filter(|k| !wanted.contains_key(*k)) {
             health.forget(k);
         }
-        let stale: Vec<drain::DrainKey> = drains
-            .iter()
-            .filter(|(k, h)| wanted.get(*k).is_none_or(|t| t.link != h.link))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in stale {
-            if let Some(h) = drains.remove(&k) {
-                h.stop(DRAIN_GRACE).await;
-            }
+        // Stopped together: one grace for all of them, not one each.
+        futures::future::join_all(stale.into_iter().map(|h| h.stop(DRAIN_GRACE))).await;
+        for t in wanted.values() {
+            rate_cap(&mut self.caps, t);
         }
+        let mut keys: BTreeMap<String, Option<crate::store::captured::SubscriptionKey>> = BTreeMap::new();
         let mut started = vec![];
-        for (k, t) in wanted {
-            let cap = rate_cap(&mut self.caps, &t);
-            if drains.contains_key(&k) {
-                continue;
-            }
-            let subscription = match ctx.store.subscription_key(&k.cluster, &t.tap.subscription).await {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "capture: cannot register the subscription; drain not started");
-                    continue;
+        let mut spawned = vec![];
+        for (k, t) in missing {
+            let subscription = match keys.get(&t.tap.subscription) {
+                Some(known) => known.clone(),
+                None => {
+                    let found = ctx.store.subscription_key(&k.cluster, &t.tap.subscription).await;
+                    if let Err(e) = &found {
+                        tracing::warn!(error = %e, "capture: cannot register the subscription; its drains not started");
+                    }
+                    let found = found.ok();
+                    keys.insert(t.tap.subscription.clone(), found.clone());
+                    found
                 }
+            };
+            let Some(subscription) = subscription else {
+                continue;
             };
             let restart = supervise::restart_of(health, &k, &t.tap.subscription, dead.remove(&k));
             let spec = drain::DrainSpec {
@@ -119,15 +133,18 @@ impl Served {
                 subscription,
                 link: t.link.clone(),
                 max_body_bytes: t.max_body_bytes,
-                rate_cap: cap,
+                rate_cap: rate_cap(&mut self.caps, &t),
                 link_name: format!("{}-{}", t.tap.capture_queue(), uuid::Uuid::new_v4().simple()),
             };
             if restart.wait.is_zero() {
                 started.push(k.clone());
             }
-            let handle = drain::spawn(ctx.store.clone(), health.clone(), links.clone(), spec, restart);
-            drains.insert(k, handle);
+            spawned.push((
+                k,
+                drain::spawn(ctx.store.clone(), health.clone(), links.clone(), spec, restart),
+            ));
         }
+        self.state.drains.lock().await.extend(spawned);
         started
     }
 }
