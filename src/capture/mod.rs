@@ -87,7 +87,7 @@ impl Served {
             let dead = supervise::take_ended(&mut drains).await;
             let stale_keys: Vec<drain::DrainKey> = drains
                 .iter()
-                .filter(|(k, h)| wanted.get(*k).is_none_or(|t| t.link != h.link))
+                .filter(|(k, h)| wanted.get(*k).is_none_or(|t| t.link != h.link || t.fresh_queue))
                 .map(|(k, _)| k.clone())
                 .collect();
             let stale: Vec<drain::DrainHandle> = stale_keys.iter().filter_map(|k| drains.remove(k)).collect();

@@ -185,6 +185,9 @@ pub struct DrainTarget {
     pub link: LinkKey,
     pub max_body_bytes: usize,
     pub max_ingest_per_second: u32,
+    /// This pass (re)created the capture queue (a broker restart or failover lost it): a drain
+    /// still waiting out its reconnect backoff starts over now, not up to 30 s later.
+    pub fresh_queue: bool,
 }
 
 /// What the pass knows of this process's drains.
@@ -388,7 +391,8 @@ pub async fn run(
         &seen.desired,
     )
     .await;
-    summary.drains = drains_to_run(state, &cluster_key, &seen, &subs_by_name, targets).await;
+    let drain_targets = (targets.as_slice(), &judged.fresh_queues);
+    summary.drains = drains_to_run(state, &cluster_key, &seen, &subs_by_name, drain_targets).await;
     // Mode Sample: browse what is due, on this pass's fresh topology.
     super::sample::sample_due(ctx, &state.sample, &cluster_key, subs).await;
     summary.judgement = Some(Judgement {
@@ -581,6 +585,8 @@ struct Judged {
     drain_targets: Vec<(TapName, String)>,
     /// (tap, node) found installed (judged again by their drain at report time).
     installed: Vec<(TapName, String)>,
+    /// (tap, node) whose capture queue this pass created.
+    fresh_queues: BTreeSet<(TapName, String)>,
 }
 
 /// Judge every desired tap on one node; collect its writes and its orphans.
@@ -839,6 +845,15 @@ async fn install_all(
     type Installed = (TapName, Result<Vec<NodeOutcome>, PassError>);
     // Boxed as Send: rustc cannot prove it of the unboxed futures inside a spawned task.
     let mut each: Vec<futures::future::BoxFuture<'_, Installed>> = vec![];
+    // The nodes where each tap's install creates its capture queue.
+    let queue_parts: BTreeMap<TapName, BTreeSet<String>> = judged
+        .installs
+        .iter()
+        .map(|(tap, nodes)| {
+            let with_queue = nodes.iter().filter(|(_, p)| p.contains(&Part::Queue));
+            (tap.clone(), with_queue.map(|(n, _)| n.clone()).collect())
+        })
+        .collect();
     for (tap, parts) in std::mem::take(&mut judged.installs) {
         let Some(spec) = seen.desired.get(&tap) else {
             continue;
@@ -856,6 +871,15 @@ async fn install_all(
     let mut commands = 0;
     let mut first_error = None;
     for (tap, outcomes) in results {
+        if let Some(nodes) = queue_parts.get(&tap) {
+            let applied = outcomes
+                .iter()
+                .flatten()
+                .filter(|o| o.outcome == Outcome::Applied);
+            for o in applied.filter(|o| nodes.contains(&o.node)) {
+                judged.fresh_queues.insert((tap.clone(), o.node.clone()));
+            }
+        }
         let outcomes = match outcomes {
             Ok(o) => o,
             Err(e) => {
@@ -996,10 +1020,11 @@ async fn drains_to_run(
     cluster_key: &str,
     seen: &Survey,
     subs_by_name: &BTreeMap<String, &Arc<ArtemisCaptureSubscription>>,
-    targets: &[(TapName, String)],
+    (targets, fresh_queues): (&[(TapName, String)], &BTreeSet<(TapName, String)>),
 ) -> Vec<DrainTarget> {
     let mut drains = vec![];
     for (tap, node) in targets {
+        let fresh_queue = fresh_queues.contains(&(tap.clone(), node.clone()));
         let (Some(spec), Some(n)) = (seen.desired.get(tap), seen.topology.find(node)) else {
             continue;
         };
@@ -1023,6 +1048,7 @@ async fn drains_to_run(
             },
             max_body_bytes: sub.spec.max_body_bytes as usize,
             max_ingest_per_second: sub.spec.max_ingest_per_second,
+            fresh_queue,
         });
     }
     drains

@@ -300,9 +300,10 @@ pub async fn any_back(access: &ClusterAccess, memory: &Mutex<TopologyMemory>, ur
         )
         .probing();
         let known_name = known.get(url).cloned();
-        // A node judged not answering has the poll's probe on the wire already: its answer ends
-        // the judgement, and the look after that asks. Never a second probe.
-        let silent = crate::broker::budget::budget_for(url).not_answering().is_some();
+        // A node judged not answering, or with anything on the wire, has its answer coming (it
+        // ends the judgement, and the look after that asks): a look never adds a POST to it.
+        let budget = crate::broker::budget::budget_for(url);
+        let silent = budget.not_answering().is_some() || budget.stats().in_flight > 0;
         async move {
             if silent {
                 return false;

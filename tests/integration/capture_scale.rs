@@ -92,9 +92,12 @@ async fn three_hundred_addresses_are_tapped_fast_retapped_after_a_restart_and_sw
         "{taps} taps armed at {rate:.0} installs/s, below {INSTALLS_PER_SECOND}"
     );
 
-    // A routine restart: c2's ring queues (non-durable) go with the process.
+    // A routine restart: c2's ring queues (non-durable) go with the process. Its return is
+    // when the cluster says it is live again (the operator cannot act on it before).
     f.bed.broker_action("stop", "c2");
+    wait_live(&f, 2).await;
     f.bed.broker_action("start", "c2");
+    wait_live(&f, 3).await;
     let back = f.passes().await;
     let c2 = f.bed.broker("c2");
     let prefix = artemis_studio_operator::api::CAPTURE_PREFIX;
@@ -150,6 +153,20 @@ async fn three_hundred_addresses_are_tapped_fast_retapped_after_a_restart_and_sw
         "taps left on the brokers until {took} passes after the delete"
     );
     f.wait_subscription_gone("scale").await;
+}
+
+/// Until the fixture's ArtemisCluster reports `n` live nodes.
+async fn wait_live(f: &crate::queue::Fixture, n: usize) {
+    let api: kube::Api<artemis_studio_operator::api::ArtemisCluster> =
+        kube::Api::namespaced(f.admin.clone(), &f.ns);
+    wait_until(&format!("{n} live nodes"), Duration::from_secs(120), || {
+        let api = api.clone();
+        async move {
+            let c = api.get("c").await.ok()?;
+            (c.status?.nodes.iter().filter(|x| x.live).count() == n).then_some(())
+        }
+    })
+    .await;
 }
 
 /// Capture diverts and ring queues whose names contain `mine`, over `brokers`.
