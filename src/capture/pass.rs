@@ -1084,6 +1084,7 @@ async fn write_statuses(
             arms: &seen.arms,
             past_cap: &seen.past_cap,
             held,
+            cluster_key,
         };
         write_status(ctx, s, &seen.topology, &seen.desired, found, &stored).await?;
     }
@@ -1622,6 +1623,7 @@ struct Stored<'a> {
     past_cap: &'a BTreeMap<String, Vec<String>>,
     /// The paused subscriptions whose installs or removals the pass held.
     held: &'a BTreeSet<String>,
+    cluster_key: &'a str,
 }
 
 /// Status of one subscription after the pass (written only when it changed), and its
@@ -1655,10 +1657,11 @@ async fn write_status(
     status.conditions.retain(|c| c.type_ != super::sample::SAMPLING);
     let mine: Vec<&TapName> = desired.keys().filter(|t| t.subscription == name).collect();
     let addresses: Vec<String> = mine.iter().map(|t| t.address.clone()).collect();
-    let remaining: Vec<&crate::store::capture::TapRecord> =
+    let mut remaining: Vec<&crate::store::capture::TapRecord> =
         records.iter().filter(|r| r.subscription == name).collect();
 
     if s.metadata.deletion_timestamp.is_some() {
+        remaining = release_departed(ctx, stored.cluster_key, s, remaining, topology).await?;
         if remaining.is_empty() {
             super::status::set_finalizer(&ctx.client, s, false).await?;
             return Ok(());
@@ -1687,6 +1690,64 @@ async fn write_status(
     Ok(())
 }
 
+/// The records of taps on nodes that left the cluster: every endpoint answered this poll, and
+/// none as that node (its data was replaced, or it was taken out of `spec.brokers`). While an
+/// endpoint does not answer, it may be that node: none.
+fn departed<'r>(
+    remaining: Vec<&'r crate::store::capture::TapRecord>,
+    topology: &Topology,
+) -> (
+    Vec<&'r crate::store::capture::TapRecord>,
+    Vec<&'r crate::store::capture::TapRecord>,
+) {
+    if !topology.unreachable.is_empty() {
+        return (vec![], remaining);
+    }
+    remaining
+        .into_iter()
+        .partition(|r| !topology.nodes.iter().any(|n| n.node_id == r.node))
+}
+
+/// Issue 42: a deleted subscription never stays `Deleting` for a node that left the cluster.
+/// Its taps there went with the node's data, or sit on a broker this cluster no longer reaches:
+/// their records are closed (no broker write, so no audit row; should the node come back here,
+/// its taps are this instance's orphans and the sweep removes them), and one Event says so.
+/// Returns the records still to remove.
+async fn release_departed<'r>(
+    ctx: &Context,
+    cluster_key: &str,
+    s: &ArtemisCaptureSubscription,
+    remaining: Vec<&'r crate::store::capture::TapRecord>,
+    topology: &Topology,
+) -> Result<Vec<&'r crate::store::capture::TapRecord>, PassError> {
+    let (gone, here) = departed(remaining, topology);
+    if gone.is_empty() {
+        return Ok(here);
+    }
+    let name = s.name_any();
+    for r in &gone {
+        let key = TapKey {
+            cluster: cluster_key,
+            subscription: &name,
+            source_address: &r.source_address,
+            node: &r.node,
+            instance_id: &ctx.instance_id,
+        };
+        ctx.store.close_tap(&key, DEPARTED, None).await?;
+    }
+    let nodes: BTreeSet<&str> = gone.iter().map(|r| r.node.as_str()).collect();
+    let note = format!(
+        "{} tap(s) on node(s) {} released: {DEPARTED}",
+        gone.len(),
+        nodes.into_iter().collect::<Vec<_>>().join(", ")
+    );
+    ctx.event(s, false, "TapsReleased", "capture.remove", note).await;
+    Ok(here)
+}
+
+/// Why a deleted subscription's tap on a node that left the cluster is released.
+const DEPARTED: &str = "its node is not in the cluster any more (every endpoint answers as another node): the tap went with the node's data or stays on a broker this cluster no longer reaches; if that node comes back here, the sweep removes it as an orphan";
+
 /// A subscription being deleted: its open records, each a tap the pass still has to remove,
 /// and why it is still there — its node not live now, or not in the cluster at all (a broker
 /// whose data was replaced answers at the endpoint as another node: the tap went with its
@@ -1701,7 +1762,9 @@ fn being_removed(
     let why = |node: &str| match topology.nodes.iter().find(|n| n.node_id == node) {
         Some(n) if n.is_live() => "its node answers; the removal failed this pass and is retried",
         Some(_) => "its node is not live now; removed when it is back",
-        None => "its node is not in this cluster now (not found at any endpoint)",
+        None => {
+            "its node is not in this cluster now (not found at any endpoint); released once every endpoint answers as another node"
+        }
     };
     let taps = remaining
         .iter()
@@ -1724,9 +1787,8 @@ fn being_removed(
         String::new()
     } else {
         format!(
-            "; node(s) {} are not in this cluster now: if gone for good (their data replaced), their taps went with them — remove the finalizer {} by hand",
-            gone.into_iter().collect::<Vec<_>>().join(", "),
-            crate::api::capture::CAPTURE_FINALIZER
+            "; node(s) {} are not in this cluster now, and an endpoint does not answer (it may be one of them): their taps are released once every endpoint answers as another node",
+            gone.into_iter().collect::<Vec<_>>().join(", ")
         )
     };
     set_taps(status, taps, addresses);
@@ -1953,7 +2015,7 @@ mod deleting_tests {
         let ready = crate::controllers::conditions::get(&status.conditions, "Ready").expect("Ready");
         assert!(
             ready.message.contains("old-node are not in this cluster now")
-                && ready.message.contains("artemis-studio.io/capture-taps"),
+                && ready.message.contains("released once every endpoint answers"),
             "{}",
             ready.message
         );
@@ -1964,6 +2026,63 @@ mod deleting_tests {
                 .is_some_and(|m| m.contains("not in this cluster")),
             "{tap:?}"
         );
+    }
+}
+
+#[cfg(test)]
+mod departed_tests {
+    use super::departed;
+    use crate::broker::BrokerError;
+    use crate::store::capture::TapRecord;
+    use crate::topology::{LogicalNode, Topology};
+
+    fn record(node: &str) -> TapRecord {
+        TapRecord {
+            subscription: "s".into(),
+            node: node.into(),
+            source_address: "orders".into(),
+            capture_queue: "q".into(),
+            installed_at: chrono::Utc::now(),
+        }
+    }
+
+    fn topology(nodes: &[&str], unreachable: &[&str]) -> Topology {
+        Topology {
+            polled_at: std::time::Instant::now(),
+            polled_at_utc: chrono::Utc::now(),
+            nodes: nodes
+                .iter()
+                .map(|n| LogicalNode {
+                    node_id: n.to_string(),
+                    active: None,
+                    standby: vec![],
+                    failed_over: false,
+                    not_live_reason: None,
+                    inventory: None,
+                    inventory_error: None,
+                })
+                .collect(),
+            unreachable: unreachable
+                .iter()
+                .map(|u| (u.to_string(), BrokerError::Unreachable("refused".into())))
+                .collect(),
+            fresh_reads: vec![],
+        }
+    }
+
+    #[test]
+    fn a_node_is_departed_only_when_every_endpoint_answered_as_another() {
+        let (kept, left) = (record("n1"), record("gone"));
+        let (gone, here) = departed(vec![&kept, &left], &topology(&["n1", "n2"], &[]));
+        assert_eq!(gone.iter().map(|r| r.node.as_str()).collect::<Vec<_>>(), ["gone"]);
+        assert_eq!(here.iter().map(|r| r.node.as_str()).collect::<Vec<_>>(), ["n1"]);
+        let (gone, here) = departed(vec![&kept, &left], &topology(&["n1"], &["http://n3"]));
+        assert!(
+            gone.is_empty() && here.len() == 2,
+            "an endpoint away may be that node"
+        );
+        let (gone, _) = departed(vec![&kept], &topology(&["n1"], &[]));
+        assert!(gone.is_empty(), "a node down but known is in the cluster");
     }
 }
 

@@ -189,3 +189,71 @@ async fn a_divert_destroyed_under_a_producer_is_loss_from_the_source_counters_an
         .await;
     }
 }
+
+/// Issue 42 item 5: a deleted subscription never stays `Deleting` because a node it covered
+/// left the cluster. Starts from state that exists: an open install record for a tap on a node
+/// no endpoint answers as (its data was replaced), beside the subscription's real taps. The
+/// delete removes the real taps from the brokers and releases the departed one (its record
+/// closed with the reason, an Event), and the subscription is gone.
+#[tokio::test]
+async fn a_deleted_subscription_is_released_from_a_node_that_left_the_cluster() {
+    let _shared = brokers_shared().await;
+    let f = fixture("cap-departed", None).await;
+    let id = short_id();
+    f.clean.also(&id);
+    let address = format!("cap.{id}.departed");
+    broker_queue(&f.bed, &address).await;
+    f.subscribe("left", json!({"queues": address})).await;
+    f.wait_subscription("left", "3 taps drained", |s| taps_in(s, TapState::Healthy) == 3)
+        .await;
+    let cluster = format!("{}/c", f.ns);
+    let tap = f.tap(&address, "left");
+    let departed = format!("departed-node-{id}");
+    f.op.store
+        .ensure_tap_recorded(&artemis_studio_operator::store::capture::TapInstall {
+            cluster: &cluster,
+            subscription: "left",
+            subscription_uid: None,
+            instance_id: &f.op.ctx.instance_id,
+            node: &departed,
+            endpoint: Some("http://replaced:8161/console/jolokia"),
+            source_address: &address,
+            capture_queue: &tap.capture_queue(),
+            divert: &tap.divert(),
+            filter: None,
+            audit_id: None,
+        })
+        .await
+        .expect("record the departed node's tap");
+    f.subscriptions()
+        .delete("left", &kube::api::DeleteParams::default())
+        .await
+        .expect("delete the subscription");
+    f.wait_subscription_gone("left").await;
+    for b in f.bed.cluster_brokers("c") {
+        assert!(
+            !divert_names(&f.bed, &b).await.contains(&tap.divert()),
+            "{}: the tap's divert is left",
+            b.name
+        );
+    }
+    let reason: Option<String> = sqlx::query_scalar(
+        "SELECT removal_reason FROM capture_tap WHERE cluster = $1 AND node = $2 AND removed_at IS NOT NULL",
+    )
+    .bind(&cluster)
+    .bind(&departed)
+    .fetch_optional(f.op.store.pool())
+    .await
+    .expect("the departed tap's record");
+    assert!(
+        reason
+            .as_deref()
+            .is_some_and(|r| r.contains("not in the cluster any more")),
+        "{reason:?}"
+    );
+    assert!(
+        f.event_reasons("left")
+            .await
+            .contains(&"TapsReleased".to_string())
+    );
+}
