@@ -176,6 +176,9 @@ pub async fn report(
     write_statuses(ctx, state, &j.cluster_key, subs, &j.seen, &found, &j.held).await
 }
 
+/// A tap on one node (by node ID).
+type TapOnNode = (TapName, String);
+
 /// A capture queue on a live node that a drain should consume.
 #[derive(Clone)]
 pub struct DrainTarget {
@@ -1020,7 +1023,7 @@ async fn drains_to_run(
     cluster_key: &str,
     seen: &Survey,
     subs_by_name: &BTreeMap<String, &Arc<ArtemisCaptureSubscription>>,
-    (targets, fresh_queues): (&[(TapName, String)], &BTreeSet<(TapName, String)>),
+    (targets, fresh_queues): (&[TapOnNode], &BTreeSet<TapOnNode>),
 ) -> Vec<DrainTarget> {
     let mut drains = vec![];
     for (tap, node) in targets {
