@@ -1157,8 +1157,10 @@ async fn record_window_loss(
             }
         };
         let endpoint = m.client().url().to_string();
+        let mut estimated: BTreeMap<String, i64> = BTreeMap::new();
         for (tap, routed) in taps.iter().zip(routed) {
             let Some(routed) = routed else { continue };
+            estimated.insert(tap.address.clone(), routed);
             let mark = state
                 .source_marks
                 .lock()
@@ -1183,6 +1185,27 @@ async fn record_window_loss(
                 lost,
             );
         }
+        // Counted up to here (issue 42: a re-creation that failed was counted again from the
+        // activation by the next pass, 64 % over). Every tap of an address is estimated from
+        // the same baseline first, then it moves.
+        advance_marks(&mut *state.source_marks.lock().await, node, &endpoint, estimated);
+    }
+}
+
+/// The source side's baseline moves to what a window estimate counted up to, per address.
+fn advance_marks(
+    marks: &mut BTreeMap<(String, String), SourceMark>,
+    node: &str,
+    endpoint: &str,
+    estimated: BTreeMap<String, i64>,
+) {
+    for (address, routed) in estimated {
+        let mark = SourceMark {
+            endpoint: endpoint.to_string(),
+            routed,
+            at: std::time::Instant::now(),
+        };
+        marks.insert((node.to_string(), address), mark);
     }
 }
 
@@ -1987,6 +2010,23 @@ mod window_tests {
         assert_eq!(window_estimate(Some(&m), "http://a", Some(3_600_000), 40), 40);
         // Nothing known before.
         assert_eq!(window_estimate(None, "http://a", Some(3_600_000), 7), 7);
+    }
+
+    /// Issue 42 item 3: a re-creation that fails is estimated again at the next pass, from
+    /// where the first estimate stopped — 136 then 77, not 136 then 213 (64 % over).
+    #[test]
+    fn a_window_estimated_twice_counts_each_copy_once() {
+        let mut marks = std::collections::BTreeMap::new();
+        let key = ("n1".to_string(), "orders".to_string());
+        let first = window_estimate(marks.get(&key), "http://b", Some(60_000), 136);
+        super::advance_marks(
+            &mut marks,
+            "n1",
+            "http://b",
+            std::collections::BTreeMap::from([("orders".to_string(), 136)]),
+        );
+        let second = window_estimate(marks.get(&key), "http://b", Some(60_000), 213);
+        assert_eq!((first, second), (136, 77));
     }
 }
 
