@@ -786,7 +786,7 @@ pub async fn amqp_send(
     Ok(())
 }
 
-async fn queue_on(bed: &TestBed, brokers: &[&str], address: &str) {
+pub async fn queue_on(bed: &TestBed, brokers: &[&str], address: &str) {
     for name in brokers {
         let b = bed.broker(name);
         let doc = json!({"name": address, "address": address, "routing-type": "ANYCAST", "durable": true})

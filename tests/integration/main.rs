@@ -8,6 +8,7 @@ mod broker_budget;
 mod capture;
 mod capture_blast;
 mod capture_cost;
+mod capture_failover_loss;
 mod capture_faults;
 mod capture_names;
 mod capture_reconcile;
