@@ -1,7 +1,10 @@
 //! Issue 42 item 3: a loss estimate you can reconcile. The replicated pair's primary is killed
 //! under a paced producer while the operator runs: the copies lost (sent − stored, from the
 //! producer's accepted sends and the database) and the loss the operator reports (every cause in
-//! `capture_loss`) agree within 20 %.
+//! `capture_loss`) agree within 20 % (or 2 copies). Measured on this bed: the pass rebuilds the
+//! ring on the promoted backup before the producer has reconnected to it, so the window carries
+//! no traffic (sent 306, stored 306, reported 1): this holds the estimate to what was really lost
+//! — never a window counted twice — but does not yet exercise a window with traffic in it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -37,8 +40,10 @@ async fn produce(
         };
         while !stop.load(Ordering::Relaxed) {
             let n = sent.load(Ordering::Relaxed);
-            match producer.sender.send(format!("fo {n}")).await {
-                Ok(Outcome::Accepted(_)) => {
+            // A killed broker's connection may not say so: a send unanswered for 2 s failed.
+            let send = producer.sender.send(format!("fo {n}"));
+            match tokio::time::timeout(Duration::from_secs(2), send).await {
+                Ok(Ok(Outcome::Accepted(_))) => {
                     sent.fetch_add(1, Ordering::Relaxed);
                 }
                 _ => break,
@@ -46,7 +51,8 @@ async fn produce(
             tokio::time::sleep(Duration::from_millis(1000 / RATE)).await;
         }
         broker = then;
-        producer.close().await;
+        // Not closed: a close handshake with a killed broker would wait as long.
+        drop(producer);
     }
 }
 
@@ -100,7 +106,19 @@ async fn a_failover_under_a_producer_reports_a_loss_within_20_percent_of_sent_mi
     .await;
     let pool = f.op.store.pool().clone();
     let stored = settled_count(&pool, &f.ns).await;
-    f.later_passes(2).await;
+    // Two more passes over the pair's cluster: positive evidence every loss read was recorded.
+    let passes = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM capture_pass WHERE cluster = $1")
+            .bind(format!("{}/ha", f.ns))
+            .fetch_one(&pool)
+            .await
+            .expect("count passes")
+    };
+    let start = passes().await;
+    wait_until("2 more capture passes", Duration::from_secs(80), || async {
+        (passes().await >= start + 2).then_some(())
+    })
+    .await;
     let reported: i64 = sqlx::query_scalar(
         "SELECT COALESCE(sum(messages), 0)::bigint FROM capture_loss WHERE cluster = $1 AND subscription = 'fo'",
     )
