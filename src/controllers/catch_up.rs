@@ -90,6 +90,15 @@ pub struct Summary {
 }
 
 impl Summary {
+    fn absorb(&mut self, other: Summary) {
+        self.objects += other.objects;
+        self.failed += other.failed;
+        self.audit_ids = match (self.audit_ids, other.audit_ids) {
+            (Some((a, b)), Some((c, d))) => Some((a.min(c), b.max(d))),
+            (x, y) => x.or(y),
+        };
+    }
+
     fn add(&mut self, audit_id: i64, ok: bool) {
         self.objects += 1;
         self.failed += usize::from(!ok);
@@ -125,7 +134,19 @@ pub async fn catch_up_returned(
             .filter_map(|n| Some((n.node_id.clone(), (**n.inventory.as_ref()?).clone())))
             .collect(),
     );
-    let summary = catch_up::<crate::api::ArtemisQueue>(ctx, ns, cluster, &merged, returned, &sent).await;
+    // A pass that was under way when the node came back may report after the first round chose
+    // its work: later rounds (on the node's inventory with what was sent) take those too.
+    let mut summary = Summary::default();
+    let mut polled = merged.clone();
+    for _ in 0..ROUNDS {
+        let round = catch_up::<crate::api::ArtemisQueue>(ctx, ns, cluster, &polled, returned, &sent).await;
+        let done = round.objects == 0;
+        summary.absorb(round);
+        if done {
+            break;
+        }
+        polled = with_sent(&polled, &sent);
+    }
     let mut sent = sent.into_inner().unwrap_or_else(|p| p.into_inner());
     let live: Vec<LogicalNode> = merged
         .nodes
@@ -142,6 +163,22 @@ pub async fn catch_up_returned(
     ctx.topologies
         .update(&key(ns, cluster), |t| (t.caught_up(&live), ()));
     summary
+}
+
+/// Rounds of a catch-up at most (see `catch_up_returned`).
+const ROUNDS: usize = 3;
+
+/// `t` with the returned nodes' inventories as sent so far.
+fn with_sent(t: &Topology, sent: &Sent) -> Topology {
+    let mut t = t.clone();
+    if let Ok(sent) = sent.lock() {
+        for n in t.nodes.iter_mut() {
+            if let Some(inv) = sent.get(&n.node_id) {
+                n.inventory = Some(Arc::new(inv.clone()));
+            }
+        }
+    }
+    t
 }
 
 /// Send every object of kind `K` on cluster `ns/cluster` what the `returned` nodes missed (as

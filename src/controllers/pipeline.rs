@@ -1187,6 +1187,12 @@ pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<
         ControlFlow::Continue(found) => found,
         ControlFlow::Break(action) => return Ok(action),
     };
+    // Issue 41: a node that came back is being sent what it missed; no pass judges the cluster
+    // meanwhile (its status would say Ready without that node). The catch-up triggers every
+    // object once the node is live.
+    if deref.topology.nodes.iter().any(|n| n.is_catching_up()) {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     let kind = crate::telemetry::KindLabels {
         kind: K::kind(&()).to_string(),
     };

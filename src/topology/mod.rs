@@ -70,6 +70,10 @@ impl LogicalNode {
     pub fn not_answering(&self) -> Option<NotAnswering> {
         self.active.as_ref()?.client().not_answering()
     }
+    /// Came back at the last poll and is being sent what it missed (`Topology::catching_up`).
+    pub fn is_catching_up(&self) -> bool {
+        self.active.is_none() && self.not_live_reason.as_deref() == Some(CATCHING_UP)
+    }
     pub fn active_endpoint(&self) -> Option<&str> {
         self.active.as_ref().map(|m| m.client().url())
     }
