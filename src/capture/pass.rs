@@ -2097,12 +2097,7 @@ mod departed_tests {
                 .iter()
                 .map(|n| LogicalNode {
                     node_id: n.to_string(),
-                    active: None,
-                    standby: vec![],
-                    failed_over: false,
-                    not_live_reason: None,
-                    inventory: None,
-                    inventory_error: None,
+                    ..Default::default()
                 })
                 .collect(),
             unreachable: unreachable

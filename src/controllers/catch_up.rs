@@ -100,11 +100,10 @@ impl Summary {
     }
 
     fn add(&mut self, audit_id: i64, ok: bool) {
-        self.objects += 1;
-        self.failed += usize::from(!ok);
-        self.audit_ids = Some(match self.audit_ids {
-            Some((lo, hi)) => (lo.min(audit_id), hi.max(audit_id)),
-            None => (audit_id, audit_id),
+        self.absorb(Summary {
+            objects: 1,
+            failed: usize::from(!ok),
+            audit_ids: Some((audit_id, audit_id)),
         });
     }
 }
@@ -285,7 +284,7 @@ async fn send<K: TopologyObject>(
 ) -> Option<(i64, bool)> {
     let cluster_key = key(&o.namespace().unwrap_or_default(), &o.cluster_ref().name);
     let _held = ctx.address_locks.hold(&cluster_key, &K::addresses(d)).await;
-    let targets = missed.keys().cloned().collect();
+    let targets: std::collections::BTreeSet<String> = missed.keys().cloned().collect();
     let ns = o.namespace().unwrap_or_default();
     let scope = Scope {
         cluster_ns: &ns,
@@ -297,24 +296,8 @@ async fn send<K: TopologyObject>(
     params["catchUp"] = serde_json::json!("sent in bulk when the node came back");
     // A node that held it before it went away (a restart lost it) is repaired; one that never
     // received it is applied to.
-    let status = o.current_status();
-    let before: Vec<Option<Outcome>> = missed
-        .keys()
-        .map(|t| {
-            status
-                .and_then(|s| s.nodes().iter().find(|n| &n.node == t))
-                .map(|n| n.outcome)
-        })
-        .collect();
-    let generation = o.meta().generation;
-    let last_audit = status.and_then(|s| s.last_audit_id());
-    let repair = command::is_repair(
-        status.and_then(|s| s.nodes_generation()),
-        generation,
-        last_audit,
-        &before,
-    );
-    let command_name = command::apply_or_repair(K::NOUN, repair);
+    let last_audit = o.current_status().and_then(|s| s.last_audit_id());
+    let (command_name, _) = pipeline::apply_command(o, &targets, last_audit);
     let intent = pipeline::intent(ctx, o, d, &command_name, params);
     let existed = Arc::new(AtomicBool::new(false));
     let seen: Arc<Mutex<BTreeMap<String, Arc<NodeInventory>>>> = Arc::default();

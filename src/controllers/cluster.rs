@@ -62,7 +62,6 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
     let poll_interval = Duration::from_secs(obj.spec.poll_interval_seconds.max(1).into());
     if let Some(rt) = recently_polled(&ctx, &ns, &k, generation, poll_interval) {
         let away = ctx.topologies.get(&k).map(|t| away(&t)).unwrap_or_default();
-        tracing::debug!(cluster = %k, ?away, "between polls");
         if away.is_empty() || !topology::any_back(&rt.access, &rt.memory, &away).await {
             report_write_evidence(&ctx, &obj, &old, &rt).await?;
             let age = ctx.topologies.get(&k).map(|t| t.age()).unwrap_or_default();

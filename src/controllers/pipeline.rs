@@ -1190,7 +1190,7 @@ pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<
     // Issue 41: a node that came back is being sent what it missed; no pass judges the cluster
     // meanwhile (its status would say Ready without that node). The catch-up triggers every
     // object once the node is live.
-    if deref.topology.nodes.iter().any(|n| n.is_catching_up()) {
+    if deref.topology.nodes.iter().any(|n| n.catching_up) {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
     let kind = crate::telemetry::KindLabels {
@@ -1217,8 +1217,7 @@ pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<
         stop(&ctx, o, Some(&d), e.reason(), e.to_string()).await?;
         return Ok(Action::requeue(Duration::from_secs(10)));
     } else {
-        let generation = o.meta().generation;
-        let (nodes, audit) = write::<K>(&ctx, o, &d, &deref, plan, generation, last_audit_id).await?;
+        let (nodes, audit) = write::<K>(&ctx, o, &d, &deref, plan, last_audit_id).await?;
         last_audit_id = audit.or(last_audit_id);
         nodes
     };
@@ -1501,7 +1500,6 @@ async fn write<K: TopologyObject>(
     d: &K::Desired,
     deref: &Dereferenced,
     plan: Vec<(NodeOutcome, bool)>,
-    generation: Option<i64>,
     last_audit_id: Option<i64>,
 ) -> Result<(Vec<NodeOutcome>, Option<i64>), ReconcileError> {
     // The fresh reads, the writes and their verification see one state of these addresses.
@@ -1519,17 +1517,7 @@ async fn write<K: TopologyObject>(
         overlay_seen(ctx, &deref.cluster_key, &seen, obj.meta().uid.as_deref());
         return Ok((plan.into_iter().map(|(n, _)| n).collect(), None));
     }
-    let old_generation = obj.current_status().and_then(|s| s.nodes_generation());
-    let old_nodes = obj
-        .current_status()
-        .map(|s| s.nodes().to_vec())
-        .unwrap_or_default();
-    let before: Vec<Option<Outcome>> = targets
-        .iter()
-        .map(|t| old_nodes.iter().find(|n| &n.node == t).map(|n| n.outcome))
-        .collect();
-    let repair = command::is_repair(old_generation, generation, last_audit_id, &before);
-    let command_name = command::apply_or_repair(K::NOUN, repair);
+    let (command_name, repair) = apply_command(obj, &targets, last_audit_id);
     // A create on every node it goes to: its status and audit row say so, no Event.
     let creates_only = !repair && from.values().all(|p| matches!(p, Planned::Snapshot(_)));
     let mut params = obj.apply_params(d);
@@ -1564,6 +1552,24 @@ async fn write<K: TopologyObject>(
     overlay_seen(ctx, &deref.cluster_key, &seen, obj.meta().uid.as_deref());
     stamp(&mut result.nodes, &command_name, audit_id);
     Ok((merge(plan, result.nodes), Some(audit_id)))
+}
+
+/// The name of a write to `targets` (`<kind>.repair` where each target held what this
+/// generation's last command put there, else `<kind>.apply`) and whether it repairs.
+pub(super) fn apply_command<K: TopologyObject>(
+    obj: &K,
+    targets: &BTreeSet<String>,
+    last_audit_id: Option<i64>,
+) -> (String, bool) {
+    let status = obj.current_status();
+    let old_nodes = status.map(|s| s.nodes()).unwrap_or_default();
+    let before: Vec<Option<Outcome>> = targets
+        .iter()
+        .map(|t| old_nodes.iter().find(|n| &n.node == t).map(|n| n.outcome))
+        .collect();
+    let old_generation = status.and_then(|s| s.nodes_generation());
+    let repair = command::is_repair(old_generation, obj.meta().generation, last_audit_id, &before);
+    (command::apply_or_repair(K::NOUN, repair), repair)
 }
 
 /// One node's write and its evidence: the answer where it is the evidence (an "already exists"

@@ -267,11 +267,7 @@ mod not_answering_tests {
         LogicalNode {
             node_id: "n3".into(),
             active: Some(BrokerManagement::with_name(client, "b".into())),
-            standby: vec![],
-            failed_over: false,
-            not_live_reason: None,
-            inventory: None,
-            inventory_error: None,
+            ..Default::default()
         }
     }
 

@@ -43,7 +43,7 @@ pub struct ClusterAccess {
 }
 
 /// One logical node: a broker node ID, with its endpoints.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct LogicalNode {
     pub node_id: String,
     /// The endpoint commands go to now; None when no endpoint of this node is active.
@@ -58,6 +58,9 @@ pub struct LogicalNode {
     pub inventory: Option<Arc<inventory::NodeInventory>>,
     /// Why the scrape failed, when it did.
     pub inventory_error: Option<BrokerError>,
+    /// Came back at the last poll and is being sent what it missed (issue 41): published not
+    /// live until that is on it (`Topology::catching_up`).
+    pub catching_up: bool,
 }
 
 impl LogicalNode {
@@ -69,10 +72,6 @@ impl LogicalNode {
     /// The active endpoint's node is judged not answering now: the evidence.
     pub fn not_answering(&self) -> Option<NotAnswering> {
         self.active.as_ref()?.client().not_answering()
-    }
-    /// Came back at the last poll and is being sent what it missed (`Topology::catching_up`).
-    pub fn is_catching_up(&self) -> bool {
-        self.active.is_none() && self.not_live_reason.as_deref() == Some(CATCHING_UP)
     }
     pub fn active_endpoint(&self) -> Option<&str> {
         self.active.as_ref().map(|m| m.client().url())
@@ -185,6 +184,7 @@ impl Topology {
             n.active = None;
             n.inventory = None;
             n.not_live_reason = Some(CATCHING_UP.to_string());
+            n.catching_up = true;
         }
         t
     }
@@ -244,17 +244,12 @@ impl TopologyMemory {
 /// the wire) and waited on for [`PROBE_GRACE`] at most.
 pub async fn poll(access: &ClusterAccess, memory: &Mutex<TopologyMemory>) -> Topology {
     let known: HashMap<String, String> = memory.lock().await.broker_names.clone();
-    let observations = join_all(access.endpoints.iter().map(|url| {
-        let client = JolokiaClient::new(
-            access.http.clone(),
-            url.clone(),
-            access.origin.clone(),
-            access.credentials.clone(),
-            access.poll_timeout,
-        )
-        .probing();
-        observe(client, known.get(url).cloned())
-    }))
+    let observations = join_all(
+        access
+            .endpoints
+            .iter()
+            .map(|url| observe(probing_client(access, url), known.get(url).cloned())),
+    )
     .await;
 
     let mut mem = memory.lock().await;
@@ -295,14 +290,7 @@ pub async fn poll(access: &ClusterAccess, memory: &Mutex<TopologyMemory>) -> Top
 pub async fn any_back(access: &ClusterAccess, memory: &Mutex<TopologyMemory>, urls: &[String]) -> bool {
     let known: HashMap<String, String> = memory.lock().await.broker_names.clone();
     let answers = join_all(urls.iter().map(|url| {
-        let client = JolokiaClient::new(
-            access.http.clone(),
-            url.clone(),
-            access.origin.clone(),
-            access.credentials.clone(),
-            access.poll_timeout,
-        )
-        .probing();
+        let client = probing_client(access, url);
         let known_name = known.get(url).cloned();
         // A node judged not answering, or with anything on the wire, has its answer coming (it
         // ends the judgement, and the look after that asks): a look never adds a POST to it.
@@ -312,14 +300,8 @@ pub async fn any_back(access: &ClusterAccess, memory: &Mutex<TopologyMemory>, ur
             if silent {
                 return false;
             }
-            let identify = async {
-                let management = match known_name {
-                    Some(name) => BrokerManagement::with_name(client.clone(), name),
-                    None => BrokerManagement::connect(client.clone()).await?,
-                };
-                management.identity().await
-            };
-            unless_silent(&client, identify).await.is_ok_and(|i| i.active)
+            let identified = unless_silent(&client, identify(&client, known_name)).await;
+            identified.is_ok_and(|(_, i)| i.active)
         }
     }))
     .await;
@@ -329,15 +311,7 @@ pub async fn any_back(access: &ClusterAccess, memory: &Mutex<TopologyMemory>, ur
 /// One endpoint's identity and (when active) inventory, read with the probing client; the
 /// management it returns is for work (commands fail fast on a node judged not answering).
 async fn observe(client: JolokiaClient, known_name: Option<String>) -> Result<Answer, BrokerError> {
-    let identify = async {
-        let management = match known_name {
-            Some(name) => BrokerManagement::with_name(client.clone(), name),
-            None => BrokerManagement::connect(client.clone()).await?,
-        };
-        let identity = management.identity().await?;
-        Ok::<_, BrokerError>((management, identity))
-    };
-    let (management, identity) = unless_silent(&client, identify).await?;
+    let (management, identity) = unless_silent(&client, identify(&client, known_name)).await?;
     // The inventory comes from the endpoint serving clients; a standby has none.
     let inv = if identity.active {
         Some(inventory::scrape(&management).await)
@@ -346,6 +320,31 @@ async fn observe(client: JolokiaClient, known_name: Option<String>) -> Result<An
     };
     let work = management.with_client(management.client().working());
     Ok((work, identity, inv))
+}
+
+/// A poll's client for one endpoint: its reads are the budget's probes.
+fn probing_client(access: &ClusterAccess, url: &str) -> JolokiaClient {
+    JolokiaClient::new(
+        access.http.clone(),
+        url.to_string(),
+        access.origin.clone(),
+        access.credentials.clone(),
+        access.poll_timeout,
+    )
+    .probing()
+}
+
+/// The endpoint's management (by the broker name known for it, else searched) and identity.
+async fn identify(
+    client: &JolokiaClient,
+    known_name: Option<String>,
+) -> Result<(BrokerManagement, NodeIdentity), BrokerError> {
+    let management = match known_name {
+        Some(name) => BrokerManagement::with_name(client.clone(), name),
+        None => BrokerManagement::connect(client.clone()).await?,
+    };
+    let identity = management.identity().await?;
+    Ok((management, identity))
 }
 
 /// `call`, unless the node is judged not answering for [`PROBE_GRACE`] first: then the
@@ -399,12 +398,7 @@ fn group(
 fn node_entry<'a>(nodes: &'a mut BTreeMap<String, LogicalNode>, id: &str) -> &'a mut LogicalNode {
     nodes.entry(id.to_string()).or_insert_with(|| LogicalNode {
         node_id: id.to_string(),
-        active: None,
-        standby: vec![],
-        failed_over: false,
-        not_live_reason: None,
-        inventory: None,
-        inventory_error: None,
+        ..Default::default()
     })
 }
 
@@ -705,12 +699,8 @@ mod change_tests {
             polled_at_utc: chrono::Utc::now(),
             nodes: vec![LogicalNode {
                 node_id: "n1".into(),
-                active: None,
-                standby: vec![],
-                failed_over: false,
-                not_live_reason: None,
                 inventory: Some(Arc::new(inv)),
-                inventory_error: None,
+                ..Default::default()
             }],
             unreachable: vec![],
             fresh_reads: vec![],
@@ -769,6 +759,7 @@ mod change_tests {
         let n = &hidden.nodes[0];
         assert!(!n.is_live() && n.inventory.is_none());
         assert_eq!(n.not_live_reason.as_deref(), Some(CATCHING_UP));
+        assert!(n.catching_up);
         assert!(
             polled.catching_up(&[]).nodes[0].is_live(),
             "only the returned nodes"
@@ -778,7 +769,7 @@ mod change_tests {
         inv.queues.insert("q2".into(), Default::default());
         sent.inventory = Some(Arc::new(inv));
         let back = hidden.caught_up(&[sent]);
-        assert!(back.nodes[0].is_live());
+        assert!(back.nodes[0].is_live() && !back.nodes[0].catching_up);
         let queues = &back.nodes[0].inventory.as_ref().expect("inventory").queues;
         assert!(queues.contains_key("q1") && queues.contains_key("q2"));
     }

@@ -750,11 +750,8 @@ mod stage_tests {
         LogicalNode {
             node_id: id.into(),
             active: live.then_some(management),
-            standby: vec![],
-            failed_over: false,
             not_live_reason: (!live).then(|| "no endpoint answered".into()),
-            inventory: None,
-            inventory_error: None,
+            ..Default::default()
         }
     }
 
