@@ -55,11 +55,9 @@ fn to_lua(lua: &Lua, v: &Value) -> mlua::Result<LuaValue> {
 /// Run the health script of the object's kind on it; returns (status, message).
 pub fn health(obj: &Value) -> (String, String) {
     let kind = obj["kind"].as_str().expect("kind");
-    // Only the libraries Argo CD opens for health scripts (mlua always opens the base library).
-    let lua = Lua::new_with(
-        StdLib::TABLE | StdLib::STRING | StdLib::MATH,
-        LuaOptions::default(),
-    )
+    // Only the libraries Argo CD opens for health scripts (util/lua/lua.go: package, base,
+    // table and a safe os; `string` and `math` only with useOpenLibs): mlua always opens base.
+    let lua = Lua::new_with(StdLib::TABLE | StdLib::PACKAGE | StdLib::OS, LuaOptions::default())
     .expect("lua");
     lua.globals()
         .set("obj", to_lua(&lua, obj).expect("to lua"))

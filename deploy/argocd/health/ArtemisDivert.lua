@@ -16,7 +16,7 @@ end
 local generation = obj.metadata.generation
 if generation ~= nil and (obj.status.observedGeneration == nil or obj.status.observedGeneration < generation) then
   hs.status = "Progressing"
-  hs.message = string.format("Waiting for the operator to observe generation %d", generation)
+  hs.message = "Waiting for the operator to observe generation " .. tostring(generation)
   return hs
 end
 -- A delete the operator refuses (consumers, bulk cap, a node not live): needs a person.
