@@ -249,6 +249,8 @@ impl DeletePreview {
                 .map(|n| NodeDeletePreview {
                     message_count: magnitude(n.message_count),
                     consumer_count: magnitude(n.consumer_count),
+                    dependent_divert_count: magnitude(n.dependent_divert_count),
+                    kept_divert_count: magnitude(n.kept_divert_count),
                     ..n.clone()
                 })
                 .collect(),
@@ -271,18 +273,44 @@ pub struct NodeDeletePreview {
     /// deletion.disconnectConsumers.
     pub consumer_count: u64,
     /// Diverts a delete removes first (they forward into the queue's address and this is the
-    /// last queue bound there).
+    /// last queue bound there): the first [`LISTED_DIVERTS`] in status.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dependent_diverts: Vec<DivertImpact>,
-    /// Diverts kept, with the reason.
+    /// How many diverts a delete removes on this node, listed or not.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dependent_divert_count: u64,
+    /// Diverts kept, with the reason: the first [`LISTED_DIVERTS`] in status.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kept_diverts: Vec<DivertImpact>,
+    /// How many diverts at the queue's address a delete keeps on this node, listed or not.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub kept_divert_count: u64,
     /// The refusal a delete would get on this node now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refusal: Option<RefusalKind>,
     /// The refusal's cause and next action, for a human.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+/// Diverts listed per node in a status's delete preview: the rest are counted. A queue that
+/// 2,000 diverts forward into must not outgrow what the API server stores (about 1.5 MiB an
+/// object); the delete itself always acts on every one, read fresh.
+pub const LISTED_DIVERTS: usize = 10;
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl NodeDeletePreview {
+    /// This preview as status shows it: counts of diverts, the first [`LISTED_DIVERTS`] listed.
+    pub fn listed(mut self) -> NodeDeletePreview {
+        self.dependent_divert_count = self.dependent_diverts.len() as u64;
+        self.kept_divert_count = self.kept_diverts.len() as u64;
+        self.dependent_diverts.truncate(LISTED_DIVERTS);
+        self.kept_diverts.truncate(LISTED_DIVERTS);
+        self
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]

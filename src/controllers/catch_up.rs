@@ -81,12 +81,14 @@ impl CaughtUp {
     }
 }
 
-/// What one return sent: how many objects, and their audit rows' range.
+/// What one return sent: how many objects, and their audit rows' range; and the objects whose
+/// queue a returned node still lacks after it (by uid), left to their own passes.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Summary {
     pub objects: usize,
     pub failed: usize,
     pub audit_ids: Option<(i64, i64)>,
+    pub lacking: Vec<String>,
 }
 
 impl Summary {
@@ -104,6 +106,7 @@ impl Summary {
             objects: 1,
             failed: usize::from(!ok),
             audit_ids: Some((audit_id, audit_id)),
+            ..Summary::default()
         });
     }
 }
@@ -146,6 +149,8 @@ pub async fn catch_up_returned(
         }
         polled = with_sent(&polled, &sent);
     }
+    let polled = with_sent(&polled, &sent);
+    summary.lacking = still_lacking::<crate::api::ArtemisQueue>(ctx, ns, cluster, &polled, returned);
     let mut sent = sent.into_inner().unwrap_or_else(|p| p.into_inner());
     let live: Vec<LogicalNode> = merged
         .nodes
@@ -215,6 +220,76 @@ async fn catch_up<K: TopologyObject>(
         summary.add(audit_id, ok);
     }
     summary
+}
+
+/// The objects of kind `K` on the cluster whose queue a `returned` node lacks on `topology`
+/// (as polled, with what was sent): a catch-up that failed, or an object it could not take (no
+/// status yet, a pass under way, paused, held). Their uids.
+fn still_lacking<K: TopologyObject>(
+    ctx: &Context,
+    ns: &str,
+    cluster: &str,
+    topology: &Topology,
+    returned: &[String],
+) -> Vec<String> {
+    let lacks = |d: &K::Desired| {
+        returned.iter().any(|r| {
+            topology
+                .find(r)
+                .and_then(|n| n.inventory.as_ref())
+                .is_some_and(|inv| matches!(K::plan_apply(d, inv), Step::Write { .. }))
+        })
+    };
+    K::cache(ctx)
+        .state()
+        .into_iter()
+        .filter(|o| o.namespace().as_deref() == Some(ns) && o.cluster_ref().name == cluster)
+        .filter(|o| o.meta().deletion_timestamp.is_none())
+        .filter(|o| o.desired().is_ok_and(|d| lacks(&d)))
+        .filter_map(|o| o.uid())
+        .collect()
+}
+
+/// Wait (at most `bound`) until every object in `lacking` has reported a pass that judged each
+/// `returned` node (not SKIPPED_NOT_LIVE), or is gone: until then its status may still say Ready
+/// as judged without the node, so the cluster does not yet say the node is live (issue 41).
+/// Whether all did.
+pub async fn passes_reported<K: TopologyObject>(
+    ctx: &Context,
+    lacking: &[String],
+    returned: &[String],
+    bound: std::time::Duration,
+) -> bool {
+    let judged = |o: &K| {
+        o.current_status().is_some_and(|s| {
+            s.nodes_generation() == o.meta().generation
+                && returned.iter().all(|r| {
+                    s.nodes()
+                        .iter()
+                        .any(|n| &n.node == r && n.outcome != Outcome::SkippedNotLive)
+                })
+        })
+    };
+    let deadline = tokio::time::Instant::now() + bound;
+    loop {
+        let waiting = K::cache(ctx)
+            .state()
+            .into_iter()
+            .filter(|o| o.uid().is_some_and(|u| lacking.contains(&u)))
+            .filter(|o| o.meta().deletion_timestamp.is_none() && !judged(o))
+            .count();
+        if waiting == 0 {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::info!(
+                waiting,
+                "objects a returned node lacks have not all reported on it yet; the cluster says it is live anyway"
+            );
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }
 
 /// The desired object and what each returned node missed (its inventory, the write's plan), if

@@ -226,6 +226,7 @@ async fn poll_and_publish(ctx: &Context, ns: &str, name: &str, rt: ClusterRuntim
         .is_some_and(|p| p.access.secret_versions != rt.access.secret_versions);
     tracing::debug!(cluster = %k, "poll by the cluster controller");
     let polling = rt.poll_lock.clone();
+    let poll_interval = rt.poll_interval;
     let in_flight = polling.lock().await;
     let started = std::time::Instant::now();
     let topology = topology::poll(&rt.access, &rt.memory).await;
@@ -264,6 +265,18 @@ async fn poll_and_publish(ctx: &Context, ns: &str, name: &str, rt: ClusterRuntim
         super::pipeline::retry_dependents_now(ctx, ns, name);
     } else if !change.is_empty() {
         super::pipeline::trigger_dependents(ctx, ns, name, &change, None);
+    }
+    if !caught_up.lacking.is_empty() {
+        // Objects the node still lacks (a failed or untaken catch-up) report on it before the
+        // cluster's status says it is live: no object reads Ready over a live node without it.
+        let bound = poll_interval.max(Duration::from_secs(5));
+        super::catch_up::passes_reported::<crate::api::ArtemisQueue>(
+            ctx,
+            &caught_up.lacking,
+            &returned,
+            bound,
+        )
+        .await;
     }
     (
         topology,

@@ -542,6 +542,10 @@ pub struct TopologyChange {
     pub queues: std::collections::BTreeSet<String>,
     pub addresses: std::collections::BTreeSet<String>,
     pub diverts: std::collections::BTreeSet<String>,
+    /// Addresses at either end of a divert that changed: they concern the queues there (their
+    /// delete previews), not the other diverts at that address — 2,000 diverts into one queue
+    /// must not each re-judge the other 1,999 when one is created.
+    pub divert_ends: std::collections::BTreeSet<String>,
 }
 
 impl TopologyChange {
@@ -554,7 +558,11 @@ impl TopologyChange {
     }
 
     pub fn is_empty(&self) -> bool {
-        !self.everything && self.queues.is_empty() && self.addresses.is_empty() && self.diverts.is_empty()
+        !self.everything
+            && self.queues.is_empty()
+            && self.addresses.is_empty()
+            && self.diverts.is_empty()
+            && self.divert_ends.is_empty()
     }
 
     /// The key under which an object that looks at queue `name` is indexed.
@@ -567,13 +575,19 @@ impl TopologyChange {
     pub fn divert_key(name: &str) -> String {
         format!("divert {name}")
     }
+    /// The key under which a queue at `address` hears of the diverts that start or end there
+    /// (see `divert_ends`).
+    pub fn divert_end_key(address: &str) -> String {
+        format!("divert end {address}")
+    }
 
     /// The keys of every broker name this change touched (`everything` aside).
     pub fn keys(&self) -> Vec<String> {
         let queues = self.queues.iter().map(|q| Self::queue_key(q));
         let addresses = self.addresses.iter().map(|a| Self::address_key(a));
         let diverts = self.diverts.iter().map(|d| Self::divert_key(d));
-        queues.chain(addresses).chain(diverts).collect()
+        let ends = self.divert_ends.iter().map(|a| Self::divert_end_key(a));
+        queues.chain(addresses).chain(diverts).chain(ends).collect()
     }
 }
 
@@ -650,8 +664,8 @@ pub fn changes(old: Option<&Topology>, new: &Topology) -> TopologyChange {
         // A divert changing concerns the queues at both its ends (their delete previews).
         for name in &diverts {
             for d in [oi.diverts.get(name), ni.diverts.get(name)].into_iter().flatten() {
-                c.addresses.insert(d.address.clone());
-                c.addresses.insert(d.forwarding_address.clone());
+                c.divert_ends.insert(d.address.clone());
+                c.divert_ends.insert(d.forwarding_address.clone());
             }
         }
         c.diverts.extend(diverts);
@@ -720,6 +734,30 @@ mod change_tests {
         assert!(!c.everything);
         assert_eq!(c.queues.iter().collect::<Vec<_>>(), ["q2"]);
         assert!(changes(None, &a).everything);
+    }
+
+    #[test]
+    fn a_divert_created_concerns_the_queues_at_its_ends_not_the_diverts_there() {
+        let before = topology(&[("sink", 0)]);
+        let mut after = before.clone();
+        let mut inv = (**after.nodes[0].inventory.as_ref().expect("an inventory")).clone();
+        inv.diverts.insert(
+            "d1".into(),
+            inventory::DivertInfo {
+                name: "d1".into(),
+                address: "src".into(),
+                forwarding_address: "sink".into(),
+                ..Default::default()
+            },
+        );
+        after.nodes[0].inventory = Some(Arc::new(inv));
+        let c = changes(Some(&before), &after);
+        assert_eq!(c.diverts.iter().collect::<Vec<_>>(), ["d1"]);
+        assert_eq!(c.divert_ends.iter().collect::<Vec<_>>(), ["sink", "src"]);
+        assert!(c.addresses.is_empty(), "no address changed: {c:?}");
+        let keys = c.keys();
+        assert!(keys.contains(&TopologyChange::divert_end_key("sink")));
+        assert!(!keys.contains(&TopologyChange::address_key("sink")));
     }
 
     fn live(t: Topology, url: &str) -> Topology {

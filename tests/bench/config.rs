@@ -139,7 +139,7 @@ impl Config {
             converged_seconds: env_or("ARTEMIS_STUDIO_BENCH_CONVERGED_SECONDS", 60)?,
             idle_seconds: env_or("ARTEMIS_STUDIO_BENCH_IDLE_SECONDS", 60)?,
             footprint_queues: env_or("ARTEMIS_STUDIO_BENCH_FOOTPRINT_QUEUES", 1000)?,
-            footprint_subscriptions: env_or("ARTEMIS_STUDIO_BENCH_FOOTPRINT_SUBSCRIPTIONS", 10)?,
+            footprint_subscriptions: env_or("ARTEMIS_STUDIO_BENCH_FOOTPRINT_SUBSCRIPTIONS", 334)?,
             capture_messages: env_or("ARTEMIS_STUDIO_BENCH_CAPTURE_MESSAGES", 2000)?,
             capture_repeats: env_or("ARTEMIS_STUDIO_BENCH_CAPTURE_REPEATS", 5)?,
             in_flight: env_or("ARTEMIS_STUDIO_BENCH_IN_FLIGHT", 8)?,

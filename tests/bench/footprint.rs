@@ -1,6 +1,9 @@
 //! Scenario 4, footprint: the operator process's resident memory and CPU at idle, first with
 //! only the cluster (the baseline, same process, same run), then with N queues and S capture
-//! subscriptions (each over one of the queues, so each installs a tap on every node).
+//! subscriptions (each over one of the queues, so each installs a tap on every node: the
+//! default 334 make 1,002 taps on the three nodes). With them, what capture costs at idle
+//! (issue 42): AMQP connections per node, Postgres writes per second, Jolokia operations per
+//! capture pass, and the bytes of every status.
 
 use std::time::Duration;
 
@@ -18,18 +21,46 @@ struct Idle {
     jolokia_per_poll: f64,
     /// Jolokia operations in the window by kind (read, search, or the operation).
     jolokia_by_kind: std::collections::BTreeMap<String, f64>,
+    /// Jolokia operations in the window ÷ capture passes in it (NaN without a pass).
+    jolokia_per_capture_pass: f64,
+    /// Rows written (inserted, updated, deleted) per second in the installation's database.
+    pg_rows_per_s: f64,
+    /// Transactions committed per second there.
+    pg_commits_per_s: f64,
+    /// Each node's client connections (`ConnectionCount`) at the window's end.
+    connections: std::collections::BTreeMap<String, f64>,
+    /// The serialised statuses of every ArtemisQueue and ArtemisCaptureSubscription, bytes.
+    status_bytes: usize,
 }
 
 async fn idle(ctx: &Ctx, install: &Install) -> Result<Idle> {
     let op = &install.operator;
-    let (cpu0, c0) = (op.cpu_seconds()?, op.counts().await?);
+    let (cpu0, c0, pg0) = (
+        op.cpu_seconds()?,
+        op.counts().await?,
+        pg_counts(ctx, install).await?,
+    );
     let start = std::time::Instant::now();
     settle(Duration::from_secs(ctx.cfg.idle_seconds)).await;
-    let (cpu1, c1) = (op.cpu_seconds()?, op.counts().await?);
+    let (cpu1, c1, pg1) = (
+        op.cpu_seconds()?,
+        op.counts().await?,
+        pg_counts(ctx, install).await?,
+    );
+    let window = start.elapsed().as_secs_f64();
     let d = c1.since(&c0);
     Ok(Idle {
+        jolokia_per_capture_pass: if d.capture_passes > 0.0 {
+            d.jolokia() / d.capture_passes
+        } else {
+            f64::NAN
+        },
+        pg_rows_per_s: (pg1.0 - pg0.0) / window,
+        pg_commits_per_s: (pg1.1 - pg0.1) / window,
+        connections: connections(ctx).await?,
+        status_bytes: status_bytes(&install.objects).await?,
         rss_mib: op.rss_bytes()? as f64 / 1024.0 / 1024.0,
-        cpu_cores: (cpu1 - cpu0) / start.elapsed().as_secs_f64(),
+        cpu_cores: (cpu1 - cpu0) / window,
         jolokia_per_poll: if d.polls > 0.0 {
             d.jolokia() / d.polls
         } else {
@@ -37,6 +68,51 @@ async fn idle(ctx: &Ctx, install: &Install) -> Result<Idle> {
         },
         jolokia_by_kind: d.jolokia_by_kind,
     })
+}
+
+/// Rows written and transactions committed so far in the installation's database (Postgres's
+/// own statistics; the reading's own transaction is one commit).
+async fn pg_counts(ctx: &Ctx, install: &Install) -> Result<(f64, f64)> {
+    let pool = sqlx::PgPool::connect(&install.database_url(ctx)?).await?;
+    let (rows, commits): (i64, i64) = sqlx::query_as(
+        "SELECT (tup_inserted + tup_updated + tup_deleted)::bigint, xact_commit::bigint \
+         FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(&pool)
+    .await?;
+    pool.close().await;
+    Ok((rows as f64, commits as f64))
+}
+
+/// Each node's client connections now, read from the broker.
+async fn connections(ctx: &Ctx) -> Result<std::collections::BTreeMap<String, f64>> {
+    let mut out = std::collections::BTreeMap::new();
+    for node in &ctx.jolokia.nodes {
+        let read = json!({"type": "read", "mbean": node.mbean, "attribute": "ConnectionCount"});
+        let n = ctx.jolokia.post(node, &read).await?.as_f64().unwrap_or(f64::NAN);
+        out.insert(node.name.clone(), n);
+    }
+    Ok(out)
+}
+
+/// Bytes of every ArtemisQueue's and ArtemisCaptureSubscription's status, as JSON.
+async fn status_bytes(o: &crate::objects::Objects) -> Result<usize> {
+    use artemis_studio_operator::api::ArtemisQueue;
+    use artemis_studio_operator::api::capture::ArtemisCaptureSubscription;
+    use kube::api::{Api, ListParams};
+    let queues = Api::<ArtemisQueue>::namespaced(o.client.clone(), &o.ns)
+        .list(&ListParams::default())
+        .await?;
+    let subs = Api::<ArtemisCaptureSubscription>::namespaced(o.client.clone(), &o.ns)
+        .list(&ListParams::default())
+        .await?;
+    let q: usize = queues.items.iter().map(|q| json_len(&q.status)).sum();
+    let s: usize = subs.items.iter().map(|s| json_len(&s.status)).sum();
+    Ok(q + s)
+}
+
+fn json_len<T: serde::Serialize>(v: &T) -> usize {
+    serde_json::to_vec(v).map(|v| v.len()).unwrap_or(0)
 }
 
 pub async fn run(ctx: &Ctx) -> Result<Section> {
@@ -76,6 +152,43 @@ async fn measure(ctx: &Ctx, install: &Install) -> Result<(Idle, Idle)> {
     Ok((empty, loaded?))
 }
 
+/// Client connections per node the load added (the most on any node).
+fn added_connections(empty: &Idle, loaded: &Idle) -> f64 {
+    loaded
+        .connections
+        .iter()
+        .map(|(node, n)| n - empty.connections.get(node).copied().unwrap_or(0.0))
+        .fold(0.0, f64::max)
+}
+
+fn capture_cost_table(empty: &Idle, loaded: &Idle) -> Table {
+    let mut t = Table::new(&[
+        "state",
+        "client connections by node",
+        "Postgres rows written/s",
+        "Postgres commits/s",
+        "Jolokia ops ÷ capture passes",
+        "status bytes",
+    ]);
+    for (state, i) in [("cluster only", empty), ("loaded", loaded)] {
+        let conns = i
+            .connections
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        t.row(vec![
+            state.into(),
+            conns,
+            format!("{:.2}", i.pg_rows_per_s),
+            format!("{:.2}", i.pg_commits_per_s),
+            format!("{:.1}", i.jolokia_per_capture_pass),
+            i.status_bytes.to_string(),
+        ]);
+    }
+    t
+}
+
 fn section(ctx: &Ctx, empty: &Idle, loaded: &Idle) -> Section {
     let n = ctx.cfg.footprint_queues;
     let subs = ctx.cfg.footprint_subscriptions;
@@ -109,6 +222,19 @@ fn section(ctx: &Ctx, empty: &Idle, loaded: &Idle) -> Section {
         format!("{:.2}", loaded.jolokia_per_poll / empty.jolokia_per_poll),
     ]);
     s.tables.push(t);
+    s.tables.push(capture_cost_table(empty, loaded));
+    s.headlines.push(Headline {
+        what: format!("idle cost of {} capture taps", subs * ctx.jolokia.nodes.len()),
+        measured: format!(
+            "{:.0} AMQP connection(s) per node more than cluster only, {:.2} Postgres rows/s, {:.1} Jolokia ops per capture pass, {} KiB of status",
+            added_connections(empty, loaded),
+            loaded.pg_rows_per_s,
+            loaded.jolokia_per_capture_pass,
+            loaded.status_bytes / 1024
+        ),
+        target: "per node, not per tap (connections constant in taps; no Postgres writes at idle)".into(),
+        met: Some(added_connections(empty, loaded) <= 2.0 && loaded.pg_rows_per_s < 1.0),
+    });
     s.headlines.push(Headline {
         what: format!("idle with {n} queues and {subs} subscriptions: RSS, CPU"),
         measured: format!(
@@ -136,8 +262,17 @@ fn section(ctx: &Ctx, empty: &Idle, loaded: &Idle) -> Section {
     ));
     s.json = json!({
         "queues": n, "subscriptions": subs, "idleSeconds": ctx.cfg.idle_seconds,
-        "clusterOnly": {"rssMiB": empty.rss_mib, "cpuCores": empty.cpu_cores, "jolokiaOpsPerPoll": empty.jolokia_per_poll, "jolokiaOpsByKind": empty.jolokia_by_kind},
-        "loaded": {"rssMiB": loaded.rss_mib, "cpuCores": loaded.cpu_cores, "jolokiaOpsPerPoll": loaded.jolokia_per_poll, "jolokiaOpsByKind": loaded.jolokia_by_kind},
+        "clusterOnly": idle_json(empty),
+        "loaded": idle_json(loaded),
     });
     s
+}
+
+fn idle_json(i: &Idle) -> serde_json::Value {
+    json!({
+        "rssMiB": i.rss_mib, "cpuCores": i.cpu_cores, "jolokiaOpsPerPoll": i.jolokia_per_poll,
+        "jolokiaOpsByKind": i.jolokia_by_kind, "jolokiaOpsPerCapturePass": i.jolokia_per_capture_pass,
+        "postgresRowsPerSecond": i.pg_rows_per_s, "postgresCommitsPerSecond": i.pg_commits_per_s,
+        "connectionsByNode": i.connections, "statusBytes": i.status_bytes,
+    })
 }

@@ -119,6 +119,8 @@ pub struct OperatorCounts {
     /// ArtemisQueue passes that judged a queue against the cluster's snapshot
     /// (`artemis_studio_planned_passes_total`).
     pub queue_planned: f64,
+    /// Capture passes (`artemis_studio_capture_passes_total`).
+    pub capture_passes: f64,
 }
 
 impl OperatorCounts {
@@ -135,6 +137,7 @@ impl OperatorCounts {
             queue_planned: sum(&s, "artemis_studio_planned_passes_total", |l| {
                 l.get("kind").map(String::as_str) == Some("ArtemisQueue")
             }),
+            capture_passes: sum(&s, "artemis_studio_capture_passes_total", |_| true),
         }
     }
 
@@ -168,6 +171,7 @@ impl OperatorCounts {
             api_by_verb: diff(&self.api_by_verb, &earlier.api_by_verb),
             polls: self.polls - earlier.polls,
             queue_planned: self.queue_planned - earlier.queue_planned,
+            capture_passes: self.capture_passes - earlier.capture_passes,
         }
     }
 }

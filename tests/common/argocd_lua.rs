@@ -57,7 +57,10 @@ pub fn health(obj: &Value) -> (String, String) {
     let kind = obj["kind"].as_str().expect("kind");
     // Only the libraries Argo CD opens for health scripts (util/lua/lua.go: package, base,
     // table and a safe os; `string` and `math` only with useOpenLibs): mlua always opens base.
-    let lua = Lua::new_with(StdLib::TABLE | StdLib::PACKAGE | StdLib::OS, LuaOptions::default())
+    let lua = Lua::new_with(
+        StdLib::TABLE | StdLib::PACKAGE | StdLib::OS,
+        LuaOptions::default(),
+    )
     .expect("lua");
     lua.globals()
         .set("obj", to_lua(&lua, obj).expect("to lua"))

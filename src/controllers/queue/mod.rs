@@ -251,6 +251,16 @@ fn refreshed(old: Option<DeletePreview>, new: DeletePreview) -> DeletePreview {
 }
 
 /// The delete preview from the snapshot (kept current for every object, ADR-0084).
+/// What a preview says of diverts it counts but does not list.
+fn unlisted(count: u64) -> String {
+    let listed = crate::api::queue::LISTED_DIVERTS as u64;
+    if count > listed {
+        format!(" (the first {listed} listed)")
+    } else {
+        String::new()
+    }
+}
+
 fn preview(d: &DesiredQueue, topology: &Topology, facts: &PlanFacts) -> DeletePreview {
     let mut p = DeletePreview {
         read_at: Some(
@@ -277,11 +287,13 @@ fn preview(d: &DesiredQueue, topology: &Topology, facts: &PlanFacts) -> DeletePr
         };
         let (np, _) = plan::delete_preview(d, &n.node_id, inv, facts);
         p.total_messages += plan::owned_message_count(d, inv);
-        if !np.dependent_diverts.is_empty() {
+        let np = np.listed();
+        if np.dependent_divert_count > 0 {
             p.warnings.push(format!(
-                "{}: {} divert(s) are removed with the queue; a divert in the node's broker.xml comes back at the next restart",
+                "{}: {} divert(s) are removed with the queue{}; a divert in the node's broker.xml comes back at the next restart",
                 n.node_id,
-                np.dependent_diverts.len()
+                np.dependent_divert_count,
+                unlisted(np.dependent_divert_count)
             ));
         }
         p.nodes.push(np);
@@ -443,7 +455,12 @@ impl TopologyObject for ArtemisQueue {
 
     fn touch_keys(d: &DesiredQueue) -> Vec<String> {
         use crate::topology::TopologyChange as C;
-        vec![C::queue_key(&d.name), C::address_key(&d.address)]
+        // The diverts at its address concern its delete preview.
+        vec![
+            C::queue_key(&d.name),
+            C::address_key(&d.address),
+            C::divert_end_key(&d.address),
+        ]
     }
 
     fn status(&self, pass: &Pass<'_, Self>) -> ArtemisQueueStatus {

@@ -414,6 +414,7 @@ pub fn delete_preview(
         kept_diverts: kept,
         refusal,
         message,
+        ..Default::default()
     };
     (preview, removed.into_iter().map(|(d, _)| d).collect())
 }
@@ -691,6 +692,22 @@ mod tests {
         ];
         let (removed, _) = divert_impact("target", "target", &inv(queues, diverts), &PlanFacts::default());
         assert!(removed.is_empty());
+    }
+
+    #[test]
+    fn status_lists_the_first_diverts_and_counts_them_all_while_the_delete_removes_every_one() {
+        let diverts: Vec<DivertInfo> = (0..2_000)
+            .map(|i| divert(&format!("d{i:04}"), &format!("src{i}"), "sink"))
+            .collect();
+        let d = DesiredQueue::new("sink", &spec(json!({"clusterRef": {"name": "c"}})));
+        let inventory = inv(vec![queue("sink", "sink", "ANYCAST")], diverts);
+        let (p, removed) = delete_preview(&d, "n1", &inventory, &PlanFacts::default());
+        assert_eq!(removed.len(), 2_000, "the delete removes every one");
+        let shown = p.listed();
+        assert_eq!(shown.dependent_divert_count, 2_000);
+        assert_eq!(shown.dependent_diverts.len(), crate::api::queue::LISTED_DIVERTS);
+        let bytes = serde_json::to_vec(&shown).map(|v| v.len()).unwrap_or(usize::MAX);
+        assert!(bytes < 20_000, "a node's preview is {bytes} bytes");
     }
 
     #[test]
