@@ -358,7 +358,10 @@ async fn send<K: TopologyObject>(
     sent: &Sent,
 ) -> Option<(i64, bool)> {
     let cluster_key = key(&o.namespace().unwrap_or_default(), &o.cluster_ref().name);
-    let _held = ctx.address_locks.hold(&cluster_key, &K::addresses(d)).await;
+    let _held = ctx
+        .address_locks
+        .hold(&cluster_key, &K::addresses(d), K::ADDRESS_HOLD)
+        .await;
     let targets: std::collections::BTreeSet<String> = missed.keys().cloned().collect();
     let ns = o.namespace().unwrap_or_default();
     let scope = Scope {

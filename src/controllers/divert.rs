@@ -234,6 +234,7 @@ impl TopologyObject for ArtemisDivert {
     fn claim(d: &DesiredDivert) -> String {
         format!("divert {}", d.name)
     }
+    const ADDRESS_HOLD: super::AddressHold = super::AddressHold::Shared;
     fn addresses(d: &DesiredDivert) -> Vec<String> {
         vec![d.spec.address.clone(), d.spec.forwarding_address.clone()]
     }

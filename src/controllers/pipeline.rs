@@ -147,8 +147,10 @@ pub trait TopologyObject:
     fn claim(d: &Self::Desired) -> String;
     /// The broker object as the audit row names it.
     fn audit_target(d: &Self::Desired) -> String;
-    /// The addresses this object's commands touch (held one command at a time per process).
+    /// The addresses this object's commands touch (held per process, see `AddressLocks`).
     fn addresses(d: &Self::Desired) -> Vec<String>;
+    /// How its commands hold those addresses.
+    const ADDRESS_HOLD: super::AddressHold;
     fn apply_params(&self, d: &Self::Desired) -> Value;
     fn delete_params(&self, d: &Self::Desired) -> Value;
 
@@ -1503,7 +1505,10 @@ async fn write<K: TopologyObject>(
     last_audit_id: Option<i64>,
 ) -> Result<(Vec<NodeOutcome>, Option<i64>), ReconcileError> {
     // The fresh reads, the writes and their verification see one state of these addresses.
-    let _held = ctx.address_locks.hold(&deref.cluster_key, &K::addresses(d)).await;
+    let _held = ctx
+        .address_locks
+        .hold(&deref.cluster_key, &K::addresses(d), K::ADDRESS_HOLD)
+        .await;
     let (plan, from) = preflight_apply::<K>(deref, d, plan).await;
     let seen: Arc<std::sync::Mutex<BTreeMap<String, Arc<NodeInventory>>>> = Arc::new(std::sync::Mutex::new(
         from.iter()
@@ -1792,7 +1797,7 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
     // address's lock, so no divert write into it lands between this read and the delete.
     let _held = ctx
         .address_locks
-        .hold(&deref.cluster_key, &K::addresses(&d))
+        .hold(&deref.cluster_key, &K::addresses(&d), K::ADDRESS_HOLD)
         .await;
     let live: BTreeSet<String> = deref.topology.live_nodes().map(|n| n.node_id.clone()).collect();
     let fresh = fresh_reads::<K>(&deref, &d, &live, true).await;

@@ -358,6 +358,7 @@ impl TopologyObject for ArtemisQueue {
     fn claim(d: &DesiredQueue) -> String {
         format!("queue {}", d.name)
     }
+    const ADDRESS_HOLD: super::AddressHold = super::AddressHold::Alone;
     fn addresses(d: &DesiredQueue) -> Vec<String> {
         vec![d.address.clone()]
     }
