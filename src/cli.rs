@@ -125,7 +125,7 @@ pub struct RunArgs {
           value_parser = clap::value_parser!(u16).range(1..))]
     pub queue_concurrency: u16,
     /// ArtemisDivert reconciles run at once, at most (1 or more).
-    #[arg(long, env = "DIVERT_CONCURRENCY", default_value_t = 16,
+    #[arg(long, env = "DIVERT_CONCURRENCY", default_value_t = 64,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub divert_concurrency: u16,
     /// ArtemisCluster reconciles run at once, at most (1 or more).
@@ -178,7 +178,7 @@ impl Default for Concurrency {
     fn default() -> Self {
         Concurrency {
             queue: 64,
-            divert: 16,
+            divert: 64,
             cluster: 4,
             connection_close: 4,
         }
@@ -303,7 +303,7 @@ mod tests {
             run_args(&[]).concurrency(),
             Concurrency {
                 queue: 64,
-                divert: 16,
+                divert: 64,
                 cluster: 4,
                 connection_close: 4
             }
