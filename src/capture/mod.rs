@@ -26,6 +26,7 @@ pub mod sample;
 pub mod split;
 pub mod status;
 pub mod supervise;
+pub mod window;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

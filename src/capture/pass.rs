@@ -88,38 +88,7 @@ pub struct JudgedSub {
     annotations: BTreeMap<String, String>,
 }
 
-/// A source address's routed count, read while its capture queue existed.
-#[derive(Clone, Debug)]
-pub struct SourceMark {
-    /// The broker (Jolokia endpoint) it was read on.
-    pub endpoint: String,
-    pub routed: i64,
-    pub at: std::time::Instant,
-}
-
-/// CAPTURE-NOTES (measured on 2.40): copies a node's divert routes while the node has no capture
-/// queue (a promoted backup before the next pass, a restarted broker) vanish, and no broker
-/// counter records them. Estimated from the source side: what the source address routed since
-/// the last read with the capture queue there, on the same broker with no restart between; or,
-/// without such a read, everything it routed since this broker became active (its counters
-/// start then). An upper bound: a copy routed just before the queue vanished counts too.
-pub fn window_estimate(
-    mark: Option<&SourceMark>,
-    endpoint: &str,
-    uptime_ms: Option<i64>,
-    routed: i64,
-) -> u64 {
-    let same_incarnation = |m: &SourceMark| {
-        m.endpoint == endpoint
-            && uptime_ms.is_some_and(|u| u128::from(u.max(0) as u64) > m.at.elapsed().as_millis())
-            && routed >= m.routed
-    };
-    let lost = match mark {
-        Some(m) if same_incarnation(m) => routed - m.routed,
-        _ => routed,
-    };
-    u64::try_from(lost.max(0)).unwrap_or(0)
-}
+pub use super::window::SourceMark;
 
 /// What one pass did.
 #[derive(Default)]
@@ -361,8 +330,8 @@ pub async fn run(
     };
     let divert_missing = divert_missing(&judged.installs);
     let held = hold_paused(&mut judged, subs);
-    // Before a capture queue is re-created under an existing divert: the window's loss.
-    record_window_loss(ctx, state, &cluster_key, &seen.topology, &judged.installs).await;
+    // Before a capture queue is re-created under an existing divert: the window opens.
+    let windows = super::window::open(&state.source_marks, &seen.topology, &judged.installs).await;
     let writes = !(judged.installs.is_empty() && judged.sweeps.is_empty());
     if seen.from_runtime && writes {
         // The shared write gate: the Secrets re-read right before a broker write.
@@ -382,18 +351,16 @@ pub async fn run(
     }
     summary.commands += installed? + swept?;
     // Loss counters of every capture queue that existed, and the drains that should run.
-    let (topology, targets) = (&seen.topology, &judged.drain_targets);
-    read_loss(ctx, state, &cluster_key, topology, targets).await;
-    reconcile_sides(
+    count_loss(
         ctx,
         state,
         &cluster_key,
-        topology,
-        targets,
+        (&seen, &judged),
         &divert_missing,
-        &seen.desired,
+        windows,
     )
     .await;
+    let targets = &judged.drain_targets;
     let drain_targets = (targets.as_slice(), &judged.fresh_queues);
     summary.drains = drains_to_run(state, &cluster_key, &seen, &subs_by_name, drain_targets).await;
     // Mode Sample: browse what is due, on this pass's fresh topology.
@@ -1126,87 +1093,27 @@ async fn amqp_url(state: &ClusterState, m: &BrokerManagement) -> Option<String> 
     Some(url)
 }
 
-/// For each node about to get a capture queue under a divert it already has (the failover or
-/// restart window), estimate the copies lost in the window from the source side and add them to
-/// `capture_loss` as `failover_window` (see [`window_estimate`]). One bulk read per such node.
-async fn record_window_loss(
+/// Every loss this pass counts once its writes are done: the capture queues' counters, both
+/// sides of every tap (which close the windows of the queues re-created), and the windows no
+/// read closed.
+async fn count_loss(
     ctx: &Context,
     state: &ClusterState,
     cluster_key: &str,
-    topology: &Topology,
-    installs: &BTreeMap<TapName, BTreeMap<String, Vec<Part>>>,
+    (seen, judged): (&Survey, &Judged),
+    divert_missing: &BTreeSet<(TapName, String)>,
+    mut windows: super::window::Windows,
 ) {
-    let mut by_node: BTreeMap<&str, Vec<&TapName>> = BTreeMap::new();
-    for (tap, nodes) in installs {
-        for (node, parts) in nodes {
-            if parts.contains(&Part::Queue) && !parts.contains(&Part::Divert) {
-                by_node.entry(node.as_str()).or_default().push(tap);
-            }
-        }
-    }
-    for (node, taps) in by_node {
-        let Some(m) = topology.find(node).and_then(|n| n.active.as_ref()) else {
-            continue;
-        };
-        let addresses: Vec<String> = taps.iter().map(|t| t.address.clone()).collect();
-        let (uptime, routed) = match m.source_routed(&addresses).await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(%node, error = %e, "capture: the window's loss cannot be estimated (source counters unreadable)");
-                continue;
-            }
-        };
-        let endpoint = m.client().url().to_string();
-        let mut estimated: BTreeMap<String, i64> = BTreeMap::new();
-        for (tap, routed) in taps.iter().zip(routed) {
-            let Some(routed) = routed else { continue };
-            estimated.insert(tap.address.clone(), routed);
-            let mark = state
-                .source_marks
-                .lock()
-                .await
-                .get(&(node.to_string(), tap.address.clone()))
-                .cloned();
-            let lost = window_estimate(mark.as_ref(), &endpoint, uptime, routed);
-            tracing::info!(%node, address = %tap.address, subscription = %tap.subscription, lost, "capture: copies routed while the node had the divert and no capture queue (estimate)");
-            let at = LossAt {
-                cluster: cluster_key,
-                subscription: &tap.subscription,
-                node,
-                source_address: &tap.address,
-            };
-            if let Err(e) = ctx.store.add_loss(&at, "failover_window", lost).await {
-                tracing::warn!(%node, error = %e, "capture: the window's loss not recorded");
-            }
-            crate::telemetry::capture::metrics().dropped(
-                cluster_key,
-                &tap.subscription,
-                "failover_window",
-                lost,
-            );
-        }
-        // Counted up to here (issue 42: a re-creation that failed was counted again from the
-        // activation by the next pass, 64 % over). Every tap of an address is estimated from
-        // the same baseline first, then it moves.
-        advance_marks(&mut *state.source_marks.lock().await, node, &endpoint, estimated);
-    }
-}
-
-/// The source side's baseline moves to what a window estimate counted up to, per address.
-fn advance_marks(
-    marks: &mut BTreeMap<(String, String), SourceMark>,
-    node: &str,
-    endpoint: &str,
-    estimated: BTreeMap<String, i64>,
-) {
-    for (address, routed) in estimated {
-        let mark = SourceMark {
-            endpoint: endpoint.to_string(),
-            routed,
-            at: std::time::Instant::now(),
-        };
-        marks.insert((node.to_string(), address), mark);
-    }
+    let (topology, targets) = (&seen.topology, &judged.drain_targets);
+    read_loss(ctx, state, cluster_key, topology, targets).await;
+    let sides = SidesScope {
+        divert_missing,
+        desired: &seen.desired,
+        windows: &mut windows,
+    };
+    reconcile_sides(ctx, state, cluster_key, topology, targets, sides).await;
+    let marks = &state.source_marks;
+    super::window::close_unread(ctx, marks, cluster_key, windows, &judged.fresh_queues).await;
 }
 
 /// Read every existing capture queue's counters (one bulk request per node) and add what was
@@ -1251,6 +1158,7 @@ async fn read_loss(
                         endpoint: endpoint.clone(),
                         routed,
                         at: std::time::Instant::now(),
+                        queue_there: true,
                     },
                 );
             }
@@ -1309,17 +1217,27 @@ async fn record_queue_loss(
     Ok(())
 }
 
+/// What [`reconcile_sides`] judges the reads with.
+struct SidesScope<'a> {
+    /// Taps whose divert this pass found gone and re-created.
+    divert_missing: &'a BTreeSet<(TapName, String)>,
+    desired: &'a BTreeMap<TapName, TapSpec>,
+    /// The windows open on this pass's re-created queues: a read closes each.
+    windows: &'a mut super::window::Windows,
+}
+
 /// Issue 25 item 3: per tap and node, what the source routed against what reached the capture
 /// queue since the last read (one bulk request per node, `reconcile`); a shortfall no other
-/// cause explains goes to `capture_loss` as `tap_missing` or `unexplained`.
+/// cause explains goes to `capture_loss` as `tap_missing` or `unexplained`. A tap whose queue
+/// this pass re-created under its divert has a new baseline instead, and the same read closes
+/// its window (`window::count`: the source's routed count less the copies the new queue got).
 async fn reconcile_sides(
     ctx: &Context,
     state: &ClusterState,
     cluster_key: &str,
     topology: &Topology,
     taps: &[(TapName, String)],
-    divert_missing: &BTreeSet<(TapName, String)>,
-    desired: &BTreeMap<TapName, TapSpec>,
+    scope: SidesScope<'_>,
 ) {
     let mut by_node: BTreeMap<&str, Vec<&TapName>> = BTreeMap::new();
     for (t, n) in taps {
@@ -1340,30 +1258,32 @@ async fn reconcile_sides(
             }
         };
         for (tap, mut now) in reads {
-            let key = (node.to_string(), tap.clone());
-            let missing = divert_missing.contains(&(tap.clone(), node.to_string()));
-            let filtered = desired.get(&tap).is_some_and(|t| t.filter.is_some());
-            let mut sides = state.sides.lock().await;
-            let short = super::reconcile::shortfall(sides.get(&key), &mut now, missing, filtered);
-            sides.insert(key, now);
-            drop(sides);
-            let Some(short) = short else { continue };
-            tracing::warn!(%node, address = %tap.address, subscription = %tap.subscription, cause = short.cause, lost = short.messages, "capture: the source routed more than reached the capture queue");
             let at = LossAt {
                 cluster: cluster_key,
                 subscription: &tap.subscription,
                 node,
                 source_address: &tap.address,
             };
+            let key = (node.to_string(), tap.clone());
+            let missing = scope.divert_missing.contains(&(tap.clone(), node.to_string()));
+            let filtered = scope.desired.get(&tap).is_some_and(|t| t.filter.is_some());
+            if let Some(w) = scope.windows.remove(&(tap.clone(), node.to_string())) {
+                let (lost, bound) = super::window::count(&w, &now, filtered);
+                super::window::record(ctx, &at, lost, bound).await;
+                state.sides.lock().await.insert(key, now);
+                continue;
+            }
+            let mut sides = state.sides.lock().await;
+            let short = super::reconcile::shortfall(sides.get(&key), &mut now, missing, filtered);
+            sides.insert(key, now);
+            drop(sides);
+            let Some(short) = short else { continue };
+            tracing::warn!(%node, address = %tap.address, subscription = %tap.subscription, cause = short.cause, lost = short.messages, "capture: the source routed more than reached the capture queue");
             if let Err(e) = ctx.store.add_loss(&at, short.cause, short.messages).await {
                 tracing::warn!(%node, error = %e, "capture: the shortfall not recorded");
             }
-            crate::telemetry::capture::metrics().dropped(
-                cluster_key,
-                &tap.subscription,
-                short.cause,
-                short.messages,
-            );
+            let metrics = crate::telemetry::capture::metrics();
+            metrics.dropped(cluster_key, &tap.subscription, short.cause, short.messages);
         }
     }
 }
@@ -1978,56 +1898,6 @@ fn stalled_past_cap(list: &mut Vec<crate::api::Condition>, generation: Option<i6
         "nothing left to do until the spec or the brokers change",
         generation,
     );
-}
-
-#[cfg(test)]
-mod window_tests {
-    use super::{SourceMark, window_estimate};
-    use std::time::{Duration, Instant};
-
-    fn mark(endpoint: &str, routed: i64) -> SourceMark {
-        SourceMark {
-            endpoint: endpoint.into(),
-            routed,
-            at: Instant::now() - Duration::from_secs(10),
-        }
-    }
-
-    #[test]
-    fn the_same_broker_counts_from_its_last_read_with_the_queue() {
-        let m = mark("http://a", 100);
-        assert_eq!(window_estimate(Some(&m), "http://a", Some(3_600_000), 130), 30);
-    }
-
-    #[test]
-    fn a_promoted_backup_or_a_restart_counts_everything_since_it_became_active() {
-        let m = mark("http://a", 100);
-        // Another broker (the backup) took over the node.
-        assert_eq!(window_estimate(Some(&m), "http://b", Some(3_600_000), 20), 20);
-        // The same endpoint restarted after the read (uptime shorter than the read's age).
-        assert_eq!(window_estimate(Some(&m), "http://a", Some(2_000), 150), 150);
-        // Counters went down.
-        assert_eq!(window_estimate(Some(&m), "http://a", Some(3_600_000), 40), 40);
-        // Nothing known before.
-        assert_eq!(window_estimate(None, "http://a", Some(3_600_000), 7), 7);
-    }
-
-    /// Issue 42 item 3: a re-creation that fails is estimated again at the next pass, from
-    /// where the first estimate stopped — 136 then 77, not 136 then 213 (64 % over).
-    #[test]
-    fn a_window_estimated_twice_counts_each_copy_once() {
-        let mut marks = std::collections::BTreeMap::new();
-        let key = ("n1".to_string(), "orders".to_string());
-        let first = window_estimate(marks.get(&key), "http://b", Some(60_000), 136);
-        super::advance_marks(
-            &mut marks,
-            "n1",
-            "http://b",
-            std::collections::BTreeMap::from([("orders".to_string(), 136)]),
-        );
-        let second = window_estimate(marks.get(&key), "http://b", Some(60_000), 213);
-        assert_eq!((first, second), (136, 77));
-    }
 }
 
 #[cfg(test)]
