@@ -90,11 +90,32 @@ pub struct JudgedSub {
 
 pub use super::window::SourceMark;
 
+/// A pass's time budget (issue 42): twice the pass interval, at least 30 s. Status is written
+/// at the end of every pass, so it is never older than a budget and an interval.
+pub fn budget(pass_interval: Duration) -> Duration {
+    (pass_interval * 2).max(Duration::from_secs(30))
+}
+
+/// The part of a pass's budget in which it starts installs and removals; what is left of them
+/// then waits for the next pass, and the rest of the budget is for the writes in flight, the
+/// loss counters, the drains and status.
+fn write_window(budget: Duration) -> Duration {
+    budget / 2
+}
+
+/// Whether a tap's install or removal may start now, or must wait for the next pass.
+fn may_start(until: std::time::Instant) -> bool {
+    std::time::Instant::now() < until
+}
+
 /// What one pass did.
 #[derive(Default)]
 pub struct PassSummary {
     /// Audited broker commands (install and remove).
     pub commands: i32,
+    /// Taps whose install or removal was left for the next pass (the budget's time for writes
+    /// was spent).
+    pub deferred: i32,
     /// The drains that should run now: one per installed capture queue per live node.
     pub drains: Vec<DrainTarget>,
     /// What the pass judged, for [`report`] once those drains run.
@@ -307,6 +328,8 @@ pub async fn run(
     drains: &DrainView<'_>,
     elsewhere: &BTreeMap<String, String>,
 ) -> Result<PassSummary, PassError> {
+    let budget = budget(ctx.capture_pass_interval);
+    let writes_until = std::time::Instant::now() + write_window(budget);
     let ns = cluster.namespace().unwrap_or_default();
     let cluster_key = key(&ns, &cluster.name_any());
     let instance = ctx.instance_id.as_str();
@@ -327,6 +350,8 @@ pub async fn run(
         topology: &seen.topology,
         timeout: seen.access.request_timeout,
         arms: &seen.arms,
+        writes_until,
+        budget,
     };
     let divert_missing = divert_missing(&judged.installs);
     let held = hold_paused(&mut judged, subs);
@@ -343,25 +368,18 @@ pub async fn run(
     let sweeps = std::mem::take(&mut judged.sweeps);
     let swept = match &installed {
         Ok(_) => sweep_all(&scope, state, sweeps, &subs_by_name, elsewhere).await,
-        Err(_) => Ok(0),
+        Err(_) => Ok((0, 0)),
     };
     if writes {
         // Done or not, the next pass judges from a topology polled after these writes.
         *state.wrote_at.lock().await = Some(std::time::Instant::now());
     }
-    summary.commands += installed? + swept?;
+    let ((installed, deferred_installs), (swept, deferred_sweeps)) = (installed?, swept?);
+    (summary.commands, summary.deferred) = (installed + swept, deferred_installs + deferred_sweeps);
     // Loss counters of every capture queue that existed, and the drains that should run.
-    count_loss(
-        ctx,
-        state,
-        &cluster_key,
-        (&seen, &judged),
-        &divert_missing,
-        windows,
-    )
-    .await;
-    let targets = &judged.drain_targets;
-    let drain_targets = (targets.as_slice(), &judged.fresh_queues);
+    let judgement = (&seen, &judged);
+    count_loss(ctx, state, &cluster_key, judgement, &divert_missing, windows).await;
+    let drain_targets = (judged.drain_targets.as_slice(), &judged.fresh_queues);
     summary.drains = drains_to_run(state, &cluster_key, &seen, &subs_by_name, drain_targets).await;
     // Mode Sample: browse what is due, on this pass's fresh topology.
     super::sample::sample_due(ctx, &state.sample, &cluster_key, subs).await;
@@ -802,17 +820,19 @@ fn divert_missing(installs: &BTreeMap<TapName, BTreeMap<String, Vec<Part>>>) -> 
 }
 
 /// Installs: one audited command per tap, on the nodes that lack something. The number of
-/// commands sent.
+/// commands sent, and of taps left for the next pass (none starts once the pass's budget for
+/// writes is spent: those are PENDING and say so).
 async fn install_all(
     scope: &PassScope<'_>,
     seen: &Survey,
     subs_by_name: &BTreeMap<String, &Arc<ArtemisCaptureSubscription>>,
     judged: &mut Judged,
-) -> Result<i32, PassError> {
+) -> Result<(i32, i32), PassError> {
     use futures::StreamExt;
     // The taps' installs run side by side, so their operations to one node share bulk POSTs
     // (issue 25: installs of one pass batched per node); each keeps its own audit row.
-    type Installed = (TapName, Result<Vec<NodeOutcome>, PassError>);
+    // None: deferred to the next pass, on these nodes.
+    type Installed = (TapName, Option<Result<Vec<NodeOutcome>, PassError>>, Vec<String>);
     // Boxed as Send: rustc cannot prove it of the unboxed futures inside a spawned task.
     let mut each: Vec<futures::future::BoxFuture<'_, Installed>> = vec![];
     // The nodes where each tap's install creates its capture queue.
@@ -830,17 +850,30 @@ async fn install_all(
         };
         let sub = subs_by_name.get(&tap.subscription).copied();
         each.push(Box::pin(async move {
+            let nodes: Vec<String> = parts.keys().cloned().collect();
+            if !may_start(scope.writes_until) {
+                return (tap, None, nodes);
+            }
             let outcomes = install(scope, sub, spec, &parts).await;
-            (tap, outcomes)
+            (tap, Some(outcomes), nodes)
         }));
     }
     let results: Vec<Installed> = futures::stream::iter(each)
         .buffer_unordered(INSTALLS_AT_ONCE)
         .collect()
         .await;
-    let mut commands = 0;
+    let (mut commands, mut deferred) = (0, 0);
     let mut first_error = None;
-    for (tap, outcomes) in results {
+    for (tap, outcomes, nodes) in results {
+        let Some(outcomes) = outcomes else {
+            deferred += 1;
+            for node in nodes {
+                judged
+                    .found
+                    .insert((tap.clone(), node), found_deferred(scope.budget));
+            }
+            continue;
+        };
         if let Some(nodes) = queue_parts.get(&tap) {
             let applied = outcomes
                 .iter()
@@ -869,7 +902,19 @@ async fn install_all(
                 .insert((tap.clone(), o.node.clone()), found_after_install(o));
         }
     }
-    first_error.map_or(Ok(commands), Err)
+    first_error.map_or(Ok((commands, deferred)), Err)
+}
+
+/// A tap whose install this pass left for the next: the budget's time for writes was spent.
+fn found_deferred(budget: Duration) -> Found {
+    Found {
+        state: TapState::Pending,
+        refusal: None,
+        message: format!(
+            "deferred: this pass spent its time budget ({}s) on other taps' installs; installed by the next pass",
+            budget.as_secs()
+        ),
+    }
 }
 
 /// Taps installed (or removed) at once by a pass: each install is a few operations one after
@@ -909,8 +954,14 @@ async fn sweep_all(
     sweeps: BTreeMap<TapName, BTreeMap<String, (bool, bool)>>,
     subs_by_name: &BTreeMap<String, &Arc<ArtemisCaptureSubscription>>,
     elsewhere: &BTreeMap<String, String>,
-) -> Result<i32, PassError> {
+) -> Result<(i32, i32), PassError> {
     use futures::StreamExt;
+    if !may_start(scope.writes_until) && !sweeps.is_empty() {
+        // Not even the drains are stopped: the next pass sweeps these with its whole budget.
+        let deferred = i32::try_from(sweeps.len()).unwrap_or(i32::MAX);
+        tracing::info!(cluster = %scope.cluster_key, deferred, "capture: the pass's time for writes is spent; the sweep waits for the next pass");
+        return Ok((0, deferred));
+    }
     let mut swept = vec![];
     for (tap, nodes) in sweeps {
         let sub = subs_by_name.get(&tap.subscription).copied();
@@ -936,33 +987,39 @@ async fn sweep_all(
     };
     futures::future::join_all(handles.into_iter().map(|h| h.stop(SWEEP_DRAIN_GRACE))).await;
     // Boxed as Send, as in `install_all`.
-    let each: Vec<futures::future::BoxFuture<'_, Result<(), PassError>>> = swept
+    let each: Vec<futures::future::BoxFuture<'_, Result<bool, PassError>>> = swept
         .into_iter()
-        .map(|(tap, nodes, sub)| -> futures::future::BoxFuture<'_, Result<(), PassError>> {
+        .map(|(tap, nodes, sub)| -> futures::future::BoxFuture<'_, Result<bool, PassError>> {
             let reason = match elsewhere.get(&tap.subscription) {
                 Some(other) if sub.is_some() && tap.is_legacy() => format!(
                     "named before tap names carried the namespace, and {other} has the same name on these brokers: re-installed under a name that carries it (issue 42)"
                 ),
                 _ => sweep_reason(sub, &tap),
             };
-            Box::pin(async move { remove(scope, sub, &tap, &nodes, &reason).await })
+            Box::pin(async move {
+                if !may_start(scope.writes_until) {
+                    return Ok(false);
+                }
+                remove(scope, sub, &tap, &nodes, &reason).await.map(|()| true)
+            })
         })
         .collect();
-    let results: Vec<Result<(), PassError>> = futures::stream::iter(each)
+    let results: Vec<Result<bool, PassError>> = futures::stream::iter(each)
         .buffer_unordered(INSTALLS_AT_ONCE)
         .collect()
         .await;
-    let mut commands = 0;
+    let (mut commands, mut deferred) = (0, 0);
     let mut first_error = None;
     for r in results {
         match r {
-            Ok(()) => commands += 1,
+            Ok(true) => commands += 1,
+            Ok(false) => deferred += 1,
             Err(e) => {
                 first_error.get_or_insert(e);
             }
         }
     }
-    first_error.map_or(Ok(commands), Err)
+    first_error.map_or(Ok((commands, deferred)), Err)
 }
 
 /// How long a swept tap's drain may take to commit and settle the batch in hand.
@@ -1316,6 +1373,9 @@ struct PassScope<'a> {
     timeout: Duration,
     /// How each subscription was armed: its installs' audit rows say so.
     arms: &'a BTreeMap<String, ArmState>,
+    /// No install or removal starts after this (the pass's budget, `write_window`).
+    writes_until: std::time::Instant,
+    budget: Duration,
 }
 
 fn intent(
@@ -2046,6 +2106,33 @@ mod naming_tests {
         assert_eq!(
             naming.tap("orders", "other"),
             TapName::new("i1", "ns", "orders", "other")
+        );
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::{budget, found_deferred, may_start, write_window};
+    use crate::api::capture::TapState;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_pass_has_twice_its_interval_at_least_30_s_and_starts_writes_in_the_first_half() {
+        assert_eq!(budget(Duration::from_secs(30)), Duration::from_secs(60));
+        assert_eq!(budget(Duration::from_secs(2)), Duration::from_secs(30));
+        assert_eq!(write_window(Duration::from_secs(60)), Duration::from_secs(30));
+        assert!(may_start(Instant::now() + Duration::from_secs(1)));
+        assert!(!may_start(Instant::now()));
+    }
+
+    #[test]
+    fn a_deferred_install_is_pending_and_says_when_it_comes() {
+        let f = found_deferred(Duration::from_secs(60));
+        assert_eq!(f.state, TapState::Pending);
+        assert!(
+            f.message.contains("time budget (60s)") && f.message.contains("next pass"),
+            "{}",
+            f.message
         );
     }
 }
