@@ -26,6 +26,7 @@ pub mod sample;
 pub mod split;
 pub mod status;
 pub mod supervise;
+pub mod window;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -634,15 +635,20 @@ async fn record_pass(
     mine: &[Arc<ArtemisCaptureSubscription>],
     view: &pass::DrainView<'_>,
 ) {
-    let (commands, result) = match outcome {
-        Ok(p) => (p.commands, "ok".to_string()),
+    let budget = pass::budget(ctx.capture_pass_interval);
+    let took = (chrono::Utc::now() - started).to_std().unwrap_or_default();
+    if took > budget {
+        tracing::warn!(cluster = %cluster_key, took_ms = took.as_millis() as u64, budget_ms = budget.as_millis() as u64, "capture pass over its time budget");
+    }
+    let (commands, deferred, result) = match outcome {
+        Ok(p) => (p.commands, p.deferred, "ok".to_string()),
         Err(e) => {
             tracing::warn!(cluster = %cluster_key, error = %e, "capture pass failed");
             if let pass::PassError::Store(store) = e {
                 let cause = format!("the capture pass cannot use Postgres: {store}");
                 outage::report(ctx, cluster_key, mine, view, &cause).await;
             }
-            (0, format!("failed: {e}"))
+            (0, 0, format!("failed: {e}"))
         }
     };
     let labels = crate::telemetry::CapturePassLabels {
@@ -656,6 +662,8 @@ async fn record_pass(
         started_at: started,
         commands,
         result: &result,
+        budget_ms: i32::try_from(budget.as_millis()).unwrap_or(i32::MAX),
+        deferred,
     };
     if let Err(e) = ctx.store.record_pass(&row).await {
         tracing::warn!(cluster = %cluster_key, error = %e, "capture: cannot record the pass");

@@ -88,37 +88,24 @@ pub struct JudgedSub {
     annotations: BTreeMap<String, String>,
 }
 
-/// A source address's routed count, read while its capture queue existed.
-#[derive(Clone, Debug)]
-pub struct SourceMark {
-    /// The broker (Jolokia endpoint) it was read on.
-    pub endpoint: String,
-    pub routed: i64,
-    pub at: std::time::Instant,
+pub use super::window::SourceMark;
+
+/// A pass's time budget (issue 42): twice the pass interval, at least 30 s. Status is written
+/// at the end of every pass, so it is never older than a budget and an interval.
+pub fn budget(pass_interval: Duration) -> Duration {
+    (pass_interval * 2).max(Duration::from_secs(30))
 }
 
-/// CAPTURE-NOTES (measured on 2.40): copies a node's divert routes while the node has no capture
-/// queue (a promoted backup before the next pass, a restarted broker) vanish, and no broker
-/// counter records them. Estimated from the source side: what the source address routed since
-/// the last read with the capture queue there, on the same broker with no restart between; or,
-/// without such a read, everything it routed since this broker became active (its counters
-/// start then). An upper bound: a copy routed just before the queue vanished counts too.
-pub fn window_estimate(
-    mark: Option<&SourceMark>,
-    endpoint: &str,
-    uptime_ms: Option<i64>,
-    routed: i64,
-) -> u64 {
-    let same_incarnation = |m: &SourceMark| {
-        m.endpoint == endpoint
-            && uptime_ms.is_some_and(|u| u128::from(u.max(0) as u64) > m.at.elapsed().as_millis())
-            && routed >= m.routed
-    };
-    let lost = match mark {
-        Some(m) if same_incarnation(m) => routed - m.routed,
-        _ => routed,
-    };
-    u64::try_from(lost.max(0)).unwrap_or(0)
+/// The part of a pass's budget in which it starts installs and removals; what is left of them
+/// then waits for the next pass, and the rest of the budget is for the writes in flight, the
+/// loss counters, the drains and status.
+fn write_window(budget: Duration) -> Duration {
+    budget / 2
+}
+
+/// Whether a tap's install or removal may start now, or must wait for the next pass.
+fn may_start(until: std::time::Instant) -> bool {
+    std::time::Instant::now() < until
 }
 
 /// What one pass did.
@@ -126,6 +113,9 @@ pub fn window_estimate(
 pub struct PassSummary {
     /// Audited broker commands (install and remove).
     pub commands: i32,
+    /// Taps whose install or removal was left for the next pass (the budget's time for writes
+    /// was spent).
+    pub deferred: i32,
     /// The drains that should run now: one per installed capture queue per live node.
     pub drains: Vec<DrainTarget>,
     /// What the pass judged, for [`report`] once those drains run.
@@ -338,6 +328,8 @@ pub async fn run(
     drains: &DrainView<'_>,
     elsewhere: &BTreeMap<String, String>,
 ) -> Result<PassSummary, PassError> {
+    let budget = budget(ctx.capture_pass_interval);
+    let writes_until = std::time::Instant::now() + write_window(budget);
     let ns = cluster.namespace().unwrap_or_default();
     let cluster_key = key(&ns, &cluster.name_any());
     let instance = ctx.instance_id.as_str();
@@ -358,11 +350,13 @@ pub async fn run(
         topology: &seen.topology,
         timeout: seen.access.request_timeout,
         arms: &seen.arms,
+        writes_until,
+        budget,
     };
     let divert_missing = divert_missing(&judged.installs);
     let held = hold_paused(&mut judged, subs);
-    // Before a capture queue is re-created under an existing divert: the window's loss.
-    record_window_loss(ctx, state, &cluster_key, &seen.topology, &judged.installs).await;
+    // Before a capture queue is re-created under an existing divert: the window opens.
+    let windows = super::window::open(&state.source_marks, &seen.topology, &judged.installs).await;
     let writes = !(judged.installs.is_empty() && judged.sweeps.is_empty());
     if seen.from_runtime && writes {
         // The shared write gate: the Secrets re-read right before a broker write.
@@ -374,27 +368,18 @@ pub async fn run(
     let sweeps = std::mem::take(&mut judged.sweeps);
     let swept = match &installed {
         Ok(_) => sweep_all(&scope, state, sweeps, &subs_by_name, elsewhere).await,
-        Err(_) => Ok(0),
+        Err(_) => Ok((0, 0)),
     };
     if writes {
         // Done or not, the next pass judges from a topology polled after these writes.
         *state.wrote_at.lock().await = Some(std::time::Instant::now());
     }
-    summary.commands += installed? + swept?;
+    let ((installed, deferred_installs), (swept, deferred_sweeps)) = (installed?, swept?);
+    (summary.commands, summary.deferred) = (installed + swept, deferred_installs + deferred_sweeps);
     // Loss counters of every capture queue that existed, and the drains that should run.
-    let (topology, targets) = (&seen.topology, &judged.drain_targets);
-    read_loss(ctx, state, &cluster_key, topology, targets).await;
-    reconcile_sides(
-        ctx,
-        state,
-        &cluster_key,
-        topology,
-        targets,
-        &divert_missing,
-        &seen.desired,
-    )
-    .await;
-    let drain_targets = (targets.as_slice(), &judged.fresh_queues);
+    let judgement = (&seen, &judged);
+    count_loss(ctx, state, &cluster_key, judgement, &divert_missing, windows).await;
+    let drain_targets = (judged.drain_targets.as_slice(), &judged.fresh_queues);
     summary.drains = drains_to_run(state, &cluster_key, &seen, &subs_by_name, drain_targets).await;
     // Mode Sample: browse what is due, on this pass's fresh topology.
     super::sample::sample_due(ctx, &state.sample, &cluster_key, subs).await;
@@ -835,17 +820,19 @@ fn divert_missing(installs: &BTreeMap<TapName, BTreeMap<String, Vec<Part>>>) -> 
 }
 
 /// Installs: one audited command per tap, on the nodes that lack something. The number of
-/// commands sent.
+/// commands sent, and of taps left for the next pass (none starts once the pass's budget for
+/// writes is spent: those are PENDING and say so).
 async fn install_all(
     scope: &PassScope<'_>,
     seen: &Survey,
     subs_by_name: &BTreeMap<String, &Arc<ArtemisCaptureSubscription>>,
     judged: &mut Judged,
-) -> Result<i32, PassError> {
+) -> Result<(i32, i32), PassError> {
     use futures::StreamExt;
     // The taps' installs run side by side, so their operations to one node share bulk POSTs
     // (issue 25: installs of one pass batched per node); each keeps its own audit row.
-    type Installed = (TapName, Result<Vec<NodeOutcome>, PassError>);
+    // None: deferred to the next pass, on these nodes.
+    type Installed = (TapName, Option<Result<Vec<NodeOutcome>, PassError>>, Vec<String>);
     // Boxed as Send: rustc cannot prove it of the unboxed futures inside a spawned task.
     let mut each: Vec<futures::future::BoxFuture<'_, Installed>> = vec![];
     // The nodes where each tap's install creates its capture queue.
@@ -863,17 +850,30 @@ async fn install_all(
         };
         let sub = subs_by_name.get(&tap.subscription).copied();
         each.push(Box::pin(async move {
+            let nodes: Vec<String> = parts.keys().cloned().collect();
+            if !may_start(scope.writes_until) {
+                return (tap, None, nodes);
+            }
             let outcomes = install(scope, sub, spec, &parts).await;
-            (tap, outcomes)
+            (tap, Some(outcomes), nodes)
         }));
     }
     let results: Vec<Installed> = futures::stream::iter(each)
         .buffer_unordered(INSTALLS_AT_ONCE)
         .collect()
         .await;
-    let mut commands = 0;
+    let (mut commands, mut deferred) = (0, 0);
     let mut first_error = None;
-    for (tap, outcomes) in results {
+    for (tap, outcomes, nodes) in results {
+        let Some(outcomes) = outcomes else {
+            deferred += 1;
+            for node in nodes {
+                judged
+                    .found
+                    .insert((tap.clone(), node), found_deferred(scope.budget));
+            }
+            continue;
+        };
         if let Some(nodes) = queue_parts.get(&tap) {
             let applied = outcomes
                 .iter()
@@ -902,12 +902,27 @@ async fn install_all(
                 .insert((tap.clone(), o.node.clone()), found_after_install(o));
         }
     }
-    first_error.map_or(Ok(commands), Err)
+    first_error.map_or(Ok((commands, deferred)), Err)
+}
+
+/// A tap whose install this pass left for the next: the budget's time for writes was spent.
+fn found_deferred(budget: Duration) -> Found {
+    Found {
+        state: TapState::Pending,
+        refusal: None,
+        message: format!(
+            "deferred: this pass spent its time budget ({}s) on other taps' installs; installed by the next pass",
+            budget.as_secs()
+        ),
+    }
 }
 
 /// Taps installed (or removed) at once by a pass: each install is a few operations one after
-/// another per node, so this many keep the node's bulk POSTs full (issue 42: ≥ 100 installs/s).
-const INSTALLS_AT_ONCE: usize = 128;
+/// another per node, one in flight per tap and node; this many fill the node's whole budget
+/// (`broker::budget::MAX_IN_FLIGHT` POSTs of `broker::batch::MAX_BATCH` operations), so a
+/// replicated primary's journal commits them in groups (issue 42: ≥ 100 installs/s; 128 gave
+/// 113/s on the replicated pair).
+const INSTALLS_AT_ONCE: usize = crate::broker::budget::MAX_IN_FLIGHT * crate::broker::batch::MAX_BATCH;
 
 fn found_after_install(o: NodeOutcome) -> Found {
     if o.outcome == Outcome::Applied {
@@ -942,8 +957,14 @@ async fn sweep_all(
     sweeps: BTreeMap<TapName, BTreeMap<String, (bool, bool)>>,
     subs_by_name: &BTreeMap<String, &Arc<ArtemisCaptureSubscription>>,
     elsewhere: &BTreeMap<String, String>,
-) -> Result<i32, PassError> {
+) -> Result<(i32, i32), PassError> {
     use futures::StreamExt;
+    if !may_start(scope.writes_until) && !sweeps.is_empty() {
+        // Not even the drains are stopped: the next pass sweeps these with its whole budget.
+        let deferred = i32::try_from(sweeps.len()).unwrap_or(i32::MAX);
+        tracing::info!(cluster = %scope.cluster_key, deferred, "capture: the pass's time for writes is spent; the sweep waits for the next pass");
+        return Ok((0, deferred));
+    }
     let mut swept = vec![];
     for (tap, nodes) in sweeps {
         let sub = subs_by_name.get(&tap.subscription).copied();
@@ -969,33 +990,39 @@ async fn sweep_all(
     };
     futures::future::join_all(handles.into_iter().map(|h| h.stop(SWEEP_DRAIN_GRACE))).await;
     // Boxed as Send, as in `install_all`.
-    let each: Vec<futures::future::BoxFuture<'_, Result<(), PassError>>> = swept
+    let each: Vec<futures::future::BoxFuture<'_, Result<bool, PassError>>> = swept
         .into_iter()
-        .map(|(tap, nodes, sub)| -> futures::future::BoxFuture<'_, Result<(), PassError>> {
+        .map(|(tap, nodes, sub)| -> futures::future::BoxFuture<'_, Result<bool, PassError>> {
             let reason = match elsewhere.get(&tap.subscription) {
                 Some(other) if sub.is_some() && tap.is_legacy() => format!(
                     "named before tap names carried the namespace, and {other} has the same name on these brokers: re-installed under a name that carries it (issue 42)"
                 ),
                 _ => sweep_reason(sub, &tap),
             };
-            Box::pin(async move { remove(scope, sub, &tap, &nodes, &reason).await })
+            Box::pin(async move {
+                if !may_start(scope.writes_until) {
+                    return Ok(false);
+                }
+                remove(scope, sub, &tap, &nodes, &reason).await.map(|()| true)
+            })
         })
         .collect();
-    let results: Vec<Result<(), PassError>> = futures::stream::iter(each)
+    let results: Vec<Result<bool, PassError>> = futures::stream::iter(each)
         .buffer_unordered(INSTALLS_AT_ONCE)
         .collect()
         .await;
-    let mut commands = 0;
+    let (mut commands, mut deferred) = (0, 0);
     let mut first_error = None;
     for r in results {
         match r {
-            Ok(()) => commands += 1,
+            Ok(true) => commands += 1,
+            Ok(false) => deferred += 1,
             Err(e) => {
                 first_error.get_or_insert(e);
             }
         }
     }
-    first_error.map_or(Ok(commands), Err)
+    first_error.map_or(Ok((commands, deferred)), Err)
 }
 
 /// How long a swept tap's drain may take to commit and settle the batch in hand.
@@ -1126,87 +1153,27 @@ async fn amqp_url(state: &ClusterState, m: &BrokerManagement) -> Option<String> 
     Some(url)
 }
 
-/// For each node about to get a capture queue under a divert it already has (the failover or
-/// restart window), estimate the copies lost in the window from the source side and add them to
-/// `capture_loss` as `failover_window` (see [`window_estimate`]). One bulk read per such node.
-async fn record_window_loss(
+/// Every loss this pass counts once its writes are done: the capture queues' counters, both
+/// sides of every tap (which close the windows of the queues re-created), and the windows no
+/// read closed.
+async fn count_loss(
     ctx: &Context,
     state: &ClusterState,
     cluster_key: &str,
-    topology: &Topology,
-    installs: &BTreeMap<TapName, BTreeMap<String, Vec<Part>>>,
+    (seen, judged): (&Survey, &Judged),
+    divert_missing: &BTreeSet<(TapName, String)>,
+    mut windows: super::window::Windows,
 ) {
-    let mut by_node: BTreeMap<&str, Vec<&TapName>> = BTreeMap::new();
-    for (tap, nodes) in installs {
-        for (node, parts) in nodes {
-            if parts.contains(&Part::Queue) && !parts.contains(&Part::Divert) {
-                by_node.entry(node.as_str()).or_default().push(tap);
-            }
-        }
-    }
-    for (node, taps) in by_node {
-        let Some(m) = topology.find(node).and_then(|n| n.active.as_ref()) else {
-            continue;
-        };
-        let addresses: Vec<String> = taps.iter().map(|t| t.address.clone()).collect();
-        let (uptime, routed) = match m.source_routed(&addresses).await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(%node, error = %e, "capture: the window's loss cannot be estimated (source counters unreadable)");
-                continue;
-            }
-        };
-        let endpoint = m.client().url().to_string();
-        let mut estimated: BTreeMap<String, i64> = BTreeMap::new();
-        for (tap, routed) in taps.iter().zip(routed) {
-            let Some(routed) = routed else { continue };
-            estimated.insert(tap.address.clone(), routed);
-            let mark = state
-                .source_marks
-                .lock()
-                .await
-                .get(&(node.to_string(), tap.address.clone()))
-                .cloned();
-            let lost = window_estimate(mark.as_ref(), &endpoint, uptime, routed);
-            tracing::info!(%node, address = %tap.address, subscription = %tap.subscription, lost, "capture: copies routed while the node had the divert and no capture queue (estimate)");
-            let at = LossAt {
-                cluster: cluster_key,
-                subscription: &tap.subscription,
-                node,
-                source_address: &tap.address,
-            };
-            if let Err(e) = ctx.store.add_loss(&at, "failover_window", lost).await {
-                tracing::warn!(%node, error = %e, "capture: the window's loss not recorded");
-            }
-            crate::telemetry::capture::metrics().dropped(
-                cluster_key,
-                &tap.subscription,
-                "failover_window",
-                lost,
-            );
-        }
-        // Counted up to here (issue 42: a re-creation that failed was counted again from the
-        // activation by the next pass, 64 % over). Every tap of an address is estimated from
-        // the same baseline first, then it moves.
-        advance_marks(&mut *state.source_marks.lock().await, node, &endpoint, estimated);
-    }
-}
-
-/// The source side's baseline moves to what a window estimate counted up to, per address.
-fn advance_marks(
-    marks: &mut BTreeMap<(String, String), SourceMark>,
-    node: &str,
-    endpoint: &str,
-    estimated: BTreeMap<String, i64>,
-) {
-    for (address, routed) in estimated {
-        let mark = SourceMark {
-            endpoint: endpoint.to_string(),
-            routed,
-            at: std::time::Instant::now(),
-        };
-        marks.insert((node.to_string(), address), mark);
-    }
+    let (topology, targets) = (&seen.topology, &judged.drain_targets);
+    read_loss(ctx, state, cluster_key, topology, targets).await;
+    let sides = SidesScope {
+        divert_missing,
+        desired: &seen.desired,
+        windows: &mut windows,
+    };
+    reconcile_sides(ctx, state, cluster_key, topology, targets, sides).await;
+    let marks = &state.source_marks;
+    super::window::close_unread(ctx, marks, cluster_key, windows, &judged.fresh_queues).await;
 }
 
 /// Read every existing capture queue's counters (one bulk request per node) and add what was
@@ -1251,6 +1218,7 @@ async fn read_loss(
                         endpoint: endpoint.clone(),
                         routed,
                         at: std::time::Instant::now(),
+                        queue_there: true,
                     },
                 );
             }
@@ -1309,17 +1277,27 @@ async fn record_queue_loss(
     Ok(())
 }
 
+/// What [`reconcile_sides`] judges the reads with.
+struct SidesScope<'a> {
+    /// Taps whose divert this pass found gone and re-created.
+    divert_missing: &'a BTreeSet<(TapName, String)>,
+    desired: &'a BTreeMap<TapName, TapSpec>,
+    /// The windows open on this pass's re-created queues: a read closes each.
+    windows: &'a mut super::window::Windows,
+}
+
 /// Issue 25 item 3: per tap and node, what the source routed against what reached the capture
 /// queue since the last read (one bulk request per node, `reconcile`); a shortfall no other
-/// cause explains goes to `capture_loss` as `tap_missing` or `unexplained`.
+/// cause explains goes to `capture_loss` as `tap_missing` or `unexplained`. A tap whose queue
+/// this pass re-created under its divert has a new baseline instead, and the same read closes
+/// its window (`window::count`: the source's routed count less the copies the new queue got).
 async fn reconcile_sides(
     ctx: &Context,
     state: &ClusterState,
     cluster_key: &str,
     topology: &Topology,
     taps: &[(TapName, String)],
-    divert_missing: &BTreeSet<(TapName, String)>,
-    desired: &BTreeMap<TapName, TapSpec>,
+    scope: SidesScope<'_>,
 ) {
     let mut by_node: BTreeMap<&str, Vec<&TapName>> = BTreeMap::new();
     for (t, n) in taps {
@@ -1340,30 +1318,32 @@ async fn reconcile_sides(
             }
         };
         for (tap, mut now) in reads {
-            let key = (node.to_string(), tap.clone());
-            let missing = divert_missing.contains(&(tap.clone(), node.to_string()));
-            let filtered = desired.get(&tap).is_some_and(|t| t.filter.is_some());
-            let mut sides = state.sides.lock().await;
-            let short = super::reconcile::shortfall(sides.get(&key), &mut now, missing, filtered);
-            sides.insert(key, now);
-            drop(sides);
-            let Some(short) = short else { continue };
-            tracing::warn!(%node, address = %tap.address, subscription = %tap.subscription, cause = short.cause, lost = short.messages, "capture: the source routed more than reached the capture queue");
             let at = LossAt {
                 cluster: cluster_key,
                 subscription: &tap.subscription,
                 node,
                 source_address: &tap.address,
             };
+            let key = (node.to_string(), tap.clone());
+            let missing = scope.divert_missing.contains(&(tap.clone(), node.to_string()));
+            let filtered = scope.desired.get(&tap).is_some_and(|t| t.filter.is_some());
+            if let Some(w) = scope.windows.remove(&(tap.clone(), node.to_string())) {
+                let (lost, bound) = super::window::count(&w, &now, filtered);
+                super::window::record(ctx, &at, lost, bound).await;
+                state.sides.lock().await.insert(key, now);
+                continue;
+            }
+            let mut sides = state.sides.lock().await;
+            let short = super::reconcile::shortfall(sides.get(&key), &mut now, missing, filtered);
+            sides.insert(key, now);
+            drop(sides);
+            let Some(short) = short else { continue };
+            tracing::warn!(%node, address = %tap.address, subscription = %tap.subscription, cause = short.cause, lost = short.messages, "capture: the source routed more than reached the capture queue");
             if let Err(e) = ctx.store.add_loss(&at, short.cause, short.messages).await {
                 tracing::warn!(%node, error = %e, "capture: the shortfall not recorded");
             }
-            crate::telemetry::capture::metrics().dropped(
-                cluster_key,
-                &tap.subscription,
-                short.cause,
-                short.messages,
-            );
+            let metrics = crate::telemetry::capture::metrics();
+            metrics.dropped(cluster_key, &tap.subscription, short.cause, short.messages);
         }
     }
 }
@@ -1396,6 +1376,9 @@ struct PassScope<'a> {
     timeout: Duration,
     /// How each subscription was armed: its installs' audit rows say so.
     arms: &'a BTreeMap<String, ArmState>,
+    /// No install or removal starts after this (the pass's budget, `write_window`).
+    writes_until: std::time::Instant,
+    budget: Duration,
 }
 
 fn intent(
@@ -1981,56 +1964,6 @@ fn stalled_past_cap(list: &mut Vec<crate::api::Condition>, generation: Option<i6
 }
 
 #[cfg(test)]
-mod window_tests {
-    use super::{SourceMark, window_estimate};
-    use std::time::{Duration, Instant};
-
-    fn mark(endpoint: &str, routed: i64) -> SourceMark {
-        SourceMark {
-            endpoint: endpoint.into(),
-            routed,
-            at: Instant::now() - Duration::from_secs(10),
-        }
-    }
-
-    #[test]
-    fn the_same_broker_counts_from_its_last_read_with_the_queue() {
-        let m = mark("http://a", 100);
-        assert_eq!(window_estimate(Some(&m), "http://a", Some(3_600_000), 130), 30);
-    }
-
-    #[test]
-    fn a_promoted_backup_or_a_restart_counts_everything_since_it_became_active() {
-        let m = mark("http://a", 100);
-        // Another broker (the backup) took over the node.
-        assert_eq!(window_estimate(Some(&m), "http://b", Some(3_600_000), 20), 20);
-        // The same endpoint restarted after the read (uptime shorter than the read's age).
-        assert_eq!(window_estimate(Some(&m), "http://a", Some(2_000), 150), 150);
-        // Counters went down.
-        assert_eq!(window_estimate(Some(&m), "http://a", Some(3_600_000), 40), 40);
-        // Nothing known before.
-        assert_eq!(window_estimate(None, "http://a", Some(3_600_000), 7), 7);
-    }
-
-    /// Issue 42 item 3: a re-creation that fails is estimated again at the next pass, from
-    /// where the first estimate stopped — 136 then 77, not 136 then 213 (64 % over).
-    #[test]
-    fn a_window_estimated_twice_counts_each_copy_once() {
-        let mut marks = std::collections::BTreeMap::new();
-        let key = ("n1".to_string(), "orders".to_string());
-        let first = window_estimate(marks.get(&key), "http://b", Some(60_000), 136);
-        super::advance_marks(
-            &mut marks,
-            "n1",
-            "http://b",
-            std::collections::BTreeMap::from([("orders".to_string(), 136)]),
-        );
-        let second = window_estimate(marks.get(&key), "http://b", Some(60_000), 213);
-        assert_eq!((first, second), (136, 77));
-    }
-}
-
-#[cfg(test)]
 mod deleting_tests {
     use super::being_removed;
     use crate::api::capture::ArtemisCaptureSubscriptionStatus;
@@ -2176,6 +2109,33 @@ mod naming_tests {
         assert_eq!(
             naming.tap("orders", "other"),
             TapName::new("i1", "ns", "orders", "other")
+        );
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::{budget, found_deferred, may_start, write_window};
+    use crate::api::capture::TapState;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_pass_has_twice_its_interval_at_least_30_s_and_starts_writes_in_the_first_half() {
+        assert_eq!(budget(Duration::from_secs(30)), Duration::from_secs(60));
+        assert_eq!(budget(Duration::from_secs(2)), Duration::from_secs(30));
+        assert_eq!(write_window(Duration::from_secs(60)), Duration::from_secs(30));
+        assert!(may_start(Instant::now() + Duration::from_secs(1)));
+        assert!(!may_start(Instant::now()));
+    }
+
+    #[test]
+    fn a_deferred_install_is_pending_and_says_when_it_comes() {
+        let f = found_deferred(Duration::from_secs(60));
+        assert_eq!(f.state, TapState::Pending);
+        assert!(
+            f.message.contains("time budget (60s)") && f.message.contains("next pass"),
+            "{}",
+            f.message
         );
     }
 }

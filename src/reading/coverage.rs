@@ -55,6 +55,9 @@ pub struct Loss {
     pub last_grew_at: DateTime<Utc>,
     /// It grew at or after the window's start.
     pub in_window: bool,
+    /// Which bound the count is (`exact`, `upperBound`, `lowerBound`); null: an estimate that
+    /// claims neither.
+    pub bound: Option<crate::store::captured::LossBound>,
 }
 
 /// The coverage of one tap over the window.
@@ -145,6 +148,7 @@ fn losses_by_tap(window: Window, losses: &[LossTally]) -> BTreeMap<TapKey, Vec<L
                 messages: l.messages,
                 last_grew_at: l.updated_at,
                 in_window: l.updated_at >= window.from,
+                bound: crate::store::captured::LossBound::from_db(l.bound.as_deref()),
             });
     }
     lost
@@ -274,6 +278,7 @@ mod tests {
             cause: "ring_overwrite".into(),
             messages: 7,
             updated_at: t(150),
+            bound: None,
         };
         let c = assess(
             w,

@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::coverage::{CoverageVerdict, TapCoverage, Window};
 use super::requests::{Exchange, LatencyBasis, ReplyVerdict};
+use crate::store::captured::LossBound;
 use crate::store::reading::{AuditRecord, StoredMessage};
 
 /// What a captured row claims, and no more (ADR-0062 D5, D10).
@@ -319,8 +320,15 @@ fn tap_notes(t: &TapCoverage, window: Window) -> Vec<String> {
         })
         .collect();
     notes.extend(t.lost.iter().map(|l| {
+        // An exact count is "=", an upper bound "≤", a lower bound "≥", an estimate "≈".
+        let (sign, bound) = match l.bound {
+            Some(b @ LossBound::Exact) => ("=", format!("{}; ", b.label())),
+            Some(b @ LossBound::UpperBound) => ("≤", format!("{}; ", b.label())),
+            Some(b @ LossBound::LowerBound) => ("≥", format!("{}; ", b.label())),
+            None => ("≈", String::new()),
+        };
         format!(
-            "lost≈{} {} (last grew {}{})",
+            "lost{sign}{} {} ({bound}last grew {}{})",
             l.messages,
             l.cause,
             time(l.last_grew_at),
@@ -521,6 +529,7 @@ mod tests {
                 messages: 3,
                 last_grew_at: t(50),
                 in_window: true,
+                bound: None,
             }],
         };
         assert_eq!(
@@ -532,6 +541,44 @@ mod tests {
                     "lost≈3 ring_overwrite (last grew {}, in this window)",
                     time(t(50))
                 ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_loss_says_which_bound_it_is() {
+        let t = |s: i64| DateTime::from_timestamp(1_800_000_000 + s, 0).expect("time");
+        let window = Window {
+            from: t(0),
+            to: t(100),
+        };
+        let loss = |cause: &str, bound| crate::reading::coverage::Loss {
+            cause: cause.into(),
+            messages: 40,
+            last_grew_at: t(50),
+            in_window: true,
+            bound,
+        };
+        let tap = TapCoverage {
+            subscription: "s".into(),
+            node: "n1".into(),
+            address: "a".into(),
+            verdict: CoverageVerdict::Lossy,
+            gaps: vec![],
+            first_drained: Some(t(0)),
+            lost: vec![
+                loss("failover_window", Some(LossBound::Exact)),
+                loss("tap_missing", Some(LossBound::UpperBound)),
+                loss("failover_window", Some(LossBound::LowerBound)),
+            ],
+        };
+        let at = time(t(50));
+        assert_eq!(
+            tap_notes(&tap, window),
+            vec![
+                format!("lost=40 failover_window (exact; last grew {at}, in this window)"),
+                format!("lost≤40 tap_missing (upper bound; last grew {at}, in this window)"),
+                format!("lost≥40 failover_window (lower bound; last grew {at}, in this window)"),
             ]
         );
     }

@@ -52,6 +52,10 @@ pub struct PassRecord<'a> {
     pub started_at: chrono::DateTime<chrono::Utc>,
     pub commands: i32,
     pub result: &'a str,
+    /// The pass's time budget.
+    pub budget_ms: i32,
+    /// Taps whose install or removal the pass left for the next (its budget's time was spent).
+    pub deferred: i32,
 }
 
 impl Store {
@@ -159,8 +163,8 @@ impl Store {
     /// Record a finished pass; passes older than a week are pruned.
     pub async fn record_pass(&self, p: &PassRecord<'_>) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO capture_pass (cluster, instance_id, holder, started_at, finished_at, commands, result) \
-             VALUES ($1, $2, $3, $4, now(), $5, $6)",
+            "INSERT INTO capture_pass (cluster, instance_id, holder, started_at, finished_at, commands, result, budget_ms, deferred) \
+             VALUES ($1, $2, $3, $4, now(), $5, $6, $7, $8)",
         )
         .bind(p.cluster)
         .bind(p.instance_id)
@@ -168,6 +172,8 @@ impl Store {
         .bind(p.started_at)
         .bind(p.commands)
         .bind(p.result)
+        .bind(p.budget_ms)
+        .bind(p.deferred)
         .execute(self.pool())
         .await.on(self.pool())?;
         sqlx::query("DELETE FROM capture_pass WHERE cluster = $1 AND started_at < now() - interval '7 days'")

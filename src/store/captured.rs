@@ -17,6 +17,47 @@ pub struct LossAt<'a> {
     pub source_address: &'a str,
 }
 
+/// Which bound a loss count is (`capture_loss.bound`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LossBound {
+    /// Counted from the broker's own counters on both sides.
+    Exact,
+    /// At most this many were lost.
+    UpperBound,
+    /// At least this many were lost.
+    LowerBound,
+}
+
+impl LossBound {
+    pub fn as_db(self) -> &'static str {
+        match self {
+            LossBound::Exact => "exact",
+            LossBound::UpperBound => "upper",
+            LossBound::LowerBound => "lower",
+        }
+    }
+
+    /// None for NULL (no bound claimed) or a value this version does not know.
+    pub fn from_db(s: Option<&str>) -> Option<LossBound> {
+        match s? {
+            "exact" => Some(LossBound::Exact),
+            "upper" => Some(LossBound::UpperBound),
+            "lower" => Some(LossBound::LowerBound),
+            _ => None,
+        }
+    }
+
+    /// As printed beside a count.
+    pub fn label(self) -> &'static str {
+        match self {
+            LossBound::Exact => "exact",
+            LossBound::UpperBound => "upper bound",
+            LossBound::LowerBound => "lower bound",
+        }
+    }
+}
+
 /// Stored and lost at one tap on one node.
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct TapTotals {
@@ -207,16 +248,32 @@ impl Store {
         Ok(())
     }
 
-    /// Count `messages` more lost to `cause` at this tap and node.
+    /// Count `messages` more lost to `cause` at this tap and node (an estimate claiming no bound).
     pub async fn add_loss(&self, at: &LossAt<'_>, cause: &str, messages: u64) -> Result<(), StoreError> {
+        self.add_loss_bounded(at, cause, messages, None).await
+    }
+
+    /// Count `messages` more lost to `cause`, saying which bound the count is. Added to a count
+    /// of another bound, the sum keeps the weaker claim: exact with an upper (lower) bound is an
+    /// upper (lower) bound; an upper with a lower bound, or anything with an unbounded
+    /// estimate, claims no bound.
+    pub async fn add_loss_bounded(
+        &self,
+        at: &LossAt<'_>,
+        cause: &str,
+        messages: u64,
+        bound: Option<LossBound>,
+    ) -> Result<(), StoreError> {
         if messages == 0 {
             return Ok(());
         }
         sqlx::query(
-            "INSERT INTO capture_loss (cluster, subscription, node, source_address, cause, messages) \
-             VALUES ($1, $2, $3, $4, $5, $6) \
+            "INSERT INTO capture_loss (cluster, subscription, node, source_address, cause, messages, bound) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) \
              ON CONFLICT (cluster, subscription, node, source_address, cause) DO UPDATE \
-             SET messages = capture_loss.messages + EXCLUDED.messages, updated_at = now()",
+             SET messages = capture_loss.messages + EXCLUDED.messages, updated_at = now(), \
+                 bound = CASE WHEN capture_loss.bound = EXCLUDED.bound OR capture_loss.bound = 'exact' THEN EXCLUDED.bound \
+                              WHEN EXCLUDED.bound = 'exact' THEN capture_loss.bound END",
         )
         .bind(at.cluster)
         .bind(at.subscription)
@@ -224,6 +281,7 @@ impl Store {
         .bind(at.source_address)
         .bind(cause)
         .bind(messages as i64)
+        .bind(bound.map(LossBound::as_db))
         .execute(self.pool())
         .await
         .on(self.pool())?;

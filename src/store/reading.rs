@@ -110,6 +110,8 @@ pub struct LossTally {
     pub cause: String,
     pub messages: i64,
     pub updated_at: DateTime<Utc>,
+    /// `capture_loss.bound`: exact, upper, lower, or null (no bound claimed).
+    pub bound: Option<String>,
 }
 
 /// One command of the audit log.
@@ -281,7 +283,7 @@ impl Store {
         subscription: Option<&str>,
     ) -> Result<Vec<LossTally>, StoreError> {
         sqlx::query_as(
-            "SELECT subscription, node, source_address, cause, messages, updated_at FROM capture_loss \
+            "SELECT subscription, node, source_address, cause, messages, updated_at, bound FROM capture_loss \
              WHERE cluster = $1 AND ($2::text IS NULL OR subscription = $2) AND messages > 0 \
              ORDER BY subscription, node, source_address, cause",
         )

@@ -24,7 +24,7 @@ const NODES: usize = 3;
 const INSTALLS_PER_SECOND: f64 = 100.0;
 
 /// Create `names` as durable anycast queues on one broker, 100 to a POST.
-async fn create_queues(bed: &TestBed, broker: &Broker, names: &[String]) {
+pub(crate) async fn create_queues(bed: &TestBed, broker: &Broker, names: &[String]) {
     let mbean = format!("org.apache.activemq.artemis:broker=\"{}\"", broker.name);
     for chunk in names.chunks(100) {
         let body: Vec<Value> = chunk
@@ -46,7 +46,7 @@ async fn create_queues(bed: &TestBed, broker: &Broker, names: &[String]) {
 }
 
 /// The names of one broker's queues starting with `prefix`.
-async fn queues_with(bed: &TestBed, broker: &Broker, prefix: &str) -> BTreeSet<String> {
+pub(crate) async fn queues_with(bed: &TestBed, broker: &Broker, prefix: &str) -> BTreeSet<String> {
     let (_, body) = jolokia_raw(
         broker,
         &bed.broker_user(),
@@ -84,7 +84,7 @@ async fn three_hundred_addresses_are_tapped_fast_retapped_after_a_restart_and_sw
         json!({"queues": format!("cap.{id}.s.*"), "maxTaps": ADDRESSES}),
     )
     .await;
-    wait_healthy(&f, taps, Duration::from_secs(240)).await;
+    wait_healthy(&f, "scale", taps, Duration::from_secs(240)).await;
     let rate = install_rate(&f).await;
     eprintln!("{taps} taps armed at {rate:.0} installs/s");
     assert!(
@@ -95,9 +95,9 @@ async fn three_hundred_addresses_are_tapped_fast_retapped_after_a_restart_and_sw
     // A routine restart: c2's ring queues (non-durable) go with the process. Its return is
     // when the cluster says it is live again (the operator cannot act on it before).
     f.bed.broker_action("stop", "c2");
-    wait_live(&f, 2).await;
+    wait_live(&f, "c", 2).await;
     f.bed.broker_action("start", "c2");
-    wait_live(&f, 3).await;
+    wait_live(&f, "c", 3).await;
     let back = chrono::Utc::now();
     let c2 = f.bed.broker("c2");
     let prefix = artemis_studio_operator::api::CAPTURE_PREFIX;
@@ -110,9 +110,9 @@ async fn three_hundred_addresses_are_tapped_fast_retapped_after_a_restart_and_sw
         },
     )
     .await;
-    wait_healthy(&f, taps, Duration::from_secs(240)).await;
+    wait_healthy(&f, "scale", taps, Duration::from_secs(240)).await;
     // The passes that started after the return (one in flight then could not act on it).
-    let took = passes_between(&f, back, chrono::Utc::now()).await;
+    let took = passes_between(&f, "c", back, chrono::Utc::now()).await;
     eprintln!("every tap HEALTHY again {took} passes after c2's return");
     assert!(
         took <= 2,
@@ -156,16 +156,17 @@ async fn three_hundred_addresses_are_tapped_fast_retapped_after_a_restart_and_sw
     f.wait_subscription_gone("scale").await;
 }
 
-/// Capture passes over the fixture's cluster that started after `from` and finished by `to`.
-async fn passes_between(
+/// Capture passes over the fixture's `cluster` that started after `from` and finished by `to`.
+pub(crate) async fn passes_between(
     f: &crate::queue::Fixture,
+    cluster: &str,
     from: chrono::DateTime<chrono::Utc>,
     to: chrono::DateTime<chrono::Utc>,
 ) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FROM capture_pass WHERE cluster = $1 AND started_at > $2 AND finished_at <= $3",
     )
-    .bind(format!("{}/c", f.ns))
+    .bind(format!("{}/{cluster}", f.ns))
     .bind(from)
     .bind(to)
     .fetch_one(f.op.store.pool())
@@ -173,14 +174,14 @@ async fn passes_between(
     .expect("count passes")
 }
 
-/// Until the fixture's ArtemisCluster reports `n` live nodes.
-async fn wait_live(f: &crate::queue::Fixture, n: usize) {
+/// Until the fixture's ArtemisCluster `cluster` reports `n` live nodes.
+pub(crate) async fn wait_live(f: &crate::queue::Fixture, cluster: &str, n: usize) {
     let api: kube::Api<artemis_studio_operator::api::ArtemisCluster> =
         kube::Api::namespaced(f.admin.clone(), &f.ns);
     wait_until(&format!("{n} live nodes"), Duration::from_secs(120), || {
         let api = api.clone();
         async move {
-            let c = api.get("c").await.ok()?;
+            let c = api.get(cluster).await.ok()?;
             (c.status?.nodes.iter().filter(|x| x.live).count() == n).then_some(())
         }
     })
@@ -188,7 +189,7 @@ async fn wait_live(f: &crate::queue::Fixture, n: usize) {
 }
 
 /// Capture diverts and ring queues whose names contain `mine`, over `brokers`.
-async fn left_on(bed: &TestBed, brokers: &[Broker], mine: &str) -> usize {
+pub(crate) async fn left_on(bed: &TestBed, brokers: &[Broker], mine: &str) -> usize {
     let prefix = artemis_studio_operator::api::CAPTURE_PREFIX;
     let mut n = 0;
     for b in brokers {
@@ -206,12 +207,13 @@ async fn left_on(bed: &TestBed, brokers: &[Broker], mine: &str) -> usize {
     n
 }
 
-async fn wait_healthy(f: &crate::queue::Fixture, taps: usize, bound: Duration) {
+/// Until every one of `taps` taps of subscription `name` is HEALTHY (by tapCounts), at most `bound`.
+pub(crate) async fn wait_healthy(f: &crate::queue::Fixture, name: &str, taps: usize, bound: Duration) {
     let api = f.subscriptions();
     let seen = std::sync::Mutex::new(String::new());
     let done = tokio::time::timeout(bound, async {
         loop {
-            if let Ok(s) = api.get("scale").await {
+            if let Ok(s) = api.get(name).await {
                 // status.taps lists a bounded number; tapCounts counts them all.
                 if s.status.as_ref().is_some_and(|st| {
                     st.tap_counts.healthy == taps as u64 && st.tap_counts.total() == taps as u64
@@ -234,7 +236,7 @@ async fn wait_healthy(f: &crate::queue::Fixture, taps: usize, bound: Duration) {
 
 /// Node taps installed per second: APPLIED nodes of the `capture.install` rows over the time
 /// from the first intent to the last outcome.
-async fn install_rate(f: &crate::queue::Fixture) -> f64 {
+pub(crate) async fn install_rate(f: &crate::queue::Fixture) -> f64 {
     let (applied, seconds): (i64, f64) = sqlx::query_as(
         "SELECT COALESCE(SUM(jsonb_array_length(COALESCE(outcome_detail->'appliedNodes', '[]'::jsonb))), 0)::bigint, \
                 COALESCE(EXTRACT(EPOCH FROM max(completed_at) - min(occurred_at)), 0)::float8 \

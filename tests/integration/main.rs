@@ -10,6 +10,7 @@ mod capture_blast;
 mod capture_cost;
 mod capture_failover_loss;
 mod capture_faults;
+mod capture_ha_scale;
 mod capture_names;
 mod capture_reconcile;
 mod capture_scale;
