@@ -262,7 +262,7 @@ async fn poll_and_publish(ctx: &Context, ns: &str, name: &str, rt: ClusterRuntim
     }
     drop(in_flight);
     if reauthorised || came_back {
-        super::pipeline::retry_dependents_now(ctx, ns, name);
+        super::pipeline::retry_dependents_now(ctx, ns, name, &caught_up.lacking);
     } else if !change.is_empty() {
         super::pipeline::trigger_dependents(ctx, ns, name, &change, None);
     }

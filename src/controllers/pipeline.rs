@@ -428,10 +428,24 @@ pub async fn ensure_credentials(ctx: &Context, ns: &str, cluster: &str) -> Resul
 
 /// After a cluster's credentials or trust roots changed, or a node came back: every dependent
 /// is retried now (its failed nodes' backoff is forgotten: they may have failed for the old
-/// credentials, or while the node was away).
-pub fn retry_dependents_now(ctx: &Context, ns: &str, cluster: &str) {
+/// credentials, or while the node was away). The ArtemisQueues of `queues_first` (uids) are
+/// triggered before the rest.
+pub fn retry_dependents_now(ctx: &Context, ns: &str, cluster: &str, queues_first: &[String]) {
     forget_node_backoff::<crate::api::ArtemisQueue>(ctx, ns, cluster);
     forget_node_backoff::<crate::api::ArtemisDivert>(ctx, ns, cluster);
+    // Issue 41: the queues a returned node still lacks go to the head of the line, not behind
+    // every object's pass that only reports what the catch-up did.
+    let cache = crate::api::ArtemisQueue::cache(ctx);
+    for o in cache
+        .state()
+        .iter()
+        .filter(|o| o.uid().is_some_and(|u| queues_first.contains(&u)))
+    {
+        let _ = ctx
+            .triggers
+            .queues
+            .send(kube::runtime::reflector::ObjectRef::from_obj(o.as_ref()));
+    }
     trigger_dependents(
         ctx,
         ns,
