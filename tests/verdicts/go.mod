@@ -1,6 +1,6 @@
 // The GitOps tools' own verdict code, pinned (deploy/dev/testbed builds it like the API server):
 // Flux's kstatus fork, Flux's CEL health-check evaluator (healthCheckExprs) and gopher-lua set up
-// as Argo CD's runLua. Only tests/integration/gitops_verdicts.rs runs it.
+// as Argo CD's runLua. Only tests/integration/gitops.rs runs it.
 module artemis-studio.io/verdicts
 
 go 1.26.0

@@ -2,7 +2,7 @@
 -- a safe os only (no string, no math). Installed through deploy/argocd/argocd-cm-patch.yaml
 -- (deploy/argocd/generate). The verdicts are the README's GitOps table: tested on statuses built
 -- from the operator's own types (tests/argocd_health.rs) and, with Argo CD's own runner, on live
--- objects (tests/integration/gitops_verdicts.rs).
+-- objects (tests/integration/gitops.rs).
 local hs = {}
 local function condition(t)
   for _, c in ipairs(obj.status.conditions or {}) do
