@@ -8,8 +8,8 @@ mod argocd_lua;
 
 use argocd_lua::{argocd_dir, argocd_fixtures, health, script};
 use artemis_studio_operator::api::{
-    ArtemisCaptureSubscription, ArtemisCluster, ArtemisDivert, ArtemisQueue, ConnectionClose, NodeOutcome,
-    Outcome, RefusalKind,
+    ArtemisCaptureSubscription, ArtemisCluster, ArtemisDivert, ArtemisQueue, Condition, ConnectionClose,
+    NodeOutcome, Outcome, RefusalKind,
 };
 use artemis_studio_operator::controllers::conditions;
 use kube::Resource;
@@ -29,9 +29,19 @@ fn object<K: Resource<DynamicType = ()>, S: Serialize>(
         "spec": spec,
     });
     if let Some(s) = status {
-        o["status"] = serde_json::to_value(s).expect("status json");
+        o["status"] = as_written(serde_json::to_value(s).expect("status json"));
     }
     o
+}
+
+/// A status as the controllers write it: Reconciling and Stalled derived (and a blocked delete
+/// put in Ready) by `conditions::kstatus` just before every status write.
+fn as_written(mut status: Value) -> Value {
+    let mut conds: Vec<Condition> = serde_json::from_value(status["conditions"].clone()).unwrap_or_default();
+    let nodes: Vec<NodeOutcome> = serde_json::from_value(status["nodes"].clone()).unwrap_or_default();
+    conditions::kstatus(&mut conds, &nodes, status["observedGeneration"].as_i64());
+    status["conditions"] = serde_json::to_value(conds).expect("conditions json");
+    status
 }
 
 fn node(name: &str, outcome: Outcome, refusal: Option<RefusalKind>, message: &str) -> NodeOutcome {
@@ -255,11 +265,12 @@ fn cluster_health_reads_ready_and_its_terminal_reasons() {
         "CredentialsRefused",
         "OriginRefused",
         "NotJolokia",
+        "NoEndpoints",
     ] {
         let (s, m) = health(&c(2, status(2, false, reason, "the fix")));
         assert_eq!(s, "Degraded", "{reason}: {m}");
     }
-    for reason in ["Unreachable", "NoLiveNode", "NoEndpoints", "DiscoveryFailed"] {
+    for reason in ["Unreachable", "NoLiveNode", "DiscoveryFailed"] {
         let (s, m) = health(&c(2, status(2, false, reason, "wait")));
         assert_eq!(s, "Progressing", "{reason}: {m}");
     }

@@ -27,6 +27,12 @@ use super::common::{ClusterRef, Condition, DeletionPolicy, NodeOutcome, NotOwned
         json_path = ".status.conditions[?(@.type==\"Ready\")].status"
     ),
     printcolumn(name = "Applied", type_ = "string", json_path = ".status.nodesSummary"),
+    printcolumn(
+        name = "Blocked",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"DeleteBlocked\")].reason",
+        description = "why a delete cannot finish (DeleteBlocked's reason; Ready is False with it)"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("!(has(self.spec.name) ? self.spec.name : self.metadata.name).startsWith('artemis-studio.capture.')").message("the divert name (spec.name, or metadata.name when unset): the prefix artemis-studio.capture. is reserved for capture subscriptions (ADR-0079 D3); choose another name"),
     validation = Rule::new("!(has(self.spec.name) ? self.spec.name : self.metadata.name).matches('[*#]') && !self.spec.address.matches('[*#]') && !self.spec.forwardingAddress.matches('[*#]')").message("a divert name or address contains '*' or '#', Artemis wildcard characters: choose names without them")

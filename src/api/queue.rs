@@ -32,6 +32,12 @@ use super::common::{ClusterRef, Condition, DeletionPolicy, NodeOutcome, NotOwned
         json_path = ".status.nodesSummary",
         description = "nodes in the requested state / live nodes"
     ),
+    printcolumn(
+        name = "Blocked",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"DeleteBlocked\")].reason",
+        description = "why a delete cannot finish (DeleteBlocked's reason; Ready is False with it)"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("!(has(self.spec.name) ? self.spec.name : self.metadata.name).matches('[*#]')").message("the queue name (spec.name, or metadata.name when unset) contains '*' or '#', Artemis wildcard characters that management calls would treat as a pattern: choose a name without them"),
     validation = Rule::new("!(has(self.spec.name) ? self.spec.name : self.metadata.name).startsWith('artemis-studio.capture.')").message("the queue name (spec.name, or metadata.name when unset): the prefix artemis-studio.capture. is reserved for capture subscriptions (ADR-0079 D3); choose another name"),

@@ -19,7 +19,8 @@ pub const DELETE_BLOCKED: &str = "DeleteBlocked";
 pub const PAUSED: &str = "Paused";
 
 /// Ready=False reasons that no retry resolves: a person must change the spec, the Secret, the
-/// broker or the permissions (or lift the dry run or pause). Anything else is still converging.
+/// broker or the permissions. Stalled=True (Flux: Failed; Argo CD: Degraded). Anything else that
+/// is not [`HELD`] is still converging (Reconciling=True: InProgress, Progressing).
 const NEEDS_A_PERSON: &[&str] = &[
     "InvalidSpec",
     "ClusterNotFound",
@@ -32,10 +33,6 @@ const NEEDS_A_PERSON: &[&str] = &[
     "NotJolokia",
     "InvalidTls",
     "NoEndpoints",
-    "DryRun",
-    "Paused",
-    "DryRunDelete",
-    "PausedDelete",
     "DeleteRefused",
     "DeleteBlocked",
     "BulkCapExceeded",
@@ -44,9 +41,41 @@ const NEEDS_A_PERSON: &[&str] = &[
     "ResourceConflict",
     "Contested",
     "CloseFailed",
-    "AwaitingConfirmation",
+    "TapCapExceeded",
     "Failed",
 ];
+
+/// Ready=False reasons the user asked for: a dry run, a pause, a confirmation or an arming only
+/// the user can give. Neither Reconciling nor Stalled (Argo CD: Suspended; Flux with the shipped
+/// healthCheckExprs: Current; plain kstatus: InProgress, from Ready=False). README, GitOps.
+pub const HELD: &[&str] = &[
+    "DryRun",
+    "Paused",
+    "DryRunDelete",
+    "PausedDelete",
+    "AwaitingConfirmation",
+    "ConfirmationMismatch",
+    "ConfirmedBeforeShown",
+];
+
+/// Where a Ready=False reason stands: asked for by the user, waiting for a person, or on its way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Standing {
+    Held,
+    NeedsAPerson,
+    OnItsWay,
+}
+
+/// The standing of a Ready=False (or DeleteBlocked) reason.
+pub fn standing(reason: &str) -> Standing {
+    if HELD.contains(&reason) {
+        Standing::Held
+    } else if NEEDS_A_PERSON.contains(&reason) {
+        Standing::NeedsAPerson
+    } else {
+        Standing::OnItsWay
+    }
+}
 
 /// A node refusal that retrying can clear (the broker was slow or away); every other refusal
 /// waits for a person (NOT_CONVERGING included: the write is not re-sent for this generation).
@@ -68,50 +97,88 @@ fn needs_a_person(conditions: &[Condition]) -> Option<(String, String)> {
         .map(|c| (c.reason.clone(), c.message.clone()))
 }
 
+/// What Reconciling and Stalled say: at rest, held by the user, waiting for a person, on its way.
+enum Verdict {
+    Settled,
+    Held(String, String),
+    Stalled(String, String),
+    Reconciling(String, String),
+}
+
 /// Reconciling and Stalled, derived from Ready (and the per-node outcomes) just before a status
 /// is written, so Flux's and kstatus's health agrees with Ready: Ready=True → both False;
-/// Ready=False for a reason only a person can fix (or every failed live node refused for good)
-/// → Stalled=True; otherwise → Reconciling=True.
+/// Ready=False for a reason the user asked for ([`HELD`]) → both False; for a reason only a
+/// person can fix (or every failed live node refused for good) → Stalled=True; otherwise →
+/// Reconciling=True. A blocked delete first makes Ready False ([`blocked_delete_in_ready`]).
 pub fn kstatus(conditions: &mut Vec<Condition>, nodes: &[NodeOutcome], generation: Option<i64>) {
+    blocked_delete_in_ready(conditions, generation);
     let ready = get(conditions, READY).cloned();
     let refused_for_good = {
         let failed: Vec<&NodeOutcome> = nodes.iter().filter(|n| n.outcome == Outcome::Failed).collect();
         !failed.is_empty() && failed.iter().all(|n| !transient(n.refusal))
     };
-    let (reconciling, stalled) = match &ready {
-        _ if needs_a_person(conditions).is_some() => (None, needs_a_person(conditions)),
-        Some(r) if r.status == "True" => (None, None),
-        Some(r) if NEEDS_A_PERSON.contains(&r.reason.as_str()) || refused_for_good => {
-            (None, Some((r.reason.clone(), r.message.clone())))
+    let verdict = match (&ready, needs_a_person(conditions)) {
+        (_, Some((reason, message))) => Verdict::Stalled(reason, message),
+        (Some(r), None) if r.status == "True" => Verdict::Settled,
+        (Some(r), None) if standing(&r.reason) == Standing::Held => {
+            Verdict::Held(r.reason.clone(), r.message.clone())
         }
-        Some(r) => (Some((r.reason.clone(), r.message.clone())), None),
-        None => (
-            Some(("Pending".to_string(), "not reconciled yet".to_string())),
-            None,
+        (Some(r), None) if standing(&r.reason) == Standing::NeedsAPerson || refused_for_good => {
+            Verdict::Stalled(r.reason.clone(), r.message.clone())
+        }
+        (Some(r), None) => Verdict::Reconciling(r.reason.clone(), r.message.clone()),
+        (None, None) => Verdict::Reconciling("Pending".into(), "not reconciled yet".into()),
+    };
+    let (reconciling, stalled) = match verdict {
+        Verdict::Settled => (
+            (false, "Settled".to_string(), SETTLED.to_string()),
+            (false, "Progressing".to_string(), NOBODY_NEEDED.to_string()),
+        ),
+        Verdict::Held(reason, message) => (
+            (false, reason.clone(), format!("held as asked: {message}")),
+            (false, reason, format!("held as asked, nothing to fix: {message}")),
+        ),
+        Verdict::Stalled(reason, message) => (
+            (false, "Settled".to_string(), SETTLED.to_string()),
+            (true, reason, message),
+        ),
+        Verdict::Reconciling(reason, message) => (
+            (true, reason, message),
+            (false, "Progressing".to_string(), NOBODY_NEEDED.to_string()),
         ),
     };
-    match reconciling {
-        Some((reason, message)) => set(conditions, RECONCILING, true, &reason, message, generation),
-        None => set(
-            conditions,
-            RECONCILING,
-            false,
-            "Settled",
-            "nothing left to do until the spec or the brokers change",
-            generation,
-        ),
-    }
-    match stalled {
-        Some((reason, message)) => set(conditions, STALLED, true, &reason, message, generation),
-        None => set(
-            conditions,
-            STALLED,
-            false,
-            "Progressing",
-            "nothing needs a person",
-            generation,
-        ),
-    }
+    set(
+        conditions,
+        RECONCILING,
+        reconciling.0,
+        &reconciling.1,
+        reconciling.2,
+        generation,
+    );
+    set(conditions, STALLED, stalled.0, &stalled.1, stalled.2, generation);
+}
+
+const SETTLED: &str = "nothing left to do until the spec or the brokers change";
+const NOBODY_NEEDED: &str = "nothing needs a person";
+
+/// A delete that cannot finish shows in Ready (and so in `kubectl get`'s READY column and in
+/// every tool that reads Ready): Ready=False `DeleteBlocked` when a person must act, the held
+/// reason (`DryRunDelete`, `PausedDelete`) when the user asked for it, `DeleteWaiting` while it
+/// waits for a node to come back.
+pub fn blocked_delete_in_ready(conditions: &mut Vec<Condition>, generation: Option<i64>) {
+    let Some(blocked) = get(conditions, DELETE_BLOCKED)
+        .filter(|c| c.status == "True")
+        .cloned()
+    else {
+        return;
+    };
+    let reason = match standing(&blocked.reason) {
+        Standing::NeedsAPerson => "DeleteBlocked",
+        Standing::Held => blocked.reason.as_str(),
+        Standing::OnItsWay => "DeleteWaiting",
+    };
+    let message = format!("delete blocked ({}): {}", blocked.reason, blocked.message);
+    set(conditions, READY, false, reason, message, generation);
 }
 
 /// A condition's status, reason and message, as judged.
@@ -400,9 +467,8 @@ mod kstatus_tests {
         for reason in [
             "InvalidSpec",
             "CredentialsRefused",
-            "DryRun",
-            "Paused",
             "ClusterNotFound",
+            "TapCapExceeded",
         ] {
             let mut c = vec![];
             set(&mut c, READY, false, reason, "x", Some(2));
@@ -413,6 +479,43 @@ mod kstatus_tests {
         set(&mut c, READY, false, "ClusterNotReady", "x", Some(2));
         kstatus(&mut c, &[], Some(2));
         assert_eq!(status_of(&c, RECONCILING).0, "True");
+    }
+
+    #[test]
+    fn what_the_user_asked_for_is_neither_reconciling_nor_stalled() {
+        for reason in HELD {
+            let mut c = vec![];
+            set(&mut c, READY, false, reason, "x", Some(2));
+            kstatus(&mut c, &[], Some(2));
+            assert_eq!(
+                status_of(&c, STALLED),
+                ("False".into(), (*reason).into()),
+                "{reason}"
+            );
+            assert_eq!(
+                status_of(&c, RECONCILING),
+                ("False".into(), (*reason).into()),
+                "{reason}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_blocked_delete_shows_in_ready() {
+        for (blocked, ready, stalled) in [
+            ("BulkCapExceeded", "DeleteBlocked", "True"),
+            ("PausedDelete", "PausedDelete", "False"),
+            ("NodesNotLive", "DeleteWaiting", "False"),
+        ] {
+            let mut c = vec![];
+            set(&mut c, READY, true, "OnEveryLiveNode", "ok", Some(2));
+            set(&mut c, DELETE_BLOCKED, true, blocked, "why", Some(2));
+            kstatus(&mut c, &[], Some(2));
+            assert_eq!(status_of(&c, READY), ("False".into(), ready.into()), "{blocked}");
+            let message = get(&c, READY).map(|r| r.message.clone()).unwrap_or_default();
+            assert!(message.contains(blocked), "{message}");
+            assert_eq!(status_of(&c, STALLED).0, stalled, "{blocked}");
+        }
     }
 
     #[test]

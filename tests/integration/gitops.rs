@@ -60,7 +60,57 @@ async fn verdict(
         obj.get("status").unwrap_or(&Value::Null)
     );
     record(fixture, &obj, &status);
+    judges_agree_with_the_table(&obj, &status);
     (status, message)
+}
+
+/// The tools' own code (tests/verdicts, built by the bed) on the same object: gopher-lua opened as
+/// Argo CD's runLua agrees with the mlua runner, and Flux's kstatus fork and its CEL reader (with
+/// deploy/flux/health-check-exprs.yaml) give what the README's GitOps table says for that state.
+fn judges_agree_with_the_table(obj: &Value, argocd: &str) {
+    use std::io::Write;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut child = std::process::Command::new(root.join("deploy/dev/testbed"))
+        .arg("verdicts")
+        .arg("--lua-dir")
+        .arg(root.join("deploy/argocd/health"))
+        .arg("--exprs")
+        .arg(root.join("deploy/flux/health-check-exprs.yaml"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("deploy/dev/testbed verdicts");
+    let input = serde_json::to_vec(&json!([obj])).expect("objects json");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&input)
+        .expect("write objects");
+    let out = child.wait_with_output().expect("verdicts output");
+    assert!(out.status.success(), "testbed verdicts failed");
+    let judged: Value = serde_json::from_slice(&out.stdout).expect("verdicts json");
+    let j = &judged[0];
+    println!("  judges: {j}");
+    assert_eq!(
+        j["argocd"]["status"], argocd,
+        "Argo CD's runner and ours differ: {j}"
+    );
+    let ready_true = obj["status"]["conditions"]
+        .as_array()
+        .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"));
+    let deleting = obj["metadata"].get("deletionTimestamp").is_some();
+    let (cel, kstatus) = match argocd {
+        "Progressing" if obj.get("status").is_none() => ("Unknown", "Current"),
+        "Healthy" => ("Current", "Current"),
+        "Suspended" if ready_true => ("Current", "Current"),
+        "Suspended" => ("Current", "InProgress"),
+        "Degraded" if deleting => ("Failed", "Terminating"),
+        "Degraded" => ("Failed", "Failed"),
+        _ => ("InProgress", "InProgress"),
+    };
+    assert_eq!(j["cel"]["status"], cel, "Flux healthCheckExprs: {j}");
+    assert_eq!(j["kstatus"]["status"], kstatus, "Flux kstatus: {j}");
 }
 
 /// With ARTEMIS_STUDIO_RECORD_ARGOCD=1, save the object (without managedFields) and its verdict

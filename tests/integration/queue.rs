@@ -460,10 +460,10 @@ async fn a_dry_run_never_changes_the_broker() {
     let q = f
         .wait_for(&name, "WOULD_APPLY x3", |q| all(q, Outcome::WouldApply))
         .await;
-    // For Flux/kstatus a dry run waits for a person: Stalled, not Reconciling.
+    // A dry run is what the user asked for: neither Stalled (Flux: Failed) nor Reconciling.
     assert_eq!(
         condition(&q, "Stalled").map(|c| (c.0, c.1)),
-        Some(("True".into(), "DryRun".into()))
+        Some(("False".into(), "DryRun".into()))
     );
     assert_eq!(
         condition(&q, "Reconciling").map(|c| c.0).as_deref(),

@@ -1,6 +1,8 @@
--- Argo CD health of an ArtemisCluster (artemis-studio.io). Lua 5.1 as Argo CD runs it.
--- Installed through deploy/argocd/argocd-cm-patch.yaml (deploy/argocd/generate); the verdicts
--- are tested on statuses built from the operator's own types (tests/argocd_health.rs).
+-- Argo CD health of an ArtemisCluster (artemis-studio.io). Lua 5.1 as Argo CD runs it: base, table and
+-- a safe os only (no string, no math). Installed through deploy/argocd/argocd-cm-patch.yaml
+-- (deploy/argocd/generate). The verdicts are the README's GitOps table: tested on statuses built
+-- from the operator's own types (tests/argocd_health.rs) and, with Argo CD's own runner, on live
+-- objects (tests/integration/gitops.rs).
 local hs = {}
 local function condition(t)
   for _, c in ipairs(obj.status.conditions or {}) do
@@ -19,6 +21,14 @@ if generation ~= nil and (obj.status.observedGeneration == nil or obj.status.obs
   hs.message = "Waiting for the operator to observe generation " .. tostring(generation)
   return hs
 end
+-- Only a person can fix it (the operator's Stalled, which Flux reads too): a missing cluster,
+-- refused credentials, a refused or blocked delete, a node that refused for good.
+local stalled = condition("Stalled")
+if stalled ~= nil and stalled.status == "True" then
+  hs.status = "Degraded"
+  hs.message = tostring(stalled.reason) .. ": " .. tostring(stalled.message)
+  return hs
+end
 local ready = condition("Ready")
 if ready ~= nil and ready.status == "True" then
   hs.status = "Healthy"
@@ -29,14 +39,13 @@ if ready ~= nil and ready.status == "True" then
   end
   return hs
 end
--- Reasons that no amount of waiting fixes: the spec, the Secret or the broker's configuration
--- must change. Unreachable brokers, no live node yet, or no pod discovered yet are Progressing.
-local terminal = {
-  SecretMissing = true, SecretKeyMissing = true, SecretUnreadable = true, InvalidTls = true,
-  CredentialsRefused = true, OriginRefused = true, NotJolokia = true,
+-- What the user asked for (the operator sets neither Reconciling nor Stalled for these).
+local held = {
+  DryRun = true, Paused = true, DryRunDelete = true, PausedDelete = true,
+  AwaitingConfirmation = true, ConfirmationMismatch = true, ConfirmedBeforeShown = true,
 }
-if ready ~= nil and terminal[ready.reason] then
-  hs.status = "Degraded"
+if ready ~= nil and held[ready.reason] then
+  hs.status = "Suspended"
   hs.message = tostring(ready.reason) .. ": " .. tostring(ready.message)
   return hs
 end

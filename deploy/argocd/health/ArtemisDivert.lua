@@ -1,6 +1,8 @@
--- Argo CD health of an ArtemisDivert (artemis-studio.io). Lua 5.1 as Argo CD runs it.
--- Installed through deploy/argocd/argocd-cm-patch.yaml (deploy/argocd/generate); the verdicts
--- are tested on statuses built from the operator's own types (tests/argocd_health.rs).
+-- Argo CD health of an ArtemisDivert (artemis-studio.io). Lua 5.1 as Argo CD runs it: base, table and
+-- a safe os only (no string, no math). Installed through deploy/argocd/argocd-cm-patch.yaml
+-- (deploy/argocd/generate). The verdicts are the README's GitOps table: tested on statuses built
+-- from the operator's own types (tests/argocd_health.rs) and, with Argo CD's own runner, on live
+-- objects (tests/integration/gitops.rs).
 local hs = {}
 local function condition(t)
   for _, c in ipairs(obj.status.conditions or {}) do
@@ -19,20 +21,15 @@ if generation ~= nil and (obj.status.observedGeneration == nil or obj.status.obs
   hs.message = "Waiting for the operator to observe generation " .. tostring(generation)
   return hs
 end
--- A delete the operator refuses (consumers, bulk cap, a node not live): needs a person.
-local blocked = condition("DeleteBlocked")
-if blocked ~= nil and blocked.status == "True" then
+-- Only a person can fix it (the operator's Stalled, which Flux reads too): a missing cluster,
+-- refused credentials, a refused or blocked delete, a node that refused for good.
+local stalled = condition("Stalled")
+if stalled ~= nil and stalled.status == "True" then
   hs.status = "Degraded"
-  hs.message = "Delete blocked (" .. tostring(blocked.reason) .. "): " .. tostring(blocked.message)
+  hs.message = tostring(stalled.reason) .. ": " .. tostring(stalled.message)
   return hs
 end
-for _, n in ipairs(obj.status.nodes or {}) do
-  if n.outcome == "FAILED" then
-    hs.status = "Degraded"
-    hs.message = "Node " .. tostring(n.node) .. " FAILED: " .. tostring(n.message)
-    return hs
-  end
-end
+-- Paused (artemis-studio.io/paused), asked for by the user: no broker write until it goes.
 local paused = condition("Paused")
 if paused ~= nil and paused.status == "True" then
   hs.status = "Suspended"
@@ -45,15 +42,13 @@ if ready ~= nil and ready.status == "True" then
   hs.message = tostring(ready.message)
   return hs
 end
-if ready ~= nil and ready.reason == "DryRun" then
+-- What the user asked for (the operator sets neither Reconciling nor Stalled for these).
+local held = {
+  DryRun = true, Paused = true, DryRunDelete = true, PausedDelete = true,
+  AwaitingConfirmation = true, ConfirmationMismatch = true, ConfirmedBeforeShown = true,
+}
+if ready ~= nil and held[ready.reason] then
   hs.status = "Suspended"
-  hs.message = tostring(ready.message)
-  return hs
-end
--- Reasons that no amount of waiting fixes: another object owns the divert.
-local terminal = { ResourceConflict = true }
-if ready ~= nil and terminal[ready.reason] then
-  hs.status = "Degraded"
   hs.message = tostring(ready.reason) .. ": " .. tostring(ready.message)
   return hs
 end

@@ -1,7 +1,7 @@
--- Argo CD health of a ConnectionClose (artemis-studio.io), a one-shot action like a Job. Lua 5.1
--- as Argo CD runs it. Installed through deploy/argocd/argocd-cm-patch.yaml
--- (deploy/argocd/generate); the verdicts are tested on statuses built from the operator's own
--- types (tests/argocd_health.rs).
+-- Argo CD health of a ConnectionClose (artemis-studio.io). Lua 5.1 as Argo CD runs it: base,
+-- table and a safe os only (no string, no math). Installed through
+-- deploy/argocd/argocd-cm-patch.yaml (deploy/argocd/generate); the verdicts are the README's GitOps
+-- table (tests/argocd_health.rs; live: tests/integration/gitops.rs).
 local hs = {}
 if obj.status == nil then
   hs.status = "Progressing"
