@@ -497,3 +497,46 @@ fn the_argocd_cm_patch_carries_every_script() {
         "argocd-cm-patch.yaml has keys for kinds that do not exist"
     );
 }
+
+/// The reasons a user asked for (`conditions::HELD`) are copied into every Argo CD script's
+/// `held` table and every Flux `current` expression: a copy that drifts fails here.
+#[test]
+fn every_copy_of_the_held_reasons_is_conditions_held() {
+    let flux = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/flux/health-check-exprs.yaml"),
+    )
+    .expect("deploy/flux/health-check-exprs.yaml");
+    let quoted: Vec<String> = conditions::HELD.iter().map(|r| format!("'{r}'")).collect();
+    let list = format!("c.reason in [{}]", quoted.join(", "));
+    let currents: Vec<&str> = flux.lines().filter(|l| l.contains("current:")).collect();
+    assert!(!currents.is_empty(), "no current expression in the Flux file");
+    for line in currents {
+        assert!(
+            line.contains(&list),
+            "Flux expression without exactly {list}: {line}"
+        );
+    }
+    for kind in [
+        "ArtemisQueue",
+        "ArtemisDivert",
+        "ArtemisCluster",
+        "ArtemisCaptureSubscription",
+    ] {
+        let lua = script(kind);
+        let table = lua
+            .split("local held = {")
+            .nth(1)
+            .and_then(|rest| rest.split('}').next())
+            .unwrap_or_else(|| panic!("{kind}.lua has no held table"));
+        let mut in_lua: Vec<&str> = table
+            .split(',')
+            .filter_map(|e| e.split('=').next())
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .collect();
+        in_lua.sort();
+        let mut held: Vec<&str> = conditions::HELD.to_vec();
+        held.sort();
+        assert_eq!(in_lua, held, "{kind}.lua's held table");
+    }
+}
