@@ -15,7 +15,7 @@
 //! a paused or dry-run object, a conflict loser, an object a delete holds — is left to its own
 //! pass, which every return triggers as before.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
@@ -88,7 +88,7 @@ pub struct Summary {
     pub objects: usize,
     pub failed: usize,
     pub audit_ids: Option<(i64, i64)>,
-    pub lacking: Vec<String>,
+    pub lacking: BTreeSet<String>,
 }
 
 impl Summary {
@@ -139,18 +139,15 @@ pub async fn catch_up_returned(
     // A pass that was under way when the node came back may report after the first round chose
     // its work: later rounds (on the node's inventory with what was sent) take those too.
     let mut summary = Summary::default();
-    let mut polled = merged.clone();
     for _ in 0..ROUNDS {
+        let polled = with_sent(&merged, &sent);
         let round = catch_up::<crate::api::ArtemisQueue>(ctx, ns, cluster, &polled, returned, &sent).await;
         let done = round.objects == 0;
         summary.absorb(round);
         if done {
             break;
         }
-        polled = with_sent(&polled, &sent);
     }
-    let polled = with_sent(&polled, &sent);
-    summary.lacking = still_lacking::<crate::api::ArtemisQueue>(ctx, ns, cluster, &polled, returned);
     let mut sent = sent.into_inner().unwrap_or_else(|p| p.into_inner());
     let live: Vec<LogicalNode> = merged
         .nodes
@@ -164,6 +161,8 @@ pub async fn catch_up_returned(
             n
         })
         .collect();
+    summary.lacking =
+        still_lacking::<crate::api::ArtemisQueue>(ctx, ns, cluster, &merged.caught_up(&live), returned);
     ctx.topologies
         .update(&key(ns, cluster), |t| (t.caught_up(&live), ()));
     summary
@@ -172,7 +171,7 @@ pub async fn catch_up_returned(
 /// Rounds of a catch-up at most (see `catch_up_returned`).
 const ROUNDS: usize = 3;
 
-/// `t` with the returned nodes' inventories as sent so far.
+/// `t` with the returned nodes' inventories as sent so far (as polled, before anything is sent).
 fn with_sent(t: &Topology, sent: &Sent) -> Topology {
     let mut t = t.clone();
     if let Ok(sent) = sent.lock() {
@@ -203,7 +202,7 @@ async fn catch_up<K: TopologyObject>(
     let work: Vec<(Arc<K>, K::Desired, Missed)> = K::cache(ctx)
         .state()
         .into_iter()
-        .filter(|o| o.namespace().as_deref() == Some(ns) && o.cluster_ref().name == cluster)
+        .filter(|o| pipeline::of_cluster(o.as_ref(), ns, cluster))
         .filter_map(|o| {
             let (d, missed) = missed::<K>(ctx, &o, topology, returned, &cluster_key, &facts)?;
             Some((o, d, missed))
@@ -231,7 +230,7 @@ fn still_lacking<K: TopologyObject>(
     cluster: &str,
     topology: &Topology,
     returned: &[String],
-) -> Vec<String> {
+) -> BTreeSet<String> {
     let lacks = |d: &K::Desired| {
         returned.iter().any(|r| {
             topology
@@ -243,7 +242,7 @@ fn still_lacking<K: TopologyObject>(
     K::cache(ctx)
         .state()
         .into_iter()
-        .filter(|o| o.namespace().as_deref() == Some(ns) && o.cluster_ref().name == cluster)
+        .filter(|o| pipeline::of_cluster(o.as_ref(), ns, cluster))
         .filter(|o| o.meta().deletion_timestamp.is_none())
         .filter(|o| o.desired().is_ok_and(|d| lacks(&d)))
         .filter_map(|o| o.uid())
@@ -256,7 +255,7 @@ fn still_lacking<K: TopologyObject>(
 /// Whether all did.
 pub async fn passes_reported<K: TopologyObject>(
     ctx: &Context,
-    lacking: &[String],
+    lacking: &BTreeSet<String>,
     returned: &[String],
     bound: std::time::Duration,
 ) -> bool {
@@ -275,7 +274,7 @@ pub async fn passes_reported<K: TopologyObject>(
         let waiting = K::cache(ctx)
             .state()
             .into_iter()
-            .filter(|o| o.uid().is_some_and(|u| lacking.contains(&u)))
+            .filter(|o| o.meta().uid.as_ref().is_some_and(|u| lacking.contains(u)))
             .filter(|o| o.meta().deletion_timestamp.is_none() && !judged(o))
             .count();
         if waiting == 0 {

@@ -430,7 +430,7 @@ pub async fn ensure_credentials(ctx: &Context, ns: &str, cluster: &str) -> Resul
 /// is retried now (its failed nodes' backoff is forgotten: they may have failed for the old
 /// credentials, or while the node was away). The ArtemisQueues of `queues_first` (uids) are
 /// triggered before the rest.
-pub fn retry_dependents_now(ctx: &Context, ns: &str, cluster: &str, queues_first: &[String]) {
+pub fn retry_dependents_now(ctx: &Context, ns: &str, cluster: &str, queues_first: &BTreeSet<String>) {
     forget_node_backoff::<crate::api::ArtemisQueue>(ctx, ns, cluster);
     forget_node_backoff::<crate::api::ArtemisDivert>(ctx, ns, cluster);
     // Issue 41: the queues a returned node still lacks go to the head of the line, not behind
@@ -439,7 +439,7 @@ pub fn retry_dependents_now(ctx: &Context, ns: &str, cluster: &str, queues_first
     for o in cache
         .state()
         .iter()
-        .filter(|o| o.uid().is_some_and(|u| queues_first.contains(&u)))
+        .filter(|o| o.meta().uid.as_ref().is_some_and(|u| queues_first.contains(u)))
     {
         let _ = ctx
             .triggers
@@ -467,7 +467,7 @@ fn forget_node_backoff<K: TopologyObject>(ctx: &Context, ns: &str, cluster: &str
 }
 
 /// The object names this ArtemisCluster (namespace and name).
-fn of_cluster<K: TopologyObject>(o: &K, ns: &str, cluster: &str) -> bool {
+pub(super) fn of_cluster<K: TopologyObject>(o: &K, ns: &str, cluster: &str) -> bool {
     o.namespace().as_deref() == Some(ns) && o.cluster_ref().name == cluster
 }
 

@@ -79,18 +79,13 @@ async fn three_hundred_addresses_are_tapped_fast_retapped_after_a_restart_and_sw
         create_queues(&f.bed, b, &names).await;
     }
     let taps = ADDRESSES * NODES;
-    f.subscribe(
-        "scale",
+    arm_at_rate(
+        &f,
         json!({"queues": format!("cap.{id}.s.*"), "maxTaps": ADDRESSES}),
+        taps,
+        Duration::from_secs(240),
     )
     .await;
-    wait_healthy(&f, "scale", taps, Duration::from_secs(240)).await;
-    let rate = install_rate(&f).await;
-    eprintln!("{taps} taps armed at {rate:.0} installs/s");
-    assert!(
-        rate >= INSTALLS_PER_SECOND,
-        "{taps} taps armed at {rate:.0} installs/s, below {INSTALLS_PER_SECOND}"
-    );
 
     // A routine restart: c2's ring queues (non-durable) go with the process. Its return is
     // when the cluster says it is live again (the operator cannot act on it before).
@@ -236,7 +231,20 @@ pub(crate) async fn wait_healthy(f: &crate::queue::Fixture, name: &str, taps: us
 
 /// Node taps installed per second: APPLIED nodes of the `capture.install` rows over the time
 /// from the first intent to the last outcome.
-pub(crate) async fn install_rate(f: &crate::queue::Fixture) -> f64 {
+/// Subscription "scale" with `spec`: every one of its `taps` HEALTHY within `bound`, installed
+/// at issue 42's rate at least (from the audit rows of its installs).
+pub(crate) async fn arm_at_rate(f: &crate::queue::Fixture, spec: Value, taps: usize, bound: Duration) {
+    f.subscribe("scale", spec).await;
+    wait_healthy(f, "scale", taps, bound).await;
+    let rate = install_rate(f).await;
+    eprintln!("{taps} taps armed at {rate:.0} installs/s");
+    assert!(
+        rate >= INSTALLS_PER_SECOND,
+        "{taps} taps armed at {rate:.0} installs/s, below {INSTALLS_PER_SECOND}"
+    );
+}
+
+async fn install_rate(f: &crate::queue::Fixture) -> f64 {
     let (applied, seconds): (i64, f64) = sqlx::query_as(
         "SELECT COALESCE(SUM(jsonb_array_length(COALESCE(outcome_detail->'appliedNodes', '[]'::jsonb))), 0)::bigint, \
                 COALESCE(EXTRACT(EPOCH FROM max(completed_at) - min(occurred_at)), 0)::float8 \
