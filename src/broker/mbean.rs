@@ -86,6 +86,32 @@ pub fn all_queues(broker_name: &str) -> String {
         broker(broker_name)
     )
 }
+/// A quoted ObjectName value pattern: every value that starts with `prefix` (JMX property value
+/// patterns; the prefix's own `*` and `?` are escaped, so they match only themselves).
+fn starting_with(prefix: &str) -> String {
+    let quoted = quote(prefix);
+    format!("{}*\"", &quoted[..quoted.len() - 1])
+}
+
+/// Pattern matching the address MBeans whose name starts with `prefix`.
+pub fn addresses_starting_with(broker_name: &str, prefix: &str) -> String {
+    format!(
+        "{},component=addresses,address={}",
+        broker(broker_name),
+        starting_with(prefix)
+    )
+}
+
+/// Pattern matching the anycast queues named like their address, both starting with `prefix`
+/// (a capture ring is such a queue).
+pub fn own_address_queues_starting_with(broker_name: &str, prefix: &str) -> String {
+    format!(
+        "{},subcomponent=queues,routing-type=\"anycast\",queue={}",
+        addresses_starting_with(broker_name, prefix),
+        starting_with(prefix)
+    )
+}
+
 pub fn all_addresses(broker_name: &str) -> String {
     format!("{},component=addresses,address=*", broker(broker_name))
 }
@@ -131,6 +157,14 @@ mod tests {
         assert_eq!(
             queue("c1", "orders", "ANYCAST", "orders.in"),
             "org.apache.activemq.artemis:broker=\"c1\",component=addresses,address=\"orders\",subcomponent=queues,routing-type=\"anycast\",queue=\"orders.in\""
+        );
+    }
+
+    #[test]
+    fn a_prefix_pattern_wildcards_only_its_end() {
+        assert_eq!(
+            own_address_queues_starting_with("c1", "cap.x*."),
+            "org.apache.activemq.artemis:broker=\"c1\",component=addresses,address=\"cap.x\\*.*\",subcomponent=queues,routing-type=\"anycast\",queue=\"cap.x\\*.*\""
         );
     }
 

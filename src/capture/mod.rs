@@ -14,6 +14,7 @@
 
 pub mod arming;
 pub mod connection;
+pub mod counters;
 pub mod drain;
 pub mod loss;
 pub mod names;

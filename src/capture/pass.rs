@@ -1155,7 +1155,7 @@ async fn amqp_url(state: &ClusterState, m: &BrokerManagement) -> Option<String> 
 
 /// Every loss this pass counts once its writes are done: the capture queues' counters, both
 /// sides of every tap (which close the windows of the queues re-created), and the windows no
-/// read closed.
+/// read closed — all from one read of each node's counters.
 async fn count_loss(
     ctx: &Context,
     state: &ClusterState,
@@ -1165,82 +1165,96 @@ async fn count_loss(
     mut windows: super::window::Windows,
 ) {
     let (topology, targets) = (&seen.topology, &judged.drain_targets);
-    read_loss(ctx, state, cluster_key, topology, targets).await;
+    let reads = read_counters(ctx, topology, targets).await;
+    read_loss(ctx, state, cluster_key, &reads).await;
     let sides = SidesScope {
         divert_missing,
         desired: &seen.desired,
         windows: &mut windows,
     };
-    reconcile_sides(ctx, state, cluster_key, topology, targets, sides).await;
+    reconcile_sides(ctx, state, cluster_key, &reads, sides).await;
     let marks = &state.source_marks;
     super::window::close_unread(ctx, marks, cluster_key, windows, &judged.fresh_queues).await;
 }
 
-/// Read every existing capture queue's counters (one bulk request per node) and add what was
-/// lost since the last read to `capture_loss` (CAPTURE-NOTES; counters reset with the broker).
-async fn read_loss(
+/// One node's counters with the taps they were read for.
+struct NodeRead<'t> {
+    node: &'t str,
+    endpoint: String,
+    inventory: &'t crate::topology::inventory::NodeInventory,
+    taps: Vec<&'t TapName>,
+    counters: super::counters::NodeCounters,
+}
+
+/// Read every node's counters, one bulk request per node whatever its taps (`counters`), the
+/// nodes concurrently. A node that cannot be read is left out this pass.
+async fn read_counters<'t>(
     ctx: &Context,
-    state: &ClusterState,
-    cluster_key: &str,
-    topology: &Topology,
-    taps: &[(TapName, String)],
-) {
+    topology: &'t Topology,
+    taps: &'t [(TapName, String)],
+) -> Vec<NodeRead<'t>> {
     let mut by_node: BTreeMap<&str, Vec<&TapName>> = BTreeMap::new();
     for (t, n) in taps {
         by_node.entry(n.as_str()).or_default().push(t);
     }
-    for (node, taps) in by_node {
-        let Some(m) = topology.find(node).and_then(|n| n.active.as_ref()) else {
-            continue;
-        };
-        let queues: Vec<String> = taps.iter().map(|t| t.capture_queue()).collect();
-        let pairs: Vec<(String, String)> = taps
-            .iter()
-            .map(|t| (t.capture_queue(), t.address.clone()))
-            .collect();
-        let reads = match m.capture_counters(&pairs).await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(%node, error = %e, "capture: loss counters unreadable this pass");
-                continue;
+    let reads = by_node.into_iter().filter_map(|(node, taps)| {
+        let n = topology.find(node)?;
+        let (m, inventory) = (n.active.as_ref()?, n.inventory.as_deref()?);
+        Some(async move {
+            let sources: BTreeSet<&str> = taps.iter().map(|t| t.address.as_str()).collect();
+            match super::counters::read(m, &ctx.instance_id, &sources).await {
+                Ok(counters) => Some(NodeRead {
+                    node,
+                    endpoint: m.client().url().to_string(),
+                    inventory,
+                    taps,
+                    counters,
+                }),
+                Err(e) => {
+                    tracing::warn!(%node, error = %e, "capture: counters unreadable this pass");
+                    None
+                }
             }
-        };
-        let endpoint = m.client().url().to_string();
-        for ((tap, queue), (read, source_routed)) in taps.iter().zip(&queues).zip(reads) {
-            let Some([added, acked, killed, expired, count, routed]) = read else {
+        })
+    });
+    futures::future::join_all(reads)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// Add what each existing capture queue lost since the last read to `capture_loss`
+/// (CAPTURE-NOTES; counters reset with the broker), and keep each source's routed count as
+/// the baseline of a later failover window.
+async fn read_loss(ctx: &Context, state: &ClusterState, cluster_key: &str, reads: &[NodeRead<'_>]) {
+    for r in reads {
+        for tap in &r.taps {
+            let Some(read) = r.counters.ring(tap) else {
                 continue;
             };
             // The capture queue is there: the source side's baseline for a later window.
-            if let Some(routed) = source_routed {
+            if let Some(routed) = r.counters.source_routed(&tap.address) {
                 state.source_marks.lock().await.insert(
-                    (node.to_string(), tap.address.clone()),
+                    (r.node.to_string(), tap.address.clone()),
                     SourceMark {
-                        endpoint: endpoint.clone(),
+                        endpoint: r.endpoint.clone(),
                         routed,
                         at: std::time::Instant::now(),
                         queue_there: true,
                     },
                 );
             }
-            let now = super::loss::CounterRead {
-                messages_added: added,
-                messages_acknowledged: acked,
-                messages_killed: killed,
-                messages_expired: expired,
-                message_count: count,
-                address_routed: routed,
-            }
-            .counters();
             let at = LossAt {
                 cluster: cluster_key,
                 subscription: &tap.subscription,
-                node,
+                node: r.node,
                 source_address: &tap.address,
             };
-            let memo = (node.to_string(), queue.clone());
-            let result = record_queue_loss(ctx, state, &at, memo, &now).await;
+            let memo = (r.node.to_string(), tap.capture_queue());
+            let result = record_queue_loss(ctx, state, &at, memo, &read.counters()).await;
             if let Err(e) = result {
-                tracing::warn!(%node, error = %e, "capture: loss not recorded this pass");
+                tracing::warn!(node = %r.node, error = %e, "capture: loss not recorded this pass");
             }
         }
     }
@@ -1287,47 +1301,33 @@ struct SidesScope<'a> {
 }
 
 /// Issue 25 item 3: per tap and node, what the source routed against what reached the capture
-/// queue since the last read (one bulk request per node, `reconcile`); a shortfall no other
-/// cause explains goes to `capture_loss` as `tap_missing` or `unexplained`. A tap whose queue
-/// this pass re-created under its divert has a new baseline instead, and the same read closes
-/// its window (`window::count`: the source's routed count less the copies the new queue got).
+/// queue since the last read (`reconcile`); a shortfall no other cause explains goes to
+/// `capture_loss` as `tap_missing` or `unexplained`. A tap whose queue this pass re-created
+/// under its divert has a new baseline instead, and the same read closes its window
+/// (`window::count`: the source's routed count less the copies the new queue got).
 async fn reconcile_sides(
     ctx: &Context,
     state: &ClusterState,
     cluster_key: &str,
-    topology: &Topology,
-    taps: &[(TapName, String)],
+    reads: &[NodeRead<'_>],
     scope: SidesScope<'_>,
 ) {
-    let mut by_node: BTreeMap<&str, Vec<&TapName>> = BTreeMap::new();
-    for (t, n) in taps {
-        by_node.entry(n.as_str()).or_default().push(t);
-    }
-    for (node, taps) in by_node {
-        let Some((m, inv)) = topology
-            .find(node)
-            .and_then(|n| n.active.as_ref().zip(n.inventory.as_deref()))
-        else {
-            continue;
-        };
-        let reads = match super::reconcile::read(m, inv, &taps).await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(%node, error = %e, "capture: source and capture counters unreadable this pass");
+    for r in reads {
+        for tap in &r.taps {
+            let Some(mut now) = r.counters.sides(tap, r.inventory) else {
                 continue;
-            }
-        };
-        for (tap, mut now) in reads {
+            };
+            let node = r.node;
             let at = LossAt {
                 cluster: cluster_key,
                 subscription: &tap.subscription,
                 node,
                 source_address: &tap.address,
             };
-            let key = (node.to_string(), tap.clone());
-            let missing = scope.divert_missing.contains(&(tap.clone(), node.to_string()));
-            let filtered = scope.desired.get(&tap).is_some_and(|t| t.filter.is_some());
-            if let Some(w) = scope.windows.remove(&(tap.clone(), node.to_string())) {
+            let key = (node.to_string(), (*tap).clone());
+            let missing = scope.divert_missing.contains(&((*tap).clone(), node.to_string()));
+            let filtered = scope.desired.get(*tap).is_some_and(|t| t.filter.is_some());
+            if let Some(w) = scope.windows.remove(&((*tap).clone(), node.to_string())) {
                 let (lost, bound) = super::window::count(&w, &now, filtered);
                 super::window::record(ctx, &at, lost, bound).await;
                 state.sides.lock().await.insert(key, now);

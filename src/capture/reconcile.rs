@@ -8,7 +8,7 @@
 //! `capture_loss`, so a search over the window says LOSSY, never COMPLETE.
 //!
 //! What makes the comparison honest:
-//! - one bulk request per node, the source read BEFORE the capture side: a message routed
+//! - one bulk request per node (`counters`), the source read BEFORE the capture side: a message routed
 //!   between the two reads is counted as arrived but not as sent, so the shortfall is never
 //!   overstated by the read itself (it is caught up by the next read);
 //! - only between two reads of one capture-queue incarnation with the source counter not reset
@@ -23,13 +23,8 @@
 //! read is a new baseline (the interval in between is not compared; its drains were gone, which
 //! the coverage already shows as a gap).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
-use serde_json::Value;
-
-use super::names::TapName;
-use crate::broker::jolokia::JolokiaRequest;
-use crate::broker::{BrokerError, BrokerManagement, mbean};
 use crate::topology::inventory::NodeInventory;
 
 /// One read of both sides of a tap on one node.
@@ -98,7 +93,7 @@ pub fn shortfall(
 }
 
 /// Whether a source address has bindings other than its local queues and diverts.
-fn clustered(address: &str, bindings: &[String], inv: &NodeInventory) -> bool {
+pub(super) fn clustered(address: &str, bindings: &[String], inv: &NodeInventory) -> bool {
     let mut local: BTreeSet<&str> = inv
         .addresses
         .get(address)
@@ -111,62 +106,6 @@ fn clustered(address: &str, bindings: &[String], inv: &NodeInventory) -> bool {
             .map(|d| d.name.as_str()),
     );
     bindings.iter().any(|b| !local.contains(b.as_str()))
-}
-
-fn names(v: &Value) -> Vec<String> {
-    v.as_array()
-        .map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
-        .unwrap_or_default()
-}
-
-/// Read both sides of these taps on one node, one bulk request: per tap the source address
-/// (RoutedMessageCount, BindingNames) first, then the capture queue's MessagesAdded and the
-/// capture address's RoutedMessageCount and BindingNames. None for a tap whose capture queue or
-/// source address is not there.
-pub async fn read(
-    m: &BrokerManagement,
-    inv: &NodeInventory,
-    taps: &[&TapName],
-) -> Result<BTreeMap<TapName, Sides>, BrokerError> {
-    let b = m.broker_name();
-    let requests: Vec<JolokiaRequest> = taps
-        .iter()
-        .flat_map(|t| {
-            let q = t.capture_queue();
-            [
-                JolokiaRequest::read_many(
-                    mbean::address(b, &t.address),
-                    &["RoutedMessageCount", "BindingNames"],
-                ),
-                JolokiaRequest::read(mbean::queue(b, &q, "anycast", &q), "MessagesAdded"),
-                JolokiaRequest::read_many(mbean::address(b, &q), &["RoutedMessageCount", "BindingNames"]),
-            ]
-        })
-        .collect();
-    let results = m.client().bulk(&requests).await?;
-    let mut it = results.into_iter();
-    let mut out = BTreeMap::new();
-    for t in taps {
-        let (Some(Ok(source)), Some(Ok(added)), Some(Ok(capture))) = (it.next(), it.next(), it.next()) else {
-            continue;
-        };
-        let (Some(source_routed), Some(added)) = (source["RoutedMessageCount"].as_i64(), added.as_i64())
-        else {
-            continue;
-        };
-        let only_ours = names(&capture["BindingNames"]) == [t.capture_queue()];
-        let routed = capture["RoutedMessageCount"].as_i64().filter(|_| only_ours);
-        out.insert(
-            (*t).clone(),
-            Sides {
-                source_routed,
-                arrived: routed.map_or(added, |r| r.max(added)),
-                source_clustered: clustered(&t.address, &names(&source["BindingNames"]), inv),
-                unclaimed: 0,
-            },
-        );
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 //!   bindings — the divert among them — routed it; journal-restored messages are not routed);
 //! - the re-created capture queue's `MessagesAdded`: every copy the divert put there since.
 //!
-//! Read together after the re-creation (one bulk request, the source first — `reconcile::read`),
+//! Read together after the re-creation (one bulk request, the source first — `counters::read`),
 //! their difference is what the divert routed while the queue was missing:
 //! `lost = source routed since the baseline − capture queue MessagesAdded`. **Exact** for an
 //! unfiltered tap whose source address has no remote binding and whose baseline is the broker's

@@ -13,8 +13,8 @@ use artemis_studio_operator::capture::connection::container_prefix;
 use crate::capture::{amqp_send, broker_queue, exec, taps_in};
 use crate::queue::{Fixture, fixture};
 use crate::support::{
-    Broker, TestBed, brokers_shared, config_from, create_cluster, short_id, wait_cluster_condition,
-    wait_until,
+    Broker, TestBed, brokers_exclusive, brokers_shared, config_from, create_cluster, short_id,
+    wait_cluster_condition, wait_until,
 };
 
 /// The connections on `broker` whose client (container) ID starts with `prefix`, and the
@@ -164,14 +164,14 @@ async fn capture_status_writes_under_traffic_cause_no_pass_and_a_change_does() {
         }
         assert!(asked < 10, "taps never drained: {:?}", s.status);
         asked += 1;
-        asked_pass(&f, asked).await;
+        asked_pass(&f, "quiet", asked).await;
     }
     // Traffic for a few seconds; while it flows, every pass has new counts to write to status.
     // A change asks for one pass in the middle of it: were capture's own status write to wake
     // the worker, that pass would start a chain of passes until the traffic ends.
     let producer = tokio::spawn(paced_send(TestBed::get(), address.clone(), 100));
     stored_at_least(&f, "quiet", 5).await;
-    asked_pass(&f, 50).await;
+    asked_pass(&f, "quiet", 50).await;
     // The asked-for pass started before its status was seen; any pass starting after that,
     // until every row is stored, was asked for by nothing but capture's own writes.
     let seen = chrono::Utc::now();
@@ -187,7 +187,7 @@ async fn capture_status_writes_under_traffic_cause_no_pass_and_a_change_does() {
     assert_eq!(during, 0, "passes while only capture's own status changed");
 
     // A change asks for a pass: it runs, and status has the counts.
-    asked_pass(&f, 100).await;
+    asked_pass(&f, "quiet", 100).await;
     f.wait_subscription("quiet", "the counts after the asked-for pass", |s| {
         s.status
             .as_ref()
@@ -201,21 +201,71 @@ async fn capture_status_writes_under_traffic_cause_no_pass_and_a_change_does() {
     f.wait_subscription_gone("quiet").await;
 }
 
+/// Issue 42: capture pays per node, not per tap. With 40 taps on each node, a pass reads every
+/// node's loss counters in one request of a few operations (the sources in one wildcard read,
+/// the rings and their addresses in one each), not several reads per tap (counted: 7 per tap
+/// before). The operations are counted in the operator's own `jolokia_requests_total` for c1,
+/// with every other test's operator kept off the brokers.
+#[tokio::test]
+async fn a_pass_reads_a_nodes_counters_in_a_few_operations_whatever_its_taps() {
+    const TAPS: usize = 40;
+    let _alone = brokers_exclusive().await;
+    let f = rarely_passing("cap-reads").await;
+    let id = short_id();
+    f.clean.also(&id);
+    for k in 0..TAPS {
+        broker_queue(&f.bed, &format!("cap.{id}.r{k}")).await;
+    }
+    f.subscribe("quiet", json!({"queues": format!("cap.{id}.*")}))
+        .await;
+    let mut asked = 0;
+    loop {
+        let s = f.subscriptions().get("quiet").await.expect("get");
+        // Status lists a bounded number of taps; the counts are of every tap.
+        let counts = s.status.map(|st| st.tap_counts).unwrap_or_default();
+        if counts.healthy == 3 * TAPS as u64 {
+            break;
+        }
+        assert!(asked < 10, "taps never drained: {counts:?}");
+        asked += 1;
+        asked_pass(&f, "quiet", asked).await;
+    }
+    let c1 = f.bed.cluster_brokers("c")[0].jolokia.clone();
+    let ops = || f.op.ctx.metrics.jolokia_requests_of(&c1);
+    let mut per_pass = vec![];
+    for n in 0..3 {
+        let before = ops();
+        asked_pass(&f, "quiet", 20 + n).await;
+        per_pass.push(ops() - before);
+    }
+    // A pass: the inventory (3), the counters (3); a cluster poll meanwhile adds its own few.
+    let least = per_pass.iter().copied().min().unwrap_or(u64::MAX);
+    assert!(
+        least < TAPS as u64 / 2,
+        "Jolokia operations on c1 per pass with {TAPS} taps there: {per_pass:?}"
+    );
+    f.subscriptions()
+        .delete("quiet", &DeleteParams::default())
+        .await
+        .expect("delete");
+    f.wait_subscription_gone("quiet").await;
+}
+
 /// A change that asks for a pass (a spec field mode Capture does not use), and the pass that
 /// saw it: the status it writes carries the change's generation. (A count of passes would not
 /// say which pass: a pass asked for just before may still be running when the change arrives.)
-async fn asked_pass(f: &Fixture, n: usize) {
+async fn asked_pass(f: &Fixture, name: &str, n: usize) {
     let patched = f
         .subscriptions()
         .patch(
-            "quiet",
+            name,
             &PatchParams::default(),
             &Patch::Merge(json!({"spec": {"sampleIntervalSeconds": 10 + n}})),
         )
         .await
         .expect("patch");
     let generation = patched.metadata.generation;
-    f.wait_subscription("quiet", "the pass the change asked for", |s| {
+    f.wait_subscription(name, "the pass the change asked for", |s| {
         s.status
             .as_ref()
             .is_some_and(|st| st.observed_generation >= generation)
