@@ -21,7 +21,7 @@ use super::connection::{LinkKey, NodeLinks};
 use super::names::TapName;
 use super::split::{Refusal, Sink, SplitInsert};
 use super::supervise::{Death, DeathCause, Restart};
-use crate::store::captured::{CapturedRow, LossAt, SubscriptionKey};
+use crate::store::captured::{CapturedRow, CoverageBeat, LossAt, SubscriptionKey};
 use crate::store::{NO_PARTITION_OR_CHECK, Store, StoreError};
 
 /// Copies asked for at once. The next batch's credit goes out as soon as a batch is in hand, so
@@ -174,7 +174,7 @@ impl DrainHealth {
 
     /// The open intervals of the drains that are alive now: what may be confirmed (judged
     /// without the confirmations' own failure: a confirmation is how Postgres is found back).
-    fn coverage_to_confirm(&self) -> Vec<(SubscriptionKey, i64)> {
+    fn coverage_to_confirm(&self) -> Vec<(DrainKey, (SubscriptionKey, i64))> {
         let open: Vec<(DrainKey, (SubscriptionKey, i64))> = self
             .open
             .lock()
@@ -182,7 +182,6 @@ impl DrainHealth {
             .unwrap_or_default();
         open.into_iter()
             .filter(|(k, _)| self.drain_alive(k, COVERAGE_CONFIRM).is_ok())
-            .map(|(_, c)| c)
             .collect()
     }
 
@@ -235,26 +234,90 @@ impl DrainHealth {
 }
 
 /// Confirm, every [`COVERAGE_CONFIRM`], the open coverage of every drain of this process that
-/// is draining, in one statement (issue 25: capture's database cost per process, not per tap).
-/// A drain that is not draining is left unconfirmed, so its interval claims nothing past its
-/// last sign of life. While confirmations fail, no drain counts as draining (nothing it
-/// copies can be recorded); the next one that succeeds, or a batch's insert, catches up.
-pub async fn confirm_coverage(store: Store, health: DrainHealth) {
+/// is draining: per node, not per tap (issue 42). Each open interval of a draining drain is
+/// attached to its node's heartbeat row, and one statement beats every heartbeat; an interval
+/// is written only when its drain starts or stops draining. A drain that is not draining is
+/// detached, so its interval claims nothing past its last sign of life. While confirmations
+/// fail, no drain counts as draining (nothing it copies can be recorded); the next one that
+/// succeeds, or a batch's insert, catches up.
+pub async fn confirm_coverage(store: Store, health: DrainHealth, holder: String) {
     let mut every = tokio::time::interval(COVERAGE_CONFIRM);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut heartbeats = Heartbeats::default();
     loop {
         every.tick().await;
-        let open = health.coverage_to_confirm();
-        if open.is_empty() {
-            continue;
-        }
-        match store.coverage_confirm_all(&open).await {
+        let alive = health.coverage_to_confirm();
+        match heartbeats.beat(&store, &holder, &alive).await {
             Ok(()) => health.set_store_problem(None),
             Err(e) => {
-                tracing::warn!(error = %e, intervals = open.len(), "capture: coverage not confirmed this time");
+                tracing::warn!(error = %e, intervals = alive.len(), "capture: coverage not confirmed this time");
                 health.set_store_problem(Some(format!("Postgres: {e}")));
             }
         }
+    }
+}
+
+/// The heartbeat rows of this process's nodes, and which open interval is attached to which.
+#[derive(Default)]
+struct Heartbeats {
+    /// (cluster, node) → heartbeat row.
+    rows: HashMap<(String, String), i64>,
+    /// Interval → the heartbeat it is attached to, as written.
+    attached: HashMap<(SubscriptionKey, i64), i64>,
+}
+
+impl Heartbeats {
+    /// One beat: a heartbeat row for each node first drained, then the beat's writes.
+    async fn beat(
+        &mut self,
+        store: &Store,
+        holder: &str,
+        alive: &[(DrainKey, (SubscriptionKey, i64))],
+    ) -> Result<(), StoreError> {
+        for (k, _) in alive {
+            let node = (k.cluster.clone(), k.node.clone());
+            if !self.rows.contains_key(&node) {
+                let id = store.heartbeat_start(&k.cluster, &k.node, holder).await?;
+                self.rows.insert(node, id);
+            }
+        }
+        let beat = self.plan(alive);
+        if beat == CoverageBeat::default() {
+            return Ok(());
+        }
+        store.coverage_beat(&beat).await?;
+        for i in &beat.detach {
+            self.attached.remove(i);
+        }
+        for (k, id, h) in beat.attach {
+            self.attached.insert((k, id), h);
+        }
+        Ok(())
+    }
+
+    /// What to write for the intervals alive now (pure).
+    fn plan(&self, alive: &[(DrainKey, (SubscriptionKey, i64))]) -> CoverageBeat {
+        let now: HashMap<&(SubscriptionKey, i64), i64> = alive
+            .iter()
+            .filter_map(|(k, i)| Some((i, *self.rows.get(&(k.cluster.clone(), k.node.clone()))?)))
+            .collect();
+        let mut detach: Vec<(SubscriptionKey, i64)> = self
+            .attached
+            .iter()
+            .filter(|(i, h)| now.get(i) != Some(h))
+            .map(|(i, _)| i.clone())
+            .collect();
+        let mut attach: Vec<(SubscriptionKey, i64, i64)> = now
+            .iter()
+            .filter(|(i, h)| self.attached.get(**i) != Some(*h))
+            .map(|((k, id), h)| (k.clone(), *id, *h))
+            .collect();
+        let mut beat: Vec<i64> = now.values().copied().collect();
+        beat.sort_unstable();
+        beat.dedup();
+        detach.sort();
+        attach.sort();
+        CoverageBeat { detach, attach, beat }
     }
 }
 
@@ -813,6 +876,50 @@ fn record_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn alive(node: &str, id: i64) -> (DrainKey, (SubscriptionKey, i64)) {
+        let key = DrainKey {
+            cluster: "ns/c".into(),
+            node: node.into(),
+            capture_queue: format!("q{id}"),
+        };
+        let sub = SubscriptionKey {
+            cluster: "ns/c".into(),
+            subscription: "s".into(),
+            id: 1,
+        };
+        (key, (sub, id))
+    }
+
+    #[test]
+    fn an_idle_beat_writes_one_row_per_node_and_an_interval_only_when_its_drain_changes() {
+        let mut h = Heartbeats::default();
+        h.rows.insert(("ns/c".into(), "n1".into()), 10);
+        h.rows.insert(("ns/c".into(), "n2".into()), 20);
+        let now = [alive("n1", 1), alive("n1", 2), alive("n2", 3)];
+        let first = h.plan(&now);
+        assert_eq!(first.beat, vec![10, 20], "one heartbeat per node");
+        assert_eq!(first.attach.len(), 3);
+        assert!(first.detach.is_empty());
+        for (k, id, hb) in first.attach {
+            h.attached.insert((k, id), hb);
+        }
+        let idle = h.plan(&now);
+        assert!(
+            idle.attach.is_empty() && idle.detach.is_empty(),
+            "idle: no interval written"
+        );
+        assert_eq!(idle.beat, vec![10, 20]);
+        // Drain 2 stops draining: detached (its interval claims nothing past the last beat).
+        let later = h.plan(&[alive("n1", 1), alive("n2", 3)]);
+        assert_eq!(
+            later.detach.iter().map(|(_, id)| *id).collect::<Vec<_>>(),
+            vec![2]
+        );
+        assert!(later.attach.is_empty());
+        // Nothing drains on n2: its heartbeat does not beat.
+        assert_eq!(h.plan(&[alive("n1", 1)]).beat, vec![10]);
+    }
 
     fn key() -> DrainKey {
         DrainKey {

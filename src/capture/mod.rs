@@ -390,7 +390,7 @@ async fn worker(
         served: BTreeMap::new(),
     };
     // Idle drains' coverage is confirmed together, beside the passes.
-    let beat = drain::confirm_coverage(w.ctx.store.clone(), w.health.clone());
+    let beat = drain::confirm_coverage(w.ctx.store.clone(), w.health.clone(), w.ctx.process_id.clone());
     let passes = async move {
         loop {
             w.ensure_presence().await;

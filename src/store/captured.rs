@@ -78,7 +78,7 @@ pub struct QueueCounters {
 }
 
 /// Which subscription a batch belongs to.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SubscriptionKey {
     pub cluster: String,
     pub subscription: String,
@@ -215,36 +215,78 @@ impl Store {
         Ok(())
     }
 
-    /// Confirm many open intervals at once (the idle drains of a process): one statement.
-    pub async fn coverage_confirm_all(&self, open: &[(SubscriptionKey, i64)]) -> Result<(), StoreError> {
-        let clusters: Vec<&str> = open.iter().map(|(k, _)| k.cluster.as_str()).collect();
-        let subscriptions: Vec<&str> = open.iter().map(|(k, _)| k.subscription.as_str()).collect();
-        let ids: Vec<i64> = open.iter().map(|(_, id)| *id).collect();
+    /// A heartbeat row for this process's drains of one node (issue 42: idle coverage is
+    /// confirmed per node): its id.
+    pub async fn heartbeat_start(&self, cluster: &str, node: &str, holder: &str) -> Result<i64, StoreError> {
+        sqlx::query_scalar(
+            "INSERT INTO capture_drain_heartbeat (cluster, node, holder) VALUES ($1, $2, $3) RETURNING id",
+        )
+        .bind(cluster)
+        .bind(node)
+        .bind(holder)
+        .fetch_one(self.pool())
+        .await
+        .on(self.pool())
+    }
+
+    /// One beat of the idle confirmation, in one transaction: the intervals whose drain
+    /// stopped draining are detached, confirmed until their heartbeat's last beat (before this
+    /// one); those draining again or anew are attached; then every heartbeat of a node with a
+    /// draining drain beats. Rows written: the changes, and one per node.
+    pub async fn coverage_beat(&self, beat: &CoverageBeat) -> Result<(), StoreError> {
+        let mut tx = self.pool().begin().await.on(self.pool())?;
+        let (clusters, subscriptions, ids) = columns(&beat.detach);
         sqlx::query(
-            "UPDATE capture_coverage c SET confirmed_until = now() \
-             FROM unnest($1::text[], $2::text[], $3::int8[]) AS o(cluster, subscription, id) \
-             WHERE c.cluster = o.cluster AND c.subscription = o.subscription AND c.id = o.id \
-               AND c.ended_at IS NULL",
+            "UPDATE capture_coverage c SET confirmed_until = greatest(c.confirmed_until, h.confirmed_until), \
+             heartbeat_id = NULL \
+             FROM unnest($1::text[], $2::text[], $3::int8[]) AS o(cluster, subscription, id), capture_drain_heartbeat h \
+             WHERE c.cluster = o.cluster AND c.subscription = o.subscription AND c.id = o.id AND h.id = c.heartbeat_id",
         )
         .bind(clusters)
         .bind(subscriptions)
         .bind(ids)
-        .execute(self.pool())
+        .execute(&mut *tx)
         .await
         .on(self.pool())?;
-        Ok(())
+        let attach: Vec<(SubscriptionKey, i64)> =
+            beat.attach.iter().map(|(k, id, _)| (k.clone(), *id)).collect();
+        let (clusters, subscriptions, ids) = columns(&attach);
+        let heartbeats: Vec<i64> = beat.attach.iter().map(|(_, _, h)| *h).collect();
+        sqlx::query(
+            "UPDATE capture_coverage c SET heartbeat_id = o.heartbeat, confirmed_until = now() \
+             FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[]) AS o(cluster, subscription, id, heartbeat) \
+             WHERE c.cluster = o.cluster AND c.subscription = o.subscription AND c.id = o.id AND c.ended_at IS NULL",
+        )
+        .bind(clusters)
+        .bind(subscriptions)
+        .bind(ids)
+        .bind(heartbeats)
+        .execute(&mut *tx)
+        .await
+        .on(self.pool())?;
+        sqlx::query("UPDATE capture_drain_heartbeat SET confirmed_until = now() WHERE id = ANY($1)")
+            .bind(&beat.beat)
+            .execute(&mut *tx)
+            .await
+            .on(self.pool())?;
+        tx.commit().await.on(self.pool())
     }
 
-    /// The session ended (the drain stopped); coverage ends at its last confirmation.
+    /// The session ended (the drain stopped); coverage ends at its last confirmation (its own,
+    /// or its heartbeat's).
     pub async fn coverage_end(&self, key: &SubscriptionKey, id: i64) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE capture_coverage SET ended_at = confirmed_until WHERE cluster = $1 AND subscription = $2 AND id = $3",
+            "UPDATE capture_coverage c SET ended_at = greatest(c.confirmed_until, \
+               (SELECT h.confirmed_until FROM capture_drain_heartbeat h WHERE h.id = c.heartbeat_id)), \
+             heartbeat_id = NULL \
+             WHERE cluster = $1 AND subscription = $2 AND id = $3",
         )
         .bind(&key.cluster)
         .bind(&key.subscription)
         .bind(id)
         .execute(self.pool())
-        .await.on(self.pool())?;
+        .await
+        .on(self.pool())?;
         Ok(())
     }
 
@@ -500,4 +542,24 @@ pub(super) async fn insert_rows<'e>(
     };
     let inserted = query.fetch_one(exec).await?;
     Ok(inserted as u64)
+}
+
+/// What one beat of the idle confirmation writes (`capture::drain::confirm_coverage`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CoverageBeat {
+    /// Open intervals whose drain stopped draining.
+    pub detach: Vec<(SubscriptionKey, i64)>,
+    /// Open intervals to attach to a heartbeat: (subscription, interval id, heartbeat id).
+    pub attach: Vec<(SubscriptionKey, i64, i64)>,
+    /// The heartbeats that beat now.
+    pub beat: Vec<i64>,
+}
+
+/// Intervals as the parallel arrays `unnest` takes.
+fn columns(intervals: &[(SubscriptionKey, i64)]) -> (Vec<&str>, Vec<&str>, Vec<i64>) {
+    (
+        intervals.iter().map(|(k, _)| k.cluster.as_str()).collect(),
+        intervals.iter().map(|(k, _)| k.subscription.as_str()).collect(),
+        intervals.iter().map(|(_, id)| *id).collect(),
+    )
 }

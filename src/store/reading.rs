@@ -228,7 +228,8 @@ impl Store {
         to: DateTime<Utc>,
     ) -> Result<Vec<CoverageSession>, StoreError> {
         let columns = "subscription, node, source_address, started_at, confirmed_until, ended_at";
-        let lived = ("capture_coverage", "started_at", "ended_at");
+        // A heartbeat confirms an idle drain's interval (migration 0010): the view says until when.
+        let lived = ("capture_coverage_confirmed", "started_at", "ended_at");
         self.overlapping(columns, lived, cluster, subscription, (from, to))
             .await
     }

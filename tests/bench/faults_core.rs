@@ -1633,7 +1633,7 @@ impl Scenario<'_> {
         .fetch_all(&a.pool)
         .await?;
         let confirmed: Vec<(String, String, i64)> = sqlx::query_as(
-            "SELECT subscription, source_address, count(DISTINCT node) FROM capture_coverage \
+            "SELECT subscription, source_address, count(DISTINCT node) FROM capture_coverage_confirmed \
              WHERE cluster = $1 AND ended_at IS NULL \
                AND confirmed_until > greatest($2, now() - interval '20 seconds') GROUP BY 1, 2",
         )

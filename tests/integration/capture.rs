@@ -947,7 +947,7 @@ async fn after_a_failover_the_producer_is_never_refused_and_the_next_pass_rebuil
     );
     // A gap between the primary's coverage and the backup's.
     let sessions: Vec<(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
-        "SELECT started_at, confirmed_until FROM capture_coverage WHERE node = $1 AND subscription = 'proof' ORDER BY started_at",
+        "SELECT started_at, confirmed_until FROM capture_coverage_confirmed WHERE node = $1 AND subscription = 'proof' ORDER BY started_at",
     )
     .bind(&pair)
     .fetch_all(f.op.store.pool())

@@ -68,29 +68,67 @@ async fn the_drains_of_a_node_share_one_amqp_connection_which_closes_with_the_la
             b.name
         );
     }
-    // Idle, their 12 open coverage intervals are confirmed together: one statement (one
-    // `now()`) for all of them, where each drain used to confirm its own.
+    // Idle, their 12 open coverage intervals are confirmed per node (issue 42): each attached
+    // to its node's heartbeat row, the 3 rows beating in one statement (one `now()`), and no
+    // interval written while nothing changes.
     let pool = f.op.store.pool().clone();
     let cluster = format!("{}/c", f.ns);
-    wait_until(
-        "12 open intervals confirmed by one statement",
-        Duration::from_secs(30),
-        || {
-            let (pool, cluster) = (pool.clone(), cluster.clone());
-            async move {
-                let (open, instants): (i64, i64) = sqlx::query_as(
-                    "SELECT count(*), count(DISTINCT confirmed_until) FROM capture_coverage \
-                 WHERE cluster = $1 AND ended_at IS NULL",
+    let beat = || {
+        let (pool, cluster) = (pool.clone(), cluster.clone());
+        async move {
+            let (open, heartbeats, instants, at): (i64, i64, i64, Option<chrono::DateTime<chrono::Utc>>) =
+                sqlx::query_as(
+                    "SELECT count(*), count(DISTINCT c.heartbeat_id), count(DISTINCT h.confirmed_until), \
+                     max(h.confirmed_until) FROM capture_coverage c \
+                     LEFT JOIN capture_drain_heartbeat h ON h.id = c.heartbeat_id \
+                     WHERE c.cluster = $1 AND c.ended_at IS NULL",
                 )
                 .bind(&cluster)
                 .fetch_one(&pool)
                 .await
                 .ok()?;
-                (open == 12 && instants == 1).then_some(())
-            }
-        },
+            (open == 12 && heartbeats == 3 && instants == 1).then_some(at?)
+        }
+    };
+    let first = wait_until(
+        "12 intervals on 3 heartbeats beating together",
+        Duration::from_secs(30),
+        beat,
     )
     .await;
+    let own = || {
+        let (pool, cluster) = (pool.clone(), cluster.clone());
+        async move {
+            sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(
+                "SELECT confirmed_until FROM capture_coverage WHERE cluster = $1 AND ended_at IS NULL ORDER BY id",
+            )
+            .bind(&cluster)
+            .fetch_all(&pool)
+            .await
+            .expect("intervals")
+        }
+    };
+    let before = own().await;
+    wait_until("two more beats", Duration::from_secs(30), || async {
+        beat()
+            .await
+            .filter(|at| *at > first + chrono::Duration::seconds(6))
+    })
+    .await;
+    assert_eq!(own().await, before, "an idle beat writes no interval");
+    let confirmed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM capture_coverage_confirmed WHERE cluster = $1 AND ended_at IS NULL \
+         AND confirmed_until > $2",
+    )
+    .bind(&cluster)
+    .bind(first)
+    .fetch_one(&pool)
+    .await
+    .expect("confirmed");
+    assert_eq!(
+        confirmed, 12,
+        "a reader sees every idle interval confirmed by its heartbeat"
+    );
 
     // Every drain works on it: one message to each address is stored.
     for a in &addresses {
