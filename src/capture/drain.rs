@@ -275,10 +275,10 @@ impl Heartbeats {
         alive: &[(DrainKey, (SubscriptionKey, i64))],
     ) -> Result<(), StoreError> {
         for (k, _) in alive {
-            let node = (k.cluster.clone(), k.node.clone());
-            if !self.rows.contains_key(&node) {
-                let id = store.heartbeat_start(&k.cluster, &k.node, holder).await?;
-                self.rows.insert(node, id);
+            if let std::collections::hash_map::Entry::Vacant(row) =
+                self.rows.entry((k.cluster.clone(), k.node.clone()))
+            {
+                row.insert(store.heartbeat_start(&k.cluster, &k.node, holder).await?);
             }
         }
         let beat = self.plan(alive);
