@@ -74,9 +74,11 @@ async fn idle(ctx: &Ctx, install: &Install) -> Result<Idle> {
 /// own statistics; the reading's own transaction is one commit).
 async fn pg_counts(ctx: &Ctx, install: &Install) -> Result<(f64, f64)> {
     let pool = sqlx::PgPool::connect(&install.database_url(ctx)?).await?;
+    // Rows of the installation's own tables: the system catalogs' rows (autovacuum's ANALYZE
+    // after the arming's inserts, a partition made) are not the operator's writes.
     let (rows, commits): (i64, i64) = sqlx::query_as(
-        "SELECT (tup_inserted + tup_updated + tup_deleted)::bigint, xact_commit::bigint \
-         FROM pg_stat_database WHERE datname = current_database()",
+        "SELECT (SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables)::bigint, \
+         xact_commit::bigint FROM pg_stat_database WHERE datname = current_database()",
     )
     .fetch_one(&pool)
     .await?;
@@ -137,9 +139,12 @@ async fn measure(ctx: &Ctx, install: &Install) -> Result<(Idle, Idle)> {
     for (k, q) in names.iter().take(ctx.cfg.footprint_subscriptions).enumerate() {
         o.create_subscription(&format!("bench-sub-{k}"), q).await?;
     }
-    // A subscription change triggers a capture pass; wait until every tap is in place.
-    o.wait_taps(ctx.jolokia.nodes.len(), Duration::from_secs(180))
+    // A subscription change triggers a capture pass; wait until every tap is in place and
+    // drained (its day partitions made, its coverage open), then let that settle: the window
+    // measures idle, not the arming.
+    o.wait_taps(ctx.jolokia.nodes.len(), Duration::from_secs(240))
         .await?;
+    settle(Duration::from_secs(10)).await;
     let loaded = idle(ctx, install).await;
     // Taps go first (their sweep needs the operator), then the queues.
     let subs = o.delete_subscriptions(Duration::from_secs(120)).await;
@@ -150,6 +155,14 @@ async fn measure(ctx: &Ctx, install: &Install) -> Result<(Idle, Idle)> {
     subs?;
     gone?;
     Ok((empty, loaded?))
+}
+
+/// Postgres rows per second capture may write at idle whatever its taps: each node's heartbeat
+/// row every `COVERAGE_CONFIRM`, and half a row per second for the process's own heartbeat and
+/// its passes' rows.
+fn idle_rows_bound(nodes: usize) -> f64 {
+    let beat = artemis_studio_operator::capture::drain::COVERAGE_CONFIRM.as_secs_f64();
+    nodes as f64 / beat + 0.5
 }
 
 /// Client connections per node the load added (the most on any node).
@@ -165,7 +178,7 @@ fn capture_cost_table(empty: &Idle, loaded: &Idle) -> Table {
     let mut t = Table::new(&[
         "state",
         "client connections by node",
-        "Postgres rows written/s",
+        "Postgres rows written/s (its own tables)",
         "Postgres commits/s",
         "Jolokia ops ÷ capture passes",
         "status bytes",
@@ -232,8 +245,15 @@ fn section(ctx: &Ctx, empty: &Idle, loaded: &Idle) -> Section {
             loaded.jolokia_per_capture_pass,
             loaded.status_bytes / 1024
         ),
-        target: "per node, not per tap (connections constant in taps; no Postgres writes at idle)".into(),
-        met: Some(added_connections(empty, loaded) <= 2.0 && loaded.pg_rows_per_s < 1.0),
+        target: format!(
+            "per node, not per tap (connections constant in taps; Postgres rows/s at most one heartbeat row per node every {} s, and the process's own, ≤ {:.1})",
+            artemis_studio_operator::capture::drain::COVERAGE_CONFIRM.as_secs(),
+            idle_rows_bound(ctx.jolokia.nodes.len())
+        ),
+        met: Some(
+            added_connections(empty, loaded) <= 2.0
+                && loaded.pg_rows_per_s <= idle_rows_bound(ctx.jolokia.nodes.len()),
+        ),
     });
     s.headlines.push(Headline {
         what: format!("idle with {n} queues and {subs} subscriptions: RSS, CPU"),

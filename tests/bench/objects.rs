@@ -291,25 +291,25 @@ impl Objects {
         Ok(())
     }
 
-    /// Wait until every subscription reports a tap on each of `nodes` nodes, none `PENDING`
-    /// (installed, or refused: either way the operator acted).
+    /// Wait until every subscription reports a HEALTHY tap on each of `nodes` nodes.
     pub async fn wait_taps(&self, nodes: usize, timeout: Duration) -> Result<()> {
-        use artemis_studio_operator::api::capture::TapState;
         let api: Api<ArtemisCaptureSubscription> = Api::namespaced(self.client.clone(), &self.ns);
         let deadline = Instant::now() + timeout;
         loop {
             self.harness.read(1);
             let subs = api.list(&ListParams::default()).await?.items;
+            // Healthy: installed and drained (the drains and their coverage started), as the
+            // counts of every tap say (status lists a bounded number of them).
             let done = subs.iter().all(|s| {
-                s.status.as_ref().is_some_and(|st| {
-                    st.taps.len() >= nodes && st.taps.iter().all(|t| t.state != TapState::Pending)
-                })
+                s.status
+                    .as_ref()
+                    .is_some_and(|st| st.tap_counts.healthy >= nodes as u64)
             });
             if done {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!("capture taps not all installed after {timeout:?}");
+                bail!("capture taps not all healthy after {timeout:?}");
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
