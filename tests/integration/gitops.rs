@@ -671,3 +671,469 @@ async fn a_namespace_prune_finishes_and_destroys_only_what_was_asked() {
         }
     }
 }
+
+/// A row of the README's GitOps table: what each tool concludes in that state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Row {
+    NoStatusYet,
+    UnobservedEdit,
+    OnItsWay,
+    AskedFor,
+    PausedNothingWaiting,
+    NeedsAPerson,
+    BlockedDelete,
+    Ready,
+}
+
+impl Row {
+    /// (Argo CD, Flux with the shipped healthCheckExprs, plain kstatus), as the table says.
+    fn verdicts(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Row::NoStatusYet => ("Progressing", "Unknown", "Current"),
+            Row::UnobservedEdit | Row::OnItsWay => ("Progressing", "InProgress", "InProgress"),
+            Row::AskedFor => ("Suspended", "Current", "InProgress"),
+            Row::PausedNothingWaiting => ("Suspended", "Current", "Current"),
+            Row::NeedsAPerson => ("Degraded", "Failed", "Failed"),
+            Row::BlockedDelete => ("Degraded", "Failed", "Terminating"),
+            Row::Ready => ("Healthy", "Current", "Current"),
+        }
+    }
+}
+
+/// Each object in its state, judged at once by the tools' own code (tests/verdicts): every
+/// judge's verdict is the table's.
+fn judge_all(seen: &[(Row, String, Value)]) {
+    use std::io::Write;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut child = std::process::Command::new(root.join("deploy/dev/testbed"))
+        .arg("verdicts")
+        .arg("--lua-dir")
+        .arg(root.join("deploy/argocd/health"))
+        .arg("--exprs")
+        .arg(root.join("deploy/flux/health-check-exprs.yaml"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("deploy/dev/testbed verdicts");
+    let objects: Vec<&Value> = seen.iter().map(|(_, _, o)| o).collect();
+    let input = serde_json::to_vec(&objects).expect("objects json");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&input)
+        .expect("write objects");
+    let out = child.wait_with_output().expect("verdicts output");
+    assert!(out.status.success(), "testbed verdicts failed");
+    let judged: Vec<Value> = serde_json::from_slice(&out.stdout).expect("verdicts json");
+    assert_eq!(judged.len(), seen.len());
+    let mut wrong = vec![];
+    for ((row, what, obj), j) in seen.iter().zip(&judged) {
+        let got = (
+            j["argocd"]["status"].as_str().unwrap_or_default(),
+            j["cel"]["status"].as_str().unwrap_or_default(),
+            j["kstatus"]["status"].as_str().unwrap_or_default(),
+        );
+        println!(
+            "{row:?} — {what}: {got:?}\n  status: {}",
+            obj.get("status").unwrap_or(&Value::Null)
+        );
+        if got != row.verdicts() {
+            wrong.push(format!(
+                "{row:?} — {what}: the table says {:?}, the tools {j}",
+                row.verdicts()
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// One kind, reached without types: how the tools read it.
+fn resource(kind: &str, plural: &str) -> kube::discovery::ApiResource {
+    kube::discovery::ApiResource {
+        group: "artemis-studio.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "artemis-studio.io/v1alpha1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// What a test drives through the table's states, in one namespace.
+struct Driven {
+    client: Client,
+    ns: String,
+}
+
+impl Driven {
+    fn api(&self, kind: &str, plural: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), &self.ns, &resource(kind, plural))
+    }
+
+    /// Create the object; returns it as created (no status yet: nobody has seen it) and the
+    /// first status written to it afterwards (from a watch at the creation's resourceVersion).
+    async fn create(&self, kind: &str, plural: &str, name: &str, spec: Value) -> (Value, Value) {
+        let api = self.api(kind, plural);
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": kind,
+            "metadata": {"name": name}, "spec": spec
+        }))
+        .expect("object json");
+        let created = api
+            .create(&PostParams::default(), &obj)
+            .await
+            .unwrap_or_else(|e| panic!("create {kind} {name}: {e}"));
+        let rv = created.metadata.resource_version.clone().unwrap_or_default();
+        let first = self.first_status(&api, name, &rv).await;
+        (serde_json::to_value(created).expect("json"), first)
+    }
+
+    /// The first version of the object after `rv` that has a status.
+    async fn first_status(&self, api: &Api<DynamicObject>, name: &str, rv: &str) -> Value {
+        use futures::StreamExt;
+        let wp = kube::api::WatchParams::default()
+            .fields(&format!("metadata.name={name}"))
+            .timeout(60);
+        let mut events = api.watch(&wp, rv).await.expect("watch").boxed();
+        while let Some(e) = events.next().await {
+            if let Ok(kube::api::WatchEvent::Modified(o)) = e {
+                let v = serde_json::to_value(o).expect("json");
+                if v.get("status").is_some() {
+                    return v;
+                }
+            }
+        }
+        panic!("{name}: no status within 60 s");
+    }
+
+    async fn read(&self, kind: &str, plural: &str, name: &str) -> Value {
+        read_back(&self.client, &self.ns, kind, plural, name).await
+    }
+
+    /// Wait until the object's condition `type_` says `status` for one of `reasons` (any reason
+    /// when empty); returns it.
+    async fn wait(
+        &self,
+        kind: &str,
+        plural: &str,
+        name: &str,
+        type_: &str,
+        status: &str,
+        reasons: &[&str],
+    ) -> Value {
+        wait_until(
+            &format!("{kind} {name}: {type_}={status} {reasons:?}"),
+            Duration::from_secs(90),
+            || async {
+                let o = self.read(kind, plural, name).await;
+                let hit = o["status"]["conditions"].as_array().is_some_and(|cs| {
+                    cs.iter().any(|c| {
+                        c["type"] == type_
+                            && c["status"] == status
+                            && (reasons.is_empty() || reasons.iter().any(|r| c["reason"] == *r))
+                    })
+                });
+                hit.then_some(o)
+            },
+        )
+        .await
+    }
+
+    /// A merge patch; returns the object as the API server stored it — the edit not yet
+    /// observed when it changed the spec.
+    async fn patch(&self, kind: &str, plural: &str, name: &str, patch: Value) -> Value {
+        let o = self
+            .api(kind, plural)
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .unwrap_or_else(|e| panic!("patch {kind} {name}: {e}"));
+        serde_json::to_value(o).expect("json")
+    }
+
+    async fn delete(&self, kind: &str, plural: &str, name: &str) {
+        let _ = self
+            .api(kind, plural)
+            .delete(name, &DeleteParams::default())
+            .await;
+    }
+}
+
+/// Issue 50: live objects of every kind driven into every state of the README's GitOps table a
+/// test can reach — no status yet (as created), the first status (on its way), an edit not yet
+/// observed (as the edit stored it), a dry run, a pause with and without a change waiting, a
+/// close awaiting its confirmation, a capture shown but not armed, a missing cluster, refused
+/// credentials, a blocked delete, ready — and judged by Argo CD's, Flux's CEL and kstatus's own
+/// code: each verdict is the table's.
+#[tokio::test]
+async fn every_state_of_the_gitops_table_is_what_the_tools_conclude_on_live_objects() {
+    let _b = brokers_shared().await;
+    let f = fixture("gitops-states", Some(2)).await;
+    let id = short_id();
+    f.clean.also(&id);
+    let d = Driven {
+        client: f.admin.clone(),
+        ns: f.ns.clone(),
+    };
+    let mut seen: Vec<(Row, String, Value)> = vec![];
+    let mut at = |row: Row, what: &str, obj: Value| seen.push((row, what.to_string(), obj));
+    let (q, dv, cs, cc, cl) = (
+        ("ArtemisQueue", "artemisqueues"),
+        ("ArtemisDivert", "artemisdiverts"),
+        ("ArtemisCaptureSubscription", "artemiscapturesubscriptions"),
+        ("ConnectionClose", "connectioncloses"),
+        ("ArtemisCluster", "artemisclusters"),
+    );
+    let c = json!({"name": "c"});
+    let (ok_q, fwd_q, full_q) = (
+        format!("gitops.{id}.ok"),
+        format!("gitops.{id}.fwd"),
+        format!("gitops.{id}.full"),
+    );
+
+    // Created: no status yet; then its first status, before any broker work: on its way.
+    let fresh = [
+        (q, format!("ok-{id}"), json!({"clusterRef": c, "name": ok_q})),
+        (q, format!("fwd-{id}"), json!({"clusterRef": c, "name": fwd_q})),
+        (q, format!("full-{id}"), json!({"clusterRef": c, "name": full_q})),
+        (
+            q,
+            format!("dry-{id}"),
+            json!({"clusterRef": c, "name": format!("gitops.{id}.dry"), "dryRun": true}),
+        ),
+        (
+            q,
+            format!("lost-{id}"),
+            json!({"clusterRef": {"name": format!("nope-{id}")}, "name": format!("gitops.{id}.lost")}),
+        ),
+        (
+            dv,
+            format!("copy-{id}"),
+            json!({"clusterRef": c, "address": ok_q, "forwardingAddress": fwd_q}),
+        ),
+        (
+            dv,
+            format!("lost-{id}"),
+            json!({"clusterRef": {"name": format!("nope-{id}")}, "address": ok_q, "forwardingAddress": fwd_q}),
+        ),
+        (cs, format!("tap-{id}"), json!({"clusterRef": c, "queues": ok_q})),
+        (
+            cs,
+            format!("wide-{id}"),
+            json!({"clusterRef": c, "queues": format!("gitops.{id}.*")}),
+        ),
+    ];
+    for ((kind, plural), name, spec) in &fresh {
+        let (created, first) = d.create(kind, plural, name, spec.clone()).await;
+        at(Row::NoStatusYet, &format!("{kind} {name} as created"), created);
+        let queued = first["status"]["conditions"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["reason"] == "Queued"));
+        assert!(
+            queued,
+            "{kind} {name}: the first status says Queued: {}",
+            first["status"]
+        );
+        at(Row::OnItsWay, &format!("{kind} {name}'s first status"), first);
+    }
+    // A cluster whose credentials the brokers refuse.
+    let urls: Vec<String> = f
+        .bed
+        .cluster_brokers("c")
+        .into_iter()
+        .map(|b| b.jolokia)
+        .collect();
+    let bad = format!("bad-{id}");
+    let (user, _) = f.bed.broker_user();
+    create_cluster(&f.admin, &f.ns, &bad, &urls, Some((user, format!("wrong-{id}")))).await;
+
+    // Ready; then paused with nothing waiting; then paused with a change waiting.
+    let ok = format!("ok-{id}");
+    at(
+        Row::Ready,
+        "ArtemisQueue Ready",
+        d.wait(q.0, q.1, &ok, "Ready", "True", &[]).await,
+    );
+    let copy = format!("copy-{id}");
+    at(
+        Row::Ready,
+        "ArtemisDivert Ready",
+        d.wait(dv.0, dv.1, &copy, "Ready", "True", &[]).await,
+    );
+    let tap = format!("tap-{id}");
+    at(
+        Row::Ready,
+        "ArtemisCaptureSubscription Ready",
+        d.wait(cs.0, cs.1, &tap, "Ready", "True", &[]).await,
+    );
+    at(Row::Ready, "ArtemisCluster Ready", d.read(cl.0, cl.1, "c").await);
+    let paused = json!({"metadata": {"annotations": {"artemis-studio.io/paused": "true"}}});
+    d.patch(q.0, q.1, &ok, paused.clone()).await;
+    at(
+        Row::PausedNothingWaiting,
+        "ArtemisQueue paused, converged",
+        d.wait(q.0, q.1, &ok, "Paused", "True", &[]).await,
+    );
+    let edit = d.patch(q.0, q.1, &ok, json!({"spec": {"filter": "v = 2"}})).await;
+    at(Row::UnobservedEdit, "ArtemisQueue right after an edit", edit);
+    at(
+        Row::AskedFor,
+        "ArtemisQueue paused, a change waiting",
+        d.wait(q.0, q.1, &ok, "Ready", "False", &["Paused"]).await,
+    );
+
+    // Asked for by the user: a dry run, a capture shown but not armed, a close awaiting confirmation.
+    at(
+        Row::AskedFor,
+        "ArtemisQueue dry run",
+        d.wait(q.0, q.1, &format!("dry-{id}"), "Ready", "False", &["DryRun"])
+            .await,
+    );
+    let held = [
+        "AwaitingConfirmation",
+        "ConfirmationMismatch",
+        "ConfirmedBeforeShown",
+    ];
+    let wide = format!("wide-{id}");
+    at(
+        Row::AskedFor,
+        "ArtemisCaptureSubscription not armed",
+        d.wait(cs.0, cs.1, &wide, "Ready", "False", &held).await,
+    );
+    let consumer = crate::support::amqp_consumer(&f.bed, "c1", &ok_q, &format!("gitops-{id}")).await;
+    let close = format!("close-{id}");
+    let (created, first) = d
+        .create(
+            cc.0,
+            cc.1,
+            &close,
+            json!({"clusterRef": c, "target": {"address": ok_q}}),
+        )
+        .await;
+    at(Row::NoStatusYet, "ConnectionClose as created", created);
+    at(Row::OnItsWay, "ConnectionClose's first status", first);
+    at(
+        Row::AskedFor,
+        "ConnectionClose awaiting confirmation",
+        d.wait(cc.0, cc.1, &close, "Ready", "False", &held).await,
+    );
+    let edit = d
+        .patch(
+            cc.0,
+            cc.1,
+            &close,
+            json!({"spec": {"confirm": format!("not-{id}")}}),
+        )
+        .await;
+    at(
+        Row::UnobservedEdit,
+        "ConnectionClose right after spec.confirm",
+        edit,
+    );
+
+    // Only a person can fix it: a missing cluster, refused credentials.
+    let missing = ["ClusterNotFound"];
+    let lost = format!("lost-{id}");
+    at(
+        Row::NeedsAPerson,
+        "ArtemisQueue of a missing cluster",
+        d.wait(q.0, q.1, &lost, "Stalled", "True", &missing).await,
+    );
+    at(
+        Row::NeedsAPerson,
+        "ArtemisDivert of a missing cluster",
+        d.wait(dv.0, dv.1, &lost, "Stalled", "True", &missing).await,
+    );
+    at(
+        Row::NeedsAPerson,
+        "ArtemisCluster, credentials refused",
+        d.wait(cl.0, cl.1, &bad, "Stalled", "True", &["CredentialsRefused"])
+            .await,
+    );
+    let spec = json!({"clusterRef": {"name": format!("nope-{id}")}, "target": {"address": ok_q}});
+    d.create(cc.0, cc.1, &lost, spec).await;
+    at(
+        Row::NeedsAPerson,
+        "ConnectionClose of a missing cluster",
+        d.wait(cc.0, cc.1, &lost, "Stalled", "True", &missing).await,
+    );
+
+    // Unobserved edits of the other kinds.
+    let edit = d
+        .patch(dv.0, dv.1, &copy, json!({"spec": {"filter": "v = 2"}}))
+        .await;
+    at(Row::UnobservedEdit, "ArtemisDivert right after an edit", edit);
+    let edit = d
+        .patch(cs.0, cs.1, &tap, json!({"spec": {"filter": "v = 2"}}))
+        .await;
+    at(
+        Row::UnobservedEdit,
+        "ArtemisCaptureSubscription right after an edit",
+        edit,
+    );
+    let edit = d
+        .patch(cl.0, cl.1, &bad, json!({"spec": {"pollIntervalSeconds": 3}}))
+        .await;
+    at(Row::UnobservedEdit, "ArtemisCluster right after an edit", edit);
+
+    // A blocked delete: three messages, and no loss allowed.
+    let full = format!("full-{id}");
+    d.wait(q.0, q.1, &full, "Ready", "True", &[]).await;
+    send_messages(&f.bed, "c1", &full_q, 3).await;
+    f.wait_for(&full, "the preview counts 3 messages", |q| {
+        q.status
+            .as_ref()
+            .and_then(|s| s.delete_preview.as_ref())
+            .is_some_and(|p| p.total_messages == 3)
+    })
+    .await;
+    d.delete(q.0, q.1, &full).await;
+    at(
+        Row::BlockedDelete,
+        "ArtemisQueue delete blocked",
+        d.wait(q.0, q.1, &full, "DeleteBlocked", "True", &[]).await,
+    );
+
+    judge_all(&seen);
+
+    // Tidy: the taps, the close, the queues (the blocked one allowed its loss; the paused one
+    // resumed so its queue goes from the brokers), the divert; the clean-up guard does the rest.
+    drop(consumer);
+    d.patch(
+        q.0,
+        q.1,
+        &full,
+        json!({"spec": {"deletion": {"allowMessageLoss": 3}}}),
+    )
+    .await;
+    d.patch(
+        q.0,
+        q.1,
+        &ok,
+        json!({"metadata": {"annotations": {"artemis-studio.io/paused": null}}}),
+    )
+    .await;
+    d.delete(cc.0, cc.1, &close).await;
+    d.delete(cc.0, cc.1, &lost).await;
+    for (kind, plural) in [cs, dv, q] {
+        let names: Vec<String> = d
+            .api(kind, plural)
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items.into_iter().filter_map(|o| o.metadata.name).collect())
+            .unwrap_or_default();
+        for n in names.iter().filter(|n| n.contains(&id)) {
+            d.delete(kind, plural, n).await;
+        }
+    }
+    for (kind, plural) in [cs, dv, q] {
+        wait_until(
+            &format!("every {kind} gone"),
+            Duration::from_secs(120),
+            || async {
+                let left = d.api(kind, plural).list(&ListParams::default()).await.ok()?;
+                left.items.is_empty().then_some(())
+            },
+        )
+        .await;
+    }
+}
