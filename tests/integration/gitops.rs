@@ -935,6 +935,32 @@ async fn every_state_of_the_gitops_table_is_what_the_tools_conclude_on_live_obje
         );
         at(Row::OnItsWay, &format!("{kind} {name}'s first status"), first);
     }
+    // In a namespace no operator watches, an object stays without a status.
+    let unwatched = Driven {
+        client: f.admin.clone(),
+        ns: f.bed.fresh_namespace("gitops-unwatched").await,
+    };
+    let spec = json!({"clusterRef": c, "name": format!("gitops.{id}.unwatched")});
+    let orphan = format!("orphan-{id}");
+    unwatched
+        .api(q.0, q.1)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "artemis-studio.io/v1alpha1", "kind": q.0,
+                "metadata": {"name": orphan}, "spec": spec
+            }))
+            .expect("queue json"),
+        )
+        .await
+        .expect("create in the unwatched namespace");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let left = unwatched.read(q.0, q.1, &orphan).await;
+    assert!(left.get("status").is_none(), "no operator wrote it: {left}");
+    at(Row::NoStatusYet, "ArtemisQueue no operator watches", left);
+    let namespaces: Api<Namespace> = Api::all(f.admin.clone());
+    let _ = namespaces.delete(&unwatched.ns, &DeleteParams::default()).await;
+
     // A cluster whose credentials the brokers refuse.
     let urls: Vec<String> = f
         .bed
