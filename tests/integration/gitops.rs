@@ -26,14 +26,7 @@ use crate::support::{
 
 /// The object exactly as the API server returns it (no typed round trip), as Argo CD reads it.
 async fn read_back(client: &Client, ns: &str, kind: &str, plural: &str, name: &str) -> Value {
-    let ar = kube::discovery::ApiResource {
-        group: "artemis-studio.io".into(),
-        version: "v1alpha1".into(),
-        api_version: "artemis-studio.io/v1alpha1".into(),
-        kind: kind.into(),
-        plural: plural.into(),
-    };
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource(kind, plural));
     let obj = api
         .get(name)
         .await
@@ -68,28 +61,7 @@ async fn verdict(
 /// Argo CD's runLua agrees with the mlua runner, and Flux's kstatus fork and its CEL reader (with
 /// deploy/flux/health-check-exprs.yaml) give what the README's GitOps table says for that state.
 fn judges_agree_with_the_table(obj: &Value, argocd: &str) {
-    use std::io::Write;
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut child = std::process::Command::new(root.join("deploy/dev/testbed"))
-        .arg("verdicts")
-        .arg("--lua-dir")
-        .arg(root.join("deploy/argocd/health"))
-        .arg("--exprs")
-        .arg(root.join("deploy/flux/health-check-exprs.yaml"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("deploy/dev/testbed verdicts");
-    let input = serde_json::to_vec(&json!([obj])).expect("objects json");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(&input)
-        .expect("write objects");
-    let out = child.wait_with_output().expect("verdicts output");
-    assert!(out.status.success(), "testbed verdicts failed");
-    let judged: Value = serde_json::from_slice(&out.stdout).expect("verdicts json");
+    let judged = judges(&[obj]);
     let j = &judged[0];
     println!("  judges: {j}");
     assert_eq!(
@@ -700,9 +672,10 @@ impl Row {
     }
 }
 
-/// Each object in its state, judged at once by the tools' own code (tests/verdicts): every
-/// judge's verdict is the table's.
-fn judge_all(seen: &[(Row, String, Value)]) {
+/// The verdicts of the tools' own code (tests/verdicts, built by the bed) on these objects, in
+/// order: Argo CD's gopher-lua runner, Flux's CEL reader (deploy/flux/health-check-exprs.yaml)
+/// and Flux's kstatus fork.
+fn judges(objects: &[&Value]) -> Vec<Value> {
     use std::io::Write;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut child = std::process::Command::new(root.join("deploy/dev/testbed"))
@@ -715,8 +688,7 @@ fn judge_all(seen: &[(Row, String, Value)]) {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("deploy/dev/testbed verdicts");
-    let objects: Vec<&Value> = seen.iter().map(|(_, _, o)| o).collect();
-    let input = serde_json::to_vec(&objects).expect("objects json");
+    let input = serde_json::to_vec(objects).expect("objects json");
     child
         .stdin
         .take()
@@ -726,7 +698,15 @@ fn judge_all(seen: &[(Row, String, Value)]) {
     let out = child.wait_with_output().expect("verdicts output");
     assert!(out.status.success(), "testbed verdicts failed");
     let judged: Vec<Value> = serde_json::from_slice(&out.stdout).expect("verdicts json");
-    assert_eq!(judged.len(), seen.len());
+    assert_eq!(judged.len(), objects.len());
+    judged
+}
+
+/// Each object in its state, judged at once by the tools' own code: every judge's verdict is
+/// the table's.
+fn judge_all(seen: &[(Row, String, Value)]) {
+    let objects: Vec<&Value> = seen.iter().map(|(_, _, o)| o).collect();
+    let judged = judges(&objects);
     let mut wrong = vec![];
     for ((row, what, obj), j) in seen.iter().zip(&judged) {
         let got = (
@@ -870,61 +850,74 @@ async fn every_state_of_the_gitops_table_is_what_the_tools_conclude_on_live_obje
     let f = fixture("gitops-states", Some(2)).await;
     let id = short_id();
     f.clean.also(&id);
-    let d = Driven {
-        client: f.admin.clone(),
-        ns: f.ns.clone(),
+    let mut t = States {
+        d: Driven {
+            client: f.admin.clone(),
+            ns: f.ns.clone(),
+        },
+        f: &f,
+        id,
+        seen: vec![],
     };
-    let mut seen: Vec<(Row, String, Value)> = vec![];
-    let mut at = |row: Row, what: &str, obj: Value| seen.push((row, what.to_string(), obj));
-    let (q, dv, cs, cc, cl) = (
-        ("ArtemisQueue", "artemisqueues"),
-        ("ArtemisDivert", "artemisdiverts"),
-        ("ArtemisCaptureSubscription", "artemiscapturesubscriptions"),
-        ("ConnectionClose", "connectioncloses"),
-        ("ArtemisCluster", "artemisclusters"),
-    );
-    let c = json!({"name": "c"});
-    let (ok_q, fwd_q, full_q) = (
-        format!("gitops.{id}.ok"),
-        format!("gitops.{id}.fwd"),
-        format!("gitops.{id}.full"),
-    );
+    t.created_then_first_status().await;
+    t.in_a_namespace_no_operator_watches().await;
+    t.ready_then_paused().await;
+    let consumer = t.asked_for().await;
+    t.for_a_person().await;
+    t.edits_not_yet_observed().await;
+    t.a_blocked_delete().await;
+    judge_all(&t.seen);
+    drop(consumer);
+    t.tidy().await;
+}
 
-    // Created: no status yet; then its first status, before any broker work: on its way.
-    let fresh = [
-        (q, format!("ok-{id}"), json!({"clusterRef": c, "name": ok_q})),
-        (q, format!("fwd-{id}"), json!({"clusterRef": c, "name": fwd_q})),
-        (q, format!("full-{id}"), json!({"clusterRef": c, "name": full_q})),
-        (
-            q,
-            format!("dry-{id}"),
-            json!({"clusterRef": c, "name": format!("gitops.{id}.dry"), "dryRun": true}),
-        ),
-        (
-            q,
-            format!("lost-{id}"),
-            json!({"clusterRef": {"name": format!("nope-{id}")}, "name": format!("gitops.{id}.lost")}),
-        ),
-        (
-            dv,
-            format!("copy-{id}"),
-            json!({"clusterRef": c, "address": ok_q, "forwardingAddress": fwd_q}),
-        ),
-        (
-            dv,
-            format!("lost-{id}"),
-            json!({"clusterRef": {"name": format!("nope-{id}")}, "address": ok_q, "forwardingAddress": fwd_q}),
-        ),
-        (cs, format!("tap-{id}"), json!({"clusterRef": c, "queues": ok_q})),
-        (
-            cs,
-            format!("wide-{id}"),
-            json!({"clusterRef": c, "queues": format!("gitops.{id}.*")}),
-        ),
-    ];
-    for ((kind, plural), name, spec) in &fresh {
-        let (created, first) = d.create(kind, plural, name, spec.clone()).await;
-        at(Row::NoStatusYet, &format!("{kind} {name} as created"), created);
+const QUEUE: (&str, &str) = ("ArtemisQueue", "artemisqueues");
+const DIVERT: (&str, &str) = ("ArtemisDivert", "artemisdiverts");
+const CAPTURE: (&str, &str) = ("ArtemisCaptureSubscription", "artemiscapturesubscriptions");
+const CLOSE: (&str, &str) = ("ConnectionClose", "connectioncloses");
+const CLUSTER: (&str, &str) = ("ArtemisCluster", "artemisclusters");
+
+/// The states test: its objects (named with `id`), and each one seen in a row of the table.
+struct States<'a> {
+    d: Driven,
+    f: &'a crate::queue::Fixture,
+    id: String,
+    seen: Vec<(Row, String, Value)>,
+}
+
+impl States<'_> {
+    fn at(&mut self, row: Row, what: &str, obj: Value) {
+        self.seen.push((row, what.to_string(), obj));
+    }
+
+    /// `prefix-<id>`, an object's name.
+    fn name(&self, prefix: &str) -> String {
+        format!("{prefix}-{}", self.id)
+    }
+
+    /// `gitops.<id>.<what>`, a broker queue's name.
+    fn queue(&self, what: &str) -> String {
+        format!("gitops.{}.{what}", self.id)
+    }
+
+    /// Wait for a condition, and see the object in `row`.
+    async fn wait_at(
+        &mut self,
+        row: Row,
+        what: &str,
+        (kind, plural): (&str, &str),
+        name: &str,
+        cond: (&str, &str, &[&str]),
+    ) {
+        let obj = self.d.wait(kind, plural, name, cond.0, cond.1, cond.2).await;
+        self.at(row, what, obj);
+    }
+
+    /// Create, and see it as created (no status yet) and its first status (on its way, before
+    /// any broker work: Queued).
+    async fn create(&mut self, (kind, plural): (&str, &str), name: &str, spec: Value) {
+        let (created, first) = self.d.create(kind, plural, name, spec).await;
+        self.at(Row::NoStatusYet, &format!("{kind} {name} as created"), created);
         let queued = first["status"]["conditions"]
             .as_array()
             .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["reason"] == "Queued"));
@@ -933,233 +926,300 @@ async fn every_state_of_the_gitops_table_is_what_the_tools_conclude_on_live_obje
             "{kind} {name}: the first status says Queued: {}",
             first["status"]
         );
-        at(Row::OnItsWay, &format!("{kind} {name}'s first status"), first);
+        self.at(Row::OnItsWay, &format!("{kind} {name}'s first status"), first);
     }
-    // In a namespace no operator watches, an object stays without a status.
-    let unwatched = Driven {
-        client: f.admin.clone(),
-        ns: f.bed.fresh_namespace("gitops-unwatched").await,
-    };
-    let spec = json!({"clusterRef": c, "name": format!("gitops.{id}.unwatched")});
-    let orphan = format!("orphan-{id}");
-    unwatched
-        .api(q.0, q.1)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "artemis-studio.io/v1alpha1", "kind": q.0,
-                "metadata": {"name": orphan}, "spec": spec
-            }))
-            .expect("queue json"),
-        )
-        .await
-        .expect("create in the unwatched namespace");
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let left = unwatched.read(q.0, q.1, &orphan).await;
-    assert!(left.get("status").is_none(), "no operator wrote it: {left}");
-    at(Row::NoStatusYet, "ArtemisQueue no operator watches", left);
-    let namespaces: Api<Namespace> = Api::all(f.admin.clone());
-    let _ = namespaces.delete(&unwatched.ns, &DeleteParams::default()).await;
 
-    // A cluster whose credentials the brokers refuse.
-    let urls: Vec<String> = f
-        .bed
-        .cluster_brokers("c")
-        .into_iter()
-        .map(|b| b.jolokia)
-        .collect();
-    let bad = format!("bad-{id}");
-    let (user, _) = f.bed.broker_user();
-    create_cluster(&f.admin, &f.ns, &bad, &urls, Some((user, format!("wrong-{id}")))).await;
-
-    // Ready; then paused with nothing waiting; then paused with a change waiting.
-    let ok = format!("ok-{id}");
-    at(
-        Row::Ready,
-        "ArtemisQueue Ready",
-        d.wait(q.0, q.1, &ok, "Ready", "True", &[]).await,
-    );
-    let copy = format!("copy-{id}");
-    at(
-        Row::Ready,
-        "ArtemisDivert Ready",
-        d.wait(dv.0, dv.1, &copy, "Ready", "True", &[]).await,
-    );
-    let tap = format!("tap-{id}");
-    at(
-        Row::Ready,
-        "ArtemisCaptureSubscription Ready",
-        d.wait(cs.0, cs.1, &tap, "Ready", "True", &[]).await,
-    );
-    at(Row::Ready, "ArtemisCluster Ready", d.read(cl.0, cl.1, "c").await);
-    let paused = json!({"metadata": {"annotations": {"artemis-studio.io/paused": "true"}}});
-    d.patch(q.0, q.1, &ok, paused.clone()).await;
-    at(
-        Row::PausedNothingWaiting,
-        "ArtemisQueue paused, converged",
-        d.wait(q.0, q.1, &ok, "Paused", "True", &[]).await,
-    );
-    let edit = d.patch(q.0, q.1, &ok, json!({"spec": {"filter": "v = 2"}})).await;
-    at(Row::UnobservedEdit, "ArtemisQueue right after an edit", edit);
-    at(
-        Row::AskedFor,
-        "ArtemisQueue paused, a change waiting",
-        d.wait(q.0, q.1, &ok, "Ready", "False", &["Paused"]).await,
-    );
-
-    // Asked for by the user: a dry run, a capture shown but not armed, a close awaiting confirmation.
-    at(
-        Row::AskedFor,
-        "ArtemisQueue dry run",
-        d.wait(q.0, q.1, &format!("dry-{id}"), "Ready", "False", &["DryRun"])
-            .await,
-    );
-    let held = [
-        "AwaitingConfirmation",
-        "ConfirmationMismatch",
-        "ConfirmedBeforeShown",
-    ];
-    let wide = format!("wide-{id}");
-    at(
-        Row::AskedFor,
-        "ArtemisCaptureSubscription not armed",
-        d.wait(cs.0, cs.1, &wide, "Ready", "False", &held).await,
-    );
-    let consumer = crate::support::amqp_consumer(&f.bed, "c1", &ok_q, &format!("gitops-{id}")).await;
-    let close = format!("close-{id}");
-    let (created, first) = d
-        .create(
-            cc.0,
-            cc.1,
-            &close,
-            json!({"clusterRef": c, "target": {"address": ok_q}}),
-        )
-        .await;
-    at(Row::NoStatusYet, "ConnectionClose as created", created);
-    at(Row::OnItsWay, "ConnectionClose's first status", first);
-    at(
-        Row::AskedFor,
-        "ConnectionClose awaiting confirmation",
-        d.wait(cc.0, cc.1, &close, "Ready", "False", &held).await,
-    );
-    let edit = d
-        .patch(
-            cc.0,
-            cc.1,
-            &close,
-            json!({"spec": {"confirm": format!("not-{id}")}}),
-        )
-        .await;
-    at(
-        Row::UnobservedEdit,
-        "ConnectionClose right after spec.confirm",
-        edit,
-    );
-
-    // Only a person can fix it: a missing cluster, refused credentials.
-    let missing = ["ClusterNotFound"];
-    let lost = format!("lost-{id}");
-    at(
-        Row::NeedsAPerson,
-        "ArtemisQueue of a missing cluster",
-        d.wait(q.0, q.1, &lost, "Stalled", "True", &missing).await,
-    );
-    at(
-        Row::NeedsAPerson,
-        "ArtemisDivert of a missing cluster",
-        d.wait(dv.0, dv.1, &lost, "Stalled", "True", &missing).await,
-    );
-    at(
-        Row::NeedsAPerson,
-        "ArtemisCluster, credentials refused",
-        d.wait(cl.0, cl.1, &bad, "Stalled", "True", &["CredentialsRefused"])
-            .await,
-    );
-    let spec = json!({"clusterRef": {"name": format!("nope-{id}")}, "target": {"address": ok_q}});
-    d.create(cc.0, cc.1, &lost, spec).await;
-    at(
-        Row::NeedsAPerson,
-        "ConnectionClose of a missing cluster",
-        d.wait(cc.0, cc.1, &lost, "Stalled", "True", &missing).await,
-    );
-
-    // Unobserved edits of the other kinds.
-    let edit = d
-        .patch(dv.0, dv.1, &copy, json!({"spec": {"filter": "v = 2"}}))
-        .await;
-    at(Row::UnobservedEdit, "ArtemisDivert right after an edit", edit);
-    let edit = d
-        .patch(cs.0, cs.1, &tap, json!({"spec": {"filter": "v = 2"}}))
-        .await;
-    at(
-        Row::UnobservedEdit,
-        "ArtemisCaptureSubscription right after an edit",
-        edit,
-    );
-    let edit = d
-        .patch(cl.0, cl.1, &bad, json!({"spec": {"pollIntervalSeconds": 3}}))
-        .await;
-    at(Row::UnobservedEdit, "ArtemisCluster right after an edit", edit);
-
-    // A blocked delete: three messages, and no loss allowed.
-    let full = format!("full-{id}");
-    d.wait(q.0, q.1, &full, "Ready", "True", &[]).await;
-    send_messages(&f.bed, "c1", &full_q, 3).await;
-    f.wait_for(&full, "the preview counts 3 messages", |q| {
-        q.status
-            .as_ref()
-            .and_then(|s| s.delete_preview.as_ref())
-            .is_some_and(|p| p.total_messages == 3)
-    })
-    .await;
-    d.delete(q.0, q.1, &full).await;
-    at(
-        Row::BlockedDelete,
-        "ArtemisQueue delete blocked",
-        d.wait(q.0, q.1, &full, "DeleteBlocked", "True", &[]).await,
-    );
-
-    judge_all(&seen);
-
-    // Tidy: the taps, the close, the queues (the blocked one allowed its loss; the paused one
-    // resumed so its queue goes from the brokers), the divert; the clean-up guard does the rest.
-    drop(consumer);
-    d.patch(
-        q.0,
-        q.1,
-        &full,
-        json!({"spec": {"deletion": {"allowMessageLoss": 3}}}),
-    )
-    .await;
-    d.patch(
-        q.0,
-        q.1,
-        &ok,
-        json!({"metadata": {"annotations": {"artemis-studio.io/paused": null}}}),
-    )
-    .await;
-    d.delete(cc.0, cc.1, &close).await;
-    d.delete(cc.0, cc.1, &lost).await;
-    for (kind, plural) in [cs, dv, q] {
-        let names: Vec<String> = d
-            .api(kind, plural)
-            .list(&ListParams::default())
-            .await
-            .map(|l| l.items.into_iter().filter_map(|o| o.metadata.name).collect())
-            .unwrap_or_default();
-        for n in names.iter().filter(|n| n.contains(&id)) {
-            d.delete(kind, plural, n).await;
+    async fn created_then_first_status(&mut self) {
+        let c = json!({"name": "c"});
+        let nope = json!({"name": self.name("nope")});
+        let (ok, fwd) = (self.queue("ok"), self.queue("fwd"));
+        let fresh = [
+            (QUEUE, "ok", json!({"clusterRef": c, "name": ok})),
+            (QUEUE, "fwd", json!({"clusterRef": c, "name": fwd})),
+            (
+                QUEUE,
+                "full",
+                json!({"clusterRef": c, "name": self.queue("full")}),
+            ),
+            (
+                QUEUE,
+                "dry",
+                json!({"clusterRef": c, "name": self.queue("dry"), "dryRun": true}),
+            ),
+            (
+                QUEUE,
+                "lost",
+                json!({"clusterRef": nope, "name": self.queue("lost")}),
+            ),
+            (
+                DIVERT,
+                "copy",
+                json!({"clusterRef": c, "address": ok, "forwardingAddress": fwd}),
+            ),
+            (
+                DIVERT,
+                "lost",
+                json!({"clusterRef": nope, "address": ok, "forwardingAddress": fwd}),
+            ),
+            (CAPTURE, "tap", json!({"clusterRef": c, "queues": ok})),
+            (
+                CAPTURE,
+                "wide",
+                json!({"clusterRef": c, "queues": self.queue("*")}),
+            ),
+        ];
+        for (kind, prefix, spec) in fresh {
+            let name = self.name(prefix);
+            self.create(kind, &name, spec).await;
         }
     }
-    for (kind, plural) in [cs, dv, q] {
-        wait_until(
-            &format!("every {kind} gone"),
-            Duration::from_secs(120),
-            || async {
-                let left = d.api(kind, plural).list(&ListParams::default()).await.ok()?;
-                left.items.is_empty().then_some(())
-            },
+
+    /// In a namespace no operator watches, an object stays without a status.
+    async fn in_a_namespace_no_operator_watches(&mut self) {
+        let unwatched = Driven {
+            client: self.f.admin.clone(),
+            ns: self.f.bed.fresh_namespace("gitops-unwatched").await,
+        };
+        let orphan = self.name("orphan");
+        let obj = json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": QUEUE.0, "metadata": {"name": orphan},
+            "spec": {"clusterRef": {"name": "c"}, "name": self.queue("unwatched")}
+        });
+        unwatched
+            .api(QUEUE.0, QUEUE.1)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(obj).expect("queue json"),
+            )
+            .await
+            .expect("create in the unwatched namespace");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let left = unwatched.read(QUEUE.0, QUEUE.1, &orphan).await;
+        assert!(left.get("status").is_none(), "no operator wrote it: {left}");
+        self.at(Row::NoStatusYet, "ArtemisQueue no operator watches", left);
+        let namespaces: Api<Namespace> = Api::all(self.f.admin.clone());
+        let _ = namespaces.delete(&unwatched.ns, &DeleteParams::default()).await;
+    }
+
+    /// Ready; then paused with nothing waiting; then an edit (not yet observed), waiting.
+    async fn ready_then_paused(&mut self) {
+        let ready = ("Ready", "True", &[][..]);
+        let (ok, copy, tap) = (self.name("ok"), self.name("copy"), self.name("tap"));
+        self.wait_at(Row::Ready, "ArtemisQueue Ready", QUEUE, &ok, ready)
+            .await;
+        self.wait_at(Row::Ready, "ArtemisDivert Ready", DIVERT, &copy, ready)
+            .await;
+        self.wait_at(
+            Row::Ready,
+            "ArtemisCaptureSubscription Ready",
+            CAPTURE,
+            &tap,
+            ready,
         )
         .await;
+        let cluster = self.d.read(CLUSTER.0, CLUSTER.1, "c").await;
+        self.at(Row::Ready, "ArtemisCluster Ready", cluster);
+        let paused = json!({"metadata": {"annotations": {"artemis-studio.io/paused": "true"}}});
+        self.d.patch(QUEUE.0, QUEUE.1, &ok, paused).await;
+        let what = "ArtemisQueue paused, converged";
+        self.wait_at(
+            Row::PausedNothingWaiting,
+            what,
+            QUEUE,
+            &ok,
+            ("Paused", "True", &[]),
+        )
+        .await;
+        let edit = self
+            .d
+            .patch(QUEUE.0, QUEUE.1, &ok, json!({"spec": {"filter": "v = 2"}}))
+            .await;
+        self.at(Row::UnobservedEdit, "ArtemisQueue right after an edit", edit);
+        let what = "ArtemisQueue paused, a change waiting";
+        self.wait_at(Row::AskedFor, what, QUEUE, &ok, ("Ready", "False", &["Paused"]))
+            .await;
+    }
+
+    /// Asked for by the user: a dry run, a capture shown but not armed, a close awaiting its
+    /// confirmation (of the consumer returned, on the ok queue), then a confirmation edited in.
+    async fn asked_for(&mut self) -> crate::support::AmqpConsumer {
+        let dry = self.name("dry");
+        self.wait_at(
+            Row::AskedFor,
+            "ArtemisQueue dry run",
+            QUEUE,
+            &dry,
+            ("Ready", "False", &["DryRun"]),
+        )
+        .await;
+        let held = (
+            "Ready",
+            "False",
+            &[
+                "AwaitingConfirmation",
+                "ConfirmationMismatch",
+                "ConfirmedBeforeShown",
+            ][..],
+        );
+        let wide = self.name("wide");
+        self.wait_at(
+            Row::AskedFor,
+            "ArtemisCaptureSubscription not armed",
+            CAPTURE,
+            &wide,
+            held,
+        )
+        .await;
+        let ok = self.queue("ok");
+        let consumer = crate::support::amqp_consumer(&self.f.bed, "c1", &ok, &self.name("gitops")).await;
+        let close = self.name("close");
+        self.create(
+            CLOSE,
+            &close,
+            json!({"clusterRef": {"name": "c"}, "target": {"address": ok}}),
+        )
+        .await;
+        self.wait_at(
+            Row::AskedFor,
+            "ConnectionClose awaiting confirmation",
+            CLOSE,
+            &close,
+            held,
+        )
+        .await;
+        let confirm = json!({"spec": {"confirm": self.name("not")}});
+        let edit = self.d.patch(CLOSE.0, CLOSE.1, &close, confirm).await;
+        self.at(
+            Row::UnobservedEdit,
+            "ConnectionClose right after spec.confirm",
+            edit,
+        );
+        consumer
+    }
+
+    /// Only a person can fix it: a missing cluster, refused credentials.
+    async fn for_a_person(&mut self) {
+        let urls: Vec<String> = self
+            .f
+            .bed
+            .cluster_brokers("c")
+            .into_iter()
+            .map(|b| b.jolokia)
+            .collect();
+        let (bad, lost) = (self.name("bad"), self.name("lost"));
+        let (user, _) = self.f.bed.broker_user();
+        let wrong = Some((user, self.name("wrong")));
+        create_cluster(&self.f.admin, &self.f.ns, &bad, &urls, wrong).await;
+        let missing = ("Stalled", "True", &["ClusterNotFound"][..]);
+        self.wait_at(
+            Row::NeedsAPerson,
+            "ArtemisQueue of a missing cluster",
+            QUEUE,
+            &lost,
+            missing,
+        )
+        .await;
+        self.wait_at(
+            Row::NeedsAPerson,
+            "ArtemisDivert of a missing cluster",
+            DIVERT,
+            &lost,
+            missing,
+        )
+        .await;
+        let refused = ("Stalled", "True", &["CredentialsRefused"][..]);
+        self.wait_at(
+            Row::NeedsAPerson,
+            "ArtemisCluster, credentials refused",
+            CLUSTER,
+            &bad,
+            refused,
+        )
+        .await;
+        let spec =
+            json!({"clusterRef": {"name": self.name("nope")}, "target": {"address": self.queue("ok")}});
+        self.create(CLOSE, &lost, spec).await;
+        self.wait_at(
+            Row::NeedsAPerson,
+            "ConnectionClose of a missing cluster",
+            CLOSE,
+            &lost,
+            missing,
+        )
+        .await;
+    }
+
+    /// An edit of every other kind, as the API server stored it.
+    async fn edits_not_yet_observed(&mut self) {
+        let edits = [
+            (DIVERT, self.name("copy"), json!({"spec": {"filter": "v = 2"}})),
+            (CAPTURE, self.name("tap"), json!({"spec": {"filter": "v = 2"}})),
+            (
+                CLUSTER,
+                self.name("bad"),
+                json!({"spec": {"pollIntervalSeconds": 3}}),
+            ),
+        ];
+        for ((kind, plural), name, patch) in edits {
+            let edit = self.d.patch(kind, plural, &name, patch).await;
+            self.at(Row::UnobservedEdit, &format!("{kind} right after an edit"), edit);
+        }
+    }
+
+    /// A blocked delete: three messages, and no loss allowed.
+    async fn a_blocked_delete(&mut self) {
+        let full = self.name("full");
+        self.d.wait(QUEUE.0, QUEUE.1, &full, "Ready", "True", &[]).await;
+        send_messages(&self.f.bed, "c1", &self.queue("full"), 3).await;
+        self.f
+            .wait_for(&full, "the preview counts 3 messages", |q| {
+                q.status
+                    .as_ref()
+                    .and_then(|s| s.delete_preview.as_ref())
+                    .is_some_and(|p| p.total_messages == 3)
+            })
+            .await;
+        self.d.delete(QUEUE.0, QUEUE.1, &full).await;
+        let blocked = ("DeleteBlocked", "True", &[][..]);
+        self.wait_at(
+            Row::BlockedDelete,
+            "ArtemisQueue delete blocked",
+            QUEUE,
+            &full,
+            blocked,
+        )
+        .await;
+    }
+
+    /// The blocked delete allowed its loss, the paused queue resumed (so its queue goes from the
+    /// brokers), then every object of the test deleted and gone; the clean-up guard does the rest.
+    async fn tidy(&self) {
+        let d = &self.d;
+        let allow = json!({"spec": {"deletion": {"allowMessageLoss": 3}}});
+        d.patch(QUEUE.0, QUEUE.1, &self.name("full"), allow).await;
+        let resume = json!({"metadata": {"annotations": {"artemis-studio.io/paused": null}}});
+        d.patch(QUEUE.0, QUEUE.1, &self.name("ok"), resume).await;
+        for (kind, plural) in [CLOSE, CAPTURE, DIVERT, QUEUE] {
+            let names: Vec<String> = d
+                .api(kind, plural)
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items.into_iter().filter_map(|o| o.metadata.name).collect())
+                .unwrap_or_default();
+            for n in names.iter().filter(|n| n.contains(&self.id)) {
+                d.delete(kind, plural, n).await;
+            }
+        }
+        for (kind, plural) in [CLOSE, CAPTURE, DIVERT, QUEUE] {
+            wait_until(
+                &format!("every {kind} gone"),
+                Duration::from_secs(120),
+                || async {
+                    let left = d.api(kind, plural).list(&ListParams::default()).await.ok()?;
+                    left.items.is_empty().then_some(())
+                },
+            )
+            .await;
+        }
     }
 }
