@@ -854,16 +854,30 @@ const FIRST_SIGHT_CONCURRENCY: usize = 16;
 
 /// Issue 50: every object gets a status at first sight, before its first pass and any broker
 /// work (a burst of creates waits for reconcile slots; its objects say they were seen meanwhile).
-/// The watch offers them; this writes them, a few at a time, through the report stage.
-fn first_sight<K>(client: Client) -> (FirstSight<K>, impl std::future::Future<Output = ()>)
+/// The watch offers them; this writes them, a few at a time, through the report stage — only
+/// while the cache still holds the object as offered and without a status: an object changed
+/// since (a finalizer added, its pass's status written) is offered again or needs none, and
+/// costs no API call.
+fn first_sight<K>(client: Client, cache: Cache<K>) -> (FirstSight<K>, impl std::future::Future<Output = ()>)
 where
     K: report::FirstSeen + Send + Sync + 'static,
 {
     use futures::StreamExt;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let writer = tokio_stream_of(rx).for_each_concurrent(FIRST_SIGHT_CONCURRENCY, move |o: K| {
-        let client = client.clone();
+        let (client, cache) = (client.clone(), cache.clone());
         async move {
+            let meta = o.meta();
+            let cached = cache.get(
+                meta.namespace.as_deref().unwrap_or_default(),
+                meta.name.as_deref().unwrap_or_default(),
+            );
+            let as_offered = cached.is_some_and(|c| {
+                c.meta().resource_version == meta.resource_version && report::first_status_due(c.as_ref())
+            });
+            if !as_offered {
+                return;
+            }
             if let Err(e) = report::write_first_status(&client, &o).await {
                 tracing::warn!(error = %e, kind = K::kind(&()).as_ref(),
                     object = o.meta().name.as_deref().unwrap_or_default(), "could not write a first status");
@@ -1088,10 +1102,11 @@ async fn run_controllers(ctx: Arc<Context>, feeds: Feeds) {
 async fn reflect_all(ctx: Arc<Context>, watches: Watches) {
     use futures::future::join_all;
     let (client, ns) = (&ctx.client, &ctx.namespaces);
-    let (first_clusters, clusters_writer) = first_sight::<ArtemisCluster>(client.clone());
-    let (first_queues, queues_writer) = first_sight::<ArtemisQueue>(client.clone());
-    let (first_diverts, diverts_writer) = first_sight::<ArtemisDivert>(client.clone());
-    let (first_subs, subs_writer) = first_sight::<ArtemisCaptureSubscription>(client.clone());
+    let caches = &ctx.caches;
+    let (first_clusters, clusters_writer) = first_sight(client.clone(), caches.clusters.clone());
+    let (first_queues, queues_writer) = first_sight(client.clone(), caches.queues.clone());
+    let (first_diverts, diverts_writer) = first_sight(client.clone(), caches.diverts.clone());
+    let (first_subs, subs_writer) = first_sight(client.clone(), caches.subscriptions.clone());
     let c = ns
         .apis::<ArtemisCluster>(client)
         .into_iter()

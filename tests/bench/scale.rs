@@ -57,6 +57,9 @@ struct Run {
     /// first sight, before any broker work), p50 and p99 over the N queues.
     first_status_p50: f64,
     first_status_p99: f64,
+    /// The same to `Ready`, for comparison.
+    ready_p50: f64,
+    ready_p99: f64,
 }
 
 /// The `p`-th percentile (0–100) of `values`, nearest rank; NaN when empty.
@@ -69,12 +72,17 @@ fn percentile(values: &mut [f64], p: f64) -> f64 {
     values[rank.clamp(1, values.len()) - 1]
 }
 
-/// Create → first status, p50 and p99, of the queues the watch saw a status on.
-fn first_status_latency(watch: &QueueWatch, acknowledged: &HashMap<String, Instant>) -> (f64, f64) {
+/// Create → the instant `when` gives (first status, Ready), p50 and p99, of the queues that got
+/// there.
+fn latency(
+    watch: &QueueWatch,
+    acknowledged: &HashMap<String, Instant>,
+    when: impl Fn(crate::objects::QueueState) -> Option<Instant>,
+) -> (f64, f64) {
     let mut seconds: Vec<f64> = acknowledged
         .iter()
         .filter_map(|(name, at)| {
-            let seen = watch.state(name)?.first_status?;
+            let seen = when(watch.state(name)?)?;
             Some(seen.saturating_duration_since(*at).as_secs_f64())
         })
         .collect();
@@ -193,10 +201,11 @@ async fn operator_run(
             eprintln!("[bench] {e:#}");
         }
     }
-    (run.first_status_p50, run.first_status_p99) = first_status_latency(&watch, &acknowledged);
+    (run.first_status_p50, run.first_status_p99) = latency(&watch, &acknowledged, |s| s.first_status);
+    (run.ready_p50, run.ready_p99) = latency(&watch, &acknowledged, |s| s.since.filter(|_| s.ready));
     println!(
-        "bench: {n} creates → first status: p50 {:.2} s, p99 {:.2} s",
-        run.first_status_p50, run.first_status_p99
+        "bench: {n} creates → first status: p50 {:.2} s, p99 {:.2} s; → Ready: p50 {:.2} s, p99 {:.2} s",
+        run.first_status_p50, run.first_status_p99, run.ready_p50, run.ready_p99
     );
     let s1 = install.snapshot(ctx).await?;
     let created = s1.since(&s0);
@@ -462,7 +471,8 @@ fn section(ctx: &Ctx, results: &[(usize, Vec<Run>)]) -> Section {
         .iter()
         .map(|(n, runs)| {
             let p99 = stats::show(Summary::of(&col(runs, |r| r.first_status_p99)), 2);
-            format!("{n}: {p99} s")
+            let ready = stats::show(Summary::of(&col(runs, |r| r.ready_p99)), 2);
+            format!("{n}: {p99} s (to Ready: {ready} s)")
         })
         .collect();
     s.notes.push(format!(
@@ -495,5 +505,6 @@ fn run_json(r: &Run) -> Value {
         "restart": {"knownSeconds": num(r.restart_known_seconds), "brokerWrites": num(r.restart_broker_writes),
             "auditRows": num(r.restart_audit_rows), "operatorApiWrites": num(r.restart_api_writes)},
         "createToFirstStatusSeconds": {"p50": num(r.first_status_p50), "p99": num(r.first_status_p99)},
+        "createToReadySeconds": {"p50": num(r.ready_p50), "p99": num(r.ready_p99)},
     })
 }
