@@ -914,19 +914,26 @@ impl States<'_> {
     }
 
     /// Create, and see it as created (no status yet) and its first status (on its way, before
-    /// any broker work: Queued).
+    /// any broker work: Queued). An object whose first pass needs no broker (a dry run, a missing
+    /// cluster) may have its pass's status first: then that is its first status, judged in its
+    /// own row later; any other must show Queued first.
     async fn create(&mut self, (kind, plural): (&str, &str), name: &str, spec: Value) {
+        let needs_no_broker = spec["dryRun"] == true || spec["clusterRef"]["name"] != "c";
         let (created, first) = self.d.create(kind, plural, name, spec).await;
         self.at(Row::NoStatusYet, &format!("{kind} {name} as created"), created);
         let queued = first["status"]["conditions"]
             .as_array()
             .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["reason"] == "Queued"));
-        assert!(
-            queued,
-            "{kind} {name}: the first status says Queued: {}",
-            first["status"]
-        );
-        self.at(Row::OnItsWay, &format!("{kind} {name}'s first status"), first);
+        if queued {
+            self.at(Row::OnItsWay, &format!("{kind} {name}'s first status"), first);
+        } else {
+            let status = &first["status"];
+            assert!(
+                needs_no_broker,
+                "{kind} {name}: the first status says Queued: {status}"
+            );
+            println!("{kind} {name}: its pass wrote before the first sight: {status}");
+        }
     }
 
     async fn created_then_first_status(&mut self) {
