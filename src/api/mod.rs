@@ -61,7 +61,7 @@ fn reflow(v: &mut serde_json::Value) {
 
 /// A hard-wrapped text as paragraphs: the lines of one paragraph joined by a space; blank lines
 /// (paragraph breaks) and the lines that start a list item kept.
-pub fn paragraphs(text: &str) -> String {
+fn paragraphs(text: &str) -> String {
     let item = |l: &str| l.starts_with("- ") || l.starts_with("* ") || l.starts_with("• ");
     text.split("\n\n")
         .map(|p| {

@@ -254,7 +254,7 @@ pub fn name_digest(name: &str) -> String {
 /// The application_name of the connection holding a cluster's capture lock: the holder's
 /// process key first, whole (issue 50: a long cluster name cut it), then as much of the
 /// cluster's name as fits, for a DBA reading `pg_stat_activity`.
-pub fn lock_application_name(cluster: &str, holder: &str) -> String {
+fn lock_application_name(cluster: &str, holder: &str) -> String {
     cut_to_application_name(&format!("{} capture {cluster}", holder_key(holder)))
 }
 
