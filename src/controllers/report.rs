@@ -105,20 +105,16 @@ pub fn first_status_due<K: FirstSeen>(o: &K) -> bool {
     o.meta().deletion_timestamp.is_none() && !o.has_status()
 }
 
-/// The first status: the generation seen, `Ready=False` `Queued`, and the kstatus conditions
-/// that follow (`Reconciling=True`): Progressing in Argo CD, InProgress in Flux, until the
-/// object's first pass writes its real status. It carries nothing a pass reads as progress
-/// (no phase, no nodes, no arming).
+/// The first status: the generation seen, `Ready=Unknown` `Queued` (not judged yet: nothing
+/// waiting for `Ready=False` takes it for a verdict), and the kstatus conditions that follow
+/// (`Reconciling=True`): Progressing in Argo CD, InProgress in Flux, until the object's first
+/// pass writes its real status. It carries nothing a pass reads as progress (no phase, no
+/// nodes, no arming).
 pub fn first_status(generation: Option<i64>) -> serde_json::Value {
     let mut conds = vec![];
-    conditions::set(
-        &mut conds,
-        conditions::READY,
-        false,
-        QUEUED,
-        FIRST_SIGHT,
-        generation,
-    );
+    let ready = conditions::READY;
+    conditions::set(&mut conds, ready, false, QUEUED, FIRST_SIGHT, generation);
+    conds.iter_mut().for_each(|c| c.status = "Unknown".into());
     conditions::kstatus(&mut conds, &[], generation);
     serde_json::json!({"observedGeneration": generation, "conditions": conds})
 }
@@ -348,7 +344,7 @@ mod on_a_mock_api {
                 .and_then(|c| c.iter().find(|c| c["type"] == t))
                 .map(|c| (c["status"].clone(), c["reason"].clone()))
         };
-        assert_eq!(of("Ready"), Some((json!("False"), json!(QUEUED))));
+        assert_eq!(of("Ready"), Some((json!("Unknown"), json!(QUEUED))));
         assert_eq!(of("Reconciling").map(|c| c.0), Some(json!("True")));
         assert_eq!(of("Stalled").map(|c| c.0), Some(json!("False")));
         // Once written, never again.
