@@ -434,6 +434,24 @@ fn connection_close_health_follows_its_phase() {
         status(1, ClosePhase::Failed, "Failed: outcome unknown, not retried"),
     ));
     assert_eq!((s.as_str(), m.contains("not retried")), ("Degraded", true), "{m}");
+    // A close that cannot start because its cluster is missing: for a person (issue 50).
+    let mut lost = status(1, ClosePhase::Pending, "");
+    let why = "ArtemisCluster ns/prod does not exist";
+    conditions::set(
+        &mut lost.conditions,
+        "Ready",
+        false,
+        "ClusterNotFound",
+        why,
+        Some(1),
+    );
+    conditions::kstatus(&mut lost.conditions, &[], Some(1));
+    let (s, m) = health(&cc(1, lost));
+    assert_eq!(
+        (s.as_str(), m.contains("ClusterNotFound")),
+        ("Degraded", true),
+        "{m}"
+    );
 }
 
 /// Status documents the controllers really wrote on the test bed (tests/fixtures/argocd,

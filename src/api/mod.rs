@@ -19,7 +19,7 @@ pub use queue::ArtemisQueue;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-/// Every CRD this operator serves, in a stable order.
+/// Every CRD this operator serves, in a stable order, their descriptions flowing as paragraphs.
 pub fn all_crds() -> Vec<CustomResourceDefinition> {
     vec![
         ArtemisCluster::crd(),
@@ -28,6 +28,55 @@ pub fn all_crds() -> Vec<CustomResourceDefinition> {
         ArtemisCaptureSubscription::crd(),
         ConnectionClose::crd(),
     ]
+    .into_iter()
+    .map(flowing_descriptions)
+    .collect()
+}
+
+/// The CRD with every schema description as paragraphs: doc comments are hard-wrapped for the
+/// source, and `kubectl explain` wraps again, breaking lines mid-sentence (issue 50).
+fn flowing_descriptions(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    let Ok(mut v) = serde_json::to_value(&crd) else {
+        return crd;
+    };
+    reflow(&mut v);
+    serde_json::from_value(v).unwrap_or(crd)
+}
+
+/// Every `description` string under `v`, reflowed.
+fn reflow(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m.iter_mut() {
+                match x {
+                    serde_json::Value::String(s) if k == "description" => *s = paragraphs(s),
+                    _ => reflow(x),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(reflow),
+        _ => {}
+    }
+}
+
+/// A hard-wrapped text as paragraphs: the lines of one paragraph joined by a space; blank lines
+/// (paragraph breaks) and the lines that start a list item kept.
+fn paragraphs(text: &str) -> String {
+    let item = |l: &str| l.starts_with("- ") || l.starts_with("* ") || l.starts_with("• ");
+    text.split("\n\n")
+        .map(|p| {
+            let mut out = String::new();
+            for line in p.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                if !out.is_empty() {
+                    out.push(if item(line) { '\n' } else { ' ' });
+                }
+                out.push_str(line);
+            }
+            out
+        })
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n\n")
 }
 
 /// The CRDs as one multi-document YAML stream (what `artemis-studio-operator crd` prints and
@@ -43,6 +92,44 @@ pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn descriptions_flow_as_paragraphs_for_kubectl_explain() {
+        let wrapped = "Messages one queue delete may destroy unless the object names\nmore (issue 41).\n\nA second\nparagraph:\n- one item\n- another";
+        assert_eq!(
+            super::paragraphs(wrapped),
+            "Messages one queue delete may destroy unless the object names more (issue 41).\n\nA second paragraph:\n- one item\n- another"
+        );
+        // Every description the CRDs carry: no line ends mid-sentence.
+        let yaml = super::crds_yaml().expect("render CRDs");
+        let docs: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&yaml)
+            .filter_map(|d| serde::Deserialize::deserialize(d).ok())
+            .collect();
+        let mut descriptions = vec![];
+        fn collect(v: &serde_json::Value, out: &mut Vec<String>) {
+            match v {
+                serde_json::Value::Object(m) => m.iter().for_each(|(k, x)| match x {
+                    serde_json::Value::String(s) if k == "description" => out.push(s.clone()),
+                    _ => collect(x, out),
+                }),
+                serde_json::Value::Array(a) => a.iter().for_each(|x| collect(x, out)),
+                _ => {}
+            }
+        }
+        docs.iter().for_each(|d| collect(d, &mut descriptions));
+        assert!(descriptions.len() > 50, "{}", descriptions.len());
+        let broken: Vec<&String> = descriptions
+            .iter()
+            .filter(|d| {
+                d.split("\n\n").any(|p| {
+                    p.lines()
+                        .skip(1)
+                        .any(|l| !l.starts_with("- ") && !l.starts_with("* ") && !l.starts_with("• "))
+                })
+            })
+            .collect();
+        assert!(broken.is_empty(), "{broken:#?}");
+    }
+
     /// The checked-in CRDs (crds/ and the chart's) are exactly what the types generate.
     /// Regenerate with `make crds`.
     #[test]

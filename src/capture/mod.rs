@@ -42,9 +42,21 @@ use crate::controllers::{Context, key};
 use crate::store::capture::{ClusterLock, PassRecord};
 
 /// Every capture worker of an instance keeps one connection with this application_name
-/// prefix: the count of them is how many replicas share the clusters.
+/// prefix: the count of them is how many replicas share the clusters. The instance is a digest
+/// and the holder its process key, so the whole name fits Postgres's 63 bytes whatever the
+/// instance ID and pod name (issue 50: a long instance ID cut the prefix, and no worker was
+/// counted).
 fn presence_prefix(instance: &str) -> String {
-    format!("artemis-studio capture-worker {instance} ")
+    format!("capture-worker {} ", crate::store::capture::name_digest(instance))
+}
+
+/// The application_name of this worker's presence connection.
+fn presence_name(instance: &str, holder: &str) -> String {
+    format!(
+        "{}{}",
+        presence_prefix(instance),
+        crate::store::capture::holder_key(holder)
+    )
 }
 
 /// A cluster this process serves: its lock, what it keeps between passes, and its drains
@@ -236,7 +248,7 @@ const DRAIN_GRACE: Duration = Duration::from_secs(10);
 
 /// Run capture until shutdown: reflectors of subscriptions and clusters (every replica), and a
 /// pass per served cluster every `ctx.capture_pass_interval`, or soon after a subscription
-/// changes.
+/// changes; and this process's audit heartbeat, until it exits (it never returns).
 pub async fn run(ctx: Arc<Context>) {
     let (subs, sub_writers): (Vec<_>, Vec<_>) =
         ctx.namespaces.scopes().iter().map(|_| reflector::store()).unzip();
@@ -305,11 +317,18 @@ pub async fn run(ctx: Arc<Context>) {
         }
         worker(ctx.clone(), subs, clusters, changed).await
     };
+    // Every replica runs capture, and a replica serving it writes audit rows: this process
+    // heartbeats (issue 50), whether or not it leads, until it exits — through the shutdown
+    // grace too, while the leader's in-flight commands complete their rows.
+    let beat = crate::controllers::heartbeat(ctx.clone());
+    tokio::pin!(beat);
     tokio::select! {
         _ = reflect => {}
         _ = work => {}
+        _ = &mut beat => {}
         _ = ctx.shutdown.requested() => {}
     }
+    beat.await
 }
 
 /// Retention per subscription (by age and by size), by dropping whole day partitions; and the
@@ -459,7 +478,7 @@ impl Worker {
         if self.presence.is_some() {
             return;
         }
-        let name = format!("{}{}", presence_prefix(&self.ctx.instance_id), self.holder);
+        let name = presence_name(&self.ctx.instance_id, &self.holder);
         self.presence = self
             .ctx
             .store
@@ -680,4 +699,24 @@ fn of_cluster(
         .filter(|x| key(&x.namespace().unwrap_or_default(), &x.spec.cluster_ref.name) == cluster_key)
         .cloned()
         .collect()
+}
+
+#[cfg(test)]
+mod presence_tests {
+    use super::{presence_name, presence_prefix};
+
+    #[test]
+    fn a_worker_is_counted_by_its_prefix_whatever_the_instance_id_and_pod_name() {
+        let holder = format!("{}/0f8e4c2a9b7d4e6f8a1b3c5d7e9f0a2b", "p".repeat(63));
+        for instance in ["prod", &"i".repeat(200)] {
+            let name = presence_name(instance, &holder);
+            assert!(
+                name.len() <= crate::store::capture::APPLICATION_NAME_MAX,
+                "{name}"
+            );
+            assert!(name.starts_with(&presence_prefix(instance)), "{name}");
+            assert!(name.ends_with("0f8e4c2a9b7d4e6f8a1b3c5d7e9f0a2b"), "{name}");
+        }
+        assert_ne!(presence_prefix("prod"), presence_prefix("staging"));
+    }
 }

@@ -604,7 +604,11 @@ macro_rules! status_conditions {
                 self.observed_generation
             }
             fn nodes_generation(&self) -> Option<i64> {
-                self.nodes_generation.or(self.observed_generation)
+                // A status without nodes (a first status, issue 50) judged no node.
+                let judged = (!self.nodes.is_empty())
+                    .then_some(self.observed_generation)
+                    .flatten();
+                self.nodes_generation.or(judged)
             }
             fn last_audit_id(&self) -> Option<i64> {
                 self.last_audit_id
@@ -832,14 +836,67 @@ fn indexes_of<K: pipeline::TopologyObject>(ctx: &Context) -> Indexes<K> {
     }
 }
 
+/// Objects seen without a status, for the writer of first statuses ([`first_sight`]).
+#[derive(Clone)]
+struct FirstSight<K>(tokio::sync::mpsc::UnboundedSender<K>);
+
+impl<K: report::FirstSeen> FirstSight<K> {
+    /// Hand the object to the writer if it is due its first status.
+    fn offer(&self, o: &K) {
+        if report::first_status_due(o) {
+            let _ = self.0.send(o.clone());
+        }
+    }
+}
+
+/// How many first statuses are written at once.
+const FIRST_SIGHT_CONCURRENCY: usize = 16;
+
+/// Issue 50: every object gets a status at first sight, before its first pass and any broker
+/// work (a burst of creates waits for reconcile slots; its objects say they were seen meanwhile).
+/// The watch offers them; this writes them, a few at a time, through the report stage — only
+/// while the cache still holds the object as offered and without a status: an object changed
+/// since (a finalizer added, its pass's status written) is offered again or needs none, and
+/// costs no API call.
+fn first_sight<K>(client: Client, cache: Cache<K>) -> (FirstSight<K>, impl std::future::Future<Output = ()>)
+where
+    K: report::FirstSeen + Send + Sync + 'static,
+{
+    use futures::StreamExt;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let writer = tokio_stream_of(rx).for_each_concurrent(FIRST_SIGHT_CONCURRENCY, move |o: K| {
+        let (client, cache) = (client.clone(), cache.clone());
+        async move {
+            let meta = o.meta();
+            let cached = cache.get(
+                meta.namespace.as_deref().unwrap_or_default(),
+                meta.name.as_deref().unwrap_or_default(),
+            );
+            let as_offered = cached.is_some_and(|c| {
+                c.meta().resource_version == meta.resource_version && report::first_status_due(c.as_ref())
+            });
+            if !as_offered {
+                return;
+            }
+            if let Err(e) = report::write_first_status(&client, &o).await {
+                tracing::warn!(error = %e, kind = K::kind(&()).as_ref(),
+                    object = o.meta().name.as_deref().unwrap_or_default(), "could not write a first status");
+            }
+        }
+    });
+    (FirstSight(tx), writer)
+}
+
 /// Keep one reflector cache (and its indexes) in sync until shutdown. `feed` (a kind with a controller) gets every
-/// object once the cache holds it, when it asks for a reconcile (`feed::Changes`); `deleted` runs
-/// for each object the watch reports deleted, after the cache has dropped it.
+/// object once the cache holds it, when it asks for a reconcile (`feed::Changes`); `seen` runs for
+/// every object the watch reports created or changed; `deleted` runs for each object the watch
+/// reports deleted, after the cache has dropped it.
 async fn reflect<K>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
     feed: Option<tokio::sync::mpsc::UnboundedSender<K>>,
     indexes: Option<Indexes<K>>,
+    seen: impl Fn(&K),
     deleted: impl Fn(&K),
 ) where
     K: Watched,
@@ -850,7 +907,7 @@ async fn reflect<K>(
     let stream = crate::backoff::watched(api).modify(|o: &mut K| keep_spec_writer(o.meta_mut()));
     let failures = crate::backoff::WatchFailures::default();
     let changes = std::sync::Mutex::new(feed::Changes::default());
-    let (deleted, changes, feed, indexes) = (&deleted, &changes, &feed, &indexes);
+    let (seen, deleted, changes, feed, indexes) = (&seen, &deleted, &changes, &feed, &indexes);
     let object = |o: &K| {
         (
             o.meta().namespace.clone().unwrap_or_default(),
@@ -862,6 +919,7 @@ async fn reflect<K>(
         .for_each(|r| async move {
             match r {
                 Ok(Watched::Apply(o) | Watched::InitApply(o)) => {
+                    seen(&o);
                     if let Some(ix) = indexes {
                         ix.claims.set(object(&o), (ix.claim_of)(&o));
                         ix.touched.set_all(object(&o), (ix.touch_keys_of)(&o));
@@ -1044,26 +1102,38 @@ async fn run_controllers(ctx: Arc<Context>, feeds: Feeds) {
 async fn reflect_all(ctx: Arc<Context>, watches: Watches) {
     use futures::future::join_all;
     let (client, ns) = (&ctx.client, &ctx.namespaces);
+    let caches = &ctx.caches;
+    let (first_clusters, clusters_writer) = first_sight(client.clone(), caches.clusters.clone());
+    let (first_queues, queues_writer) = first_sight(client.clone(), caches.queues.clone());
+    let (first_diverts, diverts_writer) = first_sight(client.clone(), caches.diverts.clone());
+    let (first_subs, subs_writer) = first_sight(client.clone(), caches.subscriptions.clone());
     let c = ns
         .apis::<ArtemisCluster>(client)
         .into_iter()
         .zip(watches.clusters)
         .map(|(a, (w, tx))| {
-            let ctx = ctx.clone();
+            let (ctx, first) = (ctx.clone(), first_clusters.clone());
             async move {
-                reflect(a, w, Some(tx), None, |c: &ArtemisCluster| {
+                let seen = |c: &ArtemisCluster| first.offer(c);
+                reflect(a, w, Some(tx), None, seen, |c: &ArtemisCluster| {
                     cluster_deleted(&ctx, c)
                 })
                 .await
             }
         });
-    let q = reflect_topology(&ctx, watches.queues);
-    let d = reflect_topology(&ctx, watches.diverts);
+    let q = reflect_topology(&ctx, watches.queues, first_queues);
+    let d = reflect_topology(&ctx, watches.diverts, first_diverts);
     let s = ns
         .apis::<ArtemisCaptureSubscription>(client)
         .into_iter()
         .zip(watches.subscriptions)
-        .map(|(a, w)| reflect(a, w, None, None, |_: &ArtemisCaptureSubscription| {}));
+        .map(|(a, w)| {
+            let first = first_subs.clone();
+            async move {
+                let seen = |s: &ArtemisCaptureSubscription| first.offer(s);
+                reflect(a, w, None, None, seen, |_: &ArtemisCaptureSubscription| {}).await
+            }
+        });
     let secrets = ns
         .apis::<SecretMeta>(client)
         .into_iter()
@@ -1074,21 +1144,32 @@ async fn reflect_all(ctx: Arc<Context>, watches: Watches) {
         join_all(q),
         join_all(d),
         join_all(s),
-        join_all(secrets)
+        join_all(secrets),
+        clusters_writer,
+        queues_writer,
+        diverts_writer,
+        subs_writer
     );
 }
 
 /// The watches of a topology kind (queue, divert), one per scope: its cache, its feed and the
 /// claim and dependents indexes the watch keeps.
-fn reflect_topology<K: pipeline::TopologyObject>(
+fn reflect_topology<K: pipeline::TopologyObject + report::FirstSeen>(
     ctx: &Context,
     watches: Vec<Watch<K>>,
+    first: FirstSight<K>,
 ) -> impl Iterator<Item = impl std::future::Future<Output = ()>> {
     ctx.namespaces
         .apis::<K>(&ctx.client)
         .into_iter()
         .zip(watches)
-        .map(|(a, (w, tx))| reflect(a, w, Some(tx), Some(indexes_of::<K>(ctx)), |_: &K| {}))
+        .map(move |(a, (w, tx))| {
+            let (first, indexes) = (first.clone(), indexes_of::<K>(ctx));
+            async move {
+                let seen = |o: &K| first.offer(o);
+                reflect(a, w, Some(tx), Some(indexes), seen, |_: &K| {}).await
+            }
+        })
 }
 
 /// A watch's writer and feed sender
@@ -1116,11 +1197,12 @@ where
         .unzip()
 }
 
-/// Heartbeat this process and complete, as `unknown`, the `pending` audit rows of processes
-/// that stopped (killed inside a command): no row stays `pending` for ever (issue 22 item 5).
+/// Complete, as `unknown`, the `pending` audit rows of processes that stopped (killed inside a
+/// command): no row stays `pending` for ever (issue 22 item 5). Every process heartbeats on its
+/// own ([`heartbeat`]); the leader reaps.
 async fn reap_abandoned_commands(ctx: Arc<Context>) {
     loop {
-        match ctx.store.heartbeat_and_reap(&ctx.instance_id).await {
+        match ctx.store.reap_abandoned().await {
             Ok(rows) => {
                 for r in rows {
                     tracing::warn!(audit_id = r.id, command = %r.command, object_uid = %r.object_uid,
@@ -1131,6 +1213,18 @@ async fn reap_abandoned_commands(ctx: Arc<Context>) {
                 }
             }
             Err(e) => tracing::warn!(error = %e, "audit heartbeat"),
+        }
+        tokio::time::sleep(crate::store::HEARTBEAT).await;
+    }
+}
+
+/// Say, every [`crate::store::HEARTBEAT`], that this process is alive, for as long as it runs:
+/// every replica, leader or standby, since a standby serving capture writes audit rows too
+/// (issue 50), and a row whose process has no heartbeat is reaped as abandoned.
+pub async fn heartbeat(ctx: Arc<Context>) {
+    loop {
+        if let Err(e) = ctx.store.heartbeat(&ctx.instance_id).await {
+            tracing::warn!(error = %e, "audit heartbeat");
         }
         tokio::time::sleep(crate::store::HEARTBEAT).await;
     }

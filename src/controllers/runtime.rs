@@ -146,6 +146,22 @@ pub async fn current_topology(
     }
     tracing::debug!(cluster = %k, "poll inline");
     let polled = topology::poll(&rt.access, &rt.memory).await;
-    let t = ctx.topologies.put(&k, polled);
+    // What this poll saw first concerns the dependents as much as when the cluster's own poll
+    // sees it: announced here, or the next poll (diffing against this one) never would (a
+    // message count that moved while a command polled inline left delete previews stale).
+    let change = ctx
+        .topologies
+        .put_with(&k, |previous| {
+            let change = topology::changes(previous, &polled);
+            (polled.clone(), change)
+        })
+        .unwrap_or_default();
+    if !change.is_empty() {
+        super::pipeline::trigger_dependents(ctx, cluster_ns, cluster_name, &change, None);
+    }
+    let t = ctx
+        .topologies
+        .get(&k)
+        .ok_or_else(|| ClusterUnavailable(k.clone()))?;
     Ok((rt, t))
 }

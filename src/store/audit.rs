@@ -82,13 +82,12 @@ pub fn outcome_detail(nodes: &[NodeOutcome]) -> serde_json::Value {
 }
 
 impl Store {
-    /// Say this process is alive; then complete as `unknown` every `pending` row of a process
-    /// that is not (no heartbeat within [`PROCESS_GONE_AFTER`], or a row from before processes
-    /// were recorded). A process that was only cut off and comes back still records its own
-    /// outcome over it (an outcome is written by row id).
-    pub async fn heartbeat_and_reap(&self, instance_id: &str) -> Result<Vec<AbandonedCommand>, StoreError> {
+    /// Say this process is alive: every process that writes audit rows (the leader's
+    /// controllers, and any replica serving capture) heartbeats, or its pending rows would be
+    /// reaped as abandoned while it is still sending them.
+    pub async fn heartbeat(&self, instance_id: &str) -> Result<(), StoreError> {
         let Some(me) = &self.process_id else {
-            return Ok(vec![]);
+            return Ok(());
         };
         sqlx::query(
             "INSERT INTO operator_process (process_id, instance_id) VALUES ($1, $2) \
@@ -99,6 +98,17 @@ impl Store {
         .execute(&self.pool)
         .await
         .on(&self.pool)?;
+        Ok(())
+    }
+
+    /// Complete as `unknown` every `pending` row of a process that is not alive (no heartbeat
+    /// within [`PROCESS_GONE_AFTER`], or a row from before processes were recorded). A process
+    /// that was only cut off and comes back still records its own outcome over it (an outcome is
+    /// written by row id).
+    pub async fn reap_abandoned(&self) -> Result<Vec<AbandonedCommand>, StoreError> {
+        let Some(me) = &self.process_id else {
+            return Ok(vec![]);
+        };
         let rows = sqlx::query_as::<_, AbandonedCommand>(
             "UPDATE audit_event a SET outcome = 'unknown', completed_at = now(), \
              outcome_detail = jsonb_build_object('reason', \

@@ -186,11 +186,7 @@ impl Store {
 
     /// A dedicated connection (outside the pool) that names itself in `pg_stat_activity`.
     pub async fn dedicated_connection(&self, application_name: &str) -> Result<PgConnection, StoreError> {
-        // application_name is at most 63 bytes; Postgres would cut it anyway.
-        let mut name: String = application_name.chars().take(63).collect();
-        while name.len() > 63 {
-            name.pop();
-        }
+        let name = cut_to_application_name(application_name);
         let options = (*self.pool().connect_options()).clone().application_name(&name);
         options.connect().await.on(self.pool())
     }
@@ -228,6 +224,40 @@ async fn insert(conn: &mut PgConnection, t: &TapInstall<'_>) -> Result<(), Store
     Ok(())
 }
 
+/// The most bytes of an `application_name` (Postgres's NAMEDATALEN - 1); a longer one is cut.
+pub const APPLICATION_NAME_MAX: usize = 63;
+
+/// `name` cut, at a char boundary, to what Postgres keeps.
+fn cut_to_application_name(name: &str) -> String {
+    let mut cut = name.to_string();
+    crate::store::storable::truncate_at_char_boundary(&mut cut, APPLICATION_NAME_MAX);
+    cut
+}
+
+/// The part of a holder (`<pod>/<uuid>`, the process ID) that names its process uniquely: the
+/// last segment. The whole holder is in `operator_process` and `capture_pass`.
+pub fn holder_key(holder: &str) -> &str {
+    holder.rsplit('/').next().unwrap_or(holder)
+}
+
+/// A stable digest (FNV-1a, 48 bits, hex) of a name too long to fit an application_name:
+/// the same in every process and binary version, so replicas of one instance agree on it.
+pub fn name_digest(name: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{:012x}", h >> 16)
+}
+
+/// The application_name of the connection holding a cluster's capture lock: the holder's
+/// process key first, whole (issue 50: a long cluster name cut it), then as much of the
+/// cluster's name as fits, for a DBA reading `pg_stat_activity`.
+fn lock_application_name(cluster: &str, holder: &str) -> String {
+    cut_to_application_name(&format!("{} capture {cluster}", holder_key(holder)))
+}
+
 /// A per-cluster advisory lock held on its own connection for as long as this process serves
 /// the cluster (ADR-0062 D7). The connection's application_name says which cluster it holds, so
 /// a DBA sees it in `pg_stat_activity`. A connection error means the lock is lost.
@@ -246,7 +276,7 @@ impl ClusterLock {
     ) -> Result<Option<ClusterLock>, StoreError> {
         let key = format!("artemis-studio capture {instance_id} {cluster}");
         let mut conn = store
-            .dedicated_connection(&format!("artemis-studio capture {cluster} {holder}"))
+            .dedicated_connection(&lock_application_name(cluster, holder))
             .await?;
         let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
             .bind(&key)
@@ -276,5 +306,36 @@ impl ClusterLock {
             .execute(&mut self.conn)
             .await;
         let _ = self.conn.close().await;
+    }
+}
+
+#[cfg(test)]
+mod application_name_tests {
+    use super::*;
+
+    const HOLDER: &str = "artemis-studio-operator-7c9f8d6b5-x2x9q/0f8e4c2a9b7d4e6f8a1b3c5d7e9f0a2b";
+
+    #[test]
+    fn the_lock_names_its_holder_whole_whatever_the_cluster_name() {
+        let long = format!("{}/{}", "n".repeat(63), "c".repeat(100));
+        for cluster in ["ns/c", long.as_str()] {
+            let name = lock_application_name(cluster, HOLDER);
+            assert!(name.len() <= APPLICATION_NAME_MAX, "{name}");
+            assert!(
+                name.starts_with("0f8e4c2a9b7d4e6f8a1b3c5d7e9f0a2b capture "),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            lock_application_name("ns/c", HOLDER),
+            "0f8e4c2a9b7d4e6f8a1b3c5d7e9f0a2b capture ns/c"
+        );
+    }
+
+    #[test]
+    fn a_digest_is_stable_and_short() {
+        assert_eq!(name_digest("prod"), name_digest("prod"));
+        assert_ne!(name_digest("prod"), name_digest("prod2"));
+        assert_eq!(name_digest(&"i".repeat(300)).len(), 12);
     }
 }

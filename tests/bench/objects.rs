@@ -63,6 +63,8 @@ pub struct QueueState {
     pub since: Option<Instant>,
     pub generation: i64,
     pub deleted: bool,
+    /// When the watch first saw a status the operator wrote (its first status, issue 50).
+    pub first_status: Option<Instant>,
 }
 
 /// Every queue of the namespace, as the watch last saw it.
@@ -98,14 +100,18 @@ impl QueueWatch {
                     let entry = map.entry(q.name_any()).or_default();
                     let ready = !deleted && ready_now(q);
                     let generation = q.metadata.generation.unwrap_or(0);
+                    let seen = q.status.as_ref().is_some_and(|s| s.observed_generation.is_some());
+                    let first_status = entry.first_status.or(seen.then_some(now));
                     if ready != entry.ready || deleted != entry.deleted || generation != entry.generation {
                         *entry = QueueState {
                             ready,
                             since: Some(now),
                             generation,
                             deleted,
+                            first_status,
                         };
                     }
+                    entry.first_status = first_status;
                 };
                 match event {
                     Ok(watcher::Event::Apply(q)) | Ok(watcher::Event::InitApply(q)) => update(&q, false),
@@ -259,12 +265,20 @@ impl Objects {
     }
 
     pub async fn create_queues(&self, names: &[String]) -> Result<()> {
-        stream::iter(names)
-            .map(|n| self.create_queue(n))
+        self.create_queues_timed(names).await.map(|_| ())
+    }
+
+    /// Create every queue; returns when each create was acknowledged by the API server.
+    pub async fn create_queues_timed(&self, names: &[String]) -> Result<HashMap<String, Instant>> {
+        let acknowledged = stream::iter(names)
+            .map(|n| async move {
+                self.create_queue(n).await?;
+                Ok::<_, anyhow::Error>((n.clone(), Instant::now()))
+            })
             .buffer_unordered(self.concurrency)
-            .try_collect::<Vec<()>>()
+            .try_collect::<HashMap<String, Instant>>()
             .await?;
-        Ok(())
+        Ok(acknowledged)
     }
 
     pub async fn delete_queues(&self, names: &[String]) -> Result<()> {

@@ -6,6 +6,7 @@
 //! harness's own, and the operator's client-side count), and in the converged window Jolokia
 //! operations per node per poll, API LISTs and writes.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -52,6 +53,40 @@ struct Run {
     restart_broker_writes: f64,
     restart_audit_rows: f64,
     restart_api_writes: f64,
+    /// Seconds from a create's acknowledgement to the queue's first status (issue 50: written at
+    /// first sight, before any broker work), p50 and p99 over the N queues.
+    first_status_p50: f64,
+    first_status_p99: f64,
+    /// The same to `Ready`, for comparison.
+    ready_p50: f64,
+    ready_p99: f64,
+}
+
+/// The `p`-th percentile (0–100) of `values`, nearest rank; NaN when empty.
+fn percentile(values: &mut [f64], p: f64) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * values.len() as f64).ceil() as usize;
+    values[rank.clamp(1, values.len()) - 1]
+}
+
+/// Create → the instant `when` gives (first status, Ready), p50 and p99, of the queues that got
+/// there.
+fn latency(
+    watch: &QueueWatch,
+    acknowledged: &HashMap<String, Instant>,
+    when: impl Fn(crate::objects::QueueState) -> Option<Instant>,
+) -> (f64, f64) {
+    let mut seconds: Vec<f64> = acknowledged
+        .iter()
+        .filter_map(|(name, at)| {
+            let seen = when(watch.state(name)?)?;
+            Some(seen.saturating_duration_since(*at).as_secs_f64())
+        })
+        .collect();
+    (percentile(&mut seconds, 50.0), percentile(&mut seconds, 99.0))
 }
 
 pub async fn run(ctx: &Ctx) -> Result<Section> {
@@ -156,7 +191,7 @@ async fn operator_run(
     settle(Duration::from_secs(3)).await;
     let s0 = install.snapshot(ctx).await?;
     let start = Instant::now();
-    o.create_queues(&names).await?;
+    let acknowledged = o.create_queues_timed(&names).await?;
     run.apply_rate = n as f64 / start.elapsed().as_secs_f64();
     match watch.wait_all(&names, wait, "Ready", |s| s.ready).await {
         Ok(at) => run.create_rate = n as f64 / at.saturating_duration_since(start).as_secs_f64(),
@@ -166,6 +201,12 @@ async fn operator_run(
             eprintln!("[bench] {e:#}");
         }
     }
+    (run.first_status_p50, run.first_status_p99) = latency(&watch, &acknowledged, |s| s.first_status);
+    (run.ready_p50, run.ready_p99) = latency(&watch, &acknowledged, |s| s.since.filter(|_| s.ready));
+    println!(
+        "bench: {n} creates → first status: p50 {:.2} s, p99 {:.2} s; → Ready: p50 {:.2} s, p99 {:.2} s",
+        run.first_status_p50, run.first_status_p99, run.ready_p50, run.ready_p99
+    );
     let s1 = install.snapshot(ctx).await?;
     let created = s1.since(&s0);
     let nf = n as f64;
@@ -426,6 +467,18 @@ fn section(ctx: &Ctx, results: &[(usize, Vec<Run>)]) -> Section {
         bars,
         target: Some((1.0, "target 1.0×".into())),
     });
+    let first: Vec<String> = results
+        .iter()
+        .map(|(n, runs)| {
+            let p99 = stats::show(Summary::of(&col(runs, |r| r.first_status_p99)), 2);
+            let ready = stats::show(Summary::of(&col(runs, |r| r.ready_p99)), 2);
+            format!("{n}: {p99} s (to Ready: {ready} s)")
+        })
+        .collect();
+    s.notes.push(format!(
+        "Create → first status (written at first sight, before any broker work), p99 over the N queues, per size: {}.",
+        first.join("; ")
+    ));
     s.notes.push("API server figures are every client's requests for the operator's API group, Secrets and Events (the API server's `apiserver_request_total`), less the harness's own; other users of the shared API server (e.g. a concurrent integration test run) add to them. The operator's own client-side count (`artemis_studio_api_requests_total`) is next to them.".into());
     s.notes.push(format!(
         "Converged window: {} s after all were Ready; Jolokia ops per node per poll include the poll itself (identity and inventory: 8 operations per node).",
@@ -451,5 +504,7 @@ fn run_json(r: &Run) -> Value {
         "bulkCreatePerSecond": num(r.bulk_create_rate),
         "restart": {"knownSeconds": num(r.restart_known_seconds), "brokerWrites": num(r.restart_broker_writes),
             "auditRows": num(r.restart_audit_rows), "operatorApiWrites": num(r.restart_api_writes)},
+        "createToFirstStatusSeconds": {"p50": num(r.first_status_p50), "p99": num(r.first_status_p99)},
+        "createToReadySeconds": {"p50": num(r.ready_p50), "p99": num(r.ready_p99)},
     })
 }

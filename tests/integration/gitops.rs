@@ -26,14 +26,7 @@ use crate::support::{
 
 /// The object exactly as the API server returns it (no typed round trip), as Argo CD reads it.
 async fn read_back(client: &Client, ns: &str, kind: &str, plural: &str, name: &str) -> Value {
-    let ar = kube::discovery::ApiResource {
-        group: "artemis-studio.io".into(),
-        version: "v1alpha1".into(),
-        api_version: "artemis-studio.io/v1alpha1".into(),
-        kind: kind.into(),
-        plural: plural.into(),
-    };
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource(kind, plural));
     let obj = api
         .get(name)
         .await
@@ -68,28 +61,7 @@ async fn verdict(
 /// Argo CD's runLua agrees with the mlua runner, and Flux's kstatus fork and its CEL reader (with
 /// deploy/flux/health-check-exprs.yaml) give what the README's GitOps table says for that state.
 fn judges_agree_with_the_table(obj: &Value, argocd: &str) {
-    use std::io::Write;
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut child = std::process::Command::new(root.join("deploy/dev/testbed"))
-        .arg("verdicts")
-        .arg("--lua-dir")
-        .arg(root.join("deploy/argocd/health"))
-        .arg("--exprs")
-        .arg(root.join("deploy/flux/health-check-exprs.yaml"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("deploy/dev/testbed verdicts");
-    let input = serde_json::to_vec(&json!([obj])).expect("objects json");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(&input)
-        .expect("write objects");
-    let out = child.wait_with_output().expect("verdicts output");
-    assert!(out.status.success(), "testbed verdicts failed");
-    let judged: Value = serde_json::from_slice(&out.stdout).expect("verdicts json");
+    let judged = judges(&[obj]);
     let j = &judged[0];
     println!("  judges: {j}");
     assert_eq!(
@@ -666,6 +638,593 @@ async fn a_namespace_prune_finishes_and_destroys_only_what_was_asked() {
                 &b,
                 "destroyQueue(java.lang.String,boolean)",
                 json!([queue, true]),
+            )
+            .await;
+        }
+    }
+}
+
+/// A row of the README's GitOps table: what each tool concludes in that state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Row {
+    NoStatusYet,
+    UnobservedEdit,
+    OnItsWay,
+    AskedFor,
+    PausedNothingWaiting,
+    NeedsAPerson,
+    BlockedDelete,
+    Ready,
+}
+
+impl Row {
+    /// (Argo CD, Flux with the shipped healthCheckExprs, plain kstatus), as the table says.
+    fn verdicts(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Row::NoStatusYet => ("Progressing", "Unknown", "Current"),
+            Row::UnobservedEdit | Row::OnItsWay => ("Progressing", "InProgress", "InProgress"),
+            Row::AskedFor => ("Suspended", "Current", "InProgress"),
+            Row::PausedNothingWaiting => ("Suspended", "Current", "Current"),
+            Row::NeedsAPerson => ("Degraded", "Failed", "Failed"),
+            Row::BlockedDelete => ("Degraded", "Failed", "Terminating"),
+            Row::Ready => ("Healthy", "Current", "Current"),
+        }
+    }
+}
+
+/// The verdicts of the tools' own code (tests/verdicts, built by the bed) on these objects, in
+/// order: Argo CD's gopher-lua runner, Flux's CEL reader (deploy/flux/health-check-exprs.yaml)
+/// and Flux's kstatus fork.
+fn judges(objects: &[&Value]) -> Vec<Value> {
+    use std::io::Write;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut child = std::process::Command::new(root.join("deploy/dev/testbed"))
+        .arg("verdicts")
+        .arg("--lua-dir")
+        .arg(root.join("deploy/argocd/health"))
+        .arg("--exprs")
+        .arg(root.join("deploy/flux/health-check-exprs.yaml"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("deploy/dev/testbed verdicts");
+    let input = serde_json::to_vec(objects).expect("objects json");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&input)
+        .expect("write objects");
+    let out = child.wait_with_output().expect("verdicts output");
+    assert!(out.status.success(), "testbed verdicts failed");
+    let judged: Vec<Value> = serde_json::from_slice(&out.stdout).expect("verdicts json");
+    assert_eq!(judged.len(), objects.len());
+    judged
+}
+
+/// Each object in its state, judged at once by the tools' own code: every judge's verdict is
+/// the table's.
+fn judge_all(seen: &[(Row, String, Value)]) {
+    let objects: Vec<&Value> = seen.iter().map(|(_, _, o)| o).collect();
+    let judged = judges(&objects);
+    let mut wrong = vec![];
+    for ((row, what, obj), j) in seen.iter().zip(&judged) {
+        let got = (
+            j["argocd"]["status"].as_str().unwrap_or_default(),
+            j["cel"]["status"].as_str().unwrap_or_default(),
+            j["kstatus"]["status"].as_str().unwrap_or_default(),
+        );
+        println!(
+            "{row:?} — {what}: {got:?}\n  status: {}",
+            obj.get("status").unwrap_or(&Value::Null)
+        );
+        if got != row.verdicts() {
+            wrong.push(format!(
+                "{row:?} — {what}: the table says {:?}, the tools {j}",
+                row.verdicts()
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// One kind, reached without types: how the tools read it.
+fn resource(kind: &str, plural: &str) -> kube::discovery::ApiResource {
+    kube::discovery::ApiResource {
+        group: "artemis-studio.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "artemis-studio.io/v1alpha1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// What a test drives through the table's states, in one namespace.
+struct Driven {
+    client: Client,
+    ns: String,
+}
+
+impl Driven {
+    fn api(&self, kind: &str, plural: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), &self.ns, &resource(kind, plural))
+    }
+
+    /// Create the object; returns it as created (no status yet: nobody has seen it) and the
+    /// first status written to it afterwards (from a watch at the creation's resourceVersion).
+    async fn create(&self, kind: &str, plural: &str, name: &str, spec: Value) -> (Value, Value) {
+        let api = self.api(kind, plural);
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": kind,
+            "metadata": {"name": name}, "spec": spec
+        }))
+        .expect("object json");
+        let created = api
+            .create(&PostParams::default(), &obj)
+            .await
+            .unwrap_or_else(|e| panic!("create {kind} {name}: {e}"));
+        let rv = created.metadata.resource_version.clone().unwrap_or_default();
+        let first = self.first_status(&api, name, &rv).await;
+        (serde_json::to_value(created).expect("json"), first)
+    }
+
+    /// The first version of the object after `rv` that has a status.
+    async fn first_status(&self, api: &Api<DynamicObject>, name: &str, rv: &str) -> Value {
+        use futures::StreamExt;
+        let wp = kube::api::WatchParams::default()
+            .fields(&format!("metadata.name={name}"))
+            .timeout(60);
+        let mut events = api.watch(&wp, rv).await.expect("watch").boxed();
+        while let Some(e) = events.next().await {
+            if let Ok(kube::api::WatchEvent::Modified(o)) = e {
+                let v = serde_json::to_value(o).expect("json");
+                if v.get("status").is_some() {
+                    return v;
+                }
+            }
+        }
+        panic!("{name}: no status within 60 s");
+    }
+
+    async fn read(&self, kind: &str, plural: &str, name: &str) -> Value {
+        read_back(&self.client, &self.ns, kind, plural, name).await
+    }
+
+    /// Wait until the object's condition `type_` says `status` for one of `reasons` (any reason
+    /// when empty); returns it.
+    async fn wait(
+        &self,
+        kind: &str,
+        plural: &str,
+        name: &str,
+        type_: &str,
+        status: &str,
+        reasons: &[&str],
+    ) -> Value {
+        wait_until(
+            &format!("{kind} {name}: {type_}={status} {reasons:?}"),
+            Duration::from_secs(90),
+            || async {
+                let o = self.read(kind, plural, name).await;
+                let hit = o["status"]["conditions"].as_array().is_some_and(|cs| {
+                    cs.iter().any(|c| {
+                        c["type"] == type_
+                            && c["status"] == status
+                            && (reasons.is_empty() || reasons.iter().any(|r| c["reason"] == *r))
+                    })
+                });
+                hit.then_some(o)
+            },
+        )
+        .await
+    }
+
+    /// A merge patch; returns the object as the API server stored it — the edit not yet
+    /// observed when it changed the spec.
+    async fn patch(&self, kind: &str, plural: &str, name: &str, patch: Value) -> Value {
+        let o = self
+            .api(kind, plural)
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .unwrap_or_else(|e| panic!("patch {kind} {name}: {e}"));
+        serde_json::to_value(o).expect("json")
+    }
+
+    async fn delete(&self, kind: &str, plural: &str, name: &str) {
+        let _ = self
+            .api(kind, plural)
+            .delete(name, &DeleteParams::default())
+            .await;
+    }
+}
+
+/// Issue 50: live objects of every kind driven into every state of the README's GitOps table a
+/// test can reach — no status yet (as created), the first status (on its way), an edit not yet
+/// observed (as the edit stored it), a dry run, a pause with and without a change waiting, a
+/// close awaiting its confirmation, a capture shown but not armed, a missing cluster, refused
+/// credentials, a blocked delete, ready — and judged by Argo CD's, Flux's CEL and kstatus's own
+/// code: each verdict is the table's.
+#[tokio::test]
+async fn every_state_of_the_gitops_table_is_what_the_tools_conclude_on_live_objects() {
+    let _b = brokers_shared().await;
+    let f = fixture("gitops-states", Some(2)).await;
+    let id = short_id();
+    f.clean.also(&id);
+    let mut t = States {
+        d: Driven {
+            client: f.admin.clone(),
+            ns: f.ns.clone(),
+        },
+        f: &f,
+        id,
+        seen: vec![],
+    };
+    t.created_then_first_status().await;
+    t.in_a_namespace_no_operator_watches().await;
+    t.ready_then_paused().await;
+    let consumer = t.asked_for().await;
+    t.for_a_person().await;
+    t.edits_not_yet_observed().await;
+    t.a_blocked_delete().await;
+    judge_all(&t.seen);
+    drop(consumer);
+    t.tidy().await;
+}
+
+const QUEUE: (&str, &str) = ("ArtemisQueue", "artemisqueues");
+const DIVERT: (&str, &str) = ("ArtemisDivert", "artemisdiverts");
+const CAPTURE: (&str, &str) = ("ArtemisCaptureSubscription", "artemiscapturesubscriptions");
+const CLOSE: (&str, &str) = ("ConnectionClose", "connectioncloses");
+const CLUSTER: (&str, &str) = ("ArtemisCluster", "artemisclusters");
+
+/// The states test: its objects (named with `id`), and each one seen in a row of the table.
+struct States<'a> {
+    d: Driven,
+    f: &'a crate::queue::Fixture,
+    id: String,
+    seen: Vec<(Row, String, Value)>,
+}
+
+impl States<'_> {
+    fn at(&mut self, row: Row, what: &str, obj: Value) {
+        self.seen.push((row, what.to_string(), obj));
+    }
+
+    /// `prefix-<id>`, an object's name.
+    fn name(&self, prefix: &str) -> String {
+        format!("{prefix}-{}", self.id)
+    }
+
+    /// `gitops.<id>.<what>`, a broker queue's name.
+    fn queue(&self, what: &str) -> String {
+        format!("gitops.{}.{what}", self.id)
+    }
+
+    /// Wait for a condition, and see the object in `row`.
+    async fn wait_at(
+        &mut self,
+        row: Row,
+        what: &str,
+        (kind, plural): (&str, &str),
+        name: &str,
+        cond: (&str, &str, &[&str]),
+    ) {
+        let obj = self.d.wait(kind, plural, name, cond.0, cond.1, cond.2).await;
+        self.at(row, what, obj);
+    }
+
+    /// Create, and see it as created (no status yet) and its first status (on its way, before
+    /// any broker work: Queued). An object whose first pass needs no broker (a dry run, a missing
+    /// cluster) may have its pass's status first: then that is its first status, judged in its
+    /// own row later; any other must show Queued first.
+    async fn create(&mut self, (kind, plural): (&str, &str), name: &str, spec: Value) {
+        let needs_no_broker = spec["dryRun"] == true || spec["clusterRef"]["name"] != "c";
+        let (created, first) = self.d.create(kind, plural, name, spec).await;
+        self.at(Row::NoStatusYet, &format!("{kind} {name} as created"), created);
+        let queued = first["status"]["conditions"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["reason"] == "Queued"));
+        if queued {
+            self.at(Row::OnItsWay, &format!("{kind} {name}'s first status"), first);
+        } else {
+            let status = &first["status"];
+            assert!(
+                needs_no_broker,
+                "{kind} {name}: the first status says Queued: {status}"
+            );
+            println!("{kind} {name}: its pass wrote before the first sight: {status}");
+        }
+    }
+
+    async fn created_then_first_status(&mut self) {
+        let c = json!({"name": "c"});
+        let nope = json!({"name": self.name("nope")});
+        let (ok, fwd) = (self.queue("ok"), self.queue("fwd"));
+        let fresh = [
+            (QUEUE, "ok", json!({"clusterRef": c, "name": ok})),
+            (QUEUE, "fwd", json!({"clusterRef": c, "name": fwd})),
+            (
+                QUEUE,
+                "full",
+                json!({"clusterRef": c, "name": self.queue("full")}),
+            ),
+            (
+                QUEUE,
+                "dry",
+                json!({"clusterRef": c, "name": self.queue("dry"), "dryRun": true}),
+            ),
+            (
+                QUEUE,
+                "lost",
+                json!({"clusterRef": nope, "name": self.queue("lost")}),
+            ),
+            (
+                DIVERT,
+                "copy",
+                json!({"clusterRef": c, "address": ok, "forwardingAddress": fwd}),
+            ),
+            (
+                DIVERT,
+                "lost",
+                json!({"clusterRef": nope, "address": ok, "forwardingAddress": fwd}),
+            ),
+            (CAPTURE, "tap", json!({"clusterRef": c, "queues": ok})),
+            (
+                CAPTURE,
+                "wide",
+                json!({"clusterRef": c, "queues": self.queue("*")}),
+            ),
+        ];
+        for (kind, prefix, spec) in fresh {
+            let name = self.name(prefix);
+            self.create(kind, &name, spec).await;
+        }
+    }
+
+    /// In a namespace no operator watches, an object stays without a status.
+    async fn in_a_namespace_no_operator_watches(&mut self) {
+        let unwatched = Driven {
+            client: self.f.admin.clone(),
+            ns: self.f.bed.fresh_namespace("gitops-unwatched").await,
+        };
+        let orphan = self.name("orphan");
+        let obj = json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": QUEUE.0, "metadata": {"name": orphan},
+            "spec": {"clusterRef": {"name": "c"}, "name": self.queue("unwatched")}
+        });
+        unwatched
+            .api(QUEUE.0, QUEUE.1)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(obj).expect("queue json"),
+            )
+            .await
+            .expect("create in the unwatched namespace");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let left = unwatched.read(QUEUE.0, QUEUE.1, &orphan).await;
+        assert!(left.get("status").is_none(), "no operator wrote it: {left}");
+        self.at(Row::NoStatusYet, "ArtemisQueue no operator watches", left);
+        let namespaces: Api<Namespace> = Api::all(self.f.admin.clone());
+        let _ = namespaces.delete(&unwatched.ns, &DeleteParams::default()).await;
+    }
+
+    /// Ready; then paused with nothing waiting; then an edit (not yet observed), waiting.
+    async fn ready_then_paused(&mut self) {
+        let ready = ("Ready", "True", &[][..]);
+        let (ok, copy, tap) = (self.name("ok"), self.name("copy"), self.name("tap"));
+        self.wait_at(Row::Ready, "ArtemisQueue Ready", QUEUE, &ok, ready)
+            .await;
+        self.wait_at(Row::Ready, "ArtemisDivert Ready", DIVERT, &copy, ready)
+            .await;
+        self.wait_at(
+            Row::Ready,
+            "ArtemisCaptureSubscription Ready",
+            CAPTURE,
+            &tap,
+            ready,
+        )
+        .await;
+        let cluster = self.d.read(CLUSTER.0, CLUSTER.1, "c").await;
+        self.at(Row::Ready, "ArtemisCluster Ready", cluster);
+        let paused = json!({"metadata": {"annotations": {"artemis-studio.io/paused": "true"}}});
+        self.d.patch(QUEUE.0, QUEUE.1, &ok, paused).await;
+        let what = "ArtemisQueue paused, converged";
+        self.wait_at(
+            Row::PausedNothingWaiting,
+            what,
+            QUEUE,
+            &ok,
+            ("Paused", "True", &[]),
+        )
+        .await;
+        let edit = self
+            .d
+            .patch(QUEUE.0, QUEUE.1, &ok, json!({"spec": {"filter": "v = 2"}}))
+            .await;
+        self.at(Row::UnobservedEdit, "ArtemisQueue right after an edit", edit);
+        let what = "ArtemisQueue paused, a change waiting";
+        self.wait_at(Row::AskedFor, what, QUEUE, &ok, ("Ready", "False", &["Paused"]))
+            .await;
+    }
+
+    /// Asked for by the user: a dry run, a capture shown but not armed, a close awaiting its
+    /// confirmation (of the consumer returned, on the ok queue), then a confirmation edited in.
+    async fn asked_for(&mut self) -> crate::support::AmqpConsumer {
+        let dry = self.name("dry");
+        self.wait_at(
+            Row::AskedFor,
+            "ArtemisQueue dry run",
+            QUEUE,
+            &dry,
+            ("Ready", "False", &["DryRun"]),
+        )
+        .await;
+        let held = (
+            "Ready",
+            "False",
+            &[
+                "AwaitingConfirmation",
+                "ConfirmationMismatch",
+                "ConfirmedBeforeShown",
+            ][..],
+        );
+        let wide = self.name("wide");
+        self.wait_at(
+            Row::AskedFor,
+            "ArtemisCaptureSubscription not armed",
+            CAPTURE,
+            &wide,
+            held,
+        )
+        .await;
+        let ok = self.queue("ok");
+        let consumer = crate::support::amqp_consumer(&self.f.bed, "c1", &ok, &self.name("gitops")).await;
+        let close = self.name("close");
+        self.create(
+            CLOSE,
+            &close,
+            json!({"clusterRef": {"name": "c"}, "target": {"address": ok}}),
+        )
+        .await;
+        self.wait_at(
+            Row::AskedFor,
+            "ConnectionClose awaiting confirmation",
+            CLOSE,
+            &close,
+            held,
+        )
+        .await;
+        let confirm = json!({"spec": {"confirm": self.name("not")}});
+        let edit = self.d.patch(CLOSE.0, CLOSE.1, &close, confirm).await;
+        self.at(
+            Row::UnobservedEdit,
+            "ConnectionClose right after spec.confirm",
+            edit,
+        );
+        consumer
+    }
+
+    /// Only a person can fix it: a missing cluster, refused credentials.
+    async fn for_a_person(&mut self) {
+        let urls: Vec<String> = self
+            .f
+            .bed
+            .cluster_brokers("c")
+            .into_iter()
+            .map(|b| b.jolokia)
+            .collect();
+        let (bad, lost) = (self.name("bad"), self.name("lost"));
+        let (user, _) = self.f.bed.broker_user();
+        let wrong = Some((user, self.name("wrong")));
+        create_cluster(&self.f.admin, &self.f.ns, &bad, &urls, wrong).await;
+        let missing = ("Stalled", "True", &["ClusterNotFound"][..]);
+        self.wait_at(
+            Row::NeedsAPerson,
+            "ArtemisQueue of a missing cluster",
+            QUEUE,
+            &lost,
+            missing,
+        )
+        .await;
+        self.wait_at(
+            Row::NeedsAPerson,
+            "ArtemisDivert of a missing cluster",
+            DIVERT,
+            &lost,
+            missing,
+        )
+        .await;
+        let refused = ("Stalled", "True", &["CredentialsRefused"][..]);
+        self.wait_at(
+            Row::NeedsAPerson,
+            "ArtemisCluster, credentials refused",
+            CLUSTER,
+            &bad,
+            refused,
+        )
+        .await;
+        let spec =
+            json!({"clusterRef": {"name": self.name("nope")}, "target": {"address": self.queue("ok")}});
+        self.create(CLOSE, &lost, spec).await;
+        self.wait_at(
+            Row::NeedsAPerson,
+            "ConnectionClose of a missing cluster",
+            CLOSE,
+            &lost,
+            missing,
+        )
+        .await;
+    }
+
+    /// An edit of every other kind, as the API server stored it.
+    async fn edits_not_yet_observed(&mut self) {
+        let edits = [
+            (DIVERT, self.name("copy"), json!({"spec": {"filter": "v = 2"}})),
+            (CAPTURE, self.name("tap"), json!({"spec": {"filter": "v = 2"}})),
+            (
+                CLUSTER,
+                self.name("bad"),
+                json!({"spec": {"pollIntervalSeconds": 3}}),
+            ),
+        ];
+        for ((kind, plural), name, patch) in edits {
+            let edit = self.d.patch(kind, plural, &name, patch).await;
+            self.at(Row::UnobservedEdit, &format!("{kind} right after an edit"), edit);
+        }
+    }
+
+    /// A blocked delete: three messages, and no loss allowed.
+    async fn a_blocked_delete(&mut self) {
+        let full = self.name("full");
+        self.d.wait(QUEUE.0, QUEUE.1, &full, "Ready", "True", &[]).await;
+        send_messages(&self.f.bed, "c1", &self.queue("full"), 3).await;
+        self.f
+            .wait_for(&full, "the preview counts 3 messages", |q| {
+                q.status
+                    .as_ref()
+                    .and_then(|s| s.delete_preview.as_ref())
+                    .is_some_and(|p| p.total_messages == 3)
+            })
+            .await;
+        self.d.delete(QUEUE.0, QUEUE.1, &full).await;
+        let blocked = ("DeleteBlocked", "True", &[][..]);
+        self.wait_at(
+            Row::BlockedDelete,
+            "ArtemisQueue delete blocked",
+            QUEUE,
+            &full,
+            blocked,
+        )
+        .await;
+    }
+
+    /// The blocked delete allowed its loss, the paused queue resumed (so its queue goes from the
+    /// brokers), then every object of the test deleted and gone; the clean-up guard does the rest.
+    async fn tidy(&self) {
+        let d = &self.d;
+        let allow = json!({"spec": {"deletion": {"allowMessageLoss": 3}}});
+        d.patch(QUEUE.0, QUEUE.1, &self.name("full"), allow).await;
+        let resume = json!({"metadata": {"annotations": {"artemis-studio.io/paused": null}}});
+        d.patch(QUEUE.0, QUEUE.1, &self.name("ok"), resume).await;
+        for (kind, plural) in [CLOSE, CAPTURE, DIVERT, QUEUE] {
+            let names: Vec<String> = d
+                .api(kind, plural)
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items.into_iter().filter_map(|o| o.metadata.name).collect())
+                .unwrap_or_default();
+            for n in names.iter().filter(|n| n.contains(&self.id)) {
+                d.delete(kind, plural, n).await;
+            }
+        }
+        for (kind, plural) in [CLOSE, CAPTURE, DIVERT, QUEUE] {
+            wait_until(
+                &format!("every {kind} gone"),
+                Duration::from_secs(120),
+                || async {
+                    let left = d.api(kind, plural).list(&ListParams::default()).await.ok()?;
+                    left.items.is_empty().then_some(())
+                },
             )
             .await;
         }

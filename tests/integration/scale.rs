@@ -325,6 +325,29 @@ fn api_requests(m: &artemis_studio_operator::telemetry::Metrics) -> BTreeMap<(St
     out
 }
 
+/// The operator's Kubernetes API requests by (verb, kind, answer class: 2xx, 4xx…).
+fn api_requests_by_code(
+    m: &artemis_studio_operator::telemetry::Metrics,
+) -> BTreeMap<(String, String, String), u64> {
+    let mut out = BTreeMap::new();
+    for (labels, n) in samples(|r| m.kube_api.register(r), "api_requests_total") {
+        let label = |k: &str| labels.get(k).cloned().unwrap_or_default();
+        *out.entry((label("verb"), label("kind"), label("code")))
+            .or_default() += n;
+    }
+    out
+}
+
+/// The status patches of `kind` the API server accepted (2xx) between two snapshots.
+fn accepted_status_patches(
+    before: &BTreeMap<(String, String, String), u64>,
+    after: &BTreeMap<(String, String, String), u64>,
+    kind: &str,
+) -> u64 {
+    let key = ("patch".to_string(), kind.to_string(), "2xx".to_string());
+    after.get(&key).copied().unwrap_or(0) - before.get(&key).copied().unwrap_or(0)
+}
+
 /// Jolokia operations to one endpoint URL by (kind, result), process-wide.
 fn jolokia_by_kind(url: &str) -> BTreeMap<(String, String), u64> {
     let node = artemis_studio_operator::broker::budget::node_key(url);
@@ -709,6 +732,7 @@ async fn a_create_is_one_write_per_node_an_update_reads_and_verifies_a_delete_pr
     let polls = s.polls();
     let before = s.ops_by_kind();
     let api_before = api_requests(&s.op.ctx.metrics);
+    let api_before_by_code = api_requests_by_code(&s.op.ctx.metrics);
     s.create_queues(&kept).await;
     s.create_queues_with(&removed, json!({"deletion": {"removeEmptyAddress": true}}))
         .await;
@@ -724,15 +748,29 @@ async fn a_create_is_one_write_per_node_an_update_reads_and_verifies_a_delete_pr
             .into_iter()
             .filter(|((_, kind), _)| !kind.starts_with("artemisclusters"))
             .collect();
-    let expected_api: BTreeMap<(String, String), u64> = [
-        (("patch".to_string(), "artemisqueues".to_string()), 2 * q),
-        (("patch".to_string(), "artemisqueues/status".to_string()), 2 * q),
-    ]
-    .into();
-    if api_writes != expected_api {
+    // Issue 50: besides its pass's status, each object gets a first status at first sight — a
+    // write on the resourceVersion seen, so it may lose (409) to the finalizer patch or to the
+    // pass and be tried again on the newer version, or not be needed: at most two attempts per
+    // object, at most one landing.
+    let n = 2 * q;
+    let status_kind = "artemisqueues/status".to_string();
+    let landed = accepted_status_patches(
+        &api_before_by_code,
+        &api_requests_by_code(&s.op.ctx.metrics),
+        &status_kind,
+    );
+    let finalizers = api_writes.get(&("patch".to_string(), "artemisqueues".to_string()));
+    let statuses = api_writes
+        .get(&("patch".to_string(), status_kind))
+        .copied()
+        .unwrap_or(0);
+    let others = api_writes
+        .keys()
+        .filter(|(verb, kind)| verb != "patch" || !kind.starts_with("artemisqueues"))
+        .count();
+    if finalizers != Some(&n) || others > 0 || !(n..=2 * n).contains(&landed) || statuses > 3 * n {
         failures.push(format!(
-            "creating {} queues wrote {api_writes:?} to the API; expected only {expected_api:?} (one finalizer patch and one status write per object, no Event)",
-            2 * QUEUES
+            "creating {n} queues wrote {api_writes:?} to the API ({landed} status writes accepted); expected one finalizer patch per object, and status writes: its pass's, and its first status (at most two attempts, at most one accepted), no Event"
         ));
     }
     let expected_create: BTreeMap<String, u64> = [

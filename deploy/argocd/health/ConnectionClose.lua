@@ -30,6 +30,15 @@ if generation ~= nil and (obj.status.observedGeneration == nil or obj.status.obs
   hs.message = "Waiting for the operator to observe generation " .. tostring(generation)
   return hs
 end
+-- Only a person can fix it (the operator's Stalled, which Flux reads too): a close that cannot
+-- start, its cluster missing or its credentials refused.
+for _, c in ipairs(obj.status.conditions or {}) do
+  if c.type == "Stalled" and c.status == "True" then
+    hs.status = "Degraded"
+    hs.message = tostring(c.reason) .. ": " .. tostring(c.message)
+    return hs
+  end
+end
 -- Waits for a person: spec.confirm must name the client the broker reports.
 if phase == "AwaitingConfirmation" then
   hs.status = "Suspended"

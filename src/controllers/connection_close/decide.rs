@@ -392,6 +392,11 @@ pub fn arming(status: &mut ConnectionCloseStatus, process_id: &str) {
     status.phase = ClosePhase::Closing;
     status.armed_by = Some(process_id.to_string());
     status.armed_at = Some(now());
+    // The confirmation is given: what it asked for no longer stands (issue 50).
+    let target = status.target_description.as_deref().unwrap_or("the target");
+    status.message = Some(format!(
+        "confirmed: closing {target} now; the outcome follows, never retried (ADR-0057 D5)"
+    ));
 }
 
 /// ADR-0057 D3: what a human confirms — the client ID, or the remote address when there is none.
@@ -612,11 +617,17 @@ pub fn with_phase_conditions(status: &ConnectionCloseStatus) -> ConnectionCloseS
     let mut status = status.clone();
     let generation = status.observed_generation;
     let message = status.message.clone().unwrap_or_default();
-    let (ready, reason) = match status.phase {
-        ClosePhase::Completed => (true, "Closed"),
-        ClosePhase::Failed => (false, "CloseFailed"),
-        ClosePhase::AwaitingConfirmation => (false, "AwaitingConfirmation"),
-        ClosePhase::Pending | ClosePhase::Closing => (false, "Closing"),
+    // Not started because its cluster cannot be used: Ready says why (a missing cluster is for
+    // a person to fix, not a close on its way).
+    let not_started = conditions::get(&status.conditions, COMPLETE)
+        .filter(|c| status.phase == ClosePhase::Pending && c.status == "False")
+        .map(|c| (c.reason.clone(), c.message.clone()));
+    let (ready, reason, message) = match (status.phase, &not_started) {
+        (ClosePhase::Completed, _) => (true, "Closed", message),
+        (ClosePhase::Failed, _) => (false, "CloseFailed", message),
+        (ClosePhase::AwaitingConfirmation, _) => (false, "AwaitingConfirmation", message),
+        (ClosePhase::Pending, Some((reason, why))) => (false, reason.as_str(), why.clone()),
+        (ClosePhase::Pending | ClosePhase::Closing, _) => (false, "Closing", message),
     };
     let judged = [(conditions::READY, (ready, reason, message))];
     conditions::set_all(&mut status.conditions, generation, judged);
@@ -645,6 +656,50 @@ mod tests {
         assert!(consequence(Some(3)).contains("returns 3 in-flight"));
         assert!(consequence(None).contains("not reported"));
         assert!(consequence(Some(0)).contains("DLQ"));
+    }
+}
+
+#[cfg(test)]
+mod phase_condition_tests {
+    use super::*;
+
+    fn ready(s: &ConnectionCloseStatus) -> (String, String, String) {
+        let c = conditions::get(&s.conditions, conditions::READY)
+            .cloned()
+            .unwrap_or_else(|| panic!("Ready"));
+        (c.status, c.reason, c.message)
+    }
+
+    #[test]
+    fn an_armed_close_no_longer_asks_for_the_confirmation_it_was_given() {
+        let mut s = ConnectionCloseStatus {
+            phase: ClosePhase::AwaitingConfirmation,
+            target_description: Some("connection c1 on node n1".into()),
+            message: Some("set spec.confirm to \"orders-app\" (the client the broker reports)".into()),
+            ..Default::default()
+        };
+        arming(&mut s, "p1");
+        let (status, reason, message) = ready(&with_phase_conditions(&s));
+        assert_eq!((status.as_str(), reason.as_str()), ("False", "Closing"));
+        assert!(!message.contains("set spec.confirm"), "{message}");
+        assert!(message.contains("connection c1 on node n1"), "{message}");
+    }
+
+    #[test]
+    fn a_close_whose_cluster_is_missing_says_so_in_ready_and_waits_for_a_person() {
+        let mut s = ConnectionCloseStatus::default();
+        let why = "ArtemisCluster ns/nope does not exist".to_string();
+        let _ = not_usable(&mut s, Some(1), "ClusterNotFound", why.clone());
+        let s = with_phase_conditions(&s);
+        assert_eq!(ready(&s), ("False".into(), "ClusterNotFound".into(), why));
+        let stalled = conditions::get(&s.conditions, conditions::STALLED).map(|c| c.status.clone());
+        assert_eq!(stalled.as_deref(), Some("True"));
+        // A close on its way (the cluster not polled yet) stays on its way.
+        let mut s = ConnectionCloseStatus::default();
+        let _ = not_usable(&mut s, Some(1), "ClusterNotReady", "not polled yet".into());
+        let s = with_phase_conditions(&s);
+        let reconciling = conditions::get(&s.conditions, conditions::RECONCILING).map(|c| c.status.clone());
+        assert_eq!(reconciling.as_deref(), Some("True"));
     }
 }
 
