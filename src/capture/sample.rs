@@ -707,7 +707,7 @@ fn set_conditions(status: &mut ArtemisCaptureSubscriptionStatus, s: &ArtemisCapt
     set_sampling_conditions(status, s);
     // Sampling writes nothing to a broker but the sweep of the taps the subscription had.
     let waits = "no tap it had is removed (its browses go on) until the annotation goes";
-    super::pass::set_paused(status, s, held, waits);
+    super::status::set_paused(status, s, held, waits);
     conditions::kstatus(&mut status.conditions, &[], status.observed_generation);
 }
 

@@ -197,6 +197,30 @@ pub async fn set_finalizer(
     Ok(())
 }
 
+/// Paused (`waits`: what the pause holds in the subscription's mode), and when the pause held a
+/// write of this pass, not Ready: the held writes say why.
+pub(crate) fn set_paused(
+    status: &mut ArtemisCaptureSubscriptionStatus,
+    s: &ArtemisCaptureSubscription,
+    held: bool,
+    waits: &str,
+) {
+    let generation = s.metadata.generation;
+    let paused = crate::controllers::is_paused(&s.metadata);
+    conditions::note_paused(&mut status.conditions, paused, waits, generation);
+    if paused && held {
+        let message = conditions::paused_message("taps to install or remove wait for the annotation to go");
+        conditions::set(
+            &mut status.conditions,
+            conditions::READY,
+            false,
+            "Paused",
+            message,
+            generation,
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
