@@ -992,3 +992,150 @@ mod stage_tests {
         );
     }
 }
+
+/// The rules the stage tests above left unproven (issue 50: each one survived a mutant).
+#[cfg(test)]
+mod rule_tests {
+    use super::*;
+    use crate::store::CommandVerdict;
+
+    fn by_id(generation: i64, confirm: Option<&str>) -> ConnectionClose {
+        let mut spec =
+            serde_json::json!({"clusterRef": {"name": "c"}, "target": {"node": "n1", "connectionId": "7"}});
+        if let Some(c) = confirm {
+            spec["confirm"] = c.into();
+        }
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ConnectionClose",
+            "metadata": {"name": "x", "namespace": "ns", "generation": generation},
+            "spec": spec,
+        }))
+        .unwrap_or_else(|e| panic!("close json: {e}"))
+    }
+
+    fn app(client: &str) -> TargetSnapshot {
+        TargetSnapshot {
+            client_id: Some(client.into()),
+            in_flight_messages: Some(2),
+            ..Default::default()
+        }
+    }
+
+    /// ADR-0057 D4: a confirmation written with the object (generation 1) was given before the
+    /// consequence was shown. The first pass shows it (shown at generation 1); every later pass
+    /// of that same generation still refuses to arm: only an edit after the showing counts.
+    #[test]
+    fn a_confirmation_written_with_the_object_does_not_count_on_any_later_pass() {
+        let o = by_id(1, Some("orders-app"));
+        let mut status = ConnectionCloseStatus::default();
+        let ControlFlow::Break(first) = judge_confirmation(&o, &app("orders-app"), &mut status) else {
+            panic!("a confirmation given with the object arms the close")
+        };
+        assert_eq!(first.status.shown_generation, Some(1));
+        let mut shown = first.status.clone();
+        let ControlFlow::Break(again) = judge_confirmation(&o, &app("orders-app"), &mut shown) else {
+            panic!("the same generation, shown once, arms the close on the next pass")
+        };
+        assert_eq!(again.status.phase, ClosePhase::AwaitingConfirmation);
+        assert!(
+            again
+                .status
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("before the consequence was shown")),
+            "{:?}",
+            again.status.message
+        );
+        // The same rule holds for an address close.
+        let spec = serde_json::json!({"clusterRef": {"name": "c"}, "target": {"address": "orders"}, "confirm": "orders"});
+        let o: ConnectionClose = serde_json::from_value(serde_json::json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ConnectionClose",
+            "metadata": {"name": "x", "namespace": "ns", "generation": 1},
+            "spec": spec,
+        }))
+        .unwrap_or_else(|e| panic!("close json: {e}"));
+        let mut shown = ConnectionCloseStatus {
+            shown_generation: Some(1),
+            ..Default::default()
+        };
+        let preview = Ok(vec![NodeConnections {
+            node: "n1".into(),
+            connections: 1,
+        }]);
+        let flow = judge_address_preview(&o, "orders", 10, preview, &mut shown);
+        assert!(
+            matches!(&flow, ControlFlow::Break(v) if v.status.phase == ClosePhase::AwaitingConfirmation),
+            "an address close confirmed with the object is armed on the next pass"
+        );
+    }
+
+    fn outcome(node: &str, outcome: Outcome) -> NodeOutcome {
+        NodeOutcome {
+            last_command: None,
+            node: node.into(),
+            endpoint: None,
+            outcome,
+            refusal: None,
+            message: format!("{outcome:?} on {node}"),
+            detail: vec![],
+        }
+    }
+
+    fn result(nodes: Vec<NodeOutcome>) -> CommandResult {
+        CommandResult {
+            audit_id: 7,
+            verdict: CommandVerdict::of(&nodes),
+            nodes,
+        }
+    }
+
+    /// ADR-0057 D2: `alreadyGone` is the API's dedicated flag, true only when the node answered
+    /// that the target was not there; a close that closed something says false, and both are
+    /// Completed. A failed close is Failed, never retried, and not gone.
+    #[test]
+    fn already_gone_is_true_only_when_the_node_found_nothing_to_close() {
+        let t = by_id(2, Some("orders-app")).spec.target;
+        for (node_outcome, phase, gone) in [
+            (Outcome::Applied, ClosePhase::Completed, false),
+            (Outcome::Already, ClosePhase::Completed, true),
+            (Outcome::Failed, ClosePhase::Failed, false),
+        ] {
+            let mut status = ConnectionCloseStatus::default();
+            record_by_id_result(
+                &mut status,
+                result(vec![outcome("n1", node_outcome)]),
+                &t,
+                Some(2),
+            );
+            assert_eq!(
+                (status.phase, status.already_gone, status.audit_id),
+                (phase, gone, Some(7)),
+                "{node_outcome:?}"
+            );
+        }
+        // An address close: gone only when no node closed anything (a node not live was not
+        // asked); any failed node fails the close.
+        for (nodes, phase, gone) in [
+            (
+                vec![Outcome::Applied, Outcome::Already],
+                ClosePhase::Completed,
+                false,
+            ),
+            (
+                vec![Outcome::Already, Outcome::SkippedNotLive],
+                ClosePhase::Completed,
+                true,
+            ),
+            (vec![Outcome::Applied, Outcome::Failed], ClosePhase::Failed, false),
+        ] {
+            let outcomes = nodes
+                .iter()
+                .enumerate()
+                .map(|(i, o)| outcome(&format!("n{i}"), *o))
+                .collect();
+            let mut status = ConnectionCloseStatus::default();
+            record_address_result(&mut status, result(outcomes), "orders", Some(2));
+            assert_eq!((status.phase, status.already_gone), (phase, gone), "{nodes:?}");
+        }
+    }
+}

@@ -801,4 +801,43 @@ mod tests {
         assert_eq!(bulk_cap_verdict(50_000, 10_000, Some(50_000)), (50_000, false));
         assert_eq!(bulk_cap_verdict(3, 0, Some(2)), (2, true));
     }
+
+    /// `auto-create-address` makes the broker mark the address auto-created, and so free to
+    /// remove it once empty: a create asks for that only when the spec removes an emptied
+    /// address anyway (spec.deletion.removeEmptyAddress); otherwise a missing address is created
+    /// as an ordinary one (`createAddress`), and an existing one is never touched.
+    #[test]
+    fn a_missing_address_is_auto_created_only_when_the_spec_removes_it_once_empty() {
+        let with_address = inv(vec![queue("other", "orders", "ANYCAST")], vec![]);
+        for (remove_empty, address_exists, create_address, auto_created) in [
+            (false, false, true, false),
+            (true, false, false, true),
+            (false, true, false, false),
+            (true, true, false, false),
+        ] {
+            let d = DesiredQueue::new(
+                "orders",
+                &spec(json!({"clusterRef": {"name": "c"}, "deletion": {"removeEmptyAddress": remove_empty}})),
+            );
+            let node = if address_exists {
+                with_address.clone()
+            } else {
+                NodeInventory::default()
+            };
+            let NodeAction::Create {
+                create_address: c,
+                document,
+            } = plan_node(&d, &node)
+            else {
+                panic!("a missing queue is created")
+            };
+            let case = format!("removeEmptyAddress {remove_empty}, address exists {address_exists}");
+            assert_eq!(c, create_address, "{case}: createAddress");
+            assert_eq!(
+                document.get("auto-create-address") == Some(&json!(true)),
+                auto_created,
+                "{case}: {document}"
+            );
+        }
+    }
 }
