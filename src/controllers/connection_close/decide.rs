@@ -1138,4 +1138,73 @@ mod rule_tests {
             assert_eq!((status.phase, status.already_gone), (phase, gone), "{nodes:?}");
         }
     }
+
+    /// ADR-0057 D3: a close never arms without spec.confirm. Neither an edit after the showing
+    /// (a label, a new generation) nor the confirm-without-review annotation stands in for it:
+    /// the annotation skips the review, never the confirmation itself.
+    #[test]
+    fn a_close_without_spec_confirm_never_arms_whatever_else_changed() {
+        let mut edited = by_id(2, None);
+        let mut shown = ConnectionCloseStatus {
+            shown_generation: Some(1),
+            ..Default::default()
+        };
+        let ControlFlow::Break(v) = judge_confirmation(&edited, &app("orders-app"), &mut shown) else {
+            panic!("an edit after the showing arms a close nobody confirmed")
+        };
+        assert!(
+            v.status
+                .message
+                .as_deref()
+                .is_some_and(|m| m.starts_with("set spec.confirm to \"orders-app\"")),
+            "{:?}",
+            v.status.message
+        );
+        edited.metadata.annotations = Some(
+            [(
+                crate::api::CONFIRM_WITHOUT_REVIEW_ANNOTATION.to_string(),
+                "true".to_string(),
+            )]
+            .into(),
+        );
+        let mut status = ConnectionCloseStatus::default();
+        assert!(
+            judge_confirmation(&edited, &app("orders-app"), &mut status).is_break(),
+            "the annotation arms a close with no spec.confirm"
+        );
+    }
+
+    /// ADR-0057 D6: an address close previews per node; the snapshot shown (and recorded in
+    /// the audit row) names each node's consumer connections, not only their sum.
+    #[test]
+    fn an_address_close_shows_the_connections_it_would_close_per_node() {
+        let o: ConnectionClose = serde_json::from_value(serde_json::json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ConnectionClose",
+            "metadata": {"name": "x", "namespace": "ns", "generation": 2},
+            "spec": {"clusterRef": {"name": "c"}, "target": {"address": "orders"}, "confirm": "orders"},
+        }))
+        .unwrap_or_else(|e| panic!("close json: {e}"));
+        let per_node = vec![
+            NodeConnections {
+                node: "n1".into(),
+                connections: 3,
+            },
+            NodeConnections {
+                node: "n2".into(),
+                connections: 2,
+            },
+        ];
+        let mut status = ConnectionCloseStatus {
+            shown_generation: Some(1),
+            ..Default::default()
+        };
+        let ControlFlow::Continue(snapshot) =
+            judge_address_preview(&o, "orders", 10, Ok(per_node.clone()), &mut status)
+        else {
+            panic!("a confirmed address close within the cap does not go on")
+        };
+        assert_eq!(snapshot.per_node, per_node);
+        assert_eq!(snapshot.consumer_count, 5);
+        assert_eq!(status.snapshot.map(|s| s.per_node), Some(per_node));
+    }
 }

@@ -840,4 +840,43 @@ mod tests {
             );
         }
     }
+
+    /// ADR-0084 §1, §4, §6: a node's delete preview names the node, the consumers the delete
+    /// disconnects and the diverts it keeps (their source is the queue's address); a node
+    /// without the queue says so. What the user reads in status.deletePreview before arming.
+    #[test]
+    fn the_delete_preview_names_its_node_the_consumers_it_disconnects_and_the_diverts_it_keeps() {
+        let mut q = queue("orders", "orders", "ANYCAST");
+        q.consumer_count = 2;
+        let d = DesiredQueue::new(
+            "orders",
+            &spec(json!({"clusterRef": {"name": "c"}, "deletion": {"disconnectConsumers": true}})),
+        );
+        let node = inv(vec![q], vec![divert("out", "orders", "elsewhere")]);
+        let (p, removed) = delete_preview(&d, "n1", &node, &PlanFacts::default());
+        assert_eq!(p.node, "n1");
+        assert_eq!(p.consumer_count, 2);
+        assert!(
+            p.message
+                .as_deref()
+                .is_some_and(|m| m.contains("2 consumer(s) will be disconnected")),
+            "{:?}",
+            p.message
+        );
+        assert_eq!(
+            p.kept_diverts.iter().map(|k| k.name.as_str()).collect::<Vec<_>>(),
+            ["out"]
+        );
+        assert!(removed.is_empty() && p.dependent_diverts.is_empty());
+
+        let (p, _) = delete_preview(&d, "n2", &NodeInventory::default(), &PlanFacts::default());
+        assert_eq!(p.node, "n2");
+        assert!(
+            p.message
+                .as_deref()
+                .is_some_and(|m| m.contains("not on this node")),
+            "{:?}",
+            p.message
+        );
+    }
 }
