@@ -1207,4 +1207,259 @@ mod rule_tests {
         assert_eq!(snapshot.consumer_count, 5);
         assert_eq!(status.snapshot.map(|s| s.per_node), Some(per_node));
     }
+
+    /// ADR-0057 D5: a close armed by a process that stopped before recording its outcome is
+    /// Failed with the outcome unknown and never retried; the audit row is resolved with that
+    /// same reason, so it says why nobody knows what the broker did.
+    #[test]
+    fn a_close_whose_outcome_was_not_recorded_fails_as_unknown_in_status_and_audit_row() {
+        let mut status = ConnectionCloseStatus {
+            phase: ClosePhase::Closing,
+            ..Default::default()
+        };
+        let why = fail_unknown(&mut status, Some(3));
+        assert!(
+            why.contains("outcome unknown") && why.contains("not retried"),
+            "{why}"
+        );
+        assert_eq!(status.phase, ClosePhase::Failed);
+        assert!(
+            status.message.as_deref().is_some_and(|m| m.contains(why)),
+            "{:?}",
+            status.message
+        );
+    }
+
+    /// ADR-0057 D3: when the re-read right before the call fails, nothing is sent and the user
+    /// is told that the read failed, with the broker's error, not that the target changed.
+    #[test]
+    fn a_failed_reread_says_the_read_failed_and_sends_nothing() {
+        let o = by_id(2, Some("orders-app"));
+        let armed = Armed {
+            at: At {
+                node: "n1",
+                endpoint: "http://n1/jolokia",
+            },
+            audit_id: 41,
+            expected: Some("orders-app".into()),
+        };
+        let mut status = ConnectionCloseStatus::default();
+        let ControlFlow::Break(v) = judge_reread(&o, &armed, Err(BrokerError::Timeout(5)), &mut status)
+        else {
+            panic!("a failed re-read is called")
+        };
+        let message = v.status.message.clone().unwrap_or_default();
+        assert!(
+            message.contains("re-reading the target right before the close failed")
+                && message.contains("timed out after 5s"),
+            "{message}"
+        );
+        let (_, nodes) = v.resolve.unwrap_or_default();
+        assert!(
+            nodes[0].message.starts_with("not sent: re-reading"),
+            "{}",
+            nodes[0].message
+        );
+    }
+
+    /// Every message, Event and audit row names the target as a person would: the address, the
+    /// connection, the session of a connection, or the consumer of a session.
+    #[test]
+    fn the_target_is_named_by_what_it_is() {
+        let target = |json: serde_json::Value| -> CloseTarget {
+            serde_json::from_value(json).unwrap_or_else(|e| panic!("target json: {e}"))
+        };
+        for (t, named) in [
+            (
+                serde_json::json!({"address": "orders"}),
+                "consumer connections of address orders",
+            ),
+            (
+                serde_json::json!({"node": "n1", "connectionId": "7"}),
+                "connection 7",
+            ),
+            (
+                serde_json::json!({"node": "n1", "connectionId": "7", "sessionId": "s1"}),
+                "session s1 of connection 7",
+            ),
+            (
+                serde_json::json!({"node": "n1", "sessionId": "s1", "consumerId": "c1"}),
+                "consumer c1 of session s1",
+            ),
+            (serde_json::json!({"node": "n1"}), "invalid target"),
+        ] {
+            assert_eq!(describe(&target(t.clone())), named, "{t}");
+        }
+    }
+
+    /// ADR-0057 D6 (the ADR-0022 bulk cap): an address close is refused only above the cap;
+    /// exactly at it, it goes on to the confirmation.
+    #[test]
+    fn an_address_close_at_the_bulk_cap_is_not_over_it() {
+        let o: ConnectionClose = serde_json::from_value(serde_json::json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ConnectionClose",
+            "metadata": {"name": "x", "namespace": "ns", "generation": 2},
+            "spec": {"clusterRef": {"name": "c"}, "target": {"address": "orders"}, "confirm": "orders"},
+        }))
+        .unwrap_or_else(|e| panic!("close json: {e}"));
+        let preview = || {
+            Ok(vec![NodeConnections {
+                node: "n1".into(),
+                connections: 5,
+            }])
+        };
+        let mut status = ConnectionCloseStatus {
+            shown_generation: Some(1),
+            ..Default::default()
+        };
+        assert!(judge_address_preview(&o, "orders", 5, preview(), &mut status).is_continue());
+        let mut status = ConnectionCloseStatus {
+            shown_generation: Some(1),
+            ..Default::default()
+        };
+        assert!(
+            matches!(judge_address_preview(&o, "orders", 4, preview(), &mut status), ControlFlow::Break(v) if v.status.phase == ClosePhase::Failed)
+        );
+    }
+
+    /// ADR-0057 D4, D5: arming marks the close Closing, by this process, now; another process
+    /// finding it so leaves it alone (it may be calling the broker), and it is never armed twice.
+    #[test]
+    fn an_armed_close_is_closing_by_its_process_and_left_alone_by_others() {
+        let mut status = ConnectionCloseStatus {
+            phase: ClosePhase::AwaitingConfirmation,
+            ..Default::default()
+        };
+        arming(&mut status, "p1");
+        assert_eq!(status.phase, ClosePhase::Closing);
+        assert_eq!(status.armed_by.as_deref(), Some("p1"));
+        let now = chrono::Utc::now();
+        assert!(matches!(step(&status, None, "p2", now), Step::Wait(Some(_))));
+        assert_eq!(step(&status, None, "p1", now), Step::FailUnknown);
+    }
+
+    /// `kubectl wait --for=condition=Complete` (and `=Failed`): a finished close says which, in
+    /// both conditions; and it stays for its ttlSecondsAfterFinished, counted from when it
+    /// finished, before the object is deleted.
+    #[test]
+    fn a_finished_close_sets_complete_or_failed_and_waits_its_ttl() {
+        let t = by_id(2, Some("orders-app")).spec.target;
+        for (node_outcome, complete, failed) in [
+            (Outcome::Applied, ("True", "Closed"), ("False", "Closed")),
+            (Outcome::Failed, ("False", "NotClosed"), ("True", "CloseFailed")),
+        ] {
+            let mut status = ConnectionCloseStatus::default();
+            record_by_id_result(
+                &mut status,
+                result(vec![outcome("n1", node_outcome)]),
+                &t,
+                Some(2),
+            );
+            let get = |kind: &str| {
+                conditions::get(&status.conditions, kind)
+                    .map(|c| (c.status.clone(), c.reason.clone()))
+                    .unwrap_or_default()
+            };
+            assert_eq!(
+                get(COMPLETE),
+                (complete.0.to_string(), complete.1.to_string()),
+                "{node_outcome:?}"
+            );
+            assert_eq!(
+                get(FAILED),
+                (failed.0.to_string(), failed.1.to_string()),
+                "{node_outcome:?}"
+            );
+            assert!(
+                matches!(step(&status, Some(60), "p", chrono::Utc::now()), Step::Wait(Some(left)) if left > Duration::from_secs(50)),
+                "{node_outcome:?}: deleted before its ttl ({:?})",
+                status.completed_at
+            );
+        }
+    }
+
+    /// ADR-0057 D6: an address close waiting for its confirmation says what to type (the
+    /// address), how many connections it would close, and the consequence; a confirmation given
+    /// with the object is said not to count.
+    #[test]
+    fn an_address_close_says_what_to_confirm_and_what_it_closes() {
+        let close = |generation: i64, confirm: Option<&str>| -> ConnectionClose {
+            let mut spec = serde_json::json!({"clusterRef": {"name": "c"}, "target": {"address": "orders"}});
+            if let Some(c) = confirm {
+                spec["confirm"] = c.into();
+            }
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ConnectionClose",
+                "metadata": {"name": "x", "namespace": "ns", "generation": generation},
+                "spec": spec,
+            }))
+            .unwrap_or_else(|e| panic!("close json: {e}"))
+        };
+        let preview = || {
+            Ok(vec![NodeConnections {
+                node: "n1".into(),
+                connections: 3,
+            }])
+        };
+        let message = |o: &ConnectionClose| match judge_address_preview(
+            o,
+            "orders",
+            10,
+            preview(),
+            &mut ConnectionCloseStatus::default(),
+        ) {
+            ControlFlow::Break(v) => v.status.message.unwrap_or_default(),
+            ControlFlow::Continue(_) => panic!("an unconfirmed address close goes on"),
+        };
+        let m = message(&close(1, None));
+        assert!(
+            m.starts_with("set spec.confirm to \"orders\"")
+                && m.contains("about 3 consumer connection(s) of orders")
+                && m.contains("DLQ"),
+            "{m}"
+        );
+        let m = message(&close(1, Some("orders")));
+        assert!(
+            m.starts_with("spec.confirm was set before the consequence was shown") && m.contains("about 3"),
+            "{m}"
+        );
+    }
+
+    /// What GitOps tools and `kubectl wait --for=condition=Ready` read (README, GitOps): a
+    /// completed close is Ready; a failed one needs a person (Stalled); one waiting for its
+    /// confirmation is held as asked (neither Reconciling nor Stalled); a pending one is on its
+    /// way (Reconciling).
+    #[test]
+    fn ready_reconciling_and_stalled_follow_the_phase() {
+        for (phase, ready, reconciling, stalled) in [
+            (ClosePhase::Completed, ("True", "Closed"), "False", "False"),
+            (ClosePhase::Failed, ("False", "CloseFailed"), "False", "True"),
+            (
+                ClosePhase::AwaitingConfirmation,
+                ("False", "AwaitingConfirmation"),
+                "False",
+                "False",
+            ),
+            (ClosePhase::Pending, ("False", "Closing"), "True", "False"),
+        ] {
+            let status = with_phase_conditions(&ConnectionCloseStatus {
+                phase,
+                observed_generation: Some(2),
+                message: Some("m".into()),
+                ..Default::default()
+            });
+            let get = |kind: &str| {
+                conditions::get(&status.conditions, kind)
+                    .map(|c| (c.status.clone(), c.reason.clone()))
+                    .unwrap_or_default()
+            };
+            assert_eq!(
+                get(conditions::READY),
+                (ready.0.into(), ready.1.into()),
+                "{phase:?}"
+            );
+            assert_eq!(get(conditions::RECONCILING).0, reconciling, "{phase:?}");
+            assert_eq!(get(conditions::STALLED).0, stalled, "{phase:?}");
+        }
+    }
 }
