@@ -429,4 +429,22 @@ mod tests {
         assert_eq!(e.code(), None);
         assert!(e.to_string().contains("AMQ229999: something else"), "{e}");
     }
+
+    /// Only a Java class name before " : " is stripped: a broker message that itself holds " : "
+    /// reaches the user whole.
+    #[test]
+    fn only_a_class_name_prefix_is_stripped_from_the_brokers_words() {
+        let e = classify(
+            500,
+            Some("java.lang.IllegalStateException"),
+            Some("Queue fx.q : not ready"),
+        );
+        assert_eq!(e.to_string(), "bad response: status 500: Queue fx.q : not ready");
+        let e = classify(
+            500,
+            Some("java.lang.IllegalStateException"),
+            Some("java.lang.IllegalStateException : Queue fx.q : not ready"),
+        );
+        assert_eq!(e.to_string(), "bad response: status 500: Queue fx.q : not ready");
+    }
 }
