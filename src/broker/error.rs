@@ -370,4 +370,81 @@ mod tests {
         );
         assert_eq!(amq_code("no code"), None);
     }
+
+    /// The refusals the fixtures above do not capture, each classified by its AMQ code alone:
+    /// the kind decides the node's message (the flag, the field, the routing type to add).
+    /// AMQ229025 is ADR-0084 §6: a consumer that attaches between the preflight's ConsumerCount
+    /// and `destroyQueue` is refused by the broker, and that refusal is HAS_CONSUMERS (the node's
+    /// message then names `spec.deletion.disconnectConsumers`), never a generic bad response.
+    #[test]
+    fn refusals_without_a_fixture_are_classified_by_their_amq_code() {
+        for (error_type, error, kind, code) in [
+            (
+                "org.apache.activemq.artemis.api.core.ActiveMQIllegalStateException",
+                "org.apache.activemq.artemis.api.core.ActiveMQIllegalStateException : AMQ229025: Cannot delete queue fx.q on binding fx.q - it has consumers = org.apache.activemq.artemis.core.server.impl.ServerConsumerImpl",
+                RefusalKind::HasConsumers,
+                "AMQ229025",
+            ),
+            (
+                "java.lang.IllegalArgumentException",
+                "java.lang.IllegalArgumentException : AMQ229207: Address fx.q is not configured to support routing type MULTICAST",
+                RefusalKind::RoutingTypeNotSupported,
+                "AMQ229207",
+            ),
+            (
+                "java.lang.IllegalStateException",
+                "java.lang.IllegalStateException : AMQ229210: Can't update queue fx.q with maxConsumers: 1. Current consumers are 2.",
+                RefusalKind::MaxConsumersTooLow,
+                "AMQ229210",
+            ),
+            (
+                "java.lang.IllegalArgumentException",
+                "java.lang.IllegalArgumentException : AMQ229229: Failed to parse JSON queue configuration: {\"name\":",
+                RefusalKind::InvalidConfiguration,
+                "AMQ229229",
+            ),
+            (
+                "org.apache.activemq.artemis.api.core.ActiveMQNonExistentQueueException",
+                "org.apache.activemq.artemis.api.core.ActiveMQNonExistentQueueException : AMQ229231: Divert Does Not Exist: fx.d",
+                RefusalKind::DivertDoesNotExist,
+                "AMQ229231",
+            ),
+        ] {
+            let e = classify(500, Some(error_type), Some(error));
+            assert_eq!(e.refusal_kind(), kind, "{code}: {e}");
+            assert_eq!(e.code(), Some(code), "{code}");
+            assert!(!e.is_authorization(), "{code}");
+            assert!(
+                !e.to_string().contains("java."),
+                "{code}: message keeps the class name: {e}"
+            );
+        }
+        // An AMQ code this product does not act on stays a bad response, with the broker's words.
+        let e = classify(
+            500,
+            Some("java.lang.IllegalStateException"),
+            Some("java.lang.IllegalStateException : AMQ229999: something else"),
+        );
+        assert_eq!(e.refusal_kind(), RefusalKind::BadResponse, "{e}");
+        assert_eq!(e.code(), None);
+        assert!(e.to_string().contains("AMQ229999: something else"), "{e}");
+    }
+
+    /// Only a Java class name before " : " is stripped: a broker message that itself holds " : "
+    /// reaches the user whole.
+    #[test]
+    fn only_a_class_name_prefix_is_stripped_from_the_brokers_words() {
+        let e = classify(
+            500,
+            Some("java.lang.IllegalStateException"),
+            Some("Queue fx.q : not ready"),
+        );
+        assert_eq!(e.to_string(), "bad response: status 500: Queue fx.q : not ready");
+        let e = classify(
+            500,
+            Some("java.lang.IllegalStateException"),
+            Some("java.lang.IllegalStateException : Queue fx.q : not ready"),
+        );
+        assert_eq!(e.to_string(), "bad response: status 500: Queue fx.q : not ready");
+    }
 }

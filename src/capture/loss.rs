@@ -97,4 +97,16 @@ mod tests {
         let d = delta(Some(&before), &after_restart);
         assert_eq!((d.ring, d.address, d.reset), (0, 0, 10));
     }
+
+    /// CAPTURE-NOTES: only counters that went back (a broker restart, a queue re-created) are a
+    /// reset. A read that saw nothing new reports no loss at all: a quiet tap is never reported
+    /// as having lost what its ring holds.
+    #[test]
+    fn a_read_that_saw_nothing_new_reports_no_loss() {
+        let c = read(100, 30, 10, 120);
+        assert_eq!(delta(Some(&c), &c), LossDelta::default());
+        // Drained since, nothing added: still nothing lost.
+        let drained = read(100, 40, 0, 120);
+        assert_eq!(delta(Some(&c), &drained), LossDelta::default());
+    }
 }

@@ -325,4 +325,23 @@ mod tests {
         assert!(wildcard_matches("a.#.z", "a.z"));
         assert!(wildcard_matches("a.#.z", "a.b.c.z"));
     }
+
+    /// Escaping is injective (ADR-0062 D7: a name read back says exactly which tap it is): only
+    /// what `escape` produces unescapes, so `~41` is never read as `A`, nor a lowercase or
+    /// short escape as a byte, and a name carrying one is not ours.
+    #[test]
+    fn only_what_escape_produces_unescapes() {
+        for word in [
+            "~41", "~7A", "~30", "~5F", "~2D", "~2e", "~2", "~", "~ZZ", "a.b", "a*b", "a:b",
+        ] {
+            assert_eq!(unescape(word), None, "{word}");
+        }
+        assert_eq!(unescape("orders~2Ein~3A~3Ax").as_deref(), Some("orders.in::x"));
+        assert_eq!(unescape("a_b-C9").as_deref(), Some("a_b-C9"));
+        assert_eq!(
+            TapName::parse("prod", "artemis-studio.capture.prod.~6Frders.ns~2Faudit"),
+            None,
+            "another spelling of orders is not one of our names"
+        );
+    }
 }

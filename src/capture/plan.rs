@@ -659,4 +659,91 @@ mod tests {
         assert_eq!(tapped, BTreeSet::from(["orders".to_string(), "DLQ".to_string()]));
         assert_eq!(never.len(), 5, "{never:?}");
     }
+
+    /// ADR-0062 D8: the security setting a tap writes lets only the operator's role consume and
+    /// browse the capture queue (a complete second copy of production payload), and nobody send.
+    #[test]
+    fn the_tap_security_setting_lets_only_the_operators_role_read_and_nobody_send() {
+        let roles = spec("orders.in").security_roles();
+        assert_eq!(roles.consume, "amq");
+        assert_eq!(roles.browse, "amq");
+        assert_eq!(roles.send, "", "nobody sends to a capture queue");
+        assert_eq!(
+            roles.create_durable_queue, "",
+            "the capture queue is never durable"
+        );
+    }
+
+    /// ADR-0062 D8: a node's effective roles restrict the capture queue only when the
+    /// operator's role may consume and browse it, no other role may consume or browse it, and
+    /// no role (the operator's included) may send to it. Anything else is re-installed.
+    #[test]
+    fn effective_roles_restrict_only_when_the_operators_role_alone_reads_and_nobody_sends() {
+        for (roles, restricts) in [
+            (json!([{"name": "amq", "consume": true, "browse": true}]), true),
+            (
+                json!([{"name": "amq", "consume": true, "browse": true}, {"name": "ops", "manage": true, "view": true}]),
+                true,
+            ),
+            (json!([]), false),
+            (json!({"name": "amq", "consume": true, "browse": true}), false),
+            (json!([{"name": "amq", "consume": true}]), false),
+            (json!([{"name": "amq", "browse": true}]), false),
+            (json!([{"name": "app", "consume": true, "browse": true}]), false),
+            (
+                json!([{"name": "amq", "consume": true, "browse": true, "send": true}]),
+                false,
+            ),
+            (
+                json!([{"name": "amq", "consume": true, "browse": true}, {"name": "app", "send": true}]),
+                false,
+            ),
+            (
+                json!([{"name": "amq", "consume": true, "browse": true}, {"name": "app", "consume": true}]),
+                false,
+            ),
+            (
+                json!([{"name": "amq", "consume": true, "browse": true}, {"name": "app", "browse": true}]),
+                false,
+            ),
+        ] {
+            assert_eq!(roles_restrict("amq", &roles), restricts, "{roles}");
+            // And as the pass sees it: an unrestricted node gets its security setting again.
+            let tap = spec("orders.in");
+            let mut node = inv_with("orders.in");
+            installed(&mut node, &tap, 1);
+            let settings = EffectiveSettings {
+                roles,
+                ..good_settings(&tap)
+            };
+            let verdict = assess(&tap, &node, Some(&settings), true);
+            assert_eq!(
+                verdict == Verdict::Missing(vec![Part::SecuritySetting]),
+                !restricts,
+                "{verdict:?}"
+            );
+        }
+    }
+
+    /// The broker refuses a page size at or above max-size-bytes ("pageSize has to be lower
+    /// than maxSizeBytes"): for every buffer a subscription may set (1 MiB up), the page is a
+    /// quarter of it, at most 10 MiB.
+    #[test]
+    fn the_page_size_stays_below_every_buffer_size_a_subscription_may_set() {
+        for (max, page) in [
+            (1 << 20, 256 << 10),
+            (4 << 20, 1 << 20),
+            (64 << 20, 10 << 20),
+            (1 << 30, 10 << 20),
+        ] {
+            let tap = TapSpec {
+                max_buffer_bytes: max,
+                ..spec("orders.in")
+            };
+            let s = tap.address_settings();
+            assert_eq!(s["maxSizeBytes"], json!(max));
+            assert_eq!(s["pageSizeBytes"], json!(page), "buffer {max}");
+            assert!(page < max);
+        }
+    }
 }

@@ -193,4 +193,117 @@ mod tests {
         );
         assert_eq!(c.flagged.len(), 2, "Ready is counted once, not as a flag");
     }
+
+    fn cluster_json(status: serde_json::Value) -> ArtemisCluster {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCluster",
+            "metadata": {"name": "c", "namespace": "ns"},
+            "spec": {"brokers": [{"url": "http://b1/jolokia"}], "credentials": {"secretName": "s"}},
+            "status": status,
+        }))
+        .unwrap_or_else(|e| panic!("cluster json: {e}"))
+    }
+
+    /// The census a dashboard reads: per cluster, logical nodes live and not live, every
+    /// endpoint by role (credentials never in a label), and each subscription's taps by state.
+    #[test]
+    fn clusters_count_their_nodes_and_endpoints_and_subscriptions_their_taps() {
+        let mut c = Counts::default();
+        let cl = cluster_json(serde_json::json!({
+            "liveNodes": 2, "totalNodes": 3,
+            "nodes": [
+                {"nodeId": "n1", "activeEndpoint": "http://u:p@b1/jolokia", "standbyEndpoints": ["http://b1b/jolokia"], "role": "primary", "live": true},
+                {"nodeId": "n2", "activeEndpoint": "http://b2/jolokia", "role": "primary", "live": true},
+            ],
+        }));
+        count_cluster(&mut c, &cl);
+        count_cluster(&mut c, &cl);
+        let nodes = |state: &str| {
+            c.nodes.get(&NodeLabels {
+                cluster: "ns/c".into(),
+                state: state.into(),
+            })
+        };
+        assert_eq!((nodes("live"), nodes("not_live")), (Some(&4), Some(&2)));
+        let endpoint = |node: &str, role: &str| {
+            c.endpoints.get(&EndpointLabels {
+                cluster: "ns/c".into(),
+                node: node.into(),
+                role: role.into(),
+            })
+        };
+        assert_eq!(endpoint("http://b1/jolokia", "active"), Some(&1));
+        assert_eq!(endpoint("http://b1b/jolokia", "standby"), Some(&1));
+        assert_eq!(endpoint("http://b2/jolokia", "active"), Some(&1));
+        assert_eq!(c.endpoints.len(), 3);
+
+        let taps = crate::api::capture::TapCounts {
+            healthy: 3,
+            degraded: 1,
+            pending: 0,
+            refused: 2,
+        };
+        count_taps(&mut c, "ns/c", "ns/sub", taps);
+        count_taps(&mut c, "ns/c", "ns/sub", taps);
+        let tap = |state: &str| {
+            c.taps.get(&TapLabels {
+                cluster: "ns/c".into(),
+                subscription: "ns/sub".into(),
+                state: state.into(),
+            })
+        };
+        assert_eq!(
+            [tap("healthy"), tap("degraded"), tap("pending"), tap("refused")],
+            [Some(&6), Some(&2), Some(&0), Some(&4)]
+        );
+    }
+
+    /// The census is read from the watch caches at scrape time: every cached object of every
+    /// kind is counted, under the cluster it names (its own namespace / spec.clusterRef).
+    #[test]
+    fn the_census_counts_every_cached_object_under_its_cluster() {
+        use kube::runtime::watcher::Event;
+        let (clusters, mut w_clusters) = super::super::Cache::new(1);
+        let (queues, mut w_queues) = super::super::Cache::new(1);
+        let (diverts, _) = super::super::Cache::new(1);
+        let (subscriptions, _) = super::super::Cache::new(1);
+        let (secrets, _) = super::super::Cache::new(1);
+        w_clusters[0].apply_watcher_event(&Event::Apply(cluster_json(
+            serde_json::json!({"liveNodes": 1, "totalNodes": 1}),
+        )));
+        for name in ["q1", "q2"] {
+            let q: crate::api::queue::ArtemisQueue = serde_json::from_value(serde_json::json!({
+                "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+                "metadata": {"name": name, "namespace": "team"},
+                "spec": {"clusterRef": {"name": "c"}},
+            }))
+            .unwrap_or_else(|e| panic!("queue json: {e}"));
+            w_queues[0].apply_watcher_event(&Event::Apply(q));
+        }
+        let census = FromCaches(Caches {
+            clusters,
+            queues,
+            diverts,
+            subscriptions,
+            secrets,
+        });
+        let c = census.count();
+        let object = |kind: &str, cluster: &str| {
+            c.objects.get(&ObjectLabels {
+                kind: kind.into(),
+                cluster: cluster.into(),
+                ready: "Unknown".into(),
+                reason: "NoStatusYet".into(),
+            })
+        };
+        assert_eq!(object("ArtemisQueue", "team/c"), Some(&2));
+        assert_eq!(object("ArtemisCluster", "ns/c"), Some(&1));
+        assert_eq!(
+            c.nodes.get(&NodeLabels {
+                cluster: "ns/c".into(),
+                state: "live".into(),
+            }),
+            Some(&1)
+        );
+    }
 }

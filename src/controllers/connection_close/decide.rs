@@ -1047,3 +1047,474 @@ mod stage_tests {
         );
     }
 }
+
+/// The rules the stage tests above left unproven (issue 50: each one survived a mutant).
+#[cfg(test)]
+mod rule_tests {
+    use super::*;
+    use crate::store::CommandVerdict;
+
+    fn by_id(generation: i64, confirm: Option<&str>) -> ConnectionClose {
+        let mut spec =
+            serde_json::json!({"clusterRef": {"name": "c"}, "target": {"node": "n1", "connectionId": "7"}});
+        if let Some(c) = confirm {
+            spec["confirm"] = c.into();
+        }
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ConnectionClose",
+            "metadata": {"name": "x", "namespace": "ns", "generation": generation},
+            "spec": spec,
+        }))
+        .unwrap_or_else(|e| panic!("close json: {e}"))
+    }
+
+    fn app(client: &str) -> TargetSnapshot {
+        TargetSnapshot {
+            client_id: Some(client.into()),
+            in_flight_messages: Some(2),
+            ..Default::default()
+        }
+    }
+
+    /// ADR-0057 D4: a confirmation written with the object (generation 1) was given before the
+    /// consequence was shown. The first pass shows it (shown at generation 1); every later pass
+    /// of that same generation still refuses to arm: only an edit after the showing counts.
+    #[test]
+    fn a_confirmation_written_with_the_object_does_not_count_on_any_later_pass() {
+        let o = by_id(1, Some("orders-app"));
+        let mut status = ConnectionCloseStatus::default();
+        let ControlFlow::Break(first) = judge_confirmation(&o, &app("orders-app"), &mut status) else {
+            panic!("a confirmation given with the object arms the close")
+        };
+        assert_eq!(first.status.shown_generation, Some(1));
+        let mut shown = first.status.clone();
+        let ControlFlow::Break(again) = judge_confirmation(&o, &app("orders-app"), &mut shown) else {
+            panic!("the same generation, shown once, arms the close on the next pass")
+        };
+        assert_eq!(again.status.phase, ClosePhase::AwaitingConfirmation);
+        assert!(
+            again
+                .status
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("before the consequence was shown")),
+            "{:?}",
+            again.status.message
+        );
+        // The same rule holds for an address close.
+        let spec = serde_json::json!({"clusterRef": {"name": "c"}, "target": {"address": "orders"}, "confirm": "orders"});
+        let o: ConnectionClose = serde_json::from_value(serde_json::json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ConnectionClose",
+            "metadata": {"name": "x", "namespace": "ns", "generation": 1},
+            "spec": spec,
+        }))
+        .unwrap_or_else(|e| panic!("close json: {e}"));
+        let mut shown = ConnectionCloseStatus {
+            shown_generation: Some(1),
+            ..Default::default()
+        };
+        let preview = Ok(vec![NodeConnections {
+            node: "n1".into(),
+            connections: 1,
+        }]);
+        let flow = judge_address_preview(&o, "orders", 10, preview, &mut shown);
+        assert!(
+            matches!(&flow, ControlFlow::Break(v) if v.status.phase == ClosePhase::AwaitingConfirmation),
+            "an address close confirmed with the object is armed on the next pass"
+        );
+    }
+
+    fn outcome(node: &str, outcome: Outcome) -> NodeOutcome {
+        NodeOutcome {
+            last_command: None,
+            node: node.into(),
+            endpoint: None,
+            outcome,
+            refusal: None,
+            message: format!("{outcome:?} on {node}"),
+            detail: vec![],
+        }
+    }
+
+    fn result(nodes: Vec<NodeOutcome>) -> CommandResult {
+        CommandResult {
+            audit_id: 7,
+            verdict: CommandVerdict::of(&nodes),
+            nodes,
+        }
+    }
+
+    /// ADR-0057 D2: `alreadyGone` is the API's dedicated flag, true only when the node answered
+    /// that the target was not there; a close that closed something says false, and both are
+    /// Completed. A failed close is Failed, never retried, and not gone.
+    #[test]
+    fn already_gone_is_true_only_when_the_node_found_nothing_to_close() {
+        let t = by_id(2, Some("orders-app")).spec.target;
+        for (node_outcome, phase, gone) in [
+            (Outcome::Applied, ClosePhase::Completed, false),
+            (Outcome::Already, ClosePhase::Completed, true),
+            (Outcome::Failed, ClosePhase::Failed, false),
+        ] {
+            let mut status = ConnectionCloseStatus::default();
+            record_by_id_result(
+                &mut status,
+                result(vec![outcome("n1", node_outcome)]),
+                &t,
+                Some(2),
+            );
+            assert_eq!(
+                (status.phase, status.already_gone, status.audit_id),
+                (phase, gone, Some(7)),
+                "{node_outcome:?}"
+            );
+        }
+        // An address close: gone only when no node closed anything (a node not live was not
+        // asked); any failed node fails the close.
+        for (nodes, phase, gone) in [
+            (
+                vec![Outcome::Applied, Outcome::Already],
+                ClosePhase::Completed,
+                false,
+            ),
+            (
+                vec![Outcome::Already, Outcome::SkippedNotLive],
+                ClosePhase::Completed,
+                true,
+            ),
+            (vec![Outcome::Applied, Outcome::Failed], ClosePhase::Failed, false),
+        ] {
+            let outcomes = nodes
+                .iter()
+                .enumerate()
+                .map(|(i, o)| outcome(&format!("n{i}"), *o))
+                .collect();
+            let mut status = ConnectionCloseStatus::default();
+            record_address_result(&mut status, result(outcomes), "orders", Some(2));
+            assert_eq!((status.phase, status.already_gone), (phase, gone), "{nodes:?}");
+        }
+    }
+
+    /// ADR-0057 D3: a close never arms without spec.confirm. Neither an edit after the showing
+    /// (a label, a new generation) nor the confirm-without-review annotation stands in for it:
+    /// the annotation skips the review, never the confirmation itself.
+    #[test]
+    fn a_close_without_spec_confirm_never_arms_whatever_else_changed() {
+        let mut edited = by_id(2, None);
+        let mut shown = ConnectionCloseStatus {
+            shown_generation: Some(1),
+            ..Default::default()
+        };
+        let ControlFlow::Break(v) = judge_confirmation(&edited, &app("orders-app"), &mut shown) else {
+            panic!("an edit after the showing arms a close nobody confirmed")
+        };
+        assert!(
+            v.status
+                .message
+                .as_deref()
+                .is_some_and(|m| m.starts_with("set spec.confirm to \"orders-app\"")),
+            "{:?}",
+            v.status.message
+        );
+        edited.metadata.annotations = Some(
+            [(
+                crate::api::CONFIRM_WITHOUT_REVIEW_ANNOTATION.to_string(),
+                "true".to_string(),
+            )]
+            .into(),
+        );
+        let mut status = ConnectionCloseStatus::default();
+        assert!(
+            judge_confirmation(&edited, &app("orders-app"), &mut status).is_break(),
+            "the annotation arms a close with no spec.confirm"
+        );
+    }
+
+    /// ADR-0057 D6: an address close previews per node; the snapshot shown (and recorded in
+    /// the audit row) names each node's consumer connections, not only their sum.
+    #[test]
+    fn an_address_close_shows_the_connections_it_would_close_per_node() {
+        let o: ConnectionClose = serde_json::from_value(serde_json::json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ConnectionClose",
+            "metadata": {"name": "x", "namespace": "ns", "generation": 2},
+            "spec": {"clusterRef": {"name": "c"}, "target": {"address": "orders"}, "confirm": "orders"},
+        }))
+        .unwrap_or_else(|e| panic!("close json: {e}"));
+        let per_node = vec![
+            NodeConnections {
+                node: "n1".into(),
+                connections: 3,
+            },
+            NodeConnections {
+                node: "n2".into(),
+                connections: 2,
+            },
+        ];
+        let mut status = ConnectionCloseStatus {
+            shown_generation: Some(1),
+            ..Default::default()
+        };
+        let ControlFlow::Continue(snapshot) =
+            judge_address_preview(&o, "orders", 10, Ok(per_node.clone()), &mut status)
+        else {
+            panic!("a confirmed address close within the cap does not go on")
+        };
+        assert_eq!(snapshot.per_node, per_node);
+        assert_eq!(snapshot.consumer_count, 5);
+        assert_eq!(status.snapshot.map(|s| s.per_node), Some(per_node));
+    }
+
+    /// ADR-0057 D5: a close armed by a process that stopped before recording its outcome is
+    /// Failed with the outcome unknown and never retried; the audit row is resolved with that
+    /// same reason, so it says why nobody knows what the broker did.
+    #[test]
+    fn a_close_whose_outcome_was_not_recorded_fails_as_unknown_in_status_and_audit_row() {
+        let mut status = ConnectionCloseStatus {
+            phase: ClosePhase::Closing,
+            ..Default::default()
+        };
+        let why = fail_unknown(&mut status, Some(3));
+        assert!(
+            why.contains("outcome unknown") && why.contains("not retried"),
+            "{why}"
+        );
+        assert_eq!(status.phase, ClosePhase::Failed);
+        assert!(
+            status.message.as_deref().is_some_and(|m| m.contains(why)),
+            "{:?}",
+            status.message
+        );
+    }
+
+    /// ADR-0057 D3: when the re-read right before the call fails, nothing is sent and the user
+    /// is told that the read failed, with the broker's error, not that the target changed.
+    #[test]
+    fn a_failed_reread_says_the_read_failed_and_sends_nothing() {
+        let o = by_id(2, Some("orders-app"));
+        let armed = Armed {
+            at: At {
+                node: "n1",
+                endpoint: "http://n1/jolokia",
+            },
+            audit_id: 41,
+            expected: Some("orders-app".into()),
+        };
+        let mut status = ConnectionCloseStatus::default();
+        let ControlFlow::Break(v) = judge_reread(&o, &armed, Err(BrokerError::Timeout(5)), &mut status)
+        else {
+            panic!("a failed re-read is called")
+        };
+        let message = v.status.message.clone().unwrap_or_default();
+        assert!(
+            message.contains("re-reading the target right before the close failed")
+                && message.contains("timed out after 5s"),
+            "{message}"
+        );
+        let (_, nodes) = v.resolve.unwrap_or_default();
+        assert!(
+            nodes[0].message.starts_with("not sent: re-reading"),
+            "{}",
+            nodes[0].message
+        );
+    }
+
+    /// Every message, Event and audit row names the target as a person would: the address, the
+    /// connection, the session of a connection, or the consumer of a session.
+    #[test]
+    fn the_target_is_named_by_what_it_is() {
+        let target = |json: serde_json::Value| -> CloseTarget {
+            serde_json::from_value(json).unwrap_or_else(|e| panic!("target json: {e}"))
+        };
+        for (t, named) in [
+            (
+                serde_json::json!({"address": "orders"}),
+                "consumer connections of address orders",
+            ),
+            (
+                serde_json::json!({"node": "n1", "connectionId": "7"}),
+                "connection 7",
+            ),
+            (
+                serde_json::json!({"node": "n1", "connectionId": "7", "sessionId": "s1"}),
+                "session s1 of connection 7",
+            ),
+            (
+                serde_json::json!({"node": "n1", "sessionId": "s1", "consumerId": "c1"}),
+                "consumer c1 of session s1",
+            ),
+            (serde_json::json!({"node": "n1"}), "invalid target"),
+        ] {
+            assert_eq!(describe(&target(t.clone())), named, "{t}");
+        }
+    }
+
+    /// ADR-0057 D6 (the ADR-0022 bulk cap): an address close is refused only above the cap;
+    /// exactly at it, it goes on to the confirmation.
+    #[test]
+    fn an_address_close_at_the_bulk_cap_is_not_over_it() {
+        let o: ConnectionClose = serde_json::from_value(serde_json::json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ConnectionClose",
+            "metadata": {"name": "x", "namespace": "ns", "generation": 2},
+            "spec": {"clusterRef": {"name": "c"}, "target": {"address": "orders"}, "confirm": "orders"},
+        }))
+        .unwrap_or_else(|e| panic!("close json: {e}"));
+        let preview = || {
+            Ok(vec![NodeConnections {
+                node: "n1".into(),
+                connections: 5,
+            }])
+        };
+        let mut status = ConnectionCloseStatus {
+            shown_generation: Some(1),
+            ..Default::default()
+        };
+        assert!(judge_address_preview(&o, "orders", 5, preview(), &mut status).is_continue());
+        let mut status = ConnectionCloseStatus {
+            shown_generation: Some(1),
+            ..Default::default()
+        };
+        assert!(
+            matches!(judge_address_preview(&o, "orders", 4, preview(), &mut status), ControlFlow::Break(v) if v.status.phase == ClosePhase::Failed)
+        );
+    }
+
+    /// ADR-0057 D4, D5: arming marks the close Closing, by this process, now; another process
+    /// finding it so leaves it alone (it may be calling the broker), and it is never armed twice.
+    #[test]
+    fn an_armed_close_is_closing_by_its_process_and_left_alone_by_others() {
+        let mut status = ConnectionCloseStatus {
+            phase: ClosePhase::AwaitingConfirmation,
+            ..Default::default()
+        };
+        arming(&mut status, "p1");
+        assert_eq!(status.phase, ClosePhase::Closing);
+        assert_eq!(status.armed_by.as_deref(), Some("p1"));
+        let now = chrono::Utc::now();
+        assert!(matches!(step(&status, None, "p2", now), Step::Wait(Some(_))));
+        assert_eq!(step(&status, None, "p1", now), Step::FailUnknown);
+    }
+
+    /// `kubectl wait --for=condition=Complete` (and `=Failed`): a finished close says which, in
+    /// both conditions; and it stays for its ttlSecondsAfterFinished, counted from when it
+    /// finished, before the object is deleted.
+    #[test]
+    fn a_finished_close_sets_complete_or_failed_and_waits_its_ttl() {
+        let t = by_id(2, Some("orders-app")).spec.target;
+        for (node_outcome, complete, failed) in [
+            (Outcome::Applied, ("True", "Closed"), ("False", "Closed")),
+            (Outcome::Failed, ("False", "NotClosed"), ("True", "CloseFailed")),
+        ] {
+            let mut status = ConnectionCloseStatus::default();
+            record_by_id_result(
+                &mut status,
+                result(vec![outcome("n1", node_outcome)]),
+                &t,
+                Some(2),
+            );
+            let get = |kind: &str| {
+                conditions::get(&status.conditions, kind)
+                    .map(|c| (c.status.clone(), c.reason.clone()))
+                    .unwrap_or_default()
+            };
+            assert_eq!(
+                get(COMPLETE),
+                (complete.0.to_string(), complete.1.to_string()),
+                "{node_outcome:?}"
+            );
+            assert_eq!(
+                get(FAILED),
+                (failed.0.to_string(), failed.1.to_string()),
+                "{node_outcome:?}"
+            );
+            assert!(
+                matches!(step(&status, Some(60), "p", chrono::Utc::now()), Step::Wait(Some(left)) if left > Duration::from_secs(50)),
+                "{node_outcome:?}: deleted before its ttl ({:?})",
+                status.completed_at
+            );
+        }
+    }
+
+    /// ADR-0057 D6: an address close waiting for its confirmation says what to type (the
+    /// address), how many connections it would close, and the consequence; a confirmation given
+    /// with the object is said not to count.
+    #[test]
+    fn an_address_close_says_what_to_confirm_and_what_it_closes() {
+        let close = |generation: i64, confirm: Option<&str>| -> ConnectionClose {
+            let mut spec = serde_json::json!({"clusterRef": {"name": "c"}, "target": {"address": "orders"}});
+            if let Some(c) = confirm {
+                spec["confirm"] = c.into();
+            }
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ConnectionClose",
+                "metadata": {"name": "x", "namespace": "ns", "generation": generation},
+                "spec": spec,
+            }))
+            .unwrap_or_else(|e| panic!("close json: {e}"))
+        };
+        let preview = || {
+            Ok(vec![NodeConnections {
+                node: "n1".into(),
+                connections: 3,
+            }])
+        };
+        let message = |o: &ConnectionClose| match judge_address_preview(
+            o,
+            "orders",
+            10,
+            preview(),
+            &mut ConnectionCloseStatus::default(),
+        ) {
+            ControlFlow::Break(v) => v.status.message.unwrap_or_default(),
+            ControlFlow::Continue(_) => panic!("an unconfirmed address close goes on"),
+        };
+        let m = message(&close(1, None));
+        assert!(
+            m.starts_with("set spec.confirm to \"orders\"")
+                && m.contains("about 3 consumer connection(s) of orders")
+                && m.contains("DLQ"),
+            "{m}"
+        );
+        let m = message(&close(1, Some("orders")));
+        assert!(
+            m.starts_with("spec.confirm was set before the consequence was shown") && m.contains("about 3"),
+            "{m}"
+        );
+    }
+
+    /// What GitOps tools and `kubectl wait --for=condition=Ready` read (README, GitOps): a
+    /// completed close is Ready; a failed one needs a person (Stalled); one waiting for its
+    /// confirmation is held as asked (neither Reconciling nor Stalled); a pending one is on its
+    /// way (Reconciling).
+    #[test]
+    fn ready_reconciling_and_stalled_follow_the_phase() {
+        for (phase, ready, reconciling, stalled) in [
+            (ClosePhase::Completed, ("True", "Closed"), "False", "False"),
+            (ClosePhase::Failed, ("False", "CloseFailed"), "False", "True"),
+            (
+                ClosePhase::AwaitingConfirmation,
+                ("False", "AwaitingConfirmation"),
+                "False",
+                "False",
+            ),
+            (ClosePhase::Pending, ("False", "Closing"), "True", "False"),
+        ] {
+            let status = with_phase_conditions(&ConnectionCloseStatus {
+                phase,
+                observed_generation: Some(2),
+                message: Some("m".into()),
+                ..Default::default()
+            });
+            let get = |kind: &str| {
+                conditions::get(&status.conditions, kind)
+                    .map(|c| (c.status.clone(), c.reason.clone()))
+                    .unwrap_or_default()
+            };
+            assert_eq!(
+                get(conditions::READY),
+                (ready.0.into(), ready.1.into()),
+                "{phase:?}"
+            );
+            assert_eq!(get(conditions::RECONCILING).0, reconciling, "{phase:?}");
+            assert_eq!(get(conditions::STALLED).0, stalled, "{phase:?}");
+        }
+    }
+}

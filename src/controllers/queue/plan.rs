@@ -801,4 +801,82 @@ mod tests {
         assert_eq!(bulk_cap_verdict(50_000, 10_000, Some(50_000)), (50_000, false));
         assert_eq!(bulk_cap_verdict(3, 0, Some(2)), (2, true));
     }
+
+    /// `auto-create-address` makes the broker mark the address auto-created, and so free to
+    /// remove it once empty: a create asks for that only when the spec removes an emptied
+    /// address anyway (spec.deletion.removeEmptyAddress); otherwise a missing address is created
+    /// as an ordinary one (`createAddress`), and an existing one is never touched.
+    #[test]
+    fn a_missing_address_is_auto_created_only_when_the_spec_removes_it_once_empty() {
+        let with_address = inv(vec![queue("other", "orders", "ANYCAST")], vec![]);
+        for (remove_empty, address_exists, create_address, auto_created) in [
+            (false, false, true, false),
+            (true, false, false, true),
+            (false, true, false, false),
+            (true, true, false, false),
+        ] {
+            let d = DesiredQueue::new(
+                "orders",
+                &spec(json!({"clusterRef": {"name": "c"}, "deletion": {"removeEmptyAddress": remove_empty}})),
+            );
+            let node = if address_exists {
+                with_address.clone()
+            } else {
+                NodeInventory::default()
+            };
+            let NodeAction::Create {
+                create_address: c,
+                document,
+            } = plan_node(&d, &node)
+            else {
+                panic!("a missing queue is created")
+            };
+            let case = format!("removeEmptyAddress {remove_empty}, address exists {address_exists}");
+            assert_eq!(c, create_address, "{case}: createAddress");
+            assert_eq!(
+                document.get("auto-create-address") == Some(&json!(true)),
+                auto_created,
+                "{case}: {document}"
+            );
+        }
+    }
+
+    /// ADR-0084 §1, §4, §6: a node's delete preview names the node, the consumers the delete
+    /// disconnects and the diverts it keeps (their source is the queue's address); a node
+    /// without the queue says so. What the user reads in status.deletePreview before arming.
+    #[test]
+    fn the_delete_preview_names_its_node_the_consumers_it_disconnects_and_the_diverts_it_keeps() {
+        let mut q = queue("orders", "orders", "ANYCAST");
+        q.consumer_count = 2;
+        let d = DesiredQueue::new(
+            "orders",
+            &spec(json!({"clusterRef": {"name": "c"}, "deletion": {"disconnectConsumers": true}})),
+        );
+        let node = inv(vec![q], vec![divert("out", "orders", "elsewhere")]);
+        let (p, removed) = delete_preview(&d, "n1", &node, &PlanFacts::default());
+        assert_eq!(p.node, "n1");
+        assert_eq!(p.consumer_count, 2);
+        assert!(
+            p.message
+                .as_deref()
+                .is_some_and(|m| m.contains("2 consumer(s) will be disconnected")),
+            "{:?}",
+            p.message
+        );
+        assert_eq!(
+            p.kept_diverts.iter().map(|k| k.name.as_str()).collect::<Vec<_>>(),
+            ["out"]
+        );
+        assert!(removed.is_empty() && p.dependent_diverts.is_empty());
+
+        let (p, _) = delete_preview(&d, "n2", &NodeInventory::default(), &PlanFacts::default());
+        assert_eq!(p.node, "n2");
+        assert!(
+            p.message
+                .as_deref()
+                .is_some_and(|m| m.contains("not on this node")),
+            "{:?}",
+            p.message
+        );
+    }
 }
