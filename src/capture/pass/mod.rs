@@ -360,6 +360,16 @@ pub async fn run(
     };
     let divert_missing = divert_missing(&judged.installs);
     let held = hold_paused(&mut judged, subs);
+    // Issue 42: status is true while the pass runs. The taps it is about to install say so
+    // before the installs (a tap the last pass found HEALTHY may have lost its ring since: a
+    // failover, a restart), not only once the whole pass ends.
+    if !judged.installs.is_empty() {
+        let interim = installing(&judged);
+        let written = report::write_statuses(ctx, state, &cluster_key, subs, &seen, &interim, &held).await;
+        if let Err(e) = written {
+            tracing::warn!(cluster = %cluster_key, error = %e, "capture: the status before this pass's installs not written");
+        }
+    }
     // Before a capture queue is re-created under an existing divert: the window opens.
     let windows = super::window::open(&state.source_marks, &seen.topology, &judged.installs).await;
     let writes = !(judged.installs.is_empty() && judged.sweeps.is_empty());
@@ -624,6 +634,23 @@ async fn judge_node(
         judged.found.insert(k, f);
     }
     orphans_on(seen, node, (instance, cluster_key), inv, judged);
+}
+
+/// What status says while this pass installs: every tap as judged, each one about to be
+/// installed PENDING.
+fn installing(judged: &Judged) -> BTreeMap<(TapName, String), Found> {
+    let mut found = judged.found.clone();
+    for (tap, nodes) in &judged.installs {
+        for node in nodes.keys() {
+            let pending = Found {
+                state: TapState::Pending,
+                refusal: None,
+                message: "not installed on this node: the pass running now installs it".into(),
+            };
+            found.insert((tap.clone(), node.clone()), pending);
+        }
+    }
+    found
 }
 
 /// A node not served now: every desired tap waits for it.
