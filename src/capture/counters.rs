@@ -21,7 +21,7 @@ use super::names::TapName;
 use super::reconcile::Sides;
 use crate::broker::jolokia::JolokiaRequest;
 use crate::broker::{BrokerError, BrokerManagement, mbean};
-use crate::topology::inventory::{NodeInventory, is_not_found};
+use crate::topology::inventory::{NodeInventory, matches};
 
 /// Up to this many source addresses are read by name; more, and the node's address MBeans are
 /// read in one wildcard read (one operation, whose answer follows the node's addresses).
@@ -160,27 +160,17 @@ fn parse(
     let mut out = NodeCounters::default();
     for answer in it.by_ref().take(source_answers) {
         let found = match (sources, answer) {
-            (SourcesRead::Wildcard, answer) => matched(answer)?,
+            (SourcesRead::Wildcard, answer) => matches(answer)?,
             (SourcesRead::ByName(_), Ok(v)) => vec![v],
             (SourcesRead::ByName(_), Err(_)) => continue,
         };
         out.sources.extend(found.iter().filter_map(address_read));
     }
-    let rings = matched(it.next().unwrap_or(Ok(Value::Null)))?;
+    let rings = matches(it.next().unwrap_or(Ok(Value::Null)))?;
     out.rings = rings.iter().filter_map(ring_read).collect();
-    let captures = matched(it.next().unwrap_or(Ok(Value::Null)))?;
+    let captures = matches(it.next().unwrap_or(Ok(Value::Null)))?;
     out.capture_addresses = captures.iter().filter_map(address_read).collect();
     Ok(out)
-}
-
-/// The MBeans a wildcard read matched (none when it matched nothing).
-fn matched(answer: Result<Value, BrokerError>) -> Result<Vec<Value>, BrokerError> {
-    match answer {
-        Ok(Value::Object(m)) => Ok(m.into_iter().map(|(_, v)| v).collect()),
-        Ok(_) => Ok(vec![]),
-        Err(e) if is_not_found(&e) => Ok(vec![]),
-        Err(e) => Err(e),
-    }
 }
 
 fn address_read(v: &Value) -> Option<(String, AddressRead)> {

@@ -290,7 +290,7 @@ fn strings(v: &Value, k: &str) -> Result<Vec<String>, String> {
 }
 
 /// A pattern read answers `{objectName: {attribute: value}}`; no match answers an error 404.
-fn matches(result: Result<Value, BrokerError>) -> Result<Vec<Value>, BrokerError> {
+pub(crate) fn matches(result: Result<Value, BrokerError>) -> Result<Vec<Value>, BrokerError> {
     match result {
         Ok(Value::Object(m)) => Ok(m.into_iter().map(|(_, v)| v).collect()),
         Ok(_) => Ok(vec![]),
