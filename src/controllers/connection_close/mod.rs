@@ -38,8 +38,25 @@ macro_rules! go_on {
     };
 }
 
-/// End a pass: resolve the audit row the verdict names, write the status, look again when it says.
+/// End a pass before arming: write the verdict's status only if the object is still as this
+/// pass read it. The status is the close's state: a pass that read `Pending` while another
+/// process armed (or finished) the close must not write `Pending` back over it — the next
+/// pass would arm and close a second time. Another writer first: look again at once.
 async fn conclude(ctx: &Context, o: &ConnectionClose, verdict: Verdict) -> Result<Action, ReconcileError> {
+    debug_assert!(verdict.resolve.is_none(), "nothing is audited before the arm");
+    if !write_if_unchanged(ctx, o, &verdict.status).await? {
+        return Ok(Action::requeue(Duration::from_secs(2)));
+    }
+    Ok(verdict.then)
+}
+
+/// End an armed pass (this process won the compare-and-swap; no other writes until it records
+/// the outcome): resolve the audit row the verdict names, write the status.
+async fn conclude_armed(
+    ctx: &Context,
+    o: &ConnectionClose,
+    verdict: Verdict,
+) -> Result<Action, ReconcileError> {
     if let Some((audit_id, nodes)) = verdict.resolve {
         finish_close(ctx, o, audit_id, nodes).await?;
     }
@@ -139,7 +156,9 @@ async fn close_by_id(
         expected,
     };
     let reread = read::target(m, &o.spec.target).await;
-    go_on!(ctx, o, decide::judge_reread(o, &armed, reread, &mut status));
+    if let ControlFlow::Break(verdict) = decide::judge_reread(o, &armed, reread, &mut status) {
+        return conclude_armed(ctx, o, verdict).await;
+    }
     let target = o.spec.target.clone();
     let outcome = fanout::run_on(node, rt.request_timeout * 2, &move |tg| {
         close_on(target.clone(), tg)
@@ -341,4 +360,52 @@ fn error_policy(_o: Arc<ConnectionClose>, error: &ReconcileError, _ctx: Arc<Cont
 
 pub async fn run(ctx: Arc<Context>, wiring: super::Wiring<ConnectionClose>) {
     super::run_controller(wiring, ctx, reconcile, error_policy).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::controllers::fixtures;
+
+    /// The close as the API server has it: seen before (a first status), `Pending`, at
+    /// resourceVersion 7.
+    fn pending() -> Value {
+        json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ConnectionClose",
+            "metadata": {"name": "by-address", "namespace": "ns", "uid": "u1", "generation": 1, "resourceVersion": "7"},
+            "spec": {"clusterRef": {"name": "c"}, "target": {"address": "orders"}, "confirm": "orders"},
+            "status": {"phase": "Pending", "observedGeneration": 1}
+        })
+    }
+
+    /// Issue 41 (seen in CI): a pass that read `Pending` and ends without arming (here: its
+    /// cluster not usable yet) while another process armed the close meanwhile writes its status
+    /// only on the resourceVersion it read — refused, nothing else written. A plain write would
+    /// put `Pending` back over `Closing` and the next pass would close a second time.
+    #[tokio::test]
+    async fn a_pass_that_did_not_arm_never_writes_over_a_status_changed_since_it_read() {
+        let (ctx, received) = fixtures::context(Box::new(|sent| match sent.method.as_str() {
+            "GET" => (200, pending()),
+            // Another process armed the close after this pass read it.
+            _ => (409, json!({"kind": "Status", "code": 409, "reason": "Conflict"})),
+        }));
+        let o: ConnectionClose = serde_json::from_value(pending()).expect("close");
+        let then = reconcile(Arc::new(o), ctx)
+            .await
+            .expect("a conflict is not an error");
+        assert_eq!(then, Action::requeue(Duration::from_secs(2)));
+        let writes: Vec<_> = received.all().into_iter().filter(|s| s.method != "GET").collect();
+        assert_eq!(writes.len(), 1, "one write, refused: {writes:?}");
+        assert_eq!(
+            writes[0].method, "PUT",
+            "a replace on the version read: {writes:?}"
+        );
+        assert_eq!(writes[0].body["metadata"]["resourceVersion"], "7");
+        assert_eq!(
+            writes[0].body["status"]["conditions"][0]["reason"],
+            "ClusterNotFound"
+        );
+    }
 }
