@@ -5,7 +5,8 @@
 //! window opens only when its environment variable names a marker file: the hook writes the
 //! marker (what the test waits for) and then sleeps, so the test kills the process there.
 //! [`drain_dies`] is the one hook that is not a pause: it makes capture drains die (panic), for
-//! the test of their supervision.
+//! the test of their supervision; [`task_ends`] likewise ends one supervised task
+//! (`src/supervisor.rs`).
 
 /// One pause point, named by the environment variable that opens it.
 #[derive(Debug, Clone, Copy)]
@@ -55,6 +56,21 @@ mod open {
         std::env::var_os("ARTEMIS_STUDIO_TEST_DRAIN_DIES").is_some_and(|f| std::path::Path::new(&f).exists())
     }
 
+    /// The variable is `<task>:<file>`: that supervised task (`capture`, `health`) panics once
+    /// the file exists (looked for every 100 ms). Never returns otherwise.
+    pub async fn task_ends(task: &str) {
+        let var = std::env::var("ARTEMIS_STUDIO_TEST_TASK_ENDS").unwrap_or_default();
+        match var.split_once(':') {
+            Some((t, file)) if t == task => {
+                while !std::path::Path::new(file).exists() {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                panic!("test hook ARTEMIS_STUDIO_TEST_TASK_ENDS={var}");
+            }
+            _ => std::future::pending().await,
+        }
+    }
+
     pub async fn hold_all_but_first_node() {
         if marker(Window::MidFanout).is_some() && FIRST_NODE_TAKEN.swap(true, Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_secs(3600)).await;
@@ -63,7 +79,7 @@ mod open {
 }
 
 #[cfg(feature = "test-hooks")]
-pub use open::{drain_dies, hold_all_but_first_node, mark, pause};
+pub use open::{drain_dies, hold_all_but_first_node, mark, pause, task_ends};
 
 /// Write the window's marker, then sleep (for the test's SIGKILL).
 #[cfg(not(feature = "test-hooks"))]
@@ -86,4 +102,13 @@ pub async fn hold_all_but_first_node() {}
 #[inline(always)]
 pub fn drain_dies() -> bool {
     false
+}
+
+/// Panics once the supervised task of this name is to end (`ARTEMIS_STUDIO_TEST_TASK_ENDS`
+/// is `<task>:<file>` and the file exists): what the test of supervision kills. Else, and in
+/// a release build, never returns.
+#[cfg(not(feature = "test-hooks"))]
+#[inline(always)]
+pub async fn task_ends(_: &str) {
+    std::future::pending().await
 }

@@ -14,5 +14,6 @@ pub mod fanout;
 pub mod leader;
 pub mod reading;
 pub mod store;
+pub mod supervisor;
 pub mod telemetry;
 pub mod topology;

@@ -8,6 +8,7 @@ use artemis_studio_operator::cli::{Cli, Command, RunArgs, Secret};
 use artemis_studio_operator::controllers::{self, Context, Namespaces, Reflectors};
 use artemis_studio_operator::leader;
 use artemis_studio_operator::store::{DatabaseConfig, Store};
+use artemis_studio_operator::supervisor::{self, Supervisor};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -50,18 +51,37 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         pod_namespace = ?args.pod_namespace,
         "starting"
     );
-    serve_health_and_metrics(args.listen, ctx.metrics.clone());
-    stop_on_signals(ctx.shutdown.clone())?;
+    let tasks = Supervisor::default();
+    serve_health_and_metrics(&tasks, args.listen, ctx.metrics.clone());
+    stop_on_signals(ctx.shutdown.clone(), tasks.clone())?;
     // Capture is not leader-only: every replica runs it, and a Postgres advisory lock per
     // cluster decides which replica serves which cluster (ADR-0062 D7).
-    tokio::spawn(artemis_studio_operator::capture::run(ctx.clone()));
-    let exit = run_controllers(&args, client, timing, ctx, reflectors).await;
-    tracing::info!(?exit, "stopped");
-    if exit.code() != 0 {
-        // At once: nothing of this process may act after its Lease is lost.
-        std::process::exit(exit.code());
+    let capture = artemis_studio_operator::capture::run(ctx.clone());
+    tasks.spawn("capture", ends_in_tests("capture", capture));
+    let code = tokio::select! {
+        exit = run_controllers(&args, client, timing, ctx, reflectors) => {
+            tasks.stopping();
+            tracing::info!(?exit, "stopped");
+            exit.code()
+        }
+        ended = tasks.first_end() => {
+            tracing::error!(task = ended.task, how = %ended.how, "stopping: a supervised task ended unasked");
+            supervisor::EXIT_TASK_ENDED
+        }
+    };
+    if code != 0 {
+        // At once: nothing of this process may act after its Lease is lost or a task died.
+        std::process::exit(code);
     }
     Ok(())
+}
+
+/// A supervised task, which a test build ends (a panic) when a test says so.
+async fn ends_in_tests(task: &'static str, run: impl std::future::Future<Output = ()>) {
+    tokio::select! {
+        () = run => {}
+        () = artemis_studio_operator::crash_window::task_ends(task) => {}
+    }
 }
 
 /// kube's client logs every failed API request at ERROR ("failed with error client error
@@ -110,14 +130,17 @@ fn context(
 
 /// The health and metrics endpoint, in the background.
 fn serve_health_and_metrics(
+    tasks: &Supervisor,
     listen: std::net::SocketAddr,
     metrics: Arc<artemis_studio_operator::telemetry::Metrics>,
 ) {
-    tokio::spawn(async move {
-        if let Err(e) = artemis_studio_operator::telemetry::serve(listen, metrics).await {
+    let serve = artemis_studio_operator::telemetry::serve(listen, metrics, tasks.clone());
+    let health = async move {
+        if let Err(e) = serve.await {
             tracing::error!(error = %e, %listen, "the health and metrics endpoint stopped");
         }
-    });
+    };
+    tasks.spawn("health", ends_in_tests("health", health));
 }
 
 /// Run the controllers, as the Lease's holder when leader election is on, until they stop.
@@ -153,7 +176,7 @@ async fn run_controllers(
 }
 
 /// SIGTERM or SIGINT asks for a graceful stop; a second one ends the process at once.
-fn stop_on_signals(shutdown: leader::Shutdown) -> anyhow::Result<()> {
+fn stop_on_signals(shutdown: leader::Shutdown, tasks: Supervisor) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -163,6 +186,7 @@ fn stop_on_signals(shutdown: leader::Shutdown) -> anyhow::Result<()> {
             _ = int.recv() => {}
         }
         tracing::info!("stop requested (signal)");
+        tasks.stopping();
         shutdown.request();
         tokio::select! {
             _ = term.recv() => {}

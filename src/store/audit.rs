@@ -4,7 +4,7 @@
 //! one transaction and one WAL flush for all of them, each still its own row. Nothing waits
 //! for a batch to fill: a lone command costs one statement, as before.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
@@ -162,20 +162,35 @@ enum Request {
 }
 
 /// The writer task's queue, started on first use and shared by every clone of a [`Store`].
+/// A writer that died (a panic) is replaced at the next request (issue 43: supervised, restarted
+/// by design): the requests it held get `WriterGone`, never every later one.
 #[derive(Clone, Default)]
-pub struct GroupCommit(Arc<OnceLock<mpsc::UnboundedSender<Request>>>);
+pub struct GroupCommit(Arc<Mutex<Option<mpsc::UnboundedSender<Request>>>>);
 
 impl GroupCommit {
     fn send(&self, pool: &sqlx::PgPool, request: Request) {
-        let tx = self.0.get_or_init(|| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(write_batches(pool.clone(), rx));
-            tx
-        });
-        // The task ends only when every sender is gone, so a send cannot fail while `self`
-        // lives; were it to, the caller's reply channel closes and it reports that.
+        let Ok(mut writer) = self.0.lock() else {
+            // A poisoned lock: the request is dropped, its caller gets `WriterGone`.
+            return;
+        };
+        let tx = match writer.as_ref() {
+            Some(tx) if !tx.is_closed() => tx,
+            dead => {
+                if dead.is_some() {
+                    tracing::error!("the audit writer task ended: starting another");
+                }
+                writer.insert(spawn_writer(pool))
+            }
+        };
+        // Refused only if the writer died since the check: its caller gets `WriterGone`.
         let _ = tx.send(request);
     }
+}
+
+fn spawn_writer(pool: &sqlx::PgPool) -> mpsc::UnboundedSender<Request> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(write_batches(pool.clone(), rx));
+    tx
 }
 
 impl Store {
@@ -387,4 +402,32 @@ async fn update_outcomes(tx: &mut sqlx::PgConnection, outcomes: &[Request]) -> R
     .execute(&mut *tx)
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 43: a writer that died is replaced at the next request — that request reaches a
+    /// writer (here it fails on the unreachable database, as any write would) instead of every
+    /// later intent failing `WriterGone` for ever.
+    #[tokio::test]
+    async fn a_dead_writer_is_replaced_at_the_next_request() {
+        let options = sqlx::postgres::PgConnectOptions::new().host("127.0.0.1").port(1);
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(std::time::Duration::from_millis(300))
+            .connect_lazy_with(options);
+        // The writer task is gone: its receiver dropped.
+        let (dead, _) = mpsc::unbounded_channel();
+        let store = Store {
+            pool,
+            process_id: None,
+            audit: GroupCommit(Arc::new(Mutex::new(Some(dead)))),
+        };
+        let e = store
+            .audit_outcome(1, CommandVerdict::Succeeded, &serde_json::Value::Null)
+            .await
+            .expect_err("the database is unreachable");
+        assert!(!matches!(e, StoreError::WriterGone), "{e:?}");
+    }
 }

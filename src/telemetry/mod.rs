@@ -257,25 +257,24 @@ impl Metrics {
     }
 }
 
-/// Serve the probes and metrics until the process ends.
-pub async fn serve(addr: std::net::SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
-    use axum::http::StatusCode;
+/// Serve the probes and metrics until the process ends. A supervised task that ended unasked
+/// makes both probes fail, naming it (issue 43).
+pub async fn serve(
+    addr: std::net::SocketAddr,
+    metrics: Arc<Metrics>,
+    supervisor: crate::supervisor::Supervisor,
+) -> std::io::Result<()> {
     use axum::routing::get;
     let ready = metrics.clone();
     let scrape = metrics.clone();
+    let live = supervisor.clone();
     let app = axum::Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(move || async move { probe(&live, true, "ok") }))
         .route(
             "/readyz",
             get(move || {
-                let ready = ready.ready.load(Ordering::Relaxed);
-                async move {
-                    if ready {
-                        (StatusCode::OK, "ready")
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "starting")
-                    }
-                }
+                let answer = probe(&supervisor, ready.ready.load(Ordering::Relaxed), "ready");
+                async move { answer }
             }),
         )
         .route(
@@ -295,4 +294,18 @@ pub async fn serve(addr: std::net::SocketAddr, metrics: Arc<Metrics>) -> std::io
         );
     let listener = tokio::net::TcpListener::bind(addr).await?;
     axum::serve(listener, app).await
+}
+
+/// A probe's answer: failing with the task that ended, else as `ok` says.
+fn probe(
+    supervisor: &crate::supervisor::Supervisor,
+    ok: bool,
+    ok_text: &str,
+) -> (axum::http::StatusCode, String) {
+    use axum::http::StatusCode;
+    match supervisor.ended() {
+        Some(ended) => (StatusCode::SERVICE_UNAVAILABLE, ended.to_string()),
+        None if ok => (StatusCode::OK, ok_text.into()),
+        None => (StatusCode::SERVICE_UNAVAILABLE, "starting".into()),
+    }
 }

@@ -399,3 +399,59 @@ async fn sigterm_while_the_caches_cannot_sync_exits_at_once_with_0() {
         "nothing was in flight, yet the stop took {took:?} (the grace is 20 s)"
     );
 }
+
+/// Issue 43: a supervised task that ends unasked (the capture worker, killed by a test hook
+/// once the process is ready) takes the process down non-zero, naming the task — never a pod
+/// that stays Ready with capture dead.
+#[tokio::test]
+async fn a_capture_worker_that_dies_takes_the_process_down_naming_it() {
+    let bed = TestBed::get();
+    let ns = bed.fresh_namespace("task-ends").await;
+    bed.install_operator_rbac().await;
+    let db = bed.fresh_database().await;
+    let port = free_port();
+    let marker = std::env::temp_dir().join(format!("task-ends-{}", short_id()));
+    let hook = format!("capture:{}", marker.display());
+    let mut cmd = bed.operator_command(
+        std::path::Path::new(env!("CARGO_BIN_EXE_artemis-studio-operator")),
+        &ns,
+        &db,
+        port,
+        &[
+            ("ARTEMIS_STUDIO_TEST_TASK_ENDS", hook.as_str()),
+            ("LOG_JSON", "true"),
+        ],
+    );
+    let mut op =
+        crate::support::OperatorProcess(cmd.stdout(Stdio::piped()).spawn().expect("start the operator"));
+    let http = reqwest::Client::new();
+    wait_ready(&http, port).await;
+    let health = http
+        .get(format!("http://127.0.0.1:{port}/healthz"))
+        .send()
+        .await
+        .expect("healthz");
+    assert!(health.status().is_success(), "healthy before: {health:?}");
+    std::fs::write(&marker, "end").expect("marker");
+    let exit = wait_until("the operator exits", Duration::from_secs(30), || {
+        let r = op.0.try_wait().expect("try_wait");
+        async move { r }
+    })
+    .await;
+    let _ = std::fs::remove_file(&marker);
+    assert_eq!(
+        exit.code(),
+        Some(artemis_studio_operator::supervisor::EXIT_TASK_ENDED),
+        "{exit:?}"
+    );
+    let mut log = String::new();
+    if let Some(mut out) = op.0.stdout.take() {
+        use std::io::Read;
+        let _ = out.read_to_string(&mut log);
+    }
+    assert!(
+        log.lines()
+            .any(|l| l.contains("supervised task ended unasked") && l.contains("\"task\":\"capture\"")),
+        "the log names the task: {log}"
+    );
+}

@@ -44,20 +44,28 @@ async fn the_readme_walkthrough_runs_as_written() {
         .and_then(|d| d.parent())
         .map(|t| t.join("release"))
         .expect("target dir");
+    let release_operator = plugin_dir.join("artemis-studio-operator");
     assert!(
-        plugin_dir.join("kubectl-artemis").exists(),
-        "the walk-through uses the release plugin: run `cargo build --release --locked` first (.ci/run does)"
+        plugin_dir.join("kubectl-artemis").exists() && release_operator.exists(),
+        "the walk-through runs the release build, as users do: run `cargo build --release --locked` first (.ci/run and deploy/dev/test do)"
     );
-    // What deploy/dev/demo does, with the binary this test was built with.
+    // What deploy/dev/demo does, with the release operator (no test hooks): the smoke tier of
+    // the binary users run. A test hook that would end its capture worker at once must do
+    // nothing there (issue 43).
     let admin = bed.kube_admin().await;
     crate::smoke::install_crds(&admin).await;
     bed.install_operator_rbac().await;
     let port = 18_180 + (std::process::id() % 50) as u16;
-    let _operator = bed.spawn_operator(
+    let hook = format!("capture:{}", plugin_dir.join("kubectl-artemis").display());
+    let mut operator = bed.spawn_operator_binary(
+        &release_operator,
         "artemis-demo",
         &bed.database_url(),
         port,
-        &[("INSTANCE_ID", "demo")],
+        &[
+            ("INSTANCE_ID", "demo"),
+            ("ARTEMIS_STUDIO_TEST_TASK_ENDS", hook.as_str()),
+        ],
     );
     kubectl(&bed, &["apply", "-f", "deploy/examples/cluster.yaml"]);
     wait_ready(&reqwest::Client::new(), port).await;
@@ -110,6 +118,10 @@ async fn the_readme_walkthrough_runs_as_written() {
         "tail and search show the messages:\n{stdout}"
     );
     assert!(stdout.contains("queue.apply"), "the audit trail:\n{stdout}");
+    assert!(
+        matches!(operator.0.try_wait(), Ok(None)),
+        "the release operator runs on: it has no test hooks"
+    );
 
     // Tidy the shared brokers: the subscription's taps, the queues, the namespace. The orders
     // queue holds the walk-through's messages: their loss is named, as the message cap (0) asks.
