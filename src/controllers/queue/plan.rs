@@ -486,6 +486,7 @@ mod tests {
 
     use super::*;
     use crate::api::queue::QueueRoutingType;
+    use crate::topology::inventory::{Expected, Unreadable};
 
     fn spec(json: Value) -> ArtemisQueueSpec {
         serde_json::from_value(json).expect("spec")
@@ -762,8 +763,13 @@ mod tests {
     fn an_unreadable_queue_is_neither_written_nor_destroyed() {
         let d = DesiredQueue::new("orders", &spec(json!({"clusterRef": {"name": "c"}})));
         let mut i = NodeInventory::default();
-        i.unreadable_queues
-            .insert("orders".into(), "attribute MessageCount is not a count".into());
+        i.unreadable_queues.insert(
+            "orders".into(),
+            Unreadable::AttributeWrongType {
+                attribute: "MessageCount",
+                expected: Expected::Count,
+            },
+        );
         assert!(matches!(
             plan_delete(&d, &i, &PlanFacts::default()),
             Step::Refuse {
