@@ -88,25 +88,46 @@ pub struct Timing {
     pub retry_period: Duration,
 }
 
+/// Lease timings that could let two leaders act (refused before anything starts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TimingError {
+    #[error(
+        "LEASE_RENEW_DEADLINE_SECONDS ({renew_deadline_seconds}) must be less than \
+         LEASE_DURATION_SECONDS ({lease_duration_seconds}): a leader must stop before a \
+         standby may take the Lease over"
+    )]
+    DeadlineNotUnderDuration {
+        renew_deadline_seconds: u32,
+        lease_duration_seconds: u32,
+    },
+    #[error(
+        "LEASE_RETRY_PERIOD_SECONDS ({retry_period_seconds}) must be less than \
+         LEASE_RENEW_DEADLINE_SECONDS ({renew_deadline_seconds}): a leader needs more \
+         than one try to renew"
+    )]
+    RetryNotUnderDeadline {
+        retry_period_seconds: u32,
+        renew_deadline_seconds: u32,
+    },
+}
+
 impl Timing {
     pub fn new(
         lease_duration_seconds: u32,
         renew_deadline_seconds: u32,
         retry_period_seconds: u32,
-    ) -> Result<Timing, String> {
+    ) -> Result<Timing, TimingError> {
         if renew_deadline_seconds >= lease_duration_seconds {
-            return Err(format!(
-                "LEASE_RENEW_DEADLINE_SECONDS ({renew_deadline_seconds}) must be less than \
-                 LEASE_DURATION_SECONDS ({lease_duration_seconds}): a leader must stop before a \
-                 standby may take the Lease over"
-            ));
+            return Err(TimingError::DeadlineNotUnderDuration {
+                renew_deadline_seconds,
+                lease_duration_seconds,
+            });
         }
         if retry_period_seconds >= renew_deadline_seconds {
-            return Err(format!(
-                "LEASE_RETRY_PERIOD_SECONDS ({retry_period_seconds}) must be less than \
-                 LEASE_RENEW_DEADLINE_SECONDS ({renew_deadline_seconds}): a leader needs more \
-                 than one try to renew"
-            ));
+            return Err(TimingError::RetryNotUnderDeadline {
+                retry_period_seconds,
+                renew_deadline_seconds,
+            });
         }
         Ok(Timing {
             lease_duration: Duration::from_secs(lease_duration_seconds.into()),
@@ -662,9 +683,33 @@ mod tests {
         assert_eq!(t.lease_duration, Duration::from_secs(15));
         assert_eq!(t.renew_deadline, Duration::from_secs(10));
         assert_eq!(t.retry_period, Duration::from_secs(2));
-        assert!(Timing::new(10, 10, 2).is_err(), "deadline = duration");
-        assert!(Timing::new(10, 12, 2).is_err(), "deadline > duration");
-        assert!(Timing::new(10, 5, 5).is_err(), "retry = deadline");
+        assert!(
+            matches!(
+                Timing::new(10, 10, 2),
+                Err(TimingError::DeadlineNotUnderDuration { .. })
+            ),
+            "deadline = duration"
+        );
+        assert!(
+            matches!(
+                Timing::new(10, 12, 2),
+                Err(TimingError::DeadlineNotUnderDuration { .. })
+            ),
+            "deadline > duration"
+        );
+        assert_eq!(
+            Timing::new(10, 5, 5),
+            Err(TimingError::RetryNotUnderDeadline {
+                retry_period_seconds: 5,
+                renew_deadline_seconds: 5
+            }),
+            "retry = deadline"
+        );
+        assert_eq!(
+            Timing::new(10, 10, 2).map_err(|e| e.to_string()),
+            Err("LEASE_RENEW_DEADLINE_SECONDS (10) must be less than LEASE_DURATION_SECONDS (10): a leader must stop before a standby may take the Lease over".to_string()),
+            "the message names both settings and the rule"
+        );
         assert!(Timing::new(3, 2, 1).is_ok());
     }
 

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::Context;
 use super::pipeline::{self, Pass, PlanFacts, Step, TopologyObject, WholeRefusal};
-use super::queue::plan::check_broker_name;
+use super::queue::plan::{BrokerNameError, check_broker_name};
 use crate::api::divert::{ArtemisDivert, ArtemisDivertSpec, ArtemisDivertStatus, DivertRoutingType};
 use crate::api::{Outcome, RefusalKind};
 use crate::broker::BrokerError;
@@ -36,6 +36,20 @@ impl DesiredDivert {
             name,
             spec: spec.clone(),
         }
+    }
+
+    /// The broker names of an object, checked against the naming rules.
+    pub fn checked(object_name: &str, uid: &str, spec: &ArtemisDivertSpec) -> Result<Self, BrokerNameError> {
+        let d = DesiredDivert::new(object_name, uid, spec);
+        let name_field = if spec.name.is_some() {
+            "spec.name"
+        } else {
+            "metadata.name"
+        };
+        check_broker_name(name_field, &d.name)?;
+        check_broker_name("spec.address", &d.spec.address)?;
+        check_broker_name("spec.forwardingAddress", &d.spec.forwarding_address)?;
+        Ok(d)
     }
 
     fn routing_type(&self) -> &'static str {
@@ -219,17 +233,10 @@ impl TopologyObject for ArtemisDivert {
     fn cache(ctx: &Context) -> &super::Cache<Self> {
         &ctx.caches.diverts
     }
+    /// The trait (pipeline.rs) takes the refusal as text: the status message it shows.
     fn desired(&self) -> Result<DesiredDivert, String> {
-        let d = DesiredDivert::new(&self.name_any(), &self.uid().unwrap_or_default(), &self.spec);
-        let name_field = if self.spec.name.is_some() {
-            "spec.name"
-        } else {
-            "metadata.name"
-        };
-        check_broker_name(name_field, &d.name)?;
-        check_broker_name("spec.address", &d.spec.address)?;
-        check_broker_name("spec.forwardingAddress", &d.spec.forwarding_address)?;
-        Ok(d)
+        DesiredDivert::checked(&self.name_any(), &self.uid().unwrap_or_default(), &self.spec)
+            .map_err(|e| e.to_string())
     }
     fn claim(d: &DesiredDivert) -> String {
         format!("divert {}", d.name)

@@ -47,7 +47,7 @@ pub enum ReconcileError {
     #[error("delete refused: {0}")]
     DeleteRefused(String),
     #[error("finalizer: {0}")]
-    Finalizer(String),
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<ReconcileError>>),
 }
 
 /// Which namespaces the operator acts in.
@@ -630,7 +630,7 @@ impl From<kube::runtime::finalizer::Error<ReconcileError>> for ReconcileError {
         match e {
             kube::runtime::finalizer::Error::ApplyFailed(e)
             | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-            other => ReconcileError::Finalizer(other.to_string()),
+            other => ReconcileError::Finalizer(Box::new(other)),
         }
     }
 }

@@ -97,16 +97,11 @@ impl TimeRange {
         let to = self.to.unwrap_or(now);
         let from = match (self.from, self.since) {
             (Some(f), _) => f,
-            (None, Some(d)) => {
-                to - chrono::Duration::from_std(d)
-                    .map_err(|_| ReadError::Usage("--since is too long".into()))?
-            }
+            (None, Some(d)) => to - chrono::Duration::from_std(d).map_err(ReadError::SinceTooLong)?,
             (None, None) => to - chrono::Duration::hours(1),
         };
         if from > to {
-            return Err(ReadError::Usage(format!(
-                "the range starts ({from}) after it ends ({to}): check --from/--to"
-            )));
+            return Err(ReadError::RangeBackwards { from, to });
         }
         Ok(Window { from, to })
     }
@@ -188,22 +183,67 @@ pub struct AuditArgs {
     pub limit: i64,
 }
 
+/// Why a reading command gave no answer: what it was asked (each names the fix), the database,
+/// or the output.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
-    #[error("{0}")]
-    Usage(String),
-    #[error("{0}")]
-    NotFound(String),
+    #[error("--since is too long")]
+    SinceTooLong(#[source] chrono::OutOfRangeError),
+    #[error("the range starts ({from}) after it ends ({to}): check --from/--to")]
+    RangeBackwards { from: DateTime<Utc>, to: DateTime<Utc> },
+    #[error(
+        "no capture subscription {name} in namespace {namespace} has stored anything yet: check the name and -n, \
+         and `kubectl get acap -n {namespace}` for its status"
+    )]
+    SubscriptionNotStored { name: String, namespace: String },
+    #[error(
+        "{name} in namespace {namespace} names subscriptions of several clusters ({}): use search --cluster",
+        .clusters.join(", ")
+    )]
+    SubscriptionOnSeveralClusters {
+        name: String,
+        namespace: String,
+        clusters: Vec<String>,
+    },
+    #[error("subscription {subscription} belongs to cluster {belongs_to}, not {given}")]
+    SubscriptionOfAnotherCluster {
+        subscription: String,
+        belongs_to: String,
+        given: String,
+    },
+    #[error("give --subscription or --cluster")]
+    NoSubscriptionOrCluster,
+    #[error("no capture subscription in namespace {namespace} has stored anything yet")]
+    NothingStoredInNamespace { namespace: String },
+    #[error(
+        "namespace {namespace} has subscriptions on several clusters ({}): give --cluster",
+        .clusters.join(", ")
+    )]
+    NamespaceOnSeveralClusters {
+        namespace: String,
+        clusters: Vec<String>,
+    },
+    #[error("`{object}` is not <kind>/<name> (e.g. queue/orders)")]
+    NotKindAndName { object: String },
+    #[error("unknown kind `{kind}`: use queue, divert, cluster, capture or connectionclose")]
+    UnknownKind { kind: String },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("writing the answer: {0}")]
     Output(#[from] std::io::Error),
 }
 
-fn parse_property(s: &str) -> Result<(String, String), String> {
+/// A `--where` that is not KEY=VALUE.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{given}` is not KEY=VALUE (e.g. --where region=eu)")]
+pub struct NotAProperty {
+    given: String,
+}
+
+fn parse_property(s: &str) -> Result<(String, String), NotAProperty> {
     match s.split_once('=') {
         Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
-        _ => Err(format!("`{s}` is not KEY=VALUE (e.g. --where region=eu)")),
+        _ => Err(NotAProperty { given: s.to_string() }),
     }
 }
 
@@ -282,18 +322,15 @@ async fn one_subscription(store: &Store, ns: &str, name: &str) -> Result<KnownSu
     let mut found = store.known_subscriptions(ns, Some(name)).await?;
     match found.len() {
         1 => Ok(found.remove(0)),
-        0 => Err(ReadError::NotFound(format!(
-            "no capture subscription {name} in namespace {ns} has stored anything yet: check the name and -n, \
-             and `kubectl get acap -n {ns}` for its status"
-        ))),
-        _ => Err(ReadError::Usage(format!(
-            "{name} in namespace {ns} names subscriptions of several clusters ({}): use search --cluster",
-            found
-                .iter()
-                .map(|s| s.cluster.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))),
+        0 => Err(ReadError::SubscriptionNotStored {
+            name: name.to_string(),
+            namespace: ns.to_string(),
+        }),
+        _ => Err(ReadError::SubscriptionOnSeveralClusters {
+            name: name.to_string(),
+            namespace: ns.to_string(),
+            clusters: found.into_iter().map(|s| s.cluster).collect(),
+        }),
     }
 }
 
@@ -481,15 +518,16 @@ async fn search<W: Write>(a: SearchArgs, out: W) -> Result<(), ReadError> {
             if let Some(c) = cluster
                 && cluster_key(&ns, c) != sub.cluster
             {
-                return Err(ReadError::Usage(format!(
-                    "subscription {s} belongs to cluster {}, not {c}",
-                    sub.cluster
-                )));
+                return Err(ReadError::SubscriptionOfAnotherCluster {
+                    subscription: s.clone(),
+                    belongs_to: sub.cluster,
+                    given: c.clone(),
+                });
             }
             (sub.cluster, Some(sub.subscription))
         }
         (None, Some(c)) => (cluster_key(&ns, c), None),
-        (None, None) => return Err(ReadError::Usage("give --subscription or --cluster".into())),
+        (None, None) => return Err(ReadError::NoSubscriptionOrCluster),
     };
     let now = db_now(&store).await?;
     let window = a.range.window(now)?;
@@ -542,15 +580,13 @@ async fn requests_on<W: Write>(a: RequestsArgs, out: W) -> Result<(), ReadError>
             match clusters.len() {
                 1 => clusters.into_iter().next().unwrap_or_default(),
                 0 => {
-                    return Err(ReadError::NotFound(format!(
-                        "no capture subscription in namespace {ns} has stored anything yet"
-                    )));
+                    return Err(ReadError::NothingStoredInNamespace { namespace: ns });
                 }
                 _ => {
-                    return Err(ReadError::Usage(format!(
-                        "namespace {ns} has subscriptions on several clusters ({}): give --cluster",
-                        clusters.into_iter().collect::<Vec<_>>().join(", ")
-                    )));
+                    return Err(ReadError::NamespaceOnSeveralClusters {
+                        namespace: ns,
+                        clusters: clusters.into_iter().collect(),
+                    });
                 }
             }
         }
@@ -605,11 +641,9 @@ async fn audit<W: Write>(a: AuditArgs, out: W) -> Result<(), ReadError> {
         Some(o) => {
             let (kind, name) = o
                 .split_once('/')
-                .ok_or_else(|| ReadError::Usage(format!("`{o}` is not <kind>/<name> (e.g. queue/orders)")))?;
-            let kind = audit_kind(kind).ok_or_else(|| {
-                ReadError::Usage(format!(
-                    "unknown kind `{kind}`: use queue, divert, cluster, capture or connectionclose"
-                ))
+                .ok_or_else(|| ReadError::NotKindAndName { object: o.clone() })?;
+            let kind = audit_kind(kind).ok_or_else(|| ReadError::UnknownKind {
+                kind: kind.to_string(),
             })?;
             Some((kind.to_string(), name.to_string()))
         }
@@ -645,7 +679,10 @@ mod tests {
         assert_eq!(audit_kind("pod"), None);
         assert_eq!(parse_property("region=eu"), Ok(("region".into(), "eu".into())));
         assert_eq!(parse_property("k=a=b"), Ok(("k".into(), "a=b".into())));
-        assert!(parse_property("region").unwrap_err().contains("KEY=VALUE"));
+        assert_eq!(
+            parse_property("region").map_err(|e| e.to_string()),
+            Err("`region` is not KEY=VALUE (e.g. --where region=eu)".to_string())
+        );
     }
 
     #[test]
@@ -658,6 +695,9 @@ mod tests {
             to: Some(now - chrono::Duration::seconds(1)),
             since: None,
         };
-        assert!(backwards.window(now).is_err());
+        assert!(matches!(
+            backwards.window(now),
+            Err(ReadError::RangeBackwards { .. })
+        ));
     }
 }

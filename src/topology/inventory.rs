@@ -70,7 +70,7 @@ pub struct NodeInventory {
     pub diverts: OrdMap<String, DivertInfo>,
     /// Queues the broker listed whose attributes could not be read as their types: nothing is
     /// planned or written for them on a guess (a failed attribute is never read as false or 0).
-    pub unreadable_queues: OrdMap<String, String>,
+    pub unreadable_queues: OrdMap<String, Unreadable>,
     /// What a scoped read covered (None: the whole node was scraped).
     pub scope: Option<ReadScope>,
 }
@@ -234,59 +234,107 @@ const DIVERT_ATTRIBUTES: &[&str] = &[
 ];
 const ADDRESS_ATTRIBUTES: &[&str] = &["Address", "RoutingTypes", "QueueNames"];
 
+/// The type an attribute or a `listQueues` field was expected to have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expected {
+    String,
+    Boolean,
+    Integer,
+    Count,
+    List,
+}
+
+impl std::fmt::Display for Expected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Expected::String => "a string",
+            Expected::Boolean => "a boolean",
+            Expected::Integer => "an integer",
+            Expected::Count => "a count",
+            Expected::List => "a list",
+        })
+    }
+}
+
+/// Why the broker's description of an object (an MBean's attributes, a `listQueues` row) does
+/// not read as one: nothing is planned or written on a guess.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Unreadable {
+    #[error("attribute {0} missing")]
+    AttributeMissing(&'static str),
+    /// A wildcard read with `ignoreErrors` put the attribute's error where its value would be.
+    #[error("attribute {attribute} could not be read: {fault}")]
+    AttributeFailed { attribute: &'static str, fault: String },
+    #[error("attribute {attribute} is not {expected}")]
+    AttributeWrongType {
+        attribute: &'static str,
+        expected: Expected,
+    },
+    #[error("field {0} missing")]
+    FieldMissing(&'static str),
+    #[error("field {field} is not {}", Expected::Boolean)]
+    FieldNotBoolean {
+        field: &'static str,
+        #[source]
+        source: std::str::ParseBoolError,
+    },
+    /// An integer field (`expected`: an integer, or a count, never negative).
+    #[error("field {field} is not {expected}")]
+    FieldNotNumber {
+        field: &'static str,
+        expected: Expected,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+}
+
 /// A typed attribute, or why it is not one (a wildcard read with `ignoreErrors` puts an
 /// attribute's error where its value would be: it must never read as false, 0 or a filter).
-fn attr<'v>(v: &'v Value, k: &str) -> Result<&'v Value, String> {
-    let value = v.get(k).ok_or_else(|| format!("attribute {k} missing"))?;
+fn attr<'v>(v: &'v Value, k: &'static str) -> Result<&'v Value, Unreadable> {
+    let value = v.get(k).ok_or(Unreadable::AttributeMissing(k))?;
     match attribute_fault(value) {
-        Some(fault) => Err(format!("attribute {k} could not be read: {fault}")),
+        Some(fault) => Err(Unreadable::AttributeFailed { attribute: k, fault }),
         None => Ok(value),
     }
 }
-fn s(v: &Value, k: &str) -> Result<String, String> {
+fn not(attribute: &'static str, expected: Expected) -> Unreadable {
+    Unreadable::AttributeWrongType { attribute, expected }
+}
+fn s(v: &Value, k: &'static str) -> Result<String, Unreadable> {
     attr(v, k)?
         .as_str()
         .map(str::to_string)
-        .ok_or_else(|| format!("attribute {k} is not a string"))
+        .ok_or(not(k, Expected::String))
 }
-fn opt_s(v: &Value, k: &str) -> Result<Option<String>, String> {
+fn opt_s(v: &Value, k: &'static str) -> Result<Option<String>, Unreadable> {
     match attr(v, k)? {
         Value::Null => Ok(None),
         Value::String(x) if x.is_empty() => Ok(None),
         Value::String(x) => Ok(Some(x.clone())),
-        _ => Err(format!("attribute {k} is not a string")),
+        _ => Err(not(k, Expected::String)),
     }
 }
-fn b(v: &Value, k: &str) -> Result<bool, String> {
-    attr(v, k)?
-        .as_bool()
-        .ok_or_else(|| format!("attribute {k} is not a boolean"))
+fn b(v: &Value, k: &'static str) -> Result<bool, Unreadable> {
+    attr(v, k)?.as_bool().ok_or(not(k, Expected::Boolean))
 }
-fn i(v: &Value, k: &str) -> Result<i64, String> {
-    attr(v, k)?
-        .as_i64()
-        .ok_or_else(|| format!("attribute {k} is not an integer"))
+fn i(v: &Value, k: &'static str) -> Result<i64, Unreadable> {
+    attr(v, k)?.as_i64().ok_or(not(k, Expected::Integer))
 }
 /// An attribute only some brokers report: absent is unknown, present must be an integer.
-fn optional_i(v: &Value, k: &str) -> Result<Option<i64>, String> {
+fn optional_i(v: &Value, k: &'static str) -> Result<Option<i64>, Unreadable> {
     match v.get(k) {
         None => Ok(None),
-        Some(_) => attr(v, k)?
-            .as_i64()
-            .map(Some)
-            .ok_or_else(|| format!("attribute {k} is not an integer")),
+        Some(_) => i(v, k).map(Some),
     }
 }
-fn u(v: &Value, k: &str) -> Result<u64, String> {
-    attr(v, k)?
-        .as_u64()
-        .ok_or_else(|| format!("attribute {k} is not a count"))
+fn u(v: &Value, k: &'static str) -> Result<u64, Unreadable> {
+    attr(v, k)?.as_u64().ok_or(not(k, Expected::Count))
 }
-fn strings(v: &Value, k: &str) -> Result<Vec<String>, String> {
+fn strings(v: &Value, k: &'static str) -> Result<Vec<String>, Unreadable> {
     attr(v, k)?
         .as_array()
         .map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
-        .ok_or_else(|| format!("attribute {k} is not a list"))
+        .ok_or(not(k, Expected::List))
 }
 
 /// A pattern read answers `{objectName: {attribute: value}}`; no match answers an error 404.
@@ -309,7 +357,7 @@ fn queue_name(v: &Value) -> Option<String> {
     v.get("Name").and_then(Value::as_str).map(str::to_string)
 }
 
-pub fn parse_queue(v: &Value) -> Result<QueueInfo, String> {
+pub fn parse_queue(v: &Value) -> Result<QueueInfo, Unreadable> {
     Ok(QueueInfo {
         name: s(v, "Name")?,
         address: s(v, "Address")?,
@@ -382,7 +430,7 @@ pub fn created_queue(answer: &Value) -> Option<QueueInfo> {
     })
 }
 
-pub fn parse_divert(v: &Value) -> Result<DivertInfo, String> {
+pub fn parse_divert(v: &Value) -> Result<DivertInfo, Unreadable> {
     Ok(DivertInfo {
         name: s(v, "UniqueName")?,
         address: s(v, "Address")?,
@@ -394,7 +442,7 @@ pub fn parse_divert(v: &Value) -> Result<DivertInfo, String> {
     })
 }
 
-fn parse_address(v: &Value) -> Result<AddressInfo, String> {
+fn parse_address(v: &Value) -> Result<AddressInfo, Unreadable> {
     Ok(AddressInfo {
         name: s(v, "Address")?,
         routing_types: strings(v, "RoutingTypes")?,
@@ -451,7 +499,9 @@ fn next_answer(answers: &mut impl Iterator<Item = Result<Value, BrokerError>>) -
         .unwrap_or_else(|| Err(BrokerError::BadResponse("short bulk response".into())))
 }
 
-fn bad(what: &str) -> impl Fn(String) -> BrokerError + '_ {
+/// An object the broker described in a form that does not read: a bad response (`BrokerError`
+/// carries its text).
+fn bad(what: &str) -> impl Fn(Unreadable) -> BrokerError + '_ {
     move |why| BrokerError::BadResponse(format!("{what}: {why}"))
 }
 
@@ -517,29 +567,33 @@ fn list_all_queues(broker_name: &str) -> JolokiaRequest {
 }
 
 /// One `listQueues` row (every value a string) as a queue, or why it is not one.
-pub fn parse_listed_queue(row: &Value) -> Result<QueueInfo, String> {
-    let text = |k: &str| -> Result<String, String> {
+pub fn parse_listed_queue(row: &Value) -> Result<QueueInfo, Unreadable> {
+    let text = |k: &'static str| -> Result<String, Unreadable> {
         row.get(k)
             .and_then(Value::as_str)
             .map(str::to_string)
-            .ok_or_else(|| format!("field {k} missing"))
+            .ok_or(Unreadable::FieldMissing(k))
     };
-    let optional =
-        |k: &str| -> Result<Option<String>, String> { text(k).map(|t| Some(t).filter(|t| !t.is_empty())) };
-    let flag = |k: &str| -> Result<bool, String> {
+    let optional = |k: &'static str| -> Result<Option<String>, Unreadable> {
+        text(k).map(|t| Some(t).filter(|t| !t.is_empty()))
+    };
+    let flag = |k: &'static str| -> Result<bool, Unreadable> {
         text(k)?
             .parse::<bool>()
-            .map_err(|_| format!("field {k} is not a boolean"))
+            .map_err(|source| Unreadable::FieldNotBoolean { field: k, source })
     };
-    let int = |k: &str| -> Result<i64, String> {
-        text(k)?
-            .parse::<i64>()
-            .map_err(|_| format!("field {k} is not an integer"))
+    let not_number = |field: &'static str, expected: Expected| {
+        move |source| Unreadable::FieldNotNumber {
+            field,
+            expected,
+            source,
+        }
     };
-    let count = |k: &str| -> Result<u64, String> {
-        text(k)?
-            .parse::<u64>()
-            .map_err(|_| format!("field {k} is not a count"))
+    let int = |k: &'static str| -> Result<i64, Unreadable> {
+        text(k)?.parse::<i64>().map_err(not_number(k, Expected::Integer))
+    };
+    let count = |k: &'static str| -> Result<u64, Unreadable> {
+        text(k)?.parse::<u64>().map_err(not_number(k, Expected::Count))
     };
     Ok(QueueInfo {
         name: text("name")?,
@@ -772,9 +826,22 @@ mod tests {
         );
         let mut broken = row;
         broken["maxConsumers"] = serde_json::json!("many");
+        let why = super::parse_listed_queue(&broken).expect_err("never read as a guess");
         assert!(
-            super::parse_listed_queue(&broken).is_err(),
-            "never read as a guess"
+            matches!(
+                why,
+                Unreadable::FieldNotNumber {
+                    field: "maxConsumers",
+                    expected: Expected::Integer,
+                    ..
+                }
+            ),
+            "{why:?}"
+        );
+        assert_eq!(why.to_string(), "field maxConsumers is not an integer");
+        assert!(
+            std::error::Error::source(&why).is_some(),
+            "the parse error is kept"
         );
     }
 
@@ -828,15 +895,43 @@ mod tests {
             assert!(parse_queue(&attrs).is_err(), "{k} must not parse");
         }
         let mut attrs = queue_attrs();
+        attrs["Filter"] = json!("ERROR: boom (class java.lang.IllegalStateException)");
+        assert!(
+            matches!(
+                parse_queue(&attrs),
+                Err(Unreadable::AttributeFailed {
+                    attribute: "Filter",
+                    ..
+                })
+            ),
+            "a fault in the value's place is the attribute's failure"
+        );
+        let mut attrs = queue_attrs();
+        attrs["Durable"] = json!("java.lang.IllegalStateException: boom");
+        assert_eq!(
+            parse_queue(&attrs),
+            Err(Unreadable::AttributeWrongType {
+                attribute: "Durable",
+                expected: Expected::Boolean
+            })
+        );
+        let mut attrs = queue_attrs();
         attrs.as_object_mut().map(|o| o.remove("Enabled"));
-        assert!(parse_queue(&attrs).is_err(), "a missing attribute must not parse");
+        assert_eq!(
+            parse_queue(&attrs),
+            Err(Unreadable::AttributeMissing("Enabled")),
+            "a missing attribute must not parse"
+        );
         // In a scrape, such a queue is listed as unreadable, never planned on.
         let mut inv = NodeInventory::default();
         let mut attrs = queue_attrs();
         attrs["MessageCount"] = json!("boom");
         inv.add_queue(&attrs).expect("named");
         assert!(inv.queues.is_empty());
-        assert!(inv.unreadable_queues.contains_key("q"));
+        assert_eq!(
+            inv.unreadable_queues.get("q").map(ToString::to_string).as_deref(),
+            Some("attribute MessageCount is not a count")
+        );
     }
 
     #[test]

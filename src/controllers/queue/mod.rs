@@ -352,8 +352,9 @@ impl TopologyObject for ArtemisQueue {
     fn cache(ctx: &Context) -> &super::Cache<Self> {
         &ctx.caches.queues
     }
+    /// The trait (pipeline.rs) takes the refusal as text: the status message it shows.
     fn desired(&self) -> Result<DesiredQueue, String> {
-        DesiredQueue::checked(&kube::ResourceExt::name_any(self), &self.spec)
+        DesiredQueue::checked(&kube::ResourceExt::name_any(self), &self.spec).map_err(|e| e.to_string())
     }
     fn claim(d: &DesiredQueue) -> String {
         format!("queue {}", d.name)

@@ -14,21 +14,43 @@ use crate::topology::inventory::{DivertInfo, NodeInventory, QueueInfo};
 /// one would be a pattern to every management call that matches by name.
 pub const WILDCARD_CHARACTERS: [char; 2] = ['#', '*'];
 
+/// A broker name that breaks the naming rules, with the field to fix.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BrokerNameError {
+    #[error("{field} is empty: name the broker object")]
+    Empty { field: &'static str },
+    #[error(
+        "{field} '{value}' contains '{character}', an Artemis wildcard character: management calls would treat it as a pattern. Choose a name without '#' or '*'"
+    )]
+    Wildcard {
+        field: &'static str,
+        value: String,
+        character: char,
+    },
+    #[error(
+        "{field} '{value}': the prefix {CAPTURE_PREFIX} is reserved for capture subscriptions (ADR-0079 D3); choose another name"
+    )]
+    CapturePrefix { field: &'static str, value: String },
+}
+
 /// The naming rules every broker name of ours obeys (admission checks the same with CEL; this
 /// catches objects admitted before a rule existed). `field` names the field to fix.
-pub fn check_broker_name(field: &str, value: &str) -> Result<(), String> {
+pub fn check_broker_name(field: &'static str, value: &str) -> Result<(), BrokerNameError> {
     if value.is_empty() {
-        return Err(format!("{field} is empty: name the broker object"));
+        return Err(BrokerNameError::Empty { field });
     }
-    if let Some(c) = value.chars().find(|c| WILDCARD_CHARACTERS.contains(c)) {
-        return Err(format!(
-            "{field} '{value}' contains '{c}', an Artemis wildcard character: management calls would treat it as a pattern. Choose a name without '#' or '*'"
-        ));
+    if let Some(character) = value.chars().find(|c| WILDCARD_CHARACTERS.contains(c)) {
+        return Err(BrokerNameError::Wildcard {
+            field,
+            value: value.to_string(),
+            character,
+        });
     }
     if value.starts_with(CAPTURE_PREFIX) {
-        return Err(format!(
-            "{field} '{value}': the prefix {CAPTURE_PREFIX} is reserved for capture subscriptions (ADR-0079 D3); choose another name"
-        ));
+        return Err(BrokerNameError::CapturePrefix {
+            field,
+            value: value.to_string(),
+        });
     }
     Ok(())
 }
@@ -56,7 +78,7 @@ impl DesiredQueue {
     }
 
     /// The broker names of a spec, checked against the naming rules.
-    pub fn checked(object_name: &str, spec: &ArtemisQueueSpec) -> Result<Self, String> {
+    pub fn checked(object_name: &str, spec: &ArtemisQueueSpec) -> Result<Self, BrokerNameError> {
         let d = DesiredQueue::new(object_name, spec);
         let name_field = if spec.name.is_some() {
             "spec.name"
@@ -486,6 +508,7 @@ mod tests {
 
     use super::*;
     use crate::api::queue::QueueRoutingType;
+    use crate::topology::inventory::{Expected, Unreadable};
 
     fn spec(json: Value) -> ArtemisQueueSpec {
         serde_json::from_value(json).expect("spec")
@@ -762,8 +785,13 @@ mod tests {
     fn an_unreadable_queue_is_neither_written_nor_destroyed() {
         let d = DesiredQueue::new("orders", &spec(json!({"clusterRef": {"name": "c"}})));
         let mut i = NodeInventory::default();
-        i.unreadable_queues
-            .insert("orders".into(), "attribute MessageCount is not a count".into());
+        i.unreadable_queues.insert(
+            "orders".into(),
+            Unreadable::AttributeWrongType {
+                attribute: "MessageCount",
+                expected: Expected::Count,
+            },
+        );
         assert!(matches!(
             plan_delete(&d, &i, &PlanFacts::default()),
             Step::Refuse {
@@ -784,14 +812,49 @@ mod tests {
     fn names_with_wildcards_or_the_capture_prefix_are_refused() {
         let ok = DesiredQueue::checked("orders", &spec(json!({"clusterRef": {"name": "c"}})));
         assert!(ok.is_ok());
-        for (object, s) in [
-            ("x", json!({"clusterRef": {"name": "c"}, "name": "orders.*"})),
-            ("x", json!({"clusterRef": {"name": "c"}, "address": "orders.#"})),
-            ("artemis-studio.capture.x", json!({"clusterRef": {"name": "c"}})),
+        let wildcard = |field, value: &str, character| BrokerNameError::Wildcard {
+            field,
+            value: value.into(),
+            character,
+        };
+        for (object, s, refused) in [
+            (
+                "x",
+                json!({"clusterRef": {"name": "c"}, "name": "orders.*"}),
+                wildcard("spec.name", "orders.*", '*'),
+            ),
+            (
+                "x",
+                json!({"clusterRef": {"name": "c"}, "address": "orders.#"}),
+                wildcard("spec.address", "orders.#", '#'),
+            ),
+            (
+                "artemis-studio.capture.x",
+                json!({"clusterRef": {"name": "c"}}),
+                BrokerNameError::CapturePrefix {
+                    field: "metadata.name",
+                    value: "artemis-studio.capture.x".into(),
+                },
+            ),
+            (
+                "x",
+                json!({"clusterRef": {"name": "c"}, "name": ""}),
+                BrokerNameError::Empty { field: "spec.name" },
+            ),
         ] {
             let e = DesiredQueue::checked(object, &spec(s)).expect_err("refused");
-            assert!(e.contains("name") || e.contains("address"), "{e}");
+            assert_eq!(e, refused);
         }
+        let e = DesiredQueue::checked(
+            "x",
+            &spec(json!({"clusterRef": {"name": "c"}, "name": "orders.*"})),
+        )
+        .expect_err("refused");
+        assert!(
+            e.to_string()
+                .starts_with("spec.name 'orders.*' contains '*', an Artemis wildcard character"),
+            "the message names the field to fix: {e}"
+        );
     }
 
     #[test]
