@@ -30,8 +30,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.lease_duration_seconds,
         args.lease_renew_deadline_seconds,
         args.lease_retry_period_seconds,
-    )
-    .map_err(anyhow::Error::msg)?;
+    )?;
     let database = DatabaseConfig::new(
         args.database_url.expose(),
         args.database_password.as_ref().map(Secret::expose),
