@@ -495,7 +495,7 @@ fn recorded_statuses_keep_their_verdicts() {
 fn the_argocd_cm_patch_carries_every_script() {
     let text =
         std::fs::read_to_string(argocd_dir().join("argocd-cm-patch.yaml")).expect("argocd-cm-patch.yaml");
-    let cm: Value = serde_yaml::from_str(&text).expect("argocd-cm-patch.yaml is YAML");
+    let cm: Value = serde_saphyr::from_str(&text).expect("argocd-cm-patch.yaml is YAML");
     let data = cm["data"].as_object().expect("data");
     let kinds: Vec<String> = artemis_studio_operator::api::all_crds()
         .iter()

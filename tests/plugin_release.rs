@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serde_yaml::Value;
+use serde_json::Value;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -48,7 +48,7 @@ fn version_prints_the_package_version_and_the_commit() {
         line.trim(),
         format!("kubectl-artemis {} (commit {commit})", env!("CARGO_PKG_VERSION"))
     );
-    let yaml: Value = serde_yaml::from_str(&plugin(&["version", "-o", "yaml"])).expect("YAML");
+    let yaml: Value = serde_saphyr::from_str(&plugin(&["version", "-o", "yaml"])).expect("YAML");
     assert_eq!(yaml["version"].as_str(), Some(env!("CARGO_PKG_VERSION")));
 }
 
@@ -68,7 +68,7 @@ fn script_platforms(script: &str) -> Vec<(String, String, String)> {
 fn the_krew_manifest_template_names_what_the_release_script_packs() {
     let script = std::fs::read_to_string(repo().join("deploy/release/archives")).expect("the release script");
     let text = std::fs::read_to_string(repo().join("deploy/krew/artemis.yaml")).expect("the krew manifest");
-    let m: Value = serde_yaml::from_str(&text).expect("the manifest template is YAML");
+    let m: Value = serde_saphyr::from_str(&text).expect("the manifest template is YAML");
 
     assert_eq!(
         m["apiVersion"].as_str(),
@@ -86,7 +86,7 @@ fn the_krew_manifest_template_names_what_the_release_script_packs() {
     assert!(spec["shortDescription"].as_str().is_some_and(|s| !s.is_empty()));
 
     // One platform block, between the markers the script repeats it by.
-    let platforms = spec["platforms"].as_sequence().expect("spec.platforms");
+    let platforms = spec["platforms"].as_array().expect("spec.platforms");
     assert_eq!(platforms.len(), 1, "the template's one platform block");
     assert_eq!(text.matches("# @platform\n").count(), 1);
     assert_eq!(text.matches("# @end\n").count(), 1);
@@ -102,7 +102,7 @@ fn the_krew_manifest_template_names_what_the_release_script_packs() {
         "the script names its archives as the manifest's uri does"
     );
     let from: Vec<&str> = p["files"]
-        .as_sequence()
+        .as_array()
         .expect("files")
         .iter()
         .filter_map(|f| f["from"].as_str())

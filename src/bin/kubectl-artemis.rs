@@ -46,7 +46,7 @@ fn print_version(args: VersionArgs, mut out: impl Write) -> anyhow::Result<()> {
     match args.output {
         Format::Table => writeln!(out, "{} {} (commit {})", v.name, v.version, v.commit)?,
         Format::Json => writeln!(out, "{}", serde_json::to_string(v)?)?,
-        Format::Yaml => write!(out, "---\n{}", serde_yaml::to_string(v)?)?,
+        Format::Yaml => write!(out, "---\n{}", serde_saphyr::to_string(v)?)?,
     }
     Ok(out.flush()?)
 }

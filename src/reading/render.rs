@@ -173,7 +173,7 @@ impl<W: Write> Printer<W> {
                 writeln!(self.out)?;
             }
             Format::Yaml => {
-                let text = serde_yaml::to_string(doc).map_err(std::io::Error::other)?;
+                let text = serde_saphyr::to_string(doc).map_err(std::io::Error::other)?;
                 write!(self.out, "---\n{text}")?;
             }
             Format::Table => self.table(doc)?,
@@ -491,7 +491,7 @@ mod tests {
             (&json["subscription"], &json["cluster"]),
             (&serde_json::json!("orders-audit"), &serde_json::json!("ns/c"))
         );
-        let yaml: serde_json::Value = serde_yaml::from_str(
+        let yaml: serde_json::Value = serde_saphyr::from_str(
             printed(Format::Yaml, &a)
                 .strip_prefix("---\n")
                 .expect("a YAML document"),

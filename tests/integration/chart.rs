@@ -23,11 +23,8 @@ fn chart_dir() -> std::path::PathBuf {
 
 /// The rendered documents of one kind: (name, namespace, the object as JSON).
 fn docs_of(yaml: &str, kind: &str) -> Vec<serde_json::Value> {
-    use serde::Deserialize;
-    serde_yaml::Deserializer::from_str(yaml)
-        .filter_map(|d| serde_json::Value::deserialize(d).ok())
-        .filter(|v| v["kind"] == kind)
-        .collect()
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(yaml).expect("YAML documents");
+    docs.into_iter().filter(|v| v["kind"] == kind).collect()
 }
 
 /// Remove what a release created outside its namespace (its namespace goes with the test).

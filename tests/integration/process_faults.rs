@@ -221,13 +221,13 @@ async fn sigterm_on_an_idle_leader_exits_at_once_with_0_and_releases_the_lease()
 /// The operator's kubeconfig, pointed at a port nothing listens on: the API server unreachable.
 fn unreachable_api_kubeconfig(bed: &TestBed) -> tempfile_path::Kubeconfig {
     let text = std::fs::read_to_string(bed.var("TESTBED_OPERATOR_KUBECONFIG")).expect("kubeconfig");
-    let mut config: serde_yaml::Value = serde_yaml::from_str(&text).expect("kubeconfig yaml");
+    let mut config: serde_json::Value = serde_saphyr::from_str(&text).expect("kubeconfig yaml");
     let server = format!("https://127.0.0.1:{}", free_port());
-    for cluster in config["clusters"].as_sequence_mut().expect("clusters").iter_mut() {
-        cluster["cluster"]["server"] = serde_yaml::Value::String(server.clone());
+    for cluster in config["clusters"].as_array_mut().expect("clusters").iter_mut() {
+        cluster["cluster"]["server"] = serde_json::Value::String(server.clone());
     }
     let path = std::env::temp_dir().join(format!("unreachable-{}.kubeconfig", short_id()));
-    std::fs::write(&path, serde_yaml::to_string(&config).expect("yaml")).expect("write kubeconfig");
+    std::fs::write(&path, serde_saphyr::to_string(&config).expect("yaml")).expect("write kubeconfig");
     tempfile_path::Kubeconfig(path)
 }
 

@@ -224,7 +224,7 @@ async fn every_example_is_admitted_by_the_api_server() {
     for path in files {
         let text = std::fs::read_to_string(&path).expect("read example");
         for doc in text.split("\n---\n") {
-            let Ok(mut obj) = serde_yaml::from_str::<DynamicObject>(doc) else {
+            let Ok(mut obj) = serde_saphyr::from_str::<DynamicObject>(doc) else {
                 continue;
             };
             let Some(types) = obj.types.clone() else { continue };

@@ -190,14 +190,13 @@ pub async fn ensure_namespace(client: &Client, name: &str) {
 pub async fn apply_manifests(client: &Client, yaml: &str, manager: &str) -> Vec<kube::api::DynamicObject> {
     use kube::api::{DynamicObject, GroupVersionKind, Patch, PatchParams};
     use kube::discovery::Scope;
-    use serde::Deserialize;
     let mut applied = vec![];
-    for doc in serde_yaml::Deserializer::from_str(yaml) {
-        let value = serde_yaml::Value::deserialize(doc).expect("a YAML document");
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(yaml).expect("YAML documents");
+    for value in docs {
         if value.is_null() {
             continue;
         }
-        let obj: DynamicObject = serde_yaml::from_value(value).expect("a Kubernetes object");
+        let obj: DynamicObject = serde_json::from_value(value).expect("a Kubernetes object");
         let types = obj.types.clone().expect("apiVersion and kind");
         let gvk = GroupVersionKind::try_from(&types).expect("apiVersion");
         let (ar, caps) = kube::discovery::pinned_kind(client, &gvk)
