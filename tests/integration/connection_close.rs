@@ -80,6 +80,25 @@ impl Fixture {
             .expect("patch confirm");
     }
 
+    /// Positive evidence that a pass of the close ran after now, for "nothing happened" to be
+    /// read from (never a sleep): the object is touched (an annotation of the test's) and this
+    /// operator's finished ConnectionClose reconciles grow.
+    async fn a_later_pass(&self, name: &str) {
+        let reconciles = || self.op.ctx.metrics.reconciles_of("ConnectionClose");
+        let before = reconciles();
+        let poke = json!({"metadata": {"annotations": {"test.artemis-studio.io/poke": short_id()}}});
+        self.closes()
+            .patch(name, &PatchParams::default(), &Patch::Merge(poke))
+            .await
+            .expect("touch the close");
+        wait_until(
+            &format!("a later pass of ConnectionClose {name}"),
+            Duration::from_secs(60),
+            || async { (reconciles() > before).then_some(()) },
+        )
+        .await;
+    }
+
     /// The management of one test bed broker and its logical node ID.
     pub(crate) async fn broker(&self, name: &str) -> (String, BrokerManagement) {
         let url = self.bed.broker(name).jolokia;
@@ -236,7 +255,7 @@ async fn a_wrong_confirmation_names_the_client_the_broker_reports() {
         message.contains(&client) && message.contains("orders-app"),
         "{message}"
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    f.a_later_pass("wrong").await;
     assert!(connection_of(&m, &client).await.is_some(), "still connected");
 }
 
@@ -477,7 +496,7 @@ async fn a_close_found_armed_after_a_restart_fails_and_is_never_retried() {
     let c = f.wait_phase("armed", ClosePhase::Failed).await;
     let message = c.status.and_then(|s| s.message).unwrap_or_default();
     assert!(message.contains("outcome unknown, not retried"), "{message}");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    f.a_later_pass("armed").await;
     assert!(
         connection_of(&m, &client).await.is_some(),
         "nothing was retried: the connection is still open"
