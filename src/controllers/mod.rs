@@ -411,11 +411,33 @@ pub use crate::backoff::Backoff;
 
 /// How one kind's controller is wired: what it reconciles on (its cache's watch, or a watch of
 /// its own for a kind without a cache), the external triggers, and how many reconciles run at
-/// once.
+/// once — the kind's slots, shared by its controllers of every watched namespace.
+///
+/// One controller per kind *and namespace*: a namespace list is watched namespace by namespace,
+/// because the chart grants the operator a Role in each listed namespace, never a cluster-wide
+/// list/watch. The slots keep the configured concurrency a total per kind (issue 43), however
+/// many namespaces are listed.
 pub struct Wiring<K: Resource<DynamicType = ()> + 'static> {
     pub source: Source<K>,
     pub triggers: futures::stream::BoxStream<'static, reflector::ObjectRef<K>>,
-    pub concurrency: u16,
+    pub slots: Slots,
+}
+
+/// A kind's reconcile slots: so many reconciles at once over all its controllers.
+#[derive(Clone)]
+pub struct Slots {
+    permits: Arc<tokio::sync::Semaphore>,
+    size: u16,
+}
+
+impl Slots {
+    pub fn new(concurrency: u16) -> Self {
+        let size = concurrency.max(1);
+        Slots {
+            permits: Arc::new(tokio::sync::Semaphore::new(usize::from(size))),
+            size,
+        }
+    }
 }
 
 /// Where a controller's objects come from.
@@ -433,12 +455,12 @@ impl<K: Resource<DynamicType = ()> + 'static> Wiring<K> {
     pub fn new(
         source: Source<K>,
         triggers: futures::stream::BoxStream<'static, reflector::ObjectRef<K>>,
-        concurrency: u16,
+        slots: Slots,
     ) -> Self {
         Wiring {
             source,
             triggers,
-            concurrency,
+            slots,
         }
     }
 }
@@ -701,6 +723,7 @@ pub async fn run_controller<K, Fut>(
     use futures::StreamExt;
     use tracing::Instrument;
     let mut reconcile = reconcile;
+    let slots = wiring.slots.permits.clone();
     let measured = move |obj: Arc<K>, ctx: Arc<Context>| {
         let metrics = ctx.metrics.clone();
         let backoff = ctx.backoff.clone();
@@ -714,7 +737,10 @@ pub async fn run_controller<K, Fut>(
             object = obj.meta().name.as_deref().unwrap_or_default(),
         );
         let fut = reconcile(obj, ctx).instrument(span);
+        let slots = slots.clone();
         async move {
+            // Closed never (the semaphore lives as long as the controller): no slot, no limit.
+            let _slot = slots.acquire_owned().await.ok();
             let started = std::time::Instant::now();
             let r = fut.await;
             let result = match &r {
@@ -728,7 +754,7 @@ pub async fn run_controller<K, Fut>(
             r
         }
     };
-    let config = kube::runtime::controller::Config::default().concurrency(wiring.concurrency.max(1));
+    let config = kube::runtime::controller::Config::default().concurrency(wiring.slots.size);
     let controller = match wiring.source {
         Source::Watch(api) => {
             // Controller::new's own watcher would use kube's default backoff (see backoff::watch).
@@ -1070,25 +1096,28 @@ async fn run_controllers(ctx: Arc<Context>, feeds: Feeds) {
     caches.secrets.wait_until_ready().await;
     ctx.metrics.set_ready();
     let scopes = ctx.namespaces.scopes();
+    let c = &ctx.concurrency;
+    let (close_slots, cluster_slots) = (Slots::new(c.connection_close), Slots::new(c.cluster));
+    let (queue_slots, divert_slots) = (Slots::new(c.queue), Slots::new(c.divert));
     let closes = scopes.iter().map(|scope| {
         let w = Wiring::new(
             Source::Watch(Box::new(scoped_api(&ctx.client, scope))),
             futures::StreamExt::boxed(futures::stream::pending()),
-            ctx.concurrency.connection_close,
+            close_slots.clone(),
         );
         connection_close::run(ctx.clone(), w)
     });
     let clusters = scopes.iter().zip(feeds.clusters).map(|(scope, source)| {
         let t = trigger_stream(&ctx.triggers.clusters, scope.clone());
-        cluster::run(ctx.clone(), Wiring::new(source, t, ctx.concurrency.cluster))
+        cluster::run(ctx.clone(), Wiring::new(source, t, cluster_slots.clone()))
     });
     let queues = scopes.iter().zip(feeds.queues).map(|(scope, source)| {
         let t = trigger_stream(&ctx.triggers.queues, scope.clone());
-        queue::run(ctx.clone(), Wiring::new(source, t, ctx.concurrency.queue))
+        queue::run(ctx.clone(), Wiring::new(source, t, queue_slots.clone()))
     });
     let diverts = scopes.iter().zip(feeds.diverts).map(|(scope, source)| {
         let t = trigger_stream(&ctx.triggers.diverts, scope.clone());
-        divert::run(ctx.clone(), Wiring::new(source, t, ctx.concurrency.divert))
+        divert::run(ctx.clone(), Wiring::new(source, t, divert_slots.clone()))
     });
     tokio::join!(
         join_all(closes),
@@ -1286,5 +1315,92 @@ mod address_lock_tests {
         let divert = within(200, locks.hold("ns/c", &["a3".into(), "sink".into()], SHARED)).await;
         assert!(divert.is_none(), "a divert waits for the queue command");
         drop(queue);
+    }
+}
+
+#[cfg(test)]
+mod slot_tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use kube::runtime::controller::Action;
+    use kube::runtime::{reflector, watcher};
+
+    use super::{Context, ReconcileError, Slots, Source, Wiring, fixtures, run_controller};
+    use crate::api::ArtemisQueue;
+
+    fn queue(ns: &str, name: &str) -> ArtemisQueue {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+            "metadata": {"name": name, "namespace": ns, "uid": format!("{ns}-{name}")},
+            "spec": {"clusterRef": {"name": "c"}, "name": name}
+        }))
+        .unwrap_or_else(|e| panic!("queue: {e}"))
+    }
+
+    /// One namespace's controller, fed `n` queues.
+    fn wiring(ns: &str, n: usize, slots: &Slots) -> Wiring<ArtemisQueue> {
+        let (reader, mut writer) = reflector::store();
+        let (tx, changes) = tokio::sync::mpsc::unbounded_channel();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for i in 0..n {
+            let q = queue(ns, &format!("q{i}"));
+            writer.apply_watcher_event(&watcher::Event::InitApply(q.clone()));
+            let _ = tx.send(q);
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        std::mem::forget(tx);
+        let source = Source::Feed { changes, reader };
+        Wiring::new(
+            source,
+            futures::StreamExt::boxed(futures::stream::pending()),
+            slots.clone(),
+        )
+    }
+
+    /// Issue 43: a kind's configured concurrency is a total over the controllers of every
+    /// watched namespace, not one per namespace.
+    #[tokio::test]
+    async fn a_kinds_concurrency_is_shared_by_its_controllers_of_every_namespace() {
+        let (ctx, _) = fixtures::context(Box::new(|_| (404, serde_json::json!({}))));
+        let (now, most, done) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        let reconcile = {
+            let (now, most, done) = (now.clone(), most.clone(), done.clone());
+            move |_: Arc<ArtemisQueue>, _: Arc<Context>| {
+                let (now, most, done) = (now.clone(), most.clone(), done.clone());
+                async move {
+                    most.fetch_max(now.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    now.fetch_sub(1, Ordering::SeqCst);
+                    done.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, ReconcileError>(Action::await_change())
+                }
+            }
+        };
+        let policy = |_: Arc<ArtemisQueue>, _: &ReconcileError, _: Arc<Context>| Action::await_change();
+        let slots = Slots::new(2);
+        let a = run_controller(wiring("a", 4, &slots), ctx.clone(), reconcile.clone(), policy);
+        let b = run_controller(wiring("b", 4, &slots), ctx.clone(), reconcile, policy);
+        let shutdown = ctx.shutdown.clone();
+        let watch = async move {
+            while done.load(Ordering::SeqCst) < 8 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            shutdown.request();
+        };
+        let all = async { tokio::join!(a, b, watch) };
+        tokio::time::timeout(Duration::from_secs(30), all)
+            .await
+            .unwrap_or_else(|_| panic!("8 reconciles"));
+        assert_eq!(
+            most.load(Ordering::SeqCst),
+            2,
+            "at most the kind's 2 slots at once"
+        );
     }
 }
