@@ -41,6 +41,56 @@ impl Changes {
     }
 }
 
+/// What a re-list (the watch's `Init` … `InitDone`, after a watch error or expiry) says was
+/// deleted meanwhile: no `Delete` event comes for an object removed while the watch was away,
+/// so the objects the cache held when the re-list began and the re-list did not report are the
+/// ones to forget (issue 43: their index entries and their change fingerprints).
+pub struct Relist<K> {
+    before: Vec<std::sync::Arc<K>>,
+    listed: std::collections::HashSet<String>,
+    listing: bool,
+}
+
+impl<K> Default for Relist<K> {
+    fn default() -> Self {
+        Relist {
+            before: vec![],
+            listed: Default::default(),
+            listing: false,
+        }
+    }
+}
+
+impl<K: Resource> Relist<K> {
+    /// A re-list begins; `cached` is what the cache holds now.
+    pub fn begin(&mut self, cached: Vec<std::sync::Arc<K>>) {
+        self.before = cached;
+        self.listed.clear();
+        self.listing = true;
+    }
+
+    /// The watch reported this object (kept only while a re-list runs).
+    pub fn listed(&mut self, o: &K) {
+        if self.listing {
+            self.listed.insert(uid_of(o));
+        }
+    }
+
+    /// The re-list is complete: the objects it did not report (gone while the watch was away).
+    pub fn gone(&mut self) -> Vec<std::sync::Arc<K>> {
+        self.listing = false;
+        let listed = std::mem::take(&mut self.listed);
+        std::mem::take(&mut self.before)
+            .into_iter()
+            .filter(|o| !listed.contains(&uid_of(o.as_ref())))
+            .collect()
+    }
+}
+
+fn uid_of<K: Resource>(o: &K) -> String {
+    o.meta().uid.clone().unwrap_or_default()
+}
+
 /// One scope's watch of one kind: the reflector's writer, and the channel through which it feeds
 /// the controller.
 pub struct Scoped<K: Resource<DynamicType = ()> + Clone + 'static> {
@@ -60,7 +110,7 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Scoped<K> {
 
 #[cfg(test)]
 mod tests {
-    use super::Changes;
+    use super::{Changes, Relist};
     use crate::api::queue::ArtemisQueue;
 
     fn queue(generation: i64) -> ArtemisQueue {
@@ -99,5 +149,27 @@ mod tests {
         ));
         assert!(c.asks_for_reconcile(&deleting), "deletion starts");
         assert!(c.asks_for_reconcile(&queue(2)), "a spec change");
+    }
+
+    #[test]
+    fn a_relist_forgets_what_it_no_longer_reports() {
+        let named = |uid: &str| {
+            let mut q = queue(1);
+            q.metadata.uid = Some(uid.into());
+            q
+        };
+        let mut r = Relist::default();
+        r.listed(&named("x"));
+        r.begin(vec![
+            std::sync::Arc::new(named("a")),
+            std::sync::Arc::new(named("b")),
+        ]);
+        r.listed(&named("b"));
+        r.listed(&named("c"));
+        let gone: Vec<_> = r.gone().iter().map(|o| o.metadata.uid.clone()).collect();
+        assert_eq!(gone, vec![Some("a".to_string())]);
+        assert!(r.gone().is_empty(), "told once");
+        r.listed(&named("y"));
+        assert!(r.listed.is_empty(), "nothing kept between re-lists");
     }
 }

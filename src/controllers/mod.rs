@@ -933,6 +933,8 @@ async fn reflect<K>(
     let stream = crate::backoff::watched(api).modify(|o: &mut K| keep_spec_writer(o.meta_mut()));
     let failures = crate::backoff::WatchFailures::default();
     let changes = std::sync::Mutex::new(feed::Changes::default());
+    let relist = std::sync::Mutex::new(feed::Relist::default());
+    let cached = writer.as_reader();
     let (seen, deleted, changes, feed, indexes) = (&seen, &deleted, &changes, &feed, &indexes);
     let object = |o: &K| {
         (
@@ -940,12 +942,26 @@ async fn reflect<K>(
             o.meta().name.clone().unwrap_or_default(),
         )
     };
+    let gone = |o: &K| {
+        if let Ok(mut c) = changes.lock() {
+            c.forget(o);
+        }
+        if let Some(ix) = indexes {
+            ix.claims.remove(&object(o));
+            ix.touched.remove(&object(o));
+        }
+        deleted(o)
+    };
+    let (gone, relist, cached) = (&gone, &relist, &cached);
     reflector::reflector(writer, stream)
         .inspect(|r| failures.saw(K::kind(&()).as_ref(), r))
         .for_each(|r| async move {
             match r {
                 Ok(Watched::Apply(o) | Watched::InitApply(o)) => {
                     seen(&o);
+                    if let Ok(mut l) = relist.lock() {
+                        l.listed(&o);
+                    }
                     if let Some(ix) = indexes {
                         ix.claims.set(object(&o), (ix.claim_of)(&o));
                         ix.touched.set_all(object(&o), (ix.touch_keys_of)(&o));
@@ -955,18 +971,20 @@ async fn reflect<K>(
                         let _ = tx.send(o);
                     }
                 }
-                Ok(Watched::Delete(o)) => {
-                    if let Ok(mut c) = changes.lock() {
-                        c.forget(&o);
+                Ok(Watched::Delete(o)) => gone(&o),
+                // A (re-)list: what the cache held and the list does not report was deleted
+                // while the watch was away (no Delete event comes for it).
+                Ok(Watched::Init) => {
+                    if let Ok(mut l) = relist.lock() {
+                        l.begin(cached.state());
                     }
-                    if let Some(ix) = indexes {
-                        ix.claims.remove(&object(&o));
-                        ix.touched.remove(&object(&o));
-                    }
-                    deleted(&o)
                 }
-                // Errors and a complete list: told by `failures`.
-                Ok(_) | Err(_) => {}
+                Ok(Watched::InitDone) => {
+                    let left = relist.lock().map(|mut l| l.gone()).unwrap_or_default();
+                    left.iter().for_each(|o| gone(o));
+                }
+                // Errors: told by `failures`.
+                Err(_) => {}
             }
         })
         .await;
