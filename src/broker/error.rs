@@ -17,6 +17,10 @@ pub enum BrokerError {
     /// An answer the operator cannot interpret (not Jolokia, or not the expected shape).
     #[error("bad response: {0}")]
     BadResponse(String),
+    /// Jolokia's 404 for a request element: the MBean does not exist (InstanceNotFoundException)
+    /// — a queue, address or divert that is not (or no longer) on the broker.
+    #[error("bad response: status 404: {0}")]
+    NoSuchMBean(String),
     /// The node is judged not answering (the per-node budget's evidence, `budget::Health`):
     /// the call was not sent, or was let go unanswered. A structure of its own so the fan-out
     /// reports the node as not live (never called) without reading any text.
@@ -84,11 +88,16 @@ impl BrokerError {
             BrokerError::Refused(r) => r.kind,
             BrokerError::Unreachable(_) => RefusalKind::Unreachable,
             BrokerError::Timeout(_) => RefusalKind::Timeout,
-            BrokerError::BadResponse(_) => RefusalKind::BadResponse,
+            BrokerError::BadResponse(_) | BrokerError::NoSuchMBean(_) => RefusalKind::BadResponse,
             // Sent: as a timeout, the effect is unknown. Not sent: the node could not be reached.
             BrokerError::NotAnswering(n) if n.sent => RefusalKind::Timeout,
             BrokerError::NotAnswering(_) => RefusalKind::Unreachable,
         }
+    }
+
+    /// The MBean asked for does not exist (Jolokia's 404): the object is not on the broker.
+    pub fn is_no_such_mbean(&self) -> bool {
+        matches!(self, BrokerError::NoSuchMBean(_))
     }
 
     /// An authorization refusal: the evidence for managementWrite = UNAVAILABLE (ADR-0049).
@@ -184,6 +193,9 @@ pub fn classify(status: u64, error_type: Option<&str>, error: Option<&str>) -> B
             code: None,
             message,
         });
+    }
+    if status == 404 {
+        return BrokerError::NoSuchMBean(message);
     }
     BrokerError::BadResponse(format!("status {status}: {message}"))
 }
@@ -291,6 +303,24 @@ mod tests {
                 "{file}: message keeps the class name: {e}"
             );
         }
+    }
+
+    /// Jolokia's 404 (an MBean that does not exist) is its own variant, read by structure —
+    /// never by the text "status 404" — and prints as before.
+    #[test]
+    fn an_mbean_that_does_not_exist_is_no_such_mbean() {
+        let e = classify(
+            404,
+            Some("javax.management.InstanceNotFoundException"),
+            Some(
+                "javax.management.InstanceNotFoundException : org.apache.activemq.artemis:broker=\"b\",component=addresses,address=\"x\"",
+            ),
+        );
+        assert!(e.is_no_such_mbean(), "{e:?}");
+        assert_eq!(e.refusal_kind(), RefusalKind::BadResponse);
+        assert!(e.to_string().starts_with("bad response: status 404: "), "{e}");
+        let other = classify(500, None, Some("boom"));
+        assert!(!other.is_no_such_mbean(), "{other:?}");
     }
 
     #[test]

@@ -295,7 +295,7 @@ impl BrokerManagement {
             .await
         {
             Ok(_) => Ok(true),
-            Err(e) if crate::topology::inventory::is_not_found(&e) => Ok(false),
+            Err(e) if e.is_no_such_mbean() => Ok(false),
             Err(e) => Err(e),
         }
     }

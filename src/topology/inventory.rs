@@ -342,14 +342,9 @@ pub(crate) fn matches(result: Result<Value, BrokerError>) -> Result<Vec<Value>, 
     match result {
         Ok(Value::Object(m)) => Ok(m.into_iter().map(|(_, v)| v).collect()),
         Ok(_) => Ok(vec![]),
-        Err(e) if is_not_found(&e) => Ok(vec![]),
+        Err(e) if e.is_no_such_mbean() => Ok(vec![]),
         Err(e) => Err(e),
     }
-}
-
-/// Jolokia's answer for an MBean that does not exist (InstanceNotFoundException).
-pub(crate) fn is_not_found(e: &BrokerError) -> bool {
-    matches!(e, BrokerError::BadResponse(m) if m.starts_with("status 404"))
 }
 
 /// The queue's name from a queue MBean's attributes, even when the rest is unreadable.
@@ -665,7 +660,7 @@ pub async fn read_scoped(m: &BrokerManagement, scope: &ScopedRead<'_>) -> Result
                 let q = parse_queue(&v).map_err(bad("the queue"))?;
                 inv.queues.insert(q.name.clone(), q);
             }
-            Err(e) if is_not_found(&e) => search.queues.push(q.name.to_string()),
+            Err(e) if e.is_no_such_mbean() => search.queues.push(q.name.to_string()),
             Err(e) => return Err(e),
         }
     }
@@ -675,7 +670,7 @@ pub async fn read_scoped(m: &BrokerManagement, scope: &ScopedRead<'_>) -> Result
                 let a = parse_address(&v).map_err(bad("the address"))?;
                 inv.addresses.insert(a.name.clone(), a);
             }
-            Err(e) if is_not_found(&e) => {}
+            Err(e) if e.is_no_such_mbean() => {}
             Err(e) => return Err(e),
         }
     }
@@ -729,7 +724,7 @@ fn judge_diverts(
                 found.insert(d.name.clone());
                 inv.diverts.insert(d.name.clone(), d);
             }
-            (Some(_), Err(e)) if is_not_found(&e) => {}
+            (Some(_), Err(e)) if e.is_no_such_mbean() => {}
             (Some(_), Err(e)) => return Err(e),
         }
     }
@@ -1027,8 +1022,7 @@ mod tests {
         );
         // The broker lists d1 (found), moved (not where the snapshot had it), the tap (kept) and
         // a divert the snapshot never saw; d1's answer and moved's 404 come back.
-        let not_found =
-            BrokerError::BadResponse("status 404: javax.management.InstanceNotFoundException".into());
+        let not_found = BrokerError::NoSuchMBean("javax.management.InstanceNotFoundException".into());
         let answers = vec![
             (
                 None,
@@ -1057,8 +1051,7 @@ mod tests {
             known: &known,
             keep: &keep,
         };
-        let not_found =
-            BrokerError::BadResponse("status 404: javax.management.InstanceNotFoundException".into());
+        let not_found = BrokerError::NoSuchMBean("javax.management.InstanceNotFoundException".into());
         let answers = vec![
             (None, Ok(serde_json::json!({"DivertNames": []}))),
             (Some("old".to_string()), Err(not_found)),
