@@ -4,6 +4,8 @@
 
 use clap::{Parser, Subcommand};
 
+use crate::store::Secret;
+
 /// Artemis Studio Operator: queues on every live node, safe connection closes, complete capture.
 #[derive(Parser, Debug)]
 #[command(name = "artemis-studio-operator", version, about)]
@@ -136,32 +138,6 @@ pub struct RunArgs {
     #[arg(long, env = "CONNECTION_CLOSE_CONCURRENCY", default_value_t = 4,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub connection_close_concurrency: u16,
-}
-
-/// A setting that may hold a password: its `Debug` (and so `RunArgs`'s) never shows it.
-#[derive(Clone)]
-pub struct Secret(String);
-
-impl Secret {
-    /// The value, for the one place that uses it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-/// Never fails: a value clap refused would be echoed in its error, password and all; the value
-/// is checked at start-up instead (`store::DatabaseConfig`).
-impl std::str::FromStr for Secret {
-    type Err = std::convert::Infallible;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(Secret(s.to_string()))
-    }
 }
 
 /// How many reconciles of each kind may run at once (each at least 1).

@@ -4,10 +4,10 @@ use std::time::Duration;
 use clap::Parser;
 use kube::Api;
 
-use artemis_studio_operator::cli::{Cli, Command, RunArgs, Secret};
+use artemis_studio_operator::cli::{Cli, Command, RunArgs};
 use artemis_studio_operator::controllers::{self, Context, Namespaces, Reflectors};
 use artemis_studio_operator::leader;
-use artemis_studio_operator::store::{DatabaseConfig, Store};
+use artemis_studio_operator::store::{DatabaseConfig, Secret, Store};
 use artemis_studio_operator::supervisor::{self, Supervisor};
 
 #[tokio::main]

@@ -51,10 +51,10 @@ pub struct Source {
     /// the user name or password must be percent-encoded; or leave the password out and give
     /// it in DATABASE_PASSWORD.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: crate::cli::Secret,
+    pub database_url: crate::store::Secret,
     /// The Postgres password, as it is (no encoding); replaces any password in DATABASE_URL.
     #[arg(long, env = "DATABASE_PASSWORD", hide_env_values = true)]
-    pub database_password: Option<crate::cli::Secret>,
+    pub database_password: Option<crate::store::Secret>,
     /// Namespace of the objects (default: the kubeconfig context's namespace, else `default`).
     #[arg(short = 'n', long, env = "ARTEMIS_NAMESPACE")]
     pub namespace: Option<String>,
@@ -287,7 +287,7 @@ impl Source {
     /// a server that refuses or does not answer within [`CONNECT_WITHIN`] is an error naming
     /// it and the cause.
     async fn store(&self) -> Result<Store, ReadError> {
-        let password = self.database_password.as_ref().map(crate::cli::Secret::expose);
+        let password = self.database_password.as_ref().map(crate::store::Secret::expose);
         let config = DatabaseConfig::new(self.database_url.expose(), password).map_err(StoreError::from)?;
         Ok(Store::connect_within(&config, CONNECT_WITHIN).await?)
     }

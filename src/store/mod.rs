@@ -6,6 +6,7 @@ pub mod capture;
 pub mod captured;
 pub mod reading;
 pub mod sampled;
+mod secret;
 pub mod storable;
 pub mod target;
 
@@ -14,6 +15,7 @@ use std::sync::Arc;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{ConnectOptions, Connection, PgPool};
 
+pub use secret::Secret;
 pub use target::{DatabaseConfig, DatabaseTarget, DatabaseUrlError};
 
 pub use audit::{
