@@ -113,6 +113,14 @@ mod tests {
     use super::*;
     use crate::topology::inventory::{AddressInfo, DivertInfo};
 
+    /// Every subscription's loss counters exist at 0 for this module's causes too.
+    #[test]
+    fn its_causes_are_counted_from_the_first_pass() {
+        for cause in [TAP_MISSING, UNEXPLAINED] {
+            assert!(crate::telemetry::capture::LOSS_CAUSES.contains(&cause), "{cause}");
+        }
+    }
+
     fn sides(source: i64, arrived: i64) -> Sides {
         Sides {
             source_routed: source,
