@@ -219,7 +219,7 @@ impl TopologyObject for ArtemisDivert {
     fn cache(ctx: &Context) -> &super::Cache<Self> {
         &ctx.caches.diverts
     }
-    fn desired(&self) -> Result<DesiredDivert, String> {
+    fn desired(&self) -> Result<DesiredDivert, pipeline::InvalidSpec> {
         let d = DesiredDivert::new(&self.name_any(), &self.uid().unwrap_or_default(), &self.spec);
         let name_field = if self.spec.name.is_some() {
             "spec.name"

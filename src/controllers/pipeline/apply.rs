@@ -94,7 +94,7 @@ async fn apply_dereference<K: TopologyObject>(
     let d = match o.desired() {
         Ok(d) => d,
         Err(why) => {
-            stop(ctx, o, None, "InvalidSpec", why).await?;
+            stop(ctx, o, None, "InvalidSpec", why.to_string()).await?;
             return Ok(ControlFlow::Break(Action::await_change()));
         }
     };

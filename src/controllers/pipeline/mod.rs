@@ -186,7 +186,7 @@ pub trait TopologyObject:
 
     /// The broker object, or why the spec cannot name one (the same rules as admission, for
     /// objects admitted before a rule existed).
-    fn desired(&self) -> Result<Self::Desired, String>;
+    fn desired(&self) -> Result<Self::Desired, InvalidSpec>;
     /// What two objects must not both claim on one broker cluster.
     fn claim(d: &Self::Desired) -> String;
     /// The broker object as the audit row names it.
@@ -283,6 +283,18 @@ pub struct Pass<'a, K: TopologyObject> {
     pub facts: Option<&'a PlanFacts>,
     /// Why a plain delete leaves the broker object in place (issue 41).
     pub not_owned: Option<NotOwned>,
+}
+
+/// Why a spec cannot name a broker object (the same rules as admission): the object's status
+/// says so (`InvalidSpec`), and it writes nothing.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidSpec(pub String);
+
+impl From<String> for InvalidSpec {
+    fn from(why: String) -> Self {
+        InvalidSpec(why)
+    }
 }
 
 /// Reconcile through the finalizer: the kind's apply while it lives, its cleanup once deleted.

@@ -352,8 +352,8 @@ impl TopologyObject for ArtemisQueue {
     fn cache(ctx: &Context) -> &super::Cache<Self> {
         &ctx.caches.queues
     }
-    fn desired(&self) -> Result<DesiredQueue, String> {
-        DesiredQueue::checked(&kube::ResourceExt::name_any(self), &self.spec)
+    fn desired(&self) -> Result<DesiredQueue, pipeline::InvalidSpec> {
+        DesiredQueue::checked(&kube::ResourceExt::name_any(self), &self.spec).map_err(pipeline::InvalidSpec)
     }
     fn claim(d: &DesiredQueue) -> String {
         format!("queue {}", d.name)
