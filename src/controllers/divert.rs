@@ -233,10 +233,10 @@ impl TopologyObject for ArtemisDivert {
     fn cache(ctx: &Context) -> &super::Cache<Self> {
         &ctx.caches.diverts
     }
-    /// The trait (pipeline.rs) takes the refusal as text: the status message it shows.
-    fn desired(&self) -> Result<DesiredDivert, String> {
+    /// The refusal is shown in status as the message it reads.
+    fn desired(&self) -> Result<DesiredDivert, pipeline::InvalidSpec> {
         DesiredDivert::checked(&self.name_any(), &self.uid().unwrap_or_default(), &self.spec)
-            .map_err(|e| e.to_string())
+            .map_err(|e| pipeline::InvalidSpec(e.to_string()))
     }
     fn claim(d: &DesiredDivert) -> String {
         format!("divert {}", d.name)

@@ -352,9 +352,10 @@ impl TopologyObject for ArtemisQueue {
     fn cache(ctx: &Context) -> &super::Cache<Self> {
         &ctx.caches.queues
     }
-    /// The trait (pipeline.rs) takes the refusal as text: the status message it shows.
-    fn desired(&self) -> Result<DesiredQueue, String> {
-        DesiredQueue::checked(&kube::ResourceExt::name_any(self), &self.spec).map_err(|e| e.to_string())
+    /// The refusal is shown in status as the message it reads.
+    fn desired(&self) -> Result<DesiredQueue, pipeline::InvalidSpec> {
+        DesiredQueue::checked(&kube::ResourceExt::name_any(self), &self.spec)
+            .map_err(|e| pipeline::InvalidSpec(e.to_string()))
     }
     fn claim(d: &DesiredQueue) -> String {
         format!("queue {}", d.name)
