@@ -166,7 +166,10 @@ pub async fn report(
             capture_queue: name.capture_queue(),
         };
         let why = drains.health.draining(&key, drains.within).err();
-        found.insert((name.clone(), node.clone()), found_installed(why));
+        found.insert(
+            (name.clone(), node.clone()),
+            found_installed(why.map(|e| e.to_string())),
+        );
     }
     report::write_statuses(ctx, state, &j.cluster_key, subs, &j.seen, &found, &j.held).await
 }
@@ -626,7 +629,7 @@ async fn judge_node(
             (Verdict::Installed { drained }, _) => {
                 installed(seen, node, name, judged);
                 judged.installed.push((name.clone(), node.node_id.clone()));
-                let why = (!drained).then(|| drain_of(name).err().unwrap_or_default());
+                let why = (!drained).then(|| drain_of(name).err().map(|e| e.to_string()).unwrap_or_default());
                 found_installed(why)
             }
             (verdict, problem) => found_elsewise(name, verdict, problem.as_ref()),
@@ -683,7 +686,7 @@ async fn verdicts_on<'d>(
     desired: &'d BTreeMap<TapName, TapSpec>,
     m: &BrokerManagement,
     inv: &crate::topology::inventory::NodeInventory,
-    drain_of: &impl Fn(&TapName) -> Result<(), String>,
+    drain_of: &impl Fn(&TapName) -> Result<(), super::drain::NotDraining>,
 ) -> (BTreeMap<&'d TapName, Verdict>, Option<(RefusalKind, String)>) {
     let mut verdicts: BTreeMap<&TapName, Verdict> = desired
         .iter()
