@@ -23,33 +23,44 @@ use crate::api::capture::{
 };
 use crate::api::{ArtemisCluster, NodeOutcome, Outcome, RefusalKind};
 use crate::broker::{BrokerError, BrokerManagement};
-use crate::controllers::{Context, command, conditions, key};
+use crate::controllers::access::AccessProblem;
+use crate::controllers::pipeline::DereferenceError;
+use crate::controllers::{Context, ReconcileError, command, conditions, key};
 use crate::fanout::{NodeFailure, NodeReport, Target};
 use crate::store::capture::{TapInstall, TapKey};
 use crate::store::captured::{QueueCounters, TapTotals};
 use crate::store::{AuditIntent, StoreError};
 use crate::topology::{self, Topology, TopologyMemory};
 
+/// Why a pass stopped before its end: what failed — reading the cluster, a command, Postgres,
+/// or the Kubernetes API. The log and `capture_pass.result` say it as it displays; a
+/// [`PassError::Store`] is also reported as an outage in status (`capture::outage`).
 #[derive(Debug, thiserror::Error)]
 pub enum PassError {
+    /// The cluster's access (its Secrets, its endpoints) could not be resolved.
+    #[error("cluster access: {}", .0.message)]
+    Access(AccessProblem),
+    /// The shared write gate refused: the Secrets, re-read right before a broker write, are
+    /// missing or changed.
     #[error("cluster access: {0}")]
-    Access(String),
+    Credentials(#[source] DereferenceError),
+    /// An audited command could not be run or recorded (Postgres and the Kubernetes API are
+    /// their own variants).
     #[error("{0}")]
-    Command(String),
+    Command(#[source] ReconcileError),
     #[error("store: {0}")]
     Store(#[from] StoreError),
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
 }
 
-impl From<crate::controllers::ReconcileError> for PassError {
-    fn from(e: crate::controllers::ReconcileError) -> Self {
-        use crate::controllers::ReconcileError as R;
+impl From<ReconcileError> for PassError {
+    fn from(e: ReconcileError) -> Self {
         match e {
             // Postgres stays Postgres: the worker reports an outage from it.
-            R::Store(e) => PassError::Store(e),
-            R::Kube(e) => PassError::Kube(e),
-            other => PassError::Command(other.to_string()),
+            ReconcileError::Store(e) => PassError::Store(e),
+            ReconcileError::Kube(e) => PassError::Kube(e),
+            other => PassError::Command(other),
         }
     }
 }
@@ -380,7 +391,7 @@ pub async fn run(
         // The shared write gate: the Secrets re-read right before a broker write.
         crate::controllers::pipeline::ensure_credentials(ctx, &ns, &cluster.name_any())
             .await
-            .map_err(|e| PassError::Access(e.to_string()))?;
+            .map_err(PassError::Credentials)?;
     }
     let installed = install::install_all(&scope, &seen, &subs_by_name, &mut judged).await;
     let sweeps = std::mem::take(&mut judged.sweeps);
@@ -575,7 +586,7 @@ async fn cluster_view(
     }
     let access = crate::controllers::cluster::resolve_access(&ctx.client, &ns, &cluster.spec)
         .await
-        .map_err(|p| PassError::Access(p.message))?;
+        .map_err(PassError::Access)?;
     let topology = topology::poll(&access, &state.memory).await;
     Ok((access, topology, false))
 }
