@@ -7,8 +7,12 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
+use fe2o3_amqp::connection::OpenError;
+use fe2o3_amqp::link::ReceiverAttachError;
 use fe2o3_amqp::link::receiver::CreditMode;
+use fe2o3_amqp::session::BeginError;
 use fe2o3_amqp::{Connection, Receiver, Session};
 
 /// The session's incoming window: large, so link credit alone paces each drain (fe2o3 widens
@@ -37,7 +41,52 @@ impl Link {
 }
 
 /// How long opening a connection, or an attach, may take before the connection is given up.
-const ATTACH_WITHIN: std::time::Duration = std::time::Duration::from_secs(20);
+const ATTACH_WITHIN: Duration = Duration::from_secs(20);
+
+/// Why a drain has no receiver: which step of reaching the node's queue failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// The node's AMQP URL does not parse.
+    #[error("AMQP URL {url}: {source}")]
+    Url {
+        url: String,
+        #[source]
+        source: url::ParseError,
+    },
+    /// The URL has no place for a username and password.
+    #[error("AMQP URL {url} takes no credentials")]
+    NoCredentials { url: String },
+    /// The AMQP connection (TCP, SASL, Open) failed.
+    #[error("connect to {url}: {source}")]
+    Connect {
+        url: String,
+        #[source]
+        source: OpenError,
+    },
+    /// Opening the connection and its session took longer than [`ATTACH_WITHIN`].
+    #[error("connect to {url}: no answer within {}s", .within.as_secs())]
+    ConnectTimedOut { url: String, within: Duration },
+    /// The connection opened; its session (Begin) did not.
+    #[error("session on {url}: {source}")]
+    Session {
+        url: String,
+        #[source]
+        source: BeginError,
+    },
+    /// The connection just opened is not there (never expected).
+    #[error("no connection to {url}")]
+    NoConnection { url: String },
+    /// The broker refused the receiver's Attach (the queue is gone, or not ours to read).
+    #[error("attach to {fqqn}: {source}")]
+    Attach {
+        fqqn: String,
+        #[source]
+        source: ReceiverAttachError,
+    },
+    /// The Attach took longer than [`ATTACH_WITHIN`]: the connection is given up.
+    #[error("attach to {fqqn}: no answer within {}s", .within.as_secs())]
+    AttachTimedOut { fqqn: String, within: Duration },
+}
 
 type Slot = tokio::sync::Mutex<Option<Link>>;
 
@@ -70,24 +119,21 @@ impl NodeLinks {
         key: &LinkKey,
         link_name: &str,
         source: &str,
-    ) -> Result<(Receiver, Lease), String> {
+    ) -> Result<(Receiver, Lease), LinkError> {
         let slot = self.slot(key);
         let mut link = slot.lock().await;
         if link.as_ref().is_none_or(Link::broken) {
             *link = None;
             let opened = tokio::time::timeout(ATTACH_WITHIN, self.open(key))
                 .await
-                .map_err(|_| {
-                    format!(
-                        "connect to {}: no answer within {}s",
-                        key.url,
-                        ATTACH_WITHIN.as_secs()
-                    )
+                .map_err(|_| LinkError::ConnectTimedOut {
+                    url: key.url.clone(),
+                    within: ATTACH_WITHIN,
                 })?;
             *link = Some(opened?);
         }
         let Some(l) = link.as_mut() else {
-            return Err(format!("no connection to {}", key.url));
+            return Err(LinkError::NoConnection { url: key.url.clone() });
         };
         let attach = Receiver::builder()
             .name(link_name)
@@ -95,15 +141,18 @@ impl NodeLinks {
             .credit_mode(CreditMode::Manual)
             .attach(&mut l.session);
         let receiver = match tokio::time::timeout(ATTACH_WITHIN, attach).await {
-            Ok(r) => r.map_err(|e| format!("attach to {source}: {e}"))?,
+            Ok(r) => r.map_err(|e| LinkError::Attach {
+                fqqn: source.to_string(),
+                source: e,
+            })?,
             Err(_) => {
                 // A connection that cannot attach in time is not used again: the next drain
                 // to attach opens a new one (the others' receivers end with this one).
                 *link = None;
-                return Err(format!(
-                    "attach to {source}: no answer within {}s",
-                    ATTACH_WITHIN.as_secs()
-                ));
+                return Err(LinkError::AttachTimedOut {
+                    fqqn: source.to_string(),
+                    within: ATTACH_WITHIN,
+                });
             }
         };
         drop(link);
@@ -123,17 +172,23 @@ impl NodeLinks {
         s
     }
 
-    async fn open(&self, key: &LinkKey) -> Result<Link, String> {
+    async fn open(&self, key: &LinkKey) -> Result<Link, LinkError> {
         let url = with_credentials(key)?;
         let container = format!("{}{}", self.prefix, uuid::Uuid::new_v4().simple());
         let mut connection = Connection::open(container, url)
             .await
-            .map_err(|e| format!("connect to {}: {e}", key.url))?;
+            .map_err(|source| LinkError::Connect {
+                url: key.url.clone(),
+                source,
+            })?;
         let session = Session::builder()
             .incoming_window(SESSION_WINDOW)
             .begin(&mut connection)
             .await
-            .map_err(|e| format!("session on {}: {e}", key.url))?;
+            .map_err(|source| LinkError::Session {
+                url: key.url.clone(),
+                source,
+            })?;
         Ok(Link { connection, session })
     }
 }
@@ -144,11 +199,14 @@ pub fn container_prefix(instance_id: &str) -> String {
 }
 
 /// The node's URL with the credentials in its userinfo, percent-encoded by `url`.
-fn with_credentials(key: &LinkKey) -> Result<url::Url, String> {
-    let mut url = url::Url::parse(&key.url).map_err(|e| format!("AMQP URL {}: {e}", key.url))?;
+fn with_credentials(key: &LinkKey) -> Result<url::Url, LinkError> {
+    let mut url = url::Url::parse(&key.url).map_err(|source| LinkError::Url {
+        url: key.url.clone(),
+        source,
+    })?;
     url.set_username(&key.username)
         .and_then(|()| url.set_password(Some(&key.password)))
-        .map_err(|()| format!("AMQP URL {} takes no credentials", key.url))?;
+        .map_err(|()| LinkError::NoCredentials { url: key.url.clone() })?;
     Ok(url)
 }
 
@@ -165,5 +223,20 @@ mod tests {
         };
         let url = with_credentials(&key).expect("url");
         assert_eq!(url.as_str(), "amqp://ad%20min:p%40ss%3Aw%2Frd@127.0.0.1:5672");
+    }
+
+    #[test]
+    fn a_url_that_cannot_carry_credentials_is_named() {
+        let key = LinkKey {
+            url: "mailto:ops@example.com".into(),
+            username: "u".into(),
+            password: "p".into(),
+        };
+        let e = with_credentials(&key).expect_err("no userinfo in a mailto: URL");
+        assert!(matches!(e, LinkError::NoCredentials { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "AMQP URL mailto:ops@example.com takes no credentials"
+        );
     }
 }

@@ -39,6 +39,7 @@ use kube::runtime::{reflector, watcher};
 
 use crate::api::{ArtemisCaptureSubscription, ArtemisCluster};
 use crate::controllers::{Context, key};
+use crate::store::StoreError;
 use crate::store::capture::{ClusterLock, PassRecord};
 
 /// Every capture worker of an instance keeps one connection with this application_name
@@ -185,9 +186,18 @@ fn rate_cap(
 /// How long the worker waits on Postgres for what it reads outside a pass.
 const STORE_CHECK: Duration = Duration::from_secs(2);
 
+/// Why a cluster's lock could not be taken again: Postgres failed, or did not answer in time.
+#[derive(Debug, thiserror::Error)]
+enum RetakeError {
+    #[error("{0}")]
+    Store(#[source] StoreError),
+    #[error("no answer within {}s", .within.as_secs())]
+    NoAnswer { within: Duration },
+}
+
 /// Take a cluster's lock again after its session was lost: Some when taken, None when another
 /// process holds it, Err when Postgres cannot be reached (or not in time).
-async fn retake(ctx: &Context, cluster_key: &str, holder: &str) -> Result<Option<ClusterLock>, String> {
+async fn retake(ctx: &Context, cluster_key: &str, holder: &str) -> Result<Option<ClusterLock>, RetakeError> {
     match tokio::time::timeout(
         STORE_CHECK,
         ClusterLock::try_acquire(&ctx.store, &ctx.instance_id, cluster_key, holder),
@@ -195,8 +205,8 @@ async fn retake(ctx: &Context, cluster_key: &str, holder: &str) -> Result<Option
     .await
     {
         Ok(Ok(lock)) => Ok(lock),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {}s", STORE_CHECK.as_secs())),
+        Ok(Err(e)) => Err(RetakeError::Store(e)),
+        Err(_) => Err(RetakeError::NoAnswer { within: STORE_CHECK }),
     }
 }
 
@@ -246,6 +256,40 @@ const RETENTION_PASSES: u32 = 10;
 /// How long a stopping drain may take to commit and settle the batch in hand.
 const DRAIN_GRACE: Duration = Duration::from_secs(10);
 
+/// A reflector's stream, run for what it does to its store (and, for subscriptions, the wake-up).
+type Feed = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// One namespace's subscriptions reflected into `writer`. Only a change that asks for a pass
+/// wakes the worker (spec, arming annotation, finalizers, deletion), never capture's own status
+/// writes (issue 25).
+fn subscription_feed(
+    api: kube::Api<ArtemisCaptureSubscription>,
+    writer: reflector::store::Writer<ArtemisCaptureSubscription>,
+    changed: Arc<tokio::sync::Notify>,
+    failures: Arc<crate::backoff::WatchFailures>,
+) -> Feed {
+    let mut changes = crate::controllers::feed::Changes::default();
+    Box::pin(
+        reflector::reflector(writer, crate::backoff::watched(api)).for_each(move |r| {
+            failures.saw("ArtemisCaptureSubscription", &r);
+            let asks = match r {
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => changes.asks_for_reconcile(&o),
+                Ok(watcher::Event::Delete(o)) => {
+                    changes.forget(&o);
+                    true
+                }
+                Ok(watcher::Event::InitDone) => true,
+                Ok(watcher::Event::Init) => false,
+                Err(_) => false,
+            };
+            if asks {
+                changed.notify_one();
+            }
+            futures::future::ready(())
+        }),
+    )
+}
+
 /// Run capture until shutdown: reflectors of subscriptions and clusters (every replica), and a
 /// pass per served cluster every `ctx.capture_pass_interval`, or soon after a subscription
 /// changes; and this process's audit heartbeat, until it exits (it never returns).
@@ -255,7 +299,7 @@ pub async fn run(ctx: Arc<Context>) {
     let (clusters, cluster_writers): (Vec<_>, Vec<_>) =
         ctx.namespaces.scopes().iter().map(|_| reflector::store()).unzip();
     let changed = Arc::new(tokio::sync::Notify::new());
-    let mut streams: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> = vec![];
+    let mut streams: Vec<Feed> = vec![];
     // One log streak per kind, over its namespaces' watches.
     let sub_failures = Arc::new(crate::backoff::WatchFailures::default());
     let cluster_failures = Arc::new(crate::backoff::WatchFailures::default());
@@ -265,31 +309,11 @@ pub async fn run(ctx: Arc<Context>) {
         .into_iter()
         .zip(sub_writers)
     {
-        let changed = changed.clone();
-        let failures = sub_failures.clone();
-        // Only a change that asks for a pass wakes the worker (spec, arming annotation,
-        // finalizers, deletion), never capture's own status writes (issue 25).
-        let mut changes = crate::controllers::feed::Changes::default();
-        streams.push(Box::pin(
-            reflector::reflector(writer, crate::backoff::watched(api)).for_each(move |r| {
-                failures.saw("ArtemisCaptureSubscription", &r);
-                let asks = match r {
-                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
-                        changes.asks_for_reconcile(&o)
-                    }
-                    Ok(watcher::Event::Delete(o)) => {
-                        changes.forget(&o);
-                        true
-                    }
-                    Ok(watcher::Event::InitDone) => true,
-                    Ok(watcher::Event::Init) => false,
-                    Err(_) => false,
-                };
-                if asks {
-                    changed.notify_one();
-                }
-                futures::future::ready(())
-            }),
+        streams.push(subscription_feed(
+            api,
+            writer,
+            changed.clone(),
+            sub_failures.clone(),
         ));
     }
     for (api, writer) in ctx

@@ -43,9 +43,12 @@ pub async fn report(
                 node: t.node.clone(),
                 capture_queue: queue,
             };
-            let why = drains.health.draining(&key, drains.within).err();
+            let why = match drains.health.draining(&key, drains.within) {
+                Err(not) => not.to_string(),
+                Ok(()) => cause.to_string(),
+            };
             t.state = TapState::Degraded;
-            t.message = Some(not_drained(&why.unwrap_or_else(|| cause.to_string())));
+            t.message = Some(not_drained(&why));
         }
         degrade_counts(&mut status);
         let generation = s.metadata.generation;

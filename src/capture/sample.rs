@@ -33,6 +33,7 @@ use crate::api::capture::{
     ArtemisCaptureSubscription, ArtemisCaptureSubscriptionStatus, CaptureMode, SampledQueueCounts,
     SampledQueueStatus,
 };
+use crate::broker::BrokerError;
 use crate::broker::management::{Browse, BrowseTarget};
 use crate::controllers::{Context, conditions};
 use crate::store::StoreError;
@@ -57,9 +58,28 @@ pub struct SampleState {
     /// Per subscription: when it was last sampled.
     pub last: BTreeMap<String, Instant>,
     /// Per (subscription, node, queue): when the latest browse succeeded, or why it failed.
-    pub outcomes: BTreeMap<(String, String, String), Result<DateTime<Utc>, String>>,
+    pub outcomes: BTreeMap<(String, String, String), Result<DateTime<Utc>, BrowseFailed>>,
     /// Subscriptions whose partitions this process made (retention makes the next days').
     pub partitioned: BTreeSet<String>,
+}
+
+/// Why a queue's latest browse stored nothing: the broker's side or the database's. Shown in
+/// `sampledQueues[].message`.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BrowseFailed {
+    /// The node's bulk browse request failed as a whole.
+    #[error("browse request failed: {0}")]
+    Request(#[source] BrokerError),
+    /// The broker refused this queue's browse.
+    #[error("browse of {queue} refused: {source}")]
+    Refused {
+        queue: String,
+        #[source]
+        source: BrokerError,
+    },
+    /// Browsed; Postgres did not take the rows (the next browse reads them again).
+    #[error("browsed, not stored (database: {0}); the next browse tries again")]
+    NotStored(#[source] Arc<StoreError>),
 }
 
 /// A live (not deleting) subscription in mode Sample.
@@ -165,8 +185,7 @@ pub async fn sample_due(
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(%node, cluster = %cluster_key, error = %e, "sampling: browse request failed");
-                let why = format!("browse request failed: {e}");
-                record_failure(state, node, wanted.iter(), &why).await;
+                record_failure(state, node, wanted.iter(), &BrowseFailed::Request(e)).await;
                 summary.failed += wanted.len();
                 continue;
             }
@@ -264,14 +283,14 @@ async fn record_failure<'a>(
     state: &Mutex<SampleState>,
     node: &str,
     wanted: impl Iterator<Item = (&'a BrowseTarget, &'a Vec<&'a Arc<ArtemisCaptureSubscription>>)>,
-    why: &str,
+    why: &BrowseFailed,
 ) {
     let mut s = state.lock().await;
     for (t, subs) in wanted {
         for x in subs {
             s.outcomes.insert(
                 (x.name_any(), node.to_string(), t.queue.clone()),
-                Err(why.to_string()),
+                Err(why.clone()),
             );
         }
     }
@@ -300,7 +319,10 @@ impl Sampling<'_> {
             Ok(m) => m,
             Err(e) => {
                 summary.failed += 1;
-                let why = format!("browse of {} refused: {e}", t.queue);
+                let why = BrowseFailed::Refused {
+                    queue: t.queue.clone(),
+                    source: e,
+                };
                 let subs = subs.to_vec();
                 record_failure(self.state, node, std::iter::once((t, &subs)), &why).await;
                 return;
@@ -334,7 +356,7 @@ impl Sampling<'_> {
         t: &BrowseTarget,
         fresh: Vec<(i64, CapturedRow)>,
         mark: i64,
-    ) -> (Result<DateTime<Utc>, String>, u64) {
+    ) -> (Result<DateTime<Utc>, BrowseFailed>, u64) {
         let high_water = fresh.iter().map(|(id, _)| *id).max().unwrap_or(mark).max(mark);
         let rows: Vec<CapturedRow> = fresh.into_iter().map(|(_, r)| r).collect();
         let at = SampleAt {
@@ -356,8 +378,7 @@ impl Sampling<'_> {
             }
             Err(e) => {
                 tracing::warn!(%node, subscription = %name, error = %e, "sampling: rows not stored");
-                let why = format!("browsed, not stored (database: {e}); the next browse tries again");
-                (Err(why), 0)
+                (Err(BrowseFailed::NotStored(Arc::new(e))), 0)
             }
         }
     }
@@ -632,13 +653,22 @@ pub async fn write_status(
     Ok(())
 }
 
+/// How a sampled queue's latest browse went: its status lists the failed ones first, then those
+/// not browsed yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Browsed {
+    Failed,
+    NotYet,
+    Succeeded,
+}
+
 /// Each sampled queue on each live node, with its last browse, and the addresses they are on.
 fn sampled_queue_statuses(
     s: &ArtemisCaptureSubscription,
     topology: &Topology,
     marks: &[SampleMark],
-    outcomes: &BTreeMap<(String, String, String), Result<DateTime<Utc>, String>>,
-) -> (Vec<SampledQueueStatus>, Vec<String>) {
+    outcomes: &BTreeMap<(String, String, String), Result<DateTime<Utc>, BrowseFailed>>,
+) -> (Vec<(Browsed, SampledQueueStatus)>, Vec<String>) {
     let name = s.name_any();
     let marks: BTreeMap<(&str, &str), &SampleMark> = marks
         .iter()
@@ -653,19 +683,21 @@ fn sampled_queue_statuses(
             let mark = marks.get(&(node.node_id.as_str(), t.queue.as_str()));
             let outcome = outcomes.get(&(name.clone(), node.node_id.clone(), t.queue.clone()));
             addresses.insert(t.address.clone());
-            queues.push(SampledQueueStatus {
+            let (browsed, message) = match outcome {
+                Some(Err(e)) => (Browsed::Failed, Some(e.to_string())),
+                None => (Browsed::NotYet, Some(NOT_BROWSED_YET.into())),
+                Some(Ok(_)) => (Browsed::Succeeded, None),
+            };
+            let entry = SampledQueueStatus {
                 node: node.node_id.clone(),
                 queue: t.queue.clone(),
                 address: t.address.clone(),
-                browsing: matches!(outcome, Some(Ok(_))),
+                browsing: browsed == Browsed::Succeeded,
                 sampled: mark.map(|m| m.sampled.max(0) as u64).unwrap_or(0),
                 last_browse: mark.map(|m| m.last_browse_at.to_rfc3339()),
-                message: match outcome {
-                    Some(Err(e)) => Some(e.clone()),
-                    None => Some(NOT_BROWSED_YET.into()),
-                    Some(Ok(_)) => None,
-                },
-            });
+                message,
+            };
+            queues.push((browsed, entry));
         }
     }
     (queues, addresses.into_iter().collect())
@@ -678,23 +710,19 @@ const NOT_BROWSED_YET: &str = "not browsed yet by this operator process";
 /// `status::MOST_LISTED` of each listed — the failed browses first, then those not browsed yet.
 fn set_sampled_queues(
     status: &mut ArtemisCaptureSubscriptionStatus,
-    mut queues: Vec<SampledQueueStatus>,
+    mut browsed: Vec<(Browsed, SampledQueueStatus)>,
     addresses: Vec<String>,
 ) {
-    let state = |q: &SampledQueueStatus| match (q.browsing, q.message.as_deref()) {
-        (true, _) => 2,
-        (false, Some(NOT_BROWSED_YET)) => 1,
-        (false, _) => 0,
-    };
     let mut counts = SampledQueueCounts::default();
-    for q in &queues {
-        *match state(q) {
-            0 => &mut counts.failed,
-            1 => &mut counts.pending,
-            _ => &mut counts.browsing,
+    for (b, _) in &browsed {
+        *match b {
+            Browsed::Failed => &mut counts.failed,
+            Browsed::NotYet => &mut counts.pending,
+            Browsed::Succeeded => &mut counts.browsing,
         } += 1;
     }
-    queues.sort_by_key(|q| state(q));
+    browsed.sort_by_key(|(b, _)| *b);
+    let mut queues: Vec<SampledQueueStatus> = browsed.into_iter().map(|(_, q)| q).collect();
     status.sampled_queues_omitted = super::status::most_listed(&mut queues);
     status.sampled_queues = queues;
     status.sampled_queue_counts = counts;
@@ -772,19 +800,23 @@ mod tests {
 
     #[test]
     fn two_thousand_sampled_queues_make_a_bounded_status_that_lists_the_failed_browses_first() {
-        let entry = |n: usize, browsing: bool, message: Option<&str>| SampledQueueStatus {
-            node: "n1".into(),
-            queue: format!("orders.{n:05}"),
-            address: format!("orders.{n:05}"),
-            browsing,
-            sampled: 3,
-            last_browse: Some("2026-12-02T01:00:00Z".into()),
-            message: message.map(str::to_string),
+        let entry = |n: usize, browsed: Browsed, message: Option<&str>| {
+            let q = SampledQueueStatus {
+                node: "n1".into(),
+                queue: format!("orders.{n:05}"),
+                address: format!("orders.{n:05}"),
+                browsing: browsed == Browsed::Succeeded,
+                sampled: 3,
+                last_browse: Some("2026-12-02T01:00:00Z".into()),
+                message: message.map(str::to_string),
+            };
+            (browsed, q)
         };
-        let mut queues: Vec<SampledQueueStatus> = (0..2_000).map(|n| entry(n, true, None)).collect();
-        queues[1_500] = entry(1_500, false, Some("browse refused: AMQ229032"));
-        queues[1_999] = entry(1_999, false, Some(NOT_BROWSED_YET));
-        let addresses: Vec<String> = queues.iter().map(|q| q.address.clone()).collect();
+        let mut queues: Vec<(Browsed, SampledQueueStatus)> =
+            (0..2_000).map(|n| entry(n, Browsed::Succeeded, None)).collect();
+        queues[1_500] = entry(1_500, Browsed::Failed, Some("browse refused: AMQ229032"));
+        queues[1_999] = entry(1_999, Browsed::NotYet, Some(NOT_BROWSED_YET));
+        let addresses: Vec<String> = queues.iter().map(|(_, q)| q.address.clone()).collect();
         let mut status = ArtemisCaptureSubscriptionStatus::default();
         set_sampled_queues(&mut status, queues, addresses);
         let s: ArtemisCaptureSubscription = serde_json::from_value(json!({

@@ -9,8 +9,9 @@ use std::future::Future;
 /// Why Postgres did not take a part of a batch.
 #[derive(Debug)]
 pub enum Refusal<E> {
-    /// Refused for what was sent (its SQLSTATE): splitting finds the copy at fault.
-    Data(String),
+    /// Refused for what was sent: splitting finds the copy at fault. The SQLSTATE is the
+    /// refusal's class (`store::storable` salvages by it), never a message.
+    Data { sqlstate: String },
     /// Postgres was not available: the same request may succeed later.
     Unavailable(E),
 }
@@ -57,18 +58,20 @@ impl<T> SplitInsert<T> {
                     self.pending.push(part);
                     return Err(e);
                 }
-                Err(Refusal::Data(_)) if part.len() > 1 => {
+                Err(Refusal::Data { .. }) if part.len() > 1 => {
                     let second = part.split_off(part.len() / 2);
                     self.pending.push(second);
                     self.pending.push(part);
                 }
-                Err(Refusal::Data(code)) => match part.first().and_then(|r| sink.salvage(r, &code)) {
-                    Some(salvaged) => self.pending.push(vec![salvaged]),
-                    None => {
-                        self.unstorable += 1;
-                        self.causes.push(code);
+                Err(Refusal::Data { sqlstate }) => {
+                    match part.first().and_then(|r| sink.salvage(r, &sqlstate)) {
+                        Some(salvaged) => self.pending.push(vec![salvaged]),
+                        None => {
+                            self.unstorable += 1;
+                            self.causes.push(sqlstate);
+                        }
                     }
-                },
+                }
             }
         }
         Ok(())
@@ -97,7 +100,9 @@ mod tests {
                 return Err(Refusal::Unavailable("down"));
             }
             if rows.iter().any(|r| *r == "p" || *r == "x") {
-                return Err(Refusal::Data("22P05".into()));
+                return Err(Refusal::Data {
+                    sqlstate: "22P05".into(),
+                });
             }
             self.stored.extend_from_slice(rows);
             Ok(rows.len() as u64)

@@ -5,7 +5,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{ClusterState, Judged, Survey};
+use super::ClusterState;
+use super::judge::Judged;
+use super::survey::Survey;
 use crate::capture::names::TapName;
 use crate::capture::plan::TapSpec;
 use crate::capture::window::SourceMark;

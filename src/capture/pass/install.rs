@@ -6,7 +6,20 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::*;
+use serde_json::json;
+
+use super::judge::Judged;
+use super::survey::{ArmState, Survey, without_review};
+use super::{Found, PassError, PassScope, intent, may_start, told};
+use crate::api::capture::{ArtemisCaptureSubscription, TapState};
+use crate::api::{NodeOutcome, Outcome, RefusalKind};
+use crate::broker::{BrokerError, BrokerManagement};
+use crate::capture::names::TapName;
+use crate::capture::plan::{Part, TapSpec};
+use crate::capture::status::not_drained;
+use crate::controllers::command;
+use crate::fanout::{NodeFailure, NodeReport, Target};
+use crate::store::capture::TapInstall;
 
 /// Installs: one audited command per tap, on the nodes that lack something. The number of
 /// commands sent, and of taps left for the next pass (none starts once the pass's budget for
@@ -24,15 +37,7 @@ pub(super) async fn install_all(
     type Installed = (TapName, Option<Result<Vec<NodeOutcome>, PassError>>, Vec<String>);
     // Boxed as Send: rustc cannot prove it of the unboxed futures inside a spawned task.
     let mut each: Vec<futures::future::BoxFuture<'_, Installed>> = vec![];
-    // The nodes where each tap's install creates its capture queue.
-    let queue_parts: BTreeMap<TapName, BTreeSet<String>> = judged
-        .installs
-        .iter()
-        .map(|(tap, nodes)| {
-            let with_queue = nodes.iter().filter(|(_, p)| p.contains(&Part::Queue));
-            (tap.clone(), with_queue.map(|(n, _)| n.clone()).collect())
-        })
-        .collect();
+    let queue_parts = creating_queues(&judged.installs);
     for (tap, parts) in std::mem::take(&mut judged.installs) {
         let Some(spec) = seen.desired.get(&tap) else {
             continue;
@@ -94,8 +99,21 @@ pub(super) async fn install_all(
     first_error.map_or(Ok((commands, deferred)), Err)
 }
 
+/// The nodes where each tap's install creates its capture queue.
+fn creating_queues(
+    installs: &BTreeMap<TapName, BTreeMap<String, Vec<Part>>>,
+) -> BTreeMap<TapName, BTreeSet<String>> {
+    installs
+        .iter()
+        .map(|(tap, nodes)| {
+            let with_queue = nodes.iter().filter(|(_, p)| p.contains(&Part::Queue));
+            (tap.clone(), with_queue.map(|(n, _)| n.clone()).collect())
+        })
+        .collect()
+}
+
 /// A tap whose install this pass left for the next: the budget's time for writes was spent.
-pub(super) fn found_deferred(budget: Duration) -> Found {
+fn found_deferred(budget: Duration) -> Found {
     Found {
         state: TapState::Pending,
         refusal: None,
@@ -267,4 +285,20 @@ async fn install_on(m: &BrokerManagement, spec: &TapSpec, parts: &[Part]) -> Res
         Outcome::Applied,
         format!("installed {}", done.join(", ")),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deferred_install_is_pending_and_says_when_it_comes() {
+        let f = found_deferred(Duration::from_secs(60));
+        assert_eq!(f.state, TapState::Pending);
+        assert!(
+            f.message.contains("time budget (60s)") && f.message.contains("next pass"),
+            "{}",
+            f.message
+        );
+    }
 }

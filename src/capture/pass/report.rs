@@ -4,7 +4,60 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use super::*;
+use kube::ResourceExt;
+
+use super::judge::Judged;
+use super::survey::{ArmState, Survey};
+use super::{ClusterState, Found, PassError};
+use crate::api::capture::{
+    ArtemisCaptureSubscription, ArtemisCaptureSubscriptionStatus, CaptureMode, TapState, TapStatus,
+};
+use crate::capture::arming::{self, Arming};
+use crate::capture::names::TapName;
+use crate::capture::plan::TapSpec;
+use crate::capture::status::{ARMED, same_status, set_tap_conditions, set_taps};
+use crate::controllers::{Context, conditions};
+use crate::store::capture::TapKey;
+use crate::store::captured::TapTotals;
+use crate::topology::Topology;
+
+/// Issue 42: status is true while a pass runs. The taps it is about to install say so before
+/// the installs (a tap the last pass found HEALTHY may have lost its ring since: a failover, a
+/// restart), not only once the whole pass ends. Not written: logged, and the pass goes on.
+pub(super) async fn write_before_installs(
+    ctx: &Context,
+    state: &ClusterState,
+    cluster_key: &str,
+    subs: &[Arc<ArtemisCaptureSubscription>],
+    (seen, judged): (&Survey, &Judged),
+    held: &BTreeSet<String>,
+) {
+    if judged.installs.is_empty() {
+        return;
+    }
+    let interim = installing(judged);
+    let written = write_statuses(ctx, state, cluster_key, subs, seen, &interim, held).await;
+    if let Err(e) = written {
+        tracing::warn!(cluster = %cluster_key, error = %e, "capture: the status before this pass's installs not written");
+    }
+}
+
+/// What status says while this pass installs: every tap as judged, each one about to be
+/// installed PENDING.
+fn installing(judged: &Judged) -> BTreeMap<(TapName, String), Found> {
+    let mut found = judged.found.clone();
+    for (tap, nodes) in &judged.installs {
+        for node in nodes.keys() {
+            let pending = Found {
+                state: TapState::Pending,
+                refusal: None,
+                message: "not installed on this node: the pass running now installs it".into(),
+            };
+            found.insert((tap.clone(), node.clone()), pending);
+        }
+    }
+    found
+}
 
 /// Status and finalizers, from what is true after the writes.
 pub(super) async fn write_statuses(

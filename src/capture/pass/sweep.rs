@@ -6,7 +6,18 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::*;
+use serde_json::json;
+
+use super::install::INSTALLS_AT_ONCE;
+use super::{ClusterState, PassError, PassScope, intent, may_start, told};
+use crate::api::capture::ArtemisCaptureSubscription;
+use crate::api::{Outcome, RefusalKind};
+use crate::broker::{BrokerError, BrokerManagement};
+use crate::capture::drain::{DrainHandle, DrainKey};
+use crate::capture::names::TapName;
+use crate::controllers::command;
+use crate::fanout::{NodeFailure, NodeReport, Target};
+use crate::store::capture::TapKey;
 
 /// The orphan sweep: the only thing that ever removes a tap (ADR-0062 D6). The number of
 /// commands sent. Issue 42: the drains of every swept tap stop together (one grace), then the
@@ -45,7 +56,7 @@ pub(super) async fn sweep_all(
             capture_queue: tap.capture_queue(),
         }));
     }
-    let handles: Vec<crate::capture::drain::DrainHandle> = {
+    let handles: Vec<DrainHandle> = {
         let mut drains = state.drains.lock().await;
         keys.iter().filter_map(|k| drains.remove(k)).collect()
     };
@@ -69,7 +80,7 @@ pub(super) async fn sweep_all(
         })
         .collect();
     let results: Vec<Result<bool, PassError>> = futures::stream::iter(each)
-        .buffer_unordered(super::install::INSTALLS_AT_ONCE)
+        .buffer_unordered(INSTALLS_AT_ONCE)
         .collect()
         .await;
     let (mut commands, mut deferred) = (0, 0);
