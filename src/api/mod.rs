@@ -3,6 +3,7 @@
 #![allow(clippy::duplicated_attributes)]
 
 pub mod capture;
+pub mod capture_names;
 pub mod cluster;
 pub mod common;
 pub mod connection_close;

@@ -153,7 +153,7 @@ pub fn decide(req: &Request<'_>, now: &CapturePreview, at: &str) -> Arming {
             at: at.to_string(),
         })
     };
-    if super::names::is_exact(req.queues) {
+    if crate::api::capture_names::is_exact(req.queues) {
         return armed(HOW_EXACT, None);
     }
     if req.without_review {

@@ -17,8 +17,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::Value;
 
 use super::loss::CounterRead;
-use super::names::TapName;
 use super::reconcile::Sides;
+use crate::api::capture_names::TapName;
 use crate::broker::jolokia::JolokiaRequest;
 use crate::broker::{BrokerError, BrokerManagement, mbean};
 use crate::topology::inventory::{NodeInventory, matches};

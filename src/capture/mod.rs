@@ -17,7 +17,6 @@ pub mod connection;
 pub mod counters;
 pub mod drain;
 pub mod loss;
-pub mod names;
 pub mod outage;
 pub mod pass;
 pub mod plan;

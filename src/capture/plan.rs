@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
-use super::names::{TapName, TapObject, never_captured, wildcard_matches};
+use crate::api::capture_names::{TapName, TapObject, never_captured, wildcard_matches};
 use crate::api::{CAPTURE_PREFIX, RefusalKind};
 use crate::broker::management::{EffectiveSettings, SecurityRoles};
 use crate::topology::inventory::NodeInventory;
@@ -43,7 +43,7 @@ pub struct TapSpec {
 }
 
 /// The addresses a pattern captures: those of the queues it matches, on any node; and second,
-/// those it matches that are never captured (`names::never_captured`: broker-internal, or
+/// those it matches that are never captured (`capture_names::never_captured`: broker-internal, or
 /// under the capture prefix — capture never captures itself nor another installation's taps).
 pub fn matched_addresses<'a>(
     pattern: &str,

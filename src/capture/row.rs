@@ -9,7 +9,7 @@ use fe2o3_amqp::types::messaging::{Body, Message, MessageId};
 use fe2o3_amqp::types::primitives::Value;
 use serde_json::json;
 
-use super::names::TapName;
+use crate::api::capture_names::TapName;
 use crate::store::captured::CapturedRow;
 
 fn hex(bytes: &[u8]) -> String {

@@ -28,11 +28,11 @@ use chrono::{DateTime, Utc};
 use kube::ResourceExt;
 use serde_json::{Map, Value, json};
 
-use super::names::{never_captured, wildcard_matches};
 use crate::api::capture::{
     ArtemisCaptureSubscription, ArtemisCaptureSubscriptionStatus, CaptureMode, SampledQueueCounts,
     SampledQueueStatus,
 };
+use crate::api::capture_names::{never_captured, wildcard_matches};
 use crate::broker::BrokerError;
 use crate::broker::management::{Browse, BrowseTarget};
 use crate::controllers::{Context, conditions};

@@ -22,9 +22,9 @@
 
 use std::collections::BTreeMap;
 
-use super::names::TapName;
 use super::plan::Part;
 use super::reconcile::Sides;
+use crate::api::capture_names::TapName;
 use crate::controllers::Context;
 use crate::store::captured::{LossAt, LossBound};
 use crate::topology::Topology;

@@ -56,10 +56,10 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
+use artemis_studio_operator::api::capture_names::{TapName, escape};
 use artemis_studio_operator::api::{
     ArtemisCaptureSubscription, ArtemisCluster, ArtemisDivert, ArtemisQueue, CAPTURE_PREFIX,
 };
-use artemis_studio_operator::capture::names::{TapName, escape};
 
 /// A's queue filter before the burst, and after it.
 const FILTER_BEFORE: &str = "v = '1'";

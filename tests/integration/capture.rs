@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use artemis_studio_operator::api::RefusalKind;
 use artemis_studio_operator::api::capture::{ArtemisCaptureSubscription, TapState};
-use artemis_studio_operator::capture::names::TapName;
+use artemis_studio_operator::api::capture_names::TapName;
 
 use crate::queue::{Fixture, fixture};
 use crate::support::{Broker, TestBed, brokers_shared, jolokia_raw, short_id, wait_until};

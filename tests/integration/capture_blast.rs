@@ -184,7 +184,7 @@ async fn a_broad_pattern_is_previewed_installs_nothing_until_armed_and_the_cap_r
     );
     let d = diverts_of(&f.bed, &brokers, &instance, "narrow").await;
     assert_eq!(d.len(), 9, "{d:?}");
-    let escaped = |a: &str| artemis_studio_operator::capture::names::escape(a);
+    let escaped = |a: &str| artemis_studio_operator::api::capture_names::escape(a);
     assert!(
         d.iter()
             .all(|x| !x.contains(&escaped(&internal)) && !x.contains(&escaped(&foreign))),

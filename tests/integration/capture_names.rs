@@ -10,7 +10,7 @@ use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 
 use artemis_studio_operator::api::capture::{ArtemisCaptureSubscription, TapState};
-use artemis_studio_operator::capture::names::TapName;
+use artemis_studio_operator::api::capture_names::TapName;
 
 use crate::capture::{amqp_send, broker_queue, divert_names, taps_in};
 use crate::support::{TestBed, brokers_shared, create_cluster, short_id, wait_cluster_condition, wait_until};

@@ -20,10 +20,10 @@ use serde_json::{Value, json};
 
 use artemis_studio_operator::api::ArtemisCluster;
 use artemis_studio_operator::api::capture::ArtemisCaptureSubscription;
+use artemis_studio_operator::api::capture_names::TapName;
 use artemis_studio_operator::api::connection_close::ConnectionClose;
 use artemis_studio_operator::api::divert::ArtemisDivert;
 use artemis_studio_operator::api::queue::ArtemisQueue;
-use artemis_studio_operator::capture::names::TapName;
 
 use crate::capture::{amqp_send, divert_names};
 use crate::support::{

@@ -21,8 +21,8 @@ pub use coverage::{COVERAGE_CONFIRM, confirm_coverage};
 pub use health::{DrainHealth, DrainProblem, DrainState, NotDraining, STORE_STALLED};
 
 use super::connection::{LinkError, LinkKey, NodeLinks};
-use super::names::TapName;
 use super::supervise::{Death, DeathCause, Restart};
+use crate::api::capture_names::TapName;
 use crate::store::captured::SubscriptionKey;
 use crate::store::{Store, StoreError};
 

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::ClusterState;
 use super::judge::Judged;
 use super::survey::Survey;
-use crate::capture::names::TapName;
+use crate::api::capture_names::TapName;
 use crate::capture::plan::TapSpec;
 use crate::capture::window::SourceMark;
 use crate::controllers::Context;

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use super::ClusterState;
 use super::survey::Survey;
 use crate::api::capture::ArtemisCaptureSubscription;
+use crate::api::capture_names::TapName;
 use crate::broker::BrokerManagement;
 use crate::capture::connection::LinkKey;
 use crate::capture::drain::DrainKey;
-use crate::capture::names::TapName;
 
 /// A tap on one node (by node ID).
 type TapOnNode = (TapName, String);

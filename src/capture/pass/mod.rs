@@ -23,8 +23,8 @@ pub use drain_targets::DrainTarget;
 pub use survey::{ArmState, claimed_elsewhere};
 
 use super::drain::{DrainHealth, DrainKey};
-use super::names::TapName;
 use crate::api::capture::{ArtemisCaptureSubscription, TapState};
+use crate::api::capture_names::TapName;
 use crate::api::{ArtemisCluster, RefusalKind};
 use crate::controllers::access::AccessProblem;
 use crate::controllers::pipeline::DereferenceError;

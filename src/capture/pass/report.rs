@@ -12,8 +12,8 @@ use super::{ClusterState, Found, PassError};
 use crate::api::capture::{
     ArtemisCaptureSubscription, ArtemisCaptureSubscriptionStatus, CaptureMode, TapState, TapStatus,
 };
+use crate::api::capture_names::TapName;
 use crate::capture::arming::{self, Arming};
-use crate::capture::names::TapName;
 use crate::capture::plan::TapSpec;
 use crate::capture::status::{ARMED, same_status, set_tap_conditions, set_taps};
 use crate::controllers::{Context, conditions};

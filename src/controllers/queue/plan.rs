@@ -293,7 +293,7 @@ fn capture_tap_note(
     inv: &NodeInventory,
     facts: &PlanFacts,
 ) -> String {
-    use crate::capture::names::{TapName, wildcard_matches};
+    use crate::api::capture_names::{TapName, wildcard_matches};
     let Some((tap, _)) = TapName::parse(&facts.instance_id, divert) else {
         return "capture tap of another operator instance: kept; this operator never touches it (ADR-0062 D7)".into();
     };
@@ -666,7 +666,7 @@ mod tests {
         assert!(kept.iter().any(|k| k.note.contains("another operator instance")));
         // Our own tap: removed by its subscription's next pass when this is the last matching
         // queue on the address, kept when another matching queue remains.
-        let ours = crate::capture::names::TapName::new("i1", "ns", "target", "sub");
+        let ours = crate::api::capture_names::TapName::new("i1", "ns", "target", "sub");
         let with_tap = |queues: Vec<QueueInfo>| {
             inv(
                 queues,
