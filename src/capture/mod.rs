@@ -7,7 +7,7 @@
 //! - `pass`: one pass over one cluster — install, heal, sweep, audit, status (D6, ADR-0066 D2).
 //! - `status`: what the status writers share (conditions, change test, the finalizer).
 //! - `sample`: mode Sample — browse (never consume) matching queues, no tap (D3, D10).
-//! - `supervise`: a drain that dies is counted, shown in status and restarted with a backoff.
+//! - `drain::supervise`: a drain that dies is counted, shown in status and restarted with a backoff.
 //! - [`run`]: the worker every replica runs (capture is not leader-only): per cluster, a pass
 //!   runs only while this process holds the cluster's Postgres advisory lock, so passes never
 //!   overlap and clusters spread across replicas.
@@ -25,7 +25,6 @@ pub mod row;
 pub mod sample;
 pub mod split;
 pub mod status;
-pub mod supervise;
 pub mod window;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -98,7 +97,7 @@ impl Served {
         // Issue 42: the lock is held for the map only, never across a stop or the database.
         let (mut dead, stale, missing) = {
             let mut drains = self.state.drains.lock().await;
-            let dead = supervise::take_ended(&mut drains).await;
+            let dead = drain::supervise::take_ended(&mut drains).await;
             let stale_keys: Vec<drain::DrainKey> = drains
                 .iter()
                 .filter(|(k, h)| wanted.get(*k).is_none_or(|t| t.link != h.link || t.fresh_queue))
@@ -140,7 +139,7 @@ impl Served {
             let Some(subscription) = subscription else {
                 continue;
             };
-            let restart = supervise::restart_of(health, &k, &t.tap.subscription, dead.remove(&k));
+            let restart = drain::supervise::restart_of(health, &k, &t.tap.subscription, dead.remove(&k));
             let spec = drain::DrainSpec {
                 key: k.clone(),
                 tap: t.tap.clone(),

@@ -161,7 +161,7 @@ fn forget_access(ctx: &Context, ns: &str, name: &str) {
     if ctx.topologies.get(&k).is_some() {
         ctx.topologies.remove(&k);
         let everything = topology::TopologyChange::everything();
-        super::pipeline::trigger_dependents(ctx, ns, name, &everything, None);
+        super::dependents::trigger_dependents(ctx, ns, name, &everything, None);
     }
 }
 
@@ -262,9 +262,9 @@ async fn poll_and_publish(ctx: &Context, ns: &str, name: &str, rt: ClusterRuntim
     }
     drop(in_flight);
     if reauthorised || came_back {
-        super::pipeline::retry_dependents_now(ctx, ns, name, &caught_up.lacking);
+        super::dependents::retry_dependents_now(ctx, ns, name, &caught_up.lacking);
     } else if !change.is_empty() {
-        super::pipeline::trigger_dependents(ctx, ns, name, &change, None);
+        super::dependents::trigger_dependents(ctx, ns, name, &change, None);
     }
     if !caught_up.lacking.is_empty() {
         // Objects the node still lacks (a failed or untaken catch-up) report on it before the

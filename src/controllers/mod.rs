@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod command;
 pub mod conditions;
 pub mod connection_close;
+pub mod dependents;
 pub mod divert;
 pub mod feed;
 #[cfg(test)]
@@ -835,7 +836,7 @@ fn cluster_deleted(ctx: &Context, c: &ArtemisCluster) {
     );
     ctx.clusters.remove(&key(&ns, &name));
     ctx.topologies.remove(&key(&ns, &name));
-    pipeline::trigger_dependents(
+    dependents::trigger_dependents(
         ctx,
         &ns,
         &name,

@@ -157,7 +157,7 @@ pub async fn current_topology(
         })
         .unwrap_or_default();
     if !change.is_empty() {
-        super::pipeline::trigger_dependents(ctx, cluster_ns, cluster_name, &change, None);
+        super::dependents::trigger_dependents(ctx, cluster_ns, cluster_name, &change, None);
     }
     let t = ctx
         .topologies

@@ -71,7 +71,7 @@ pub struct CaptureMetrics {
     /// Drains running in this process.
     pub drains: Gauge,
     /// Drains that died (panicked, or ended without being stopped), counted at their death;
-    /// each is restarted by the next capture pass after its backoff (`capture::supervise`).
+    /// each is restarted by the next capture pass after its backoff (`capture::drain::supervise`).
     pub drain_restarts: Family<SubscriptionLabels, Counter>,
     /// Messages a browse saw and stored (mode Sample, rows marked origin=sampled): what was
     /// still on a queue when it was browsed, never a count of what was sent.

@@ -218,16 +218,6 @@ impl Metrics {
             .inc();
     }
 
-    /// Jolokia operations sent to this endpoint URL (any kind, any result), process-wide.
-    pub fn jolokia_requests_of(&self, node: &str) -> u64 {
-        jolokia::metrics().requests_of(&crate::broker::budget::node_key(node))
-    }
-
-    /// Jolokia HTTP POSTs sent to this endpoint URL, process-wide.
-    pub fn jolokia_posts_of(&self, node: &str) -> u64 {
-        jolokia::metrics().posts_of(&crate::broker::budget::node_key(node))
-    }
-
     pub fn set_ready(&self) {
         self.ready.store(true, Ordering::Release);
     }

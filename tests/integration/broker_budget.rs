@@ -8,7 +8,6 @@ use serde_json::Value;
 
 use artemis_studio_operator::broker::budget::{MAX_IN_FLIGHT, node_stats};
 use artemis_studio_operator::broker::{Credentials, JolokiaClient, JolokiaRequest, mbean};
-use artemis_studio_operator::telemetry::Metrics;
 
 use crate::support::{TestBed, brokers_shared, short_id};
 
@@ -49,8 +48,10 @@ async fn two_hundred_concurrent_calls_share_a_few_posts_within_the_budget() {
         .expect("NodeID");
     assert!(version.is_string() && node_id.is_string(), "{version} {node_id}");
 
-    let metrics = Metrics::default();
-    let (requests_before, posts_before) = (metrics.jolokia_requests_of(&url), metrics.jolokia_posts_of(&url));
+    let (requests_before, posts_before) = (
+        artemis_studio_operator::broker::jolokia_requests_of(&url),
+        artemis_studio_operator::broker::jolokia_posts_of(&url),
+    );
     let calls = 200;
     let tasks = (0..calls).map(|i| {
         let client = client.clone();
@@ -83,8 +84,8 @@ async fn two_hundred_concurrent_calls_share_a_few_posts_within_the_budget() {
         }
     }
 
-    let requests = metrics.jolokia_requests_of(&url) - requests_before;
-    let posts = metrics.jolokia_posts_of(&url) - posts_before;
+    let requests = artemis_studio_operator::broker::jolokia_requests_of(&url) - requests_before;
+    let posts = artemis_studio_operator::broker::jolokia_posts_of(&url) - posts_before;
     assert_eq!(requests, calls as u64, "every call counted once");
     assert!(posts < calls as u64 / 4, "{posts} POSTs for {calls} calls");
     let stats = node_stats(&url).expect("the node has a budget");

@@ -166,7 +166,7 @@ impl Scale {
 
     /// Jolokia operations this test's operator sent to one broker of cluster c.
     fn jolokia_ops(&self, broker: &str) -> u64 {
-        self.op.ctx.metrics.jolokia_requests_of(&self.urls[broker])
+        artemis_studio_operator::broker::jolokia_requests_of(&self.urls[broker])
     }
 
     async fn create_queues(&self, names: &[String]) {

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{DrainError, DrainKey};
-use crate::capture::supervise::{Death, DeathCause, Restart};
+use crate::capture::drain::supervise::{Death, DeathCause, Restart};
 use crate::store::StoreError;
 use crate::store::captured::SubscriptionKey;
 

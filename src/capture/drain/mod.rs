@@ -8,6 +8,7 @@ mod batch;
 mod coverage;
 mod health;
 mod receive;
+pub mod supervise;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,8 +21,8 @@ pub use batch::RateCap;
 pub use coverage::{COVERAGE_CONFIRM, confirm_coverage};
 pub use health::{DrainHealth, DrainProblem, DrainState, NotDraining, STORE_STALLED};
 
+use self::supervise::{Death, DeathCause, Restart};
 use super::connection::{LinkError, LinkKey, NodeLinks};
-use super::supervise::{Death, DeathCause, Restart};
 use crate::api::capture_names::TapName;
 use crate::store::captured::SubscriptionKey;
 use crate::store::{Store, StoreError};
@@ -81,7 +82,7 @@ pub struct DrainSpec {
 /// A running drain. [`DrainHandle::stop`] stops it after the batch in hand; dropping the handle
 /// (the worker is gone) aborts it, and its unsettled copies go back to the queue. A drain whose
 /// task ended while nobody stopped it has died ([`DrainHandle::has_ended`],
-/// [`super::supervise`]).
+/// [`supervise`]).
 pub struct DrainHandle {
     /// Where it is attached, and as whom: a drain whose node or credentials changed is replaced.
     pub link: LinkKey,
@@ -181,7 +182,7 @@ impl Drop for Running {
 }
 
 /// A drain's task: after `wait`, [`run`] until stopped. A run that ends otherwise — a panic, or
-/// a return — is the drain's death: recorded ([`super::supervise::record_death`]), in its
+/// a return — is the drain's death: recorded ([`supervise::record_death`]), in its
 /// health, and returned to the converge that restarts it.
 async fn supervised(
     store: Store,
@@ -223,7 +224,7 @@ async fn supervised(
             Err(payload) => DeathCause::of_panic(payload.as_ref()),
         },
     };
-    super::supervise::record_death(&key, &subscription, &death);
+    supervise::record_death(&key, &subscription, &death);
     health.died(&key, &death);
     Some(death)
 }
@@ -300,7 +301,7 @@ mod tests {
         while drains.values().filter(|h| h.has_ended()).count() < 3 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let taken = super::super::supervise::take_ended(&mut drains).await;
+        let taken = super::supervise::take_ended(&mut drains).await;
         let running: Vec<&str> = drains.keys().map(|k| k.node.as_str()).collect();
         assert_eq!(running, ["running"]);
         let summary: Vec<(&str, u32, Duration, &DeathCause)> = taken

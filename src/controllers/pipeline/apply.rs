@@ -14,7 +14,6 @@ use kube::runtime::controller::Action;
 
 use super::audit::{intent, stamp};
 use super::claims::conflict_winner;
-use super::dependents::trigger_dependents;
 use super::dereference::{
     DereferenceError, Dereferenced, Gate, dereference, ensure_credentials, with_topology,
 };
@@ -27,6 +26,7 @@ use super::status::{
 use super::{Pass, Step, TopologyObject};
 use crate::api::{NodeOutcome, NotOwned, Outcome, RefusalKind};
 use crate::controllers::command::{self, Scope};
+use crate::controllers::dependents::trigger_dependents;
 use crate::controllers::{Context, ReconcileError, StatusConditions, conditions, ownership};
 use crate::fanout::{self, NodeFailure, NodeReport, Target};
 use crate::topology::inventory::NodeInventory;

@@ -80,7 +80,7 @@ pub(in crate::controllers) use audit::{intent, stamp};
 pub use claims::{claim_of, conflict_winner, same_brokers};
 pub use delete::cleanup;
 pub(in crate::controllers) use dependents::of_cluster;
-pub use dependents::{retry_dependents_now, touch_keys_of, trigger_dependents};
+pub use dependents::touch_keys_of;
 pub(in crate::controllers) use dereference::facts;
 pub use dereference::{DereferenceError, Dereferenced, Gate, dereference_cluster, ensure_credentials};
 pub use plan::FLAP_WINDOW;

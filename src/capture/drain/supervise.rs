@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::drain::{DrainHandle, DrainHealth, DrainKey};
+use super::{DrainHandle, DrainHealth, DrainKey};
 
 /// The backoff after a first death.
 pub const RESTART_FIRST: Duration = Duration::from_secs(1);
