@@ -526,6 +526,7 @@ where
     tracing::info!(lease = %lock.name, identity = %lock.identity, "leading: starting the controllers");
     metrics.set_not_ready();
     metrics.set_leader(true);
+    // Supervision: awaited by the loop below; an unasked end exits the process non-zero.
     let mut task = tokio::spawn(controllers);
     let mut stop_by: Option<Instant> = None;
     let mut next_try = Instant::now() + timing.retry_period;
@@ -652,6 +653,7 @@ async fn run_unelected(
     controllers: impl Future<Output = ()> + Send + 'static,
 ) -> Exit {
     metrics.set_leader(true);
+    // Supervision: awaited by the loop below; an unasked end exits the process non-zero.
     let mut task = tokio::spawn(controllers);
     tokio::select! {
         ended = &mut task => {

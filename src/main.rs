@@ -179,6 +179,7 @@ fn stop_on_signals(shutdown: leader::Shutdown, tasks: Supervisor) -> anyhow::Res
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    // Supervision: it ends only by ending the process (a second signal).
     tokio::spawn(async move {
         tokio::select! {
             _ = term.recv() => {}

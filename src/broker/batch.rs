@@ -81,6 +81,7 @@ fn batcher_for(client: &JolokiaClient) -> mpsc::Sender<Pending> {
     }
     batchers.retain(|_, tx| !tx.is_closed());
     let (tx, rx) = mpsc::channel(QUEUE);
+    // Supervision: a batcher that ended (its channel closed) is replaced at the next call.
     tokio::spawn(run(rx, budget_for(client.url()), client.purpose()));
     batchers.insert(key, tx.clone());
     tx
@@ -185,6 +186,7 @@ async fn run(mut rx: mpsc::Receiver<Pending>, budget: std::sync::Arc<NodeBudget>
         if batch.is_empty() {
             continue;
         }
+        // Supervision: one POST; each request in it awaits its reply, which an end drops.
         tokio::spawn(send(batch, permit));
     }
 }

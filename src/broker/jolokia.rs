@@ -324,6 +324,7 @@ impl JolokiaClient {
     ) -> Result<Vec<Result<Value, BrokerError>>, BrokerError> {
         self.mark_sent();
         let client = self.clone();
+        // Supervision: one exchange, awaited below (a panic there is this call's error).
         let exchange = tokio::spawn(async move { client.exchange(permit, &requests).await });
         let stopped = |e: tokio::task::JoinError| {
             BrokerError::Unreachable(format!(

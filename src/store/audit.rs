@@ -189,6 +189,7 @@ impl GroupCommit {
 
 fn spawn_writer(pool: &sqlx::PgPool) -> mpsc::UnboundedSender<Request> {
     let (tx, rx) = mpsc::unbounded_channel();
+    // Supervision: a writer that ended is replaced at the next request (`GroupCommit::send`).
     tokio::spawn(write_batches(pool.clone(), rx));
     tx
 }

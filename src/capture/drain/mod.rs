@@ -153,6 +153,8 @@ pub fn spawn(
 ) -> DrainHandle {
     let (stop, stopped) = watch::channel(false);
     let (link, key) = (spec.link.clone(), spec.key.clone());
+    // Supervision: its end is recorded (`supervised`) and the next capture pass restarts it
+    // after a backoff (`supervise`).
     let task = tokio::spawn(supervised(
         store,
         health.clone(),

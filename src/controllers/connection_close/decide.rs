@@ -315,19 +315,19 @@ pub fn judge_address_preview(
     o: &ConnectionClose,
     address: &str,
     bulk_cap: u64,
-    preview: Result<Vec<NodeConnections>, String>,
+    preview: Result<Vec<NodeConnections>, super::read::PreviewFailed>,
     status: &mut ConnectionCloseStatus,
 ) -> ControlFlow<Verdict, TargetSnapshot> {
     let generation = o.metadata.generation;
     let per_node = match preview {
         Ok(per_node) => per_node,
-        Err(message) => {
+        Err(failed) => {
             conditions::set(
                 &mut status.conditions,
                 FAILED,
                 false,
                 "PreviewFailed",
-                message,
+                failed.to_string(),
                 generation,
             );
             return Verdict::write(status, Action::requeue(Duration::from_secs(10)));
@@ -1041,7 +1041,16 @@ mod stage_tests {
         assert_eq!(snapshot.consumer_count, 5);
 
         let mut status = ConnectionCloseStatus::default();
-        let failed = judge_address_preview(&o, "orders", 4, Err("n2: timed out".into()), &mut status);
+        let failed = judge_address_preview(
+            &o,
+            "orders",
+            4,
+            Err(super::super::read::PreviewFailed {
+                node: "n2".into(),
+                source: crate::broker::BrokerError::Timeout(5),
+            }),
+            &mut status,
+        );
         assert!(
             matches!(&failed, ControlFlow::Break(v) if condition(&v.status, FAILED).reason == "PreviewFailed" && v.then == Action::requeue(Duration::from_secs(10)))
         );

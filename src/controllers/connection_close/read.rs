@@ -101,17 +101,32 @@ pub async fn target(m: &BrokerManagement, t: &CloseTarget) -> Result<Option<Targ
     }))
 }
 
+/// A node whose consumers an address close's preview could not read.
+#[derive(Debug, thiserror::Error)]
+#[error("{node}: {source}")]
+pub struct PreviewFailed {
+    pub node: String,
+    #[source]
+    pub source: BrokerError,
+}
+
 /// D6: preview per node, the consumer connections each would close. The cap counts
 /// connections — distinct ones, over every page. A 2.40 consumer row names no connection; its
-/// remote address (the client's socket) is one per connection. `Err` names the node that failed.
-pub async fn address_preview(topology: &Topology, address: &str) -> Result<Vec<NodeConnections>, String> {
+/// remote address (the client's socket) is one per connection.
+pub async fn address_preview(
+    topology: &Topology,
+    address: &str,
+) -> Result<Vec<NodeConnections>, PreviewFailed> {
     let mut per_node = vec![];
     for node in topology.live_nodes() {
         let Some(m) = &node.active else { continue };
         let consumers = m
             .list_all(ListKind::Consumers, "address", address)
             .await
-            .map_err(|e| format!("{}: {e}", node.node_id))?;
+            .map_err(|source| PreviewFailed {
+                node: node.node_id.clone(),
+                source,
+            })?;
         let connections: BTreeSet<String> = consumers
             .iter()
             .filter_map(|c| s(c, "remoteAddress").or_else(|| s(c, "session")))
