@@ -10,15 +10,19 @@ pub mod command;
 pub mod conditions;
 pub mod connection_close;
 pub mod divert;
+mod error;
 pub mod feed;
 #[cfg(test)]
 pub mod fixtures;
+mod liveness;
+mod locks;
 pub mod ownership;
 pub mod pipeline;
 pub mod queue;
 pub mod report;
 pub mod runtime;
 pub mod shared_read;
+mod triggers;
 
 use std::sync::Arc;
 
@@ -32,23 +36,14 @@ use crate::api::{ArtemisCaptureSubscription, ArtemisCluster, ArtemisDivert, Arte
 use crate::store::Store;
 use crate::topology::TopologyCache;
 
+pub use error::ReconcileError;
+pub use liveness::heartbeat;
+use liveness::reap_abandoned_commands;
+pub use locks::{AddressHold, AddressLocks, HeldAddress};
+pub use triggers::{Triggers, trigger_stream};
+
 /// Field manager of every write the operator makes.
 pub const MANAGER: &str = "artemis-studio-operator";
-
-#[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("store: {0}")]
-    Store(#[from] crate::store::StoreError),
-    #[error("{0}")]
-    Serialization(#[from] serde_json::Error),
-    /// A delete that cannot proceed now; the object stays Terminating and is retried.
-    #[error("delete refused: {0}")]
-    DeleteRefused(String),
-    #[error("finalizer: {0}")]
-    Finalizer(#[source] Box<kube::runtime::finalizer::Error<ReconcileError>>),
-}
 
 /// Which namespaces the operator acts in.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -194,19 +189,6 @@ pub struct Reflectors {
     secrets: Vec<reflector::store::Writer<SecretMeta>>,
 }
 
-impl ReconcileError {
-    /// The condition reason an error shows as on the object.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            ReconcileError::Kube(_) => "KubernetesApiError",
-            ReconcileError::Store(_) => "AuditStoreUnavailable",
-            ReconcileError::Serialization(_) => "InternalError",
-            ReconcileError::DeleteRefused(_) => "DeleteRefused",
-            ReconcileError::Finalizer(_) => "FinalizerError",
-        }
-    }
-}
-
 /// What every controller shares.
 #[derive(Clone)]
 pub struct Context {
@@ -260,57 +242,6 @@ impl Context {
     }
 }
 
-/// Serialises, in one process, the commands that touch one address of one cluster: a queue
-/// delete (its preflight, the dependent diverts, the queue) and a divert write into or out of
-/// that address never interleave, so a delete's preflight and its writes see the same state
-/// (ADR-0084: no divert left forwarding into an address whose last queue is gone). Queue
-/// commands hold their address alone; divert commands share theirs with other diverts (2,000
-/// diverts into one queue are written side by side, never one at a time).
-#[derive(Clone, Default)]
-pub struct AddressLocks {
-    by_address: Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::RwLock<()>>>>>,
-}
-
-/// How a command holds its addresses (see [`AddressLocks`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AddressHold {
-    /// No other command on the address meanwhile (queue commands).
-    Alone,
-    /// Beside other shared holders, never beside one holding it alone (divert commands).
-    Shared,
-}
-
-/// One address held (dropped: released).
-pub enum HeldAddress {
-    Alone(tokio::sync::OwnedRwLockWriteGuard<()>),
-    Shared(tokio::sync::OwnedRwLockReadGuard<()>),
-}
-
-impl AddressLocks {
-    /// Hold every one of these addresses of `cluster` (taken in one order: no deadlock).
-    pub async fn hold(&self, cluster: &str, addresses: &[String], how: AddressHold) -> Vec<HeldAddress> {
-        let mut keys: Vec<String> = addresses.iter().map(|a| format!("{cluster}\u{0}{a}")).collect();
-        keys.sort();
-        keys.dedup();
-        let locks: Vec<Arc<tokio::sync::RwLock<()>>> = {
-            let mut m = self.by_address.lock().unwrap_or_else(|p| p.into_inner());
-            // Locks nobody holds or waits for are forgotten.
-            m.retain(|_, l| Arc::strong_count(l) > 1);
-            keys.iter()
-                .map(|k| m.entry(k.clone()).or_default().clone())
-                .collect()
-        };
-        let mut held = Vec::with_capacity(locks.len());
-        for l in locks {
-            held.push(match how {
-                AddressHold::Alone => HeldAddress::Alone(l.write_owned().await),
-                AddressHold::Shared => HeldAddress::Shared(l.read_owned().await),
-            });
-        }
-        held
-    }
-}
-
 /// The last status this process wrote to each object, with the resourceVersion the write
 /// produced. A reconcile that starts before the watch has delivered that write (a trigger right
 /// after it) reads this instead of the cache's older status: it never plans from, or writes
@@ -352,59 +283,6 @@ impl WrittenStatus {
             m.remove(uid);
         }
     }
-}
-
-/// Reconcile requests from outside an object's own watch: after each poll the cluster
-/// controller names the objects whose nodes or broker objects changed (kube-runtime's
-/// `reconcile_on`), so no object polls on a timer.
-#[derive(Clone)]
-pub struct Triggers {
-    /// A cluster whose access changed (its Secret, seen by a command or by the Secret watch).
-    pub clusters: tokio::sync::broadcast::Sender<reflector::ObjectRef<ArtemisCluster>>,
-    pub queues: tokio::sync::broadcast::Sender<reflector::ObjectRef<ArtemisQueue>>,
-    pub diverts: tokio::sync::broadcast::Sender<reflector::ObjectRef<ArtemisDivert>>,
-}
-
-impl Default for Triggers {
-    fn default() -> Self {
-        // Enough for every object of a large installation at once; a receiver that lags is
-        // told so and triggers everything of its kind (see `trigger_stream`).
-        Triggers {
-            clusters: tokio::sync::broadcast::channel(1 << 10).0,
-            queues: tokio::sync::broadcast::channel(1 << 16).0,
-            diverts: tokio::sync::broadcast::channel(1 << 16).0,
-        }
-    }
-}
-
-/// The stream of trigger requests one controller (of one namespace, or of all) acts on.
-pub fn trigger_stream<K>(
-    tx: &tokio::sync::broadcast::Sender<reflector::ObjectRef<K>>,
-    namespace: Option<String>,
-) -> futures::stream::BoxStream<'static, reflector::ObjectRef<K>>
-where
-    K: Resource<DynamicType = ()> + 'static,
-{
-    use futures::StreamExt;
-    use tokio::sync::broadcast::error::RecvError;
-    let rx = tx.subscribe();
-    futures::stream::unfold(rx, |mut rx| async move {
-        loop {
-            match rx.recv().await {
-                Ok(r) => return Some((r, rx)),
-                Err(RecvError::Lagged(n)) => {
-                    tracing::warn!(
-                        missed = n,
-                        kind = K::kind(&()).as_ref(),
-                        "trigger queue overflowed; the slow resync covers the missed objects"
-                    );
-                }
-                Err(RecvError::Closed) => return None,
-            }
-        }
-    })
-    .filter(move |r| futures::future::ready(namespace.is_none() || r.namespace == namespace))
-    .boxed()
 }
 
 pub use crate::backoff::Backoff;
@@ -646,16 +524,6 @@ macro_rules! status_conditions {
 }
 status_conditions!(crate::api::queue::ArtemisQueueStatus);
 status_conditions!(crate::api::divert::ArtemisDivertStatus);
-
-impl From<kube::runtime::finalizer::Error<ReconcileError>> for ReconcileError {
-    fn from(e: kube::runtime::finalizer::Error<ReconcileError>) -> Self {
-        match e {
-            kube::runtime::finalizer::Error::ApplyFailed(e)
-            | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-            other => ReconcileError::Finalizer(Box::new(other)),
-        }
-    }
-}
 
 /// The cluster (`namespace/name`) an object's reconciles are counted under in the metrics.
 pub trait OfCluster {
@@ -1242,98 +1110,6 @@ where
             ))
         })
         .unzip()
-}
-
-/// Complete, as `unknown`, the `pending` audit rows of processes that stopped (killed inside a
-/// command): no row stays `pending` for ever (issue 22 item 5). Every process heartbeats on its
-/// own ([`heartbeat`]); the leader reaps.
-async fn reap_abandoned_commands(ctx: Arc<Context>) {
-    loop {
-        match ctx.store.reap_abandoned().await {
-            Ok(rows) => {
-                for r in rows {
-                    tracing::warn!(audit_id = r.id, command = %r.command, object_uid = %r.object_uid,
-                        "a command of an operator process that stopped has no outcome: recorded as unknown");
-                    if let Ok(mut m) = ctx.abandoned.lock() {
-                        m.entry(r.object_uid).or_default().push(r.id);
-                    }
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "audit heartbeat"),
-        }
-        tokio::time::sleep(crate::store::HEARTBEAT).await;
-    }
-}
-
-/// Say, every [`crate::store::HEARTBEAT`], that this process is alive, for as long as it runs:
-/// every replica, leader or standby, since a standby serving capture writes audit rows too
-/// (issue 50), and a row whose process has no heartbeat is reaped as abandoned.
-pub async fn heartbeat(ctx: Arc<Context>) {
-    loop {
-        if let Err(e) = ctx.store.heartbeat(&ctx.instance_id).await {
-            tracing::warn!(error = %e, "audit heartbeat");
-        }
-        tokio::time::sleep(crate::store::HEARTBEAT).await;
-    }
-}
-
-#[cfg(test)]
-mod address_lock_tests {
-    use super::{AddressHold, AddressLocks};
-    use std::time::Duration;
-
-    const ALONE: AddressHold = AddressHold::Alone;
-    const SHARED: AddressHold = AddressHold::Shared;
-
-    async fn within(
-        ms: u64,
-        f: impl std::future::Future<Output = Vec<super::HeldAddress>>,
-    ) -> Option<Vec<super::HeldAddress>> {
-        tokio::time::timeout(Duration::from_millis(ms), f).await.ok()
-    }
-
-    #[tokio::test]
-    async fn one_writer_per_address_of_a_cluster() {
-        let locks = AddressLocks::default();
-        let held = locks.hold("ns/c", &["orders".into()], ALONE).await;
-        // Another cluster's address of the same name, and another address, are free.
-        let other = within(200, locks.hold("ns/d", &["orders".into()], ALONE)).await;
-        assert!(other.is_some(), "another cluster's address is not held");
-        let free = within(200, locks.hold("ns/c", &["invoices".into()], ALONE)).await;
-        assert!(free.is_some(), "another address is not held");
-        // A divert touching orders waits until the delete is done.
-        let waiting = within(
-            200,
-            locks.hold("ns/c", &["events".into(), "orders".into()], SHARED),
-        )
-        .await;
-        assert!(waiting.is_none(), "orders is held");
-        drop(held);
-        let after = within(
-            2_000,
-            locks.hold("ns/c", &["orders".into(), "orders".into()], ALONE),
-        )
-        .await;
-        assert!(
-            after.is_some(),
-            "free once released (the same address twice is held once)"
-        );
-    }
-
-    #[tokio::test]
-    async fn diverts_share_an_address_that_a_queue_command_holds_alone() {
-        let locks = AddressLocks::default();
-        let first = locks.hold("ns/c", &["a1".into(), "sink".into()], SHARED).await;
-        let second = within(200, locks.hold("ns/c", &["a2".into(), "sink".into()], SHARED)).await;
-        assert!(second.is_some(), "two diverts into one queue at once");
-        let queue = within(200, locks.hold("ns/c", &["sink".into()], ALONE)).await;
-        assert!(queue.is_none(), "a queue command waits for the diverts");
-        drop((first, second));
-        let queue = locks.hold("ns/c", &["sink".into()], ALONE).await;
-        let divert = within(200, locks.hold("ns/c", &["a3".into(), "sink".into()], SHARED)).await;
-        assert!(divert.is_none(), "a divert waits for the queue command");
-        drop(queue);
-    }
 }
 
 #[cfg(test)]
