@@ -270,7 +270,7 @@ fn broker_writes(body: &str) -> BTreeMap<(String, String), f64> {
 }
 
 /// The queues and the divert whose apply pass the process judged against its cluster's
-/// snapshot: the `plan` event (src/controllers/pipeline.rs, debug) inside each reconcile's span,
+/// snapshot: the `plan` event (src/controllers/pipeline/plan.rs, debug) inside each reconcile's span,
 /// which names the object (JSON log lines).
 fn judged(log: &Path, ns: &str) -> BTreeSet<(String, String)> {
     let text = std::fs::read_to_string(log).unwrap_or_default();
@@ -773,7 +773,7 @@ async fn upgrade_in_place(run: &Run<'_>) {
             ("LOG_JSON", "true"),
             (
                 "RUST_LOG",
-                // The `reconcile` span (info, src/controllers/mod.rs) names the object of the
+                // The `reconcile` span (info, src/controllers/runner.rs) names the object of the
                 // pipeline's `plan` event (debug).
                 "warn,artemis_studio_operator::controllers=info,artemis_studio_operator::controllers::pipeline=debug",
             ),

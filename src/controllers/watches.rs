@@ -1,0 +1,340 @@
+//! The watches that keep the caches (one per kind and scope, shared by cache and controller):
+//! the indexes they keep, the first status of each object (issue 50), the Secret watch
+//! that re-reads a cluster's access, and what a deleted cluster takes with it.
+
+use std::sync::Arc;
+
+use kube::runtime::reflector;
+use kube::{Api, Client, Resource};
+
+use super::runner::tokio_stream_of;
+use super::{
+    Cache, Context, SecretMeta, Source, Watched, claims, cluster, feed, keep_spec_writer, key, pipeline,
+    report,
+};
+use crate::api::{ArtemisCaptureSubscription, ArtemisCluster, ArtemisDivert, ArtemisQueue};
+
+/// Each kind's watches (the one watch per kind and scope that caches and controllers share).
+pub(super) struct Watches {
+    pub(super) clusters: Vec<Watch<ArtemisCluster>>,
+    pub(super) queues: Vec<Watch<ArtemisQueue>>,
+    pub(super) diverts: Vec<Watch<ArtemisDivert>>,
+    pub(super) subscriptions: Vec<reflector::store::Writer<ArtemisCaptureSubscription>>,
+    pub(super) secrets: Vec<reflector::store::Writer<SecretMeta>>,
+}
+
+/// Every watch of every scope, feeding the caches (and through them the controllers).
+pub(super) async fn reflect_all(ctx: Arc<Context>, watches: Watches) {
+    use futures::future::join_all;
+    let (client, ns) = (&ctx.client, &ctx.namespaces);
+    let caches = &ctx.caches;
+    let (first_clusters, clusters_writer) = first_sight(client.clone(), caches.clusters.clone());
+    let (first_queues, queues_writer) = first_sight(client.clone(), caches.queues.clone());
+    let (first_diverts, diverts_writer) = first_sight(client.clone(), caches.diverts.clone());
+    let (first_subs, subs_writer) = first_sight(client.clone(), caches.subscriptions.clone());
+    let c = ns
+        .apis::<ArtemisCluster>(client)
+        .into_iter()
+        .zip(watches.clusters)
+        .map(|(a, (w, tx))| {
+            let (ctx, first) = (ctx.clone(), first_clusters.clone());
+            async move {
+                let seen = |c: &ArtemisCluster| first.offer(c);
+                reflect(a, w, Some(tx), None, seen, |c: &ArtemisCluster| {
+                    cluster_deleted(&ctx, c)
+                })
+                .await
+            }
+        });
+    let q = reflect_topology(&ctx, watches.queues, first_queues);
+    let d = reflect_topology(&ctx, watches.diverts, first_diverts);
+    let s = ns
+        .apis::<ArtemisCaptureSubscription>(client)
+        .into_iter()
+        .zip(watches.subscriptions)
+        .map(|(a, w)| {
+            let first = first_subs.clone();
+            async move {
+                let seen = |s: &ArtemisCaptureSubscription| first.offer(s);
+                reflect(a, w, None, None, seen, |_: &ArtemisCaptureSubscription| {}).await
+            }
+        });
+    let secrets = ns
+        .apis::<SecretMeta>(client)
+        .into_iter()
+        .zip(watches.secrets)
+        .map(|(a, w)| watch_secrets(ctx.clone(), a, w));
+    tokio::join!(
+        join_all(c),
+        join_all(q),
+        join_all(d),
+        join_all(s),
+        join_all(secrets),
+        clusters_writer,
+        queues_writer,
+        diverts_writer,
+        subs_writer
+    );
+}
+
+/// The watches of a topology kind (queue, divert), one per scope: its cache, its feed and the
+/// claim and dependents indexes the watch keeps.
+fn reflect_topology<K: pipeline::TopologyObject + report::FirstSeen>(
+    ctx: &Context,
+    watches: Vec<Watch<K>>,
+    first: FirstSight<K>,
+) -> impl Iterator<Item = impl std::future::Future<Output = ()>> {
+    ctx.namespaces
+        .apis::<K>(&ctx.client)
+        .into_iter()
+        .zip(watches)
+        .map(move |(a, (w, tx))| {
+            let (first, indexes) = (first.clone(), indexes_of::<K>(ctx));
+            async move {
+                let seen = |o: &K| first.offer(o);
+                reflect(a, w, Some(tx), Some(indexes), seen, |_: &K| {}).await
+            }
+        })
+}
+
+/// A watch's writer and feed sender
+pub(super) type Watch<K> = (reflector::store::Writer<K>, tokio::sync::mpsc::UnboundedSender<K>);
+
+/// Each scope's watch (for the reflector) and its controller's source (the feed, over the
+/// scope's store of the same cache).
+pub(super) fn split_feeds<K>(
+    scoped: Vec<feed::Scoped<K>>,
+    cache: &Cache<K>,
+) -> (Vec<Watch<K>>, Vec<Source<K>>)
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    scoped
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, s)| {
+            let reader = cache.store(i)?;
+            Some((
+                (s.writer, s.tx),
+                Source::Feed {
+                    changes: s.rx,
+                    reader,
+                },
+            ))
+        })
+        .unzip()
+}
+
+/// An ArtemisCluster deleted: its runtime and snapshot go at once (no write uses them again),
+/// and every dependent says so now instead of at its next resync.
+fn cluster_deleted(ctx: &Context, c: &ArtemisCluster) {
+    let (ns, name) = (
+        c.metadata.namespace.clone().unwrap_or_default(),
+        c.metadata.name.clone().unwrap_or_default(),
+    );
+    ctx.clusters.remove(&key(&ns, &name));
+    ctx.topologies.remove(&key(&ns, &name));
+    super::dependents::trigger_dependents(
+        ctx,
+        &ns,
+        &name,
+        &crate::topology::TopologyChange::everything(),
+        None,
+    );
+}
+
+/// A kind's indexes kept by its watch: what an object claims, and what its plan looks at.
+struct Indexes<K> {
+    claims: claims::ClaimIndex,
+    claim_of: fn(&K) -> Option<String>,
+    touched: claims::ClaimIndex,
+    touch_keys_of: fn(&K) -> Vec<String>,
+}
+
+fn indexes_of<K: pipeline::TopologyObject>(ctx: &Context) -> Indexes<K> {
+    let cache = K::cache(ctx);
+    Indexes {
+        claims: cache.claims.clone(),
+        claim_of: pipeline::claim_of::<K>,
+        touched: cache.touched.clone(),
+        touch_keys_of: pipeline::touch_keys_of::<K>,
+    }
+}
+
+/// Objects seen without a status, for the writer of first statuses ([`first_sight`]).
+#[derive(Clone)]
+struct FirstSight<K>(tokio::sync::mpsc::UnboundedSender<K>);
+
+impl<K: report::FirstSeen> FirstSight<K> {
+    /// Hand the object to the writer if it is due its first status.
+    fn offer(&self, o: &K) {
+        if report::first_status_due(o) {
+            let _ = self.0.send(o.clone());
+        }
+    }
+}
+
+/// How many first statuses are written at once.
+const FIRST_SIGHT_CONCURRENCY: usize = 16;
+
+/// Issue 50: every object gets a status at first sight, before its first pass and any broker
+/// work (a burst of creates waits for reconcile slots; its objects say they were seen meanwhile).
+/// The watch offers them; this writes them, a few at a time, through the report stage — only
+/// while the cache still holds the object as offered and without a status: an object changed
+/// since (a finalizer added, its pass's status written) is offered again or needs none, and
+/// costs no API call.
+fn first_sight<K>(client: Client, cache: Cache<K>) -> (FirstSight<K>, impl std::future::Future<Output = ()>)
+where
+    K: report::FirstSeen + Send + Sync + 'static,
+{
+    use futures::StreamExt;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let writer = tokio_stream_of(rx).for_each_concurrent(FIRST_SIGHT_CONCURRENCY, move |o: K| {
+        let (client, cache) = (client.clone(), cache.clone());
+        async move {
+            let meta = o.meta();
+            let cached = cache.get(
+                meta.namespace.as_deref().unwrap_or_default(),
+                meta.name.as_deref().unwrap_or_default(),
+            );
+            let as_offered = cached.is_some_and(|c| {
+                c.meta().resource_version == meta.resource_version && report::first_status_due(c.as_ref())
+            });
+            if !as_offered {
+                return;
+            }
+            if let Err(e) = report::write_first_status(&client, &o).await {
+                tracing::warn!(error = %e, kind = K::kind(&()).as_ref(),
+                    object = o.meta().name.as_deref().unwrap_or_default(), "could not write a first status");
+            }
+        }
+    });
+    (FirstSight(tx), writer)
+}
+
+/// Keep one reflector cache (and its indexes) in sync until shutdown. `feed` (a kind with a controller) gets every
+/// object once the cache holds it, when it asks for a reconcile (`feed::Changes`); `seen` runs for
+/// every object the watch reports created or changed; `deleted` runs for each object the watch
+/// reports deleted, after the cache has dropped it.
+async fn reflect<K>(
+    api: Api<K>,
+    writer: reflector::store::Writer<K>,
+    feed: Option<tokio::sync::mpsc::UnboundedSender<K>>,
+    indexes: Option<Indexes<K>>,
+    seen: impl Fn(&K),
+    deleted: impl Fn(&K),
+) where
+    K: Watched,
+{
+    use futures::StreamExt;
+    use kube::runtime::WatchStreamExt;
+    use kube::runtime::watcher::Event as Watched;
+    let stream = crate::backoff::watched(api).modify(|o: &mut K| keep_spec_writer(o.meta_mut()));
+    let failures = crate::backoff::WatchFailures::default();
+    let changes = std::sync::Mutex::new(feed::Changes::default());
+    let relist = std::sync::Mutex::new(feed::Relist::default());
+    let cached = writer.as_reader();
+    let (seen, deleted, changes, feed, indexes) = (&seen, &deleted, &changes, &feed, &indexes);
+    let object = |o: &K| {
+        (
+            o.meta().namespace.clone().unwrap_or_default(),
+            o.meta().name.clone().unwrap_or_default(),
+        )
+    };
+    let gone = |o: &K| {
+        if let Ok(mut c) = changes.lock() {
+            c.forget(o);
+        }
+        if let Some(ix) = indexes {
+            ix.claims.remove(&object(o));
+            ix.touched.remove(&object(o));
+        }
+        deleted(o)
+    };
+    let (gone, relist, cached) = (&gone, &relist, &cached);
+    reflector::reflector(writer, stream)
+        .inspect(|r| failures.saw(K::kind(&()).as_ref(), r))
+        .for_each(|r| async move {
+            match r {
+                Ok(Watched::Apply(o) | Watched::InitApply(o)) => {
+                    seen(&o);
+                    if let Ok(mut l) = relist.lock() {
+                        l.listed(&o);
+                    }
+                    if let Some(ix) = indexes {
+                        ix.claims.set(object(&o), (ix.claim_of)(&o));
+                        ix.touched.set_all(object(&o), (ix.touch_keys_of)(&o));
+                    }
+                    let asks = changes.lock().is_ok_and(|mut c| c.asks_for_reconcile(&o));
+                    if let (true, Some(tx)) = (asks, feed) {
+                        let _ = tx.send(o);
+                    }
+                }
+                Ok(Watched::Delete(o)) => gone(&o),
+                // A (re-)list: what the cache held and the list does not report was deleted
+                // while the watch was away (no Delete event comes for it).
+                Ok(Watched::Init) => {
+                    if let Ok(mut l) = relist.lock() {
+                        l.begin(cached.state());
+                    }
+                }
+                Ok(Watched::InitDone) => {
+                    let left = relist.lock().map(|mut l| l.gone()).unwrap_or_default();
+                    left.iter().for_each(|o| gone(o));
+                }
+                // Errors: told by `failures`.
+                Err(_) => {}
+            }
+        })
+        .await;
+}
+
+/// Keep the Secret metadata cache in sync and trigger, at once, every cluster whose access was
+/// read from a Secret that has changed since (rotated or revoked credentials, another CA).
+async fn watch_secrets(
+    ctx: Arc<Context>,
+    api: Api<SecretMeta>,
+    writer: reflector::store::Writer<SecretMeta>,
+) {
+    use futures::StreamExt;
+    use kube::runtime::WatchStreamExt;
+    // An Api of PartialObjectMeta makes metadata-only requests: Secret data never arrives.
+    let stream = crate::backoff::watched(api).modify(|o: &mut SecretMeta| o.metadata.managed_fields = None);
+    let failures = crate::backoff::WatchFailures::default();
+    reflector::reflector(writer, stream)
+        .inspect(|r| failures.saw("Secret", r))
+        .applied_objects()
+        .for_each(|r| {
+            let ctx = ctx.clone();
+            async move {
+                // An error was logged by `failures`.
+                if let Ok(secret) = r {
+                    trigger_clusters_of(&ctx, &secret);
+                }
+            }
+        })
+        .await;
+}
+
+/// Trigger the clusters that read this Secret and hold an access older than it.
+fn trigger_clusters_of(ctx: &Context, secret: &SecretMeta) {
+    let ns = secret.metadata.namespace.clone().unwrap_or_default();
+    let name = secret.metadata.name.clone().unwrap_or_default();
+    for c in ctx.caches.clusters.state() {
+        if c.metadata.namespace.as_deref() != Some(ns.as_str())
+            || !cluster::secret_names(&c.spec).contains(&name)
+        {
+            continue;
+        }
+        let cluster_name = c.metadata.name.clone().unwrap_or_default();
+        let stale = ctx.clusters.get(&key(&ns, &cluster_name)).is_none_or(|rt| {
+            rt.access.secret_versions.get(&name) != secret.metadata.resource_version.as_ref()
+        });
+        if stale {
+            let _ = ctx
+                .triggers
+                .clusters
+                .send(reflector::ObjectRef::new(&cluster_name).within(&ns));
+        }
+    }
+}
