@@ -50,7 +50,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         pod_namespace = ?args.pod_namespace,
         "starting"
     );
-    let tasks = Supervisor::default();
+    let tasks = ctx.supervisor.clone();
     serve_health_and_metrics(&tasks, args.listen, ctx.metrics.clone());
     stop_on_signals(ctx.shutdown.clone(), tasks.clone())?;
     // Capture is not leader-only: every replica runs it, and a Postgres advisory lock per

@@ -7,12 +7,16 @@
 //! What restarts by design restarts inside its own task and is not an end: a capture drain
 //! (`capture::drain`, with a counted backoff) and the audit writer (`store::audit`). The
 //! controllers run under the leader election, which exits on their end (`leader`).
+//!
+//! A task may also promise a heartbeat ([`Supervisor::expect_beats`]): one that has not beaten
+//! within its bound is stuck, and the probes fail naming it (Kubernetes restarts the pod).
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use futures::FutureExt;
 use tokio::sync::Notify;
+use tokio::time::{Duration, Instant};
 
 /// The exit code of a process one of whose supervised tasks ended unasked (EX_SOFTWARE).
 pub const EXIT_TASK_ENDED: i32 = 70;
@@ -43,6 +47,8 @@ struct Inner {
     ended: Mutex<Option<Ended>>,
     notify: Notify,
     stopping: std::sync::atomic::AtomicBool,
+    /// Per task that promised heartbeats: its last beat and the most time between two.
+    beats: Mutex<std::collections::BTreeMap<&'static str, (Instant, Duration)>>,
 }
 
 impl Supervisor {
@@ -67,6 +73,41 @@ impl Supervisor {
         self.inner
             .stopping
             .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// `task` beats at least every `within` from now on (it is stuck otherwise).
+    pub fn expect_beats(&self, task: &'static str, within: Duration) {
+        if let Ok(mut b) = self.inner.beats.lock() {
+            b.insert(task, (Instant::now(), within));
+        }
+    }
+
+    /// `task` is making progress.
+    pub fn beat(&self, task: &'static str) {
+        if let Ok(mut b) = self.inner.beats.lock()
+            && let Some((last, _)) = b.get_mut(task)
+        {
+            *last = Instant::now();
+        }
+    }
+
+    /// What is wrong with the process now: a task that ended unasked, or one whose last beat is
+    /// older than its bound. None: healthy.
+    pub fn unhealthy(&self) -> Option<String> {
+        if let Some(ended) = self.ended() {
+            return Some(ended.to_string());
+        }
+        let beats = self.inner.beats.lock().ok()?;
+        beats.iter().find_map(|(task, (last, within))| {
+            let quiet = last.elapsed();
+            (quiet > *within).then(|| {
+                format!(
+                    "the {task} task has not made progress for {}s (at most {}s expected)",
+                    quiet.as_secs(),
+                    within.as_secs()
+                )
+            })
+        })
     }
 
     /// The first task that ended unasked, if one did.
@@ -146,6 +187,27 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert_eq!(s.ended(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_task_that_stops_beating_is_unhealthy_until_it_beats_again() {
+        let s = Supervisor::default();
+        s.expect_beats("capture", Duration::from_secs(300));
+        tokio::time::sleep(Duration::from_secs(299)).await;
+        assert_eq!(s.unhealthy(), None);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            s.unhealthy().as_deref(),
+            Some("the capture task has not made progress for 301s (at most 300s expected)")
+        );
+        s.beat("capture");
+        assert_eq!(s.unhealthy(), None);
+        s.beat("never-registered");
+        assert_eq!(
+            s.unhealthy(),
+            None,
+            "a beat of a task that promised none changes nothing"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -414,6 +414,9 @@ async fn release_orphaned_in_deleted_namespaces(
     }
 }
 
+/// The least time without a round of passes after which the capture worker counts as stuck.
+const STUCK_AFTER_AT_LEAST: std::time::Duration = std::time::Duration::from_secs(300);
+
 async fn worker(
     ctx: Arc<Context>,
     subs: Vec<reflector::Store<ArtemisCaptureSubscription>>,
@@ -432,8 +435,12 @@ async fn worker(
     };
     // Idle drains' coverage is confirmed together, beside the passes.
     let beat = drain::confirm_coverage(w.ctx.store.clone(), w.health.clone(), w.ctx.process_id.clone());
+    // A round over every served cluster beats; one stuck far past its interval fails /healthz.
+    let stuck_after = (w.ctx.capture_pass_interval * 10).max(STUCK_AFTER_AT_LEAST);
+    w.ctx.supervisor.expect_beats("capture", stuck_after);
     let passes = async move {
         loop {
+            w.ctx.supervisor.beat("capture");
             w.ensure_presence().await;
             let all_subs = w.all_subs();
             let all_clusters: BTreeMap<String, Arc<ArtemisCluster>> = w

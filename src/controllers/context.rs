@@ -170,6 +170,8 @@ pub struct Reflectors {
 /// What every controller shares.
 #[derive(Clone)]
 pub struct Context {
+    /// The process's long-lived tasks and their heartbeats (`/healthz` reads it).
+    pub supervisor: crate::supervisor::Supervisor,
     pub client: Client,
     pub store: Store,
     pub instance_id: String,
@@ -269,6 +271,7 @@ impl Context {
             abandoned: Default::default(),
             secret_reads: Default::default(),
             caught_up: Default::default(),
+            supervisor: Default::default(),
         };
         (
             ctx,

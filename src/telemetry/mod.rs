@@ -247,8 +247,8 @@ impl Metrics {
     }
 }
 
-/// Serve the probes and metrics until the process ends. A supervised task that ended unasked
-/// makes both probes fail, naming it (issue 43).
+/// Serve the probes and metrics until the process ends. A supervised task that ended unasked,
+/// or stopped beating, makes both probes fail, naming it (issue 43).
 pub async fn serve(
     addr: std::net::SocketAddr,
     metrics: Arc<Metrics>,
@@ -293,8 +293,8 @@ fn probe(
     ok_text: &str,
 ) -> (axum::http::StatusCode, String) {
     use axum::http::StatusCode;
-    match supervisor.ended() {
-        Some(ended) => (StatusCode::SERVICE_UNAVAILABLE, ended.to_string()),
+    match supervisor.unhealthy() {
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
         None if ok => (StatusCode::OK, ok_text.into()),
         None => (StatusCode::SERVICE_UNAVAILABLE, "starting".into()),
     }
