@@ -5,16 +5,22 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
 use kube::Client;
 
-use crate::bed::Bed;
+use crate::bed::{self, Apply, Bed};
 use crate::config::Config;
 use crate::jolokia::Jolokia;
 use crate::metrics::{self, ApiServerCounts, OperatorCounts};
 use crate::objects::{HarnessRequests, Objects};
 use crate::operator::{Launch, Operator};
 use crate::report::RunInfo;
+
+/// The label on every namespace the benchmark creates.
+const NAMESPACE_LABELS: &[(&str, &str)] = &[("artemis-studio.io/bench", "true")];
 
 /// How long a scenario waits for a broker that another user of the bed is restarting.
 pub const BROKERS_DOWN_LIMIT: Duration = Duration::from_secs(300);
@@ -82,8 +88,12 @@ impl Ctx {
     pub async fn new(cfg: Config) -> Result<Ctx> {
         let bed = Bed::get()?;
         let admin = bed.kube_admin().await?;
-        bed.install_crds_and_rbac(&cfg.operator_bin, &cfg.repo)?;
-        let mut jolokia = Jolokia::connect(&bed.cluster_brokers("c")?, bed.broker_user()?)
+        install_crds_and_rbac(&bed, &admin, &cfg.operator_bin, &cfg.repo).await?;
+        let brokers = bed.cluster_brokers("c")?;
+        if brokers.is_empty() {
+            bail!("the test bed has no cluster c");
+        }
+        let mut jolokia = Jolokia::connect(&brokers, bed.broker_user()?)
             .await
             .context("reach the brokers of cluster c")?;
         jolokia.durable = cfg.durable;
@@ -134,7 +144,7 @@ impl Ctx {
             if let Err(e) = objects.strip_finalizers().await {
                 eprintln!("[bench] cleanup of {ns}: {e:#}");
             }
-            if let Err(e) = self.bed.delete_namespace(&self.admin, &ns).await {
+            if let Err(e) = bed::delete_namespace(&self.admin, &ns).await {
                 eprintln!("[bench] cleanup: {e:#}");
             }
             if let Err(e) = self.bed.drop_database(&db).await {
@@ -169,6 +179,37 @@ impl Ctx {
     }
 }
 
+/// The CRDs (from the operator binary under test, `crd`) and the chart's RBAC (for release
+/// `artemis-studio-operator` in `artemis-studio`, the identity of TESTBED_OPERATOR_KUBECONFIG),
+/// applied server-side as the admin, field manager `artemis-studio-bench`, without force:
+/// objects another field manager (the integration tests) owns with other values are left as
+/// they are, with a warning — they are there, which is what the operator needs.
+async fn install_crds_and_rbac(bed: &Bed, admin: &Client, operator_bin: &Path, repo: &Path) -> Result<()> {
+    let out = Command::new(operator_bin)
+        .arg("crd")
+        .output()
+        .with_context(|| format!("run {} crd", operator_bin.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} crd: {}",
+            operator_bin.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let crds = bed::crds_from_yaml(&String::from_utf8_lossy(&out.stdout)).context("operator crd")?;
+    let apply = Apply {
+        manager: "artemis-studio-bench",
+        force: false,
+    };
+    let conflicts = bed
+        .install_crds_and_rbac(admin, &crds, &repo.join(bed::CHART), &apply)
+        .await?;
+    for what in conflicts {
+        eprintln!("[bench] {what}: present and owned by another field manager, left as it is");
+    }
+    Ok(())
+}
+
 /// One installation under test.
 pub struct Install {
     pub objects: Objects,
@@ -188,7 +229,7 @@ impl Install {
             .lock()
             .map_err(|_| anyhow::anyhow!("poisoned"))?
             .push((ns.clone(), db.clone()));
-        ctx.bed.create_namespace(&ctx.admin, &ns).await?;
+        bed::create_namespace(&ctx.admin, &ns, NAMESPACE_LABELS).await?;
         let url = ctx.bed.create_database(&db).await?;
         std::fs::create_dir_all(&ctx.cfg.out_dir)?;
         let operator = Operator::start(Launch {
@@ -254,9 +295,7 @@ impl Install {
     }
 
     fn url_of(ctx: &Ctx, db: &str) -> Result<String> {
-        let admin = ctx.bed.var("TESTBED_DATABASE_URL")?;
-        let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
-        Ok(format!("{base}/{db}"))
+        ctx.bed.database_url_of(db)
     }
 
     pub async fn snapshot(&self, ctx: &Ctx) -> Result<Snapshot> {
@@ -279,7 +318,7 @@ impl Install {
             eprintln!("[bench] {}: {e:#}", self.ns);
             clean = false;
         }
-        if let Err(e) = ctx.bed.delete_namespace(&ctx.admin, &self.ns).await {
+        if let Err(e) = bed::delete_namespace(&ctx.admin, &self.ns).await {
             eprintln!("[bench] {e:#}");
             clean = false;
         }

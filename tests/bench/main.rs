@@ -6,6 +6,7 @@
 //! (`CARGO_BIN_EXE_artemis-studio-operator`), yet `cargo test` never runs it: without
 //! `ARTEMIS_STUDIO_BENCH=1` it exits 0 at once.
 
+#[path = "../common/bed.rs"]
 mod bed;
 mod capture;
 mod config;

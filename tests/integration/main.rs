@@ -3,6 +3,8 @@
 
 mod api_metrics;
 mod audit_log;
+#[path = "../common/bed.rs"]
+mod bed;
 mod binary;
 mod broker_budget;
 mod capture;

@@ -2,86 +2,63 @@
 //! Test support: the real test bed (deploy/dev/testbed) as the tests see it. Every test gets a
 //! fresh namespace and a fresh database; brokers are shared, so tests use unique object names.
 
-use crate::testbed_env;
-use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Namespace;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
+use crate::bed::{self, Apply, Bed};
+
+pub use crate::bed::Broker;
+
+/// The field manager the tests install the CRDs and the operator's RBAC as (forcing).
+const MANAGER: &str = "artemis-studio-tests";
+
+/// The test bed (tests/common/bed.rs), every error a panic naming it.
 pub struct TestBed {
-    vars: HashMap<String, String>,
+    bed: Bed,
 }
 
-#[derive(Debug, Clone)]
-pub struct Broker {
-    pub name: String,
-    pub cluster: String,
-    pub role: String,
-    pub jolokia: String,
-    pub amqp: String,
-    pub strict_origin: bool,
+/// The value, or a panic with the error and its causes.
+fn ok<T>(r: anyhow::Result<T>) -> T {
+    r.unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 impl TestBed {
     /// The running test bed. Panics with the command to run when it is not up.
     pub fn get() -> TestBed {
-        let vars = testbed_env::read().unwrap_or_else(|e| panic!("{e}"));
-        TestBed { vars }
+        TestBed { bed: ok(Bed::get()) }
     }
 
     pub fn var(&self, key: &str) -> String {
-        self.vars
-            .get(key)
-            .cloned()
-            .unwrap_or_else(|| panic!("test bed env has no {key}"))
+        self.bed
+            .var(key)
+            .unwrap_or_else(|_| panic!("test bed env has no {key}"))
     }
 
     pub fn brokers(&self) -> Vec<Broker> {
-        self.var("TESTBED_BROKERS")
-            .split_whitespace()
-            .map(|n| self.broker(n))
-            .collect()
+        ok(self.bed.brokers())
     }
 
     pub fn broker(&self, name: &str) -> Broker {
-        let up = name.to_uppercase();
-        Broker {
-            name: name.to_string(),
-            cluster: self.var(&format!("TESTBED_{up}_CLUSTER")),
-            role: self.var(&format!("TESTBED_{up}_ROLE")),
-            jolokia: self.var(&format!("TESTBED_{up}_JOLOKIA")),
-            amqp: self.var(&format!("TESTBED_{up}_AMQP")),
-            strict_origin: self.var(&format!("TESTBED_{up}_STRICT_ORIGIN")) == "true",
-        }
+        ok(self.bed.broker(name))
     }
 
     pub fn cluster_brokers(&self, cluster: &str) -> Vec<Broker> {
-        self.brokers()
-            .into_iter()
-            .filter(|b| b.cluster == cluster)
-            .collect()
+        ok(self.bed.cluster_brokers(cluster))
     }
 
     pub fn broker_user(&self) -> (String, String) {
-        (
-            self.var("TESTBED_BROKER_USER"),
-            self.var("TESTBED_BROKER_PASSWORD"),
-        )
+        ok(self.bed.broker_user())
     }
 
     pub fn viewer_user(&self) -> (String, String) {
-        (
-            self.var("TESTBED_VIEWER_USER"),
-            self.var("TESTBED_VIEWER_PASSWORD"),
-        )
+        ok(self.bed.viewer_user())
     }
 
     pub fn database_url(&self) -> String {
-        self.var("TESTBED_DATABASE_URL")
+        ok(self.bed.database_url())
     }
 
     /// A client for the API server with the admin identity.
@@ -98,12 +75,7 @@ impl TestBed {
     pub async fn fresh_namespace(&self, prefix: &str) -> String {
         let client = self.kube_admin().await;
         let name = format!("{prefix}-{}", short_id());
-        let ns: Namespace = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
-        }))
-        .expect("namespace json");
-        Api::<Namespace>::all(client)
-            .create(&Default::default(), &ns)
+        bed::create_namespace(&client, &name, &[])
             .await
             .expect("create namespace");
         name
@@ -111,18 +83,8 @@ impl TestBed {
 
     /// A fresh, empty database for one test; returns its URL.
     pub async fn fresh_database(&self) -> String {
-        use sqlx::Connection;
-        let admin = self.database_url();
         let db = format!("t_{}", short_id());
-        let mut conn = sqlx::PgConnection::connect(&admin)
-            .await
-            .expect("connect to postgres");
-        sqlx::query(&format!("CREATE DATABASE {db}"))
-            .execute(&mut conn)
-            .await
-            .expect("create database");
-        let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
-        format!("{base}/{db}")
+        self.bed.create_database(&db).await.expect("create database")
     }
 
     /// Start, stop, kill (SIGKILL), freeze (SIGSTOP) or thaw (SIGCONT) one broker; `start`
@@ -159,68 +121,22 @@ impl TestBed {
 }
 
 pub async fn config_from(path: &str) -> Config {
-    let kc = Kubeconfig::read_from(path).expect("read kubeconfig");
-    Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .expect("kubeconfig")
+    bed::config_from(path).await.expect("kubeconfig")
 }
 
 async fn client_from(path: &str) -> Client {
-    Client::try_from(config_from(path).await).expect("kube client")
+    bed::client_from(path).await.expect("kube client")
 }
 
 /// Create a namespace unless it exists.
 pub async fn ensure_namespace(client: &Client, name: &str) {
-    let ns: Namespace = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
-    }))
-    .expect("namespace json");
-    match Api::<Namespace>::all(client.clone())
-        .create(&Default::default(), &ns)
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => panic!("create namespace {name}: {e}"),
-    }
+    ok(bed::ensure_namespace(client, name).await)
 }
 
 /// Server-side apply every document of a multi-document YAML stream (each object's kind found
-/// by discovery); returns the applied objects.
+/// by discovery), forcing; returns the applied objects.
 pub async fn apply_manifests(client: &Client, yaml: &str, manager: &str) -> Vec<kube::api::DynamicObject> {
-    use kube::api::{DynamicObject, GroupVersionKind, Patch, PatchParams};
-    use kube::discovery::Scope;
-    let mut applied = vec![];
-    let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(yaml).expect("YAML documents");
-    for value in docs {
-        if value.is_null() {
-            continue;
-        }
-        let obj: DynamicObject = serde_json::from_value(value).expect("a Kubernetes object");
-        let types = obj.types.clone().expect("apiVersion and kind");
-        let gvk = GroupVersionKind::try_from(&types).expect("apiVersion");
-        let (ar, caps) = kube::discovery::pinned_kind(client, &gvk)
-            .await
-            .unwrap_or_else(|e| panic!("discover {}/{}: {e}", types.api_version, types.kind));
-        let api: Api<DynamicObject> = match caps.scope {
-            Scope::Cluster => Api::all_with(client.clone(), &ar),
-            Scope::Namespaced => Api::namespaced_with(
-                client.clone(),
-                obj.metadata
-                    .namespace
-                    .as_deref()
-                    .expect("a namespaced object names its namespace"),
-                &ar,
-            ),
-        };
-        let name = obj.metadata.name.clone().expect("name");
-        let out = api
-            .patch(&name, &PatchParams::apply(manager).force(), &Patch::Apply(&obj))
-            .await
-            .unwrap_or_else(|e| panic!("server-side apply of {} {name}: {e}", types.kind));
-        applied.push(out);
-    }
-    applied
+    ok(bed::apply_manifests(client, yaml, &Apply { manager, force: true }).await).objects
 }
 
 pub fn short_id() -> String {
@@ -307,63 +223,36 @@ impl TestBed {
         }
     }
 
-    /// Install the CRDs and the chart's RBAC, rendered by `helm template` for release
-    /// `artemis-studio-operator` in namespace `artemis-studio`: the ServiceAccount
-    /// `artemis-studio:artemis-studio-operator`, which is who TESTBED_OPERATOR_KUBECONFIG's
-    /// token authenticates as.
+    /// Install the CRDs (the library's, `api::all_crds()`) and the chart's RBAC, rendered by
+    /// `helm template` for release `artemis-studio-operator` in namespace `artemis-studio`: the
+    /// ServiceAccount `artemis-studio:artemis-studio-operator`, which is who
+    /// TESTBED_OPERATOR_KUBECONFIG's token authenticates as. Applied as `artemis-studio-tests`,
+    /// forcing.
     pub async fn install_operator_rbac(&self) {
         let client = self.kube_admin().await;
-        crate::smoke::install_crds(&client).await;
-        // The leader-election Role lives in the release namespace.
-        ensure_namespace(&client, "artemis-studio").await;
-        let rbac = self
-            .helm_template(
-                "artemis-studio-operator",
-                "artemis-studio",
-                &["--show-only", "templates/rbac.yaml"],
-            )
-            .unwrap_or_else(|e| panic!("helm template of the chart's RBAC failed: {e}"));
-        apply_manifests(&client, &rbac, "artemis-studio-tests").await;
+        let crds = artemis_studio_operator::api::all_crds();
+        let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(bed::CHART);
+        let apply = Apply {
+            manager: MANAGER,
+            force: true,
+        };
+        ok(self
+            .bed
+            .install_crds_and_rbac(&client, &crds, &chart, &apply)
+            .await);
     }
 
     /// A `helm` command: the bed's (TESTBED_HELM), or, on a bed started by an older script,
     /// the one this checkout's testbed script builds.
     pub fn helm(&self) -> std::process::Command {
-        if let Some(helm) = self.vars.get("TESTBED_HELM") {
-            return std::process::Command::new(helm);
-        }
-        static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/dev/testbed");
-        BUILT.get_or_init(|| {
-            let status = std::process::Command::new(&script)
-                .args(["helm", "version", "--short"])
-                .status()
-                .expect("run the testbed script");
-            assert!(status.success(), "deploy/dev/testbed helm could not build helm");
-        });
-        let mut cmd = std::process::Command::new(script);
-        cmd.arg("helm");
-        cmd
+        ok(self.bed.helm())
     }
 
     /// `helm template RELEASE charts/artemis-studio-operator --namespace NAMESPACE ARGS`: the
     /// rendered manifests, or helm's error output.
     pub fn helm_template(&self, release: &str, namespace: &str, args: &[&str]) -> Result<String, String> {
-        let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/artemis-studio-operator");
-        let out = self
-            .helm()
-            .arg("template")
-            .arg(release)
-            .arg(&chart)
-            .args(["--namespace", namespace])
-            .args(args)
-            .output()
-            .expect("run helm");
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
+        let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(bed::CHART);
+        ok(self.bed.helm_template(&chart, release, namespace, args))
     }
 
     /// Start the operator's controllers in this process, as the operator's own identity (only
