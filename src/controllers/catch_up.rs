@@ -202,7 +202,7 @@ async fn catch_up<K: TopologyObject>(
     let work: Vec<(Arc<K>, K::Desired, Missed)> = K::cache(ctx)
         .state()
         .into_iter()
-        .filter(|o| pipeline::of_cluster(o.as_ref(), ns, cluster))
+        .filter(|o| super::dependents::of_cluster(o.as_ref(), ns, cluster))
         .filter_map(|o| {
             let (d, missed) = missed::<K>(ctx, &o, topology, returned, &cluster_key, &facts)?;
             Some((o, d, missed))
@@ -242,7 +242,7 @@ fn still_lacking<K: TopologyObject>(
     K::cache(ctx)
         .state()
         .into_iter()
-        .filter(|o| pipeline::of_cluster(o.as_ref(), ns, cluster))
+        .filter(|o| super::dependents::of_cluster(o.as_ref(), ns, cluster))
         .filter(|o| o.meta().deletion_timestamp.is_none())
         .filter(|o| o.desired().is_ok_and(|d| lacks(&d)))
         .filter_map(|o| o.uid())

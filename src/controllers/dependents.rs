@@ -30,6 +30,11 @@ pub fn trigger_dependents(
     }
 }
 
+/// The object names this ArtemisCluster (namespace and name).
+pub fn of_cluster<K: OfCluster>(o: &K, ns: &str, cluster: &str) -> bool {
+    o.cluster_key() == key(ns, cluster)
+}
+
 fn dependents<K: Resource<DynamicType = ()> + OfCluster + Clone + 'static>(
     cache: &Cache<K>,
     ns: &str,
@@ -49,11 +54,10 @@ fn dependents<K: Resource<DynamicType = ()> + OfCluster + Clone + 'static>(
             .collect();
         keys.iter().filter_map(|(ns, name)| cache.get(ns, name)).collect()
     };
-    let of = key(ns, cluster);
     concerned
         .iter()
         .filter(|o| except.is_none() || o.meta().uid.as_deref() != except)
-        .filter(|o| o.cluster_key() == of)
+        .filter(|o| of_cluster(o.as_ref(), ns, cluster))
         .map(|o| kube::runtime::reflector::ObjectRef::from_obj(o.as_ref()))
         .collect()
 }
@@ -94,8 +98,11 @@ fn forget_node_backoff<K: Resource<DynamicType = ()> + OfCluster + Clone + 'stat
     ns: &str,
     cluster: &str,
 ) {
-    let of = key(ns, cluster);
-    for o in cache.state().iter().filter(|o| o.cluster_key() == of) {
+    for o in cache
+        .state()
+        .iter()
+        .filter(|o| of_cluster(o.as_ref(), ns, cluster))
+    {
         ctx.backoff
             .reset(&format!("{}/nodes", o.uid().unwrap_or_default()));
     }

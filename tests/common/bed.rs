@@ -114,13 +114,17 @@ impl Bed {
         Ok(format!("{base}/{db}"))
     }
 
+    /// A connection to the bed's Postgres as its administrator.
+    async fn admin_connection(&self) -> Result<sqlx::PgConnection> {
+        use sqlx::Connection;
+        sqlx::PgConnection::connect(&self.database_url()?)
+            .await
+            .context("connect to the test bed's Postgres")
+    }
+
     /// Create an empty database `db`; returns its URL.
     pub async fn create_database(&self, db: &str) -> Result<String> {
-        use sqlx::Connection;
-        let admin = self.database_url()?;
-        let mut conn = sqlx::PgConnection::connect(&admin)
-            .await
-            .context("connect to the test bed's Postgres")?;
+        let mut conn = self.admin_connection().await?;
         sqlx::query(&format!("CREATE DATABASE {db}"))
             .execute(&mut conn)
             .await
@@ -130,11 +134,7 @@ impl Bed {
 
     /// Drop database `db` (its connections cut); nothing when it is not there.
     pub async fn drop_database(&self, db: &str) -> Result<()> {
-        use sqlx::Connection;
-        let admin = self.database_url()?;
-        let mut conn = sqlx::PgConnection::connect(&admin)
-            .await
-            .context("connect to the test bed's Postgres")?;
+        let mut conn = self.admin_connection().await?;
         sqlx::query(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
             .execute(&mut conn)
             .await

@@ -79,7 +79,6 @@ pub(in crate::controllers) use apply::{apply_command, apply_with_evidence};
 pub(in crate::controllers) use audit::{intent, stamp};
 pub use claims::{claim_of, conflict_winner, same_brokers};
 pub use delete::cleanup;
-pub(in crate::controllers) use dependents::of_cluster;
 pub use dependents::touch_keys_of;
 pub(in crate::controllers) use dereference::facts;
 pub use dereference::{DereferenceError, Dereferenced, Gate, dereference_cluster, ensure_credentials};
@@ -159,6 +158,7 @@ pub(crate) use topology_object_accessors;
 pub trait TopologyObject:
     Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
     + Clone
+    + super::OfCluster
     + std::fmt::Debug
     + serde::Serialize
     + serde::de::DeserializeOwned
