@@ -208,6 +208,16 @@ async fn catch_up<K: TopologyObject>(
             Some((o, d, missed))
         })
         .collect();
+    // The shared write gate: the Secrets as they are now are the ones this poll's clients use,
+    // or nothing is sent (the objects are left to their own passes).
+    let used = &topology.secret_versions;
+    if work.is_empty()
+        || pipeline::ensure_credentials(ctx, ns, cluster, used)
+            .await
+            .is_err()
+    {
+        return Summary::default();
+    }
     let timeout = rt.request_timeout * 3;
     let done: Vec<Option<(i64, bool)>> = stream::iter(work)
         .map(|(o, d, missed)| async move { send::<K>(ctx, &o, &d, topology, missed, timeout, sent).await })

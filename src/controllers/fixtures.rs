@@ -10,7 +10,10 @@ use http::{Request, Response};
 use kube::client::Body;
 use serde_json::Value;
 
+use kube::runtime::watcher;
+
 use super::{Context, Namespaces};
+use crate::api::ArtemisCluster;
 
 /// One request the operator sent.
 #[derive(Clone, Debug)]
@@ -36,6 +39,11 @@ impl Received {
 
 /// A context on a mock API server that answers every request with `answer`.
 pub fn context(answer: Answer) -> (Arc<Context>, Received) {
+    with_clusters(answer, vec![])
+}
+
+/// A context like [`context`] whose cache holds these ArtemisClusters (namespace `ns`).
+pub fn with_clusters(answer: Answer, clusters: Vec<ArtemisCluster>) -> (Arc<Context>, Received) {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let received = Received::default();
     let log = received.clone();
@@ -61,11 +69,16 @@ pub fn context(answer: Answer) -> (Arc<Context>, Received) {
         }
     });
     let client = kube::Client::new(service, "default");
-    let (ctx, _) = Context::new(
+    let (ctx, mut reflectors) = Context::new(
         client,
         crate::store::Store::unconnected(),
         "test".into(),
         Namespaces::from_list(vec!["ns".into()]),
     );
+    if let Some(scoped) = reflectors.clusters.first_mut() {
+        for c in clusters {
+            scoped.writer.apply_watcher_event(&watcher::Event::Apply(c));
+        }
+    }
     (Arc::new(ctx), received)
 }

@@ -97,6 +97,10 @@ pub struct Topology {
     /// Fresh reads laid over this snapshot since its poll (when, node ID, what was read): a
     /// poll that started before one of them carries it over instead of forgetting it.
     pub fresh_reads: Vec<(Instant, String, Arc<inventory::NodeInventory>)>,
+    /// The Secrets the access this snapshot was polled with was read from (name →
+    /// resourceVersion): its nodes' clients write with those credentials and trust roots, so a
+    /// command compares these, not the runtime's, with the Secrets as they are now.
+    pub secret_versions: BTreeMap<String, String>,
 }
 
 impl Topology {
@@ -280,6 +284,7 @@ pub async fn poll(access: &ClusterAccess, memory: &Mutex<TopologyMemory>) -> Top
         nodes,
         unreachable,
         fresh_reads: vec![],
+        secret_versions: access.secret_versions.clone(),
     }
 }
 
@@ -718,6 +723,7 @@ mod change_tests {
             }],
             unreachable: vec![],
             fresh_reads: vec![],
+            secret_versions: BTreeMap::new(),
         }
     }
 

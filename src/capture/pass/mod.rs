@@ -238,7 +238,8 @@ pub async fn run(
     let writes = !(judged.installs.is_empty() && judged.sweeps.is_empty());
     if seen.from_runtime && writes {
         // The shared write gate: the Secrets re-read right before a broker write.
-        crate::controllers::pipeline::ensure_credentials(ctx, &ns, &cluster.name_any())
+        let used = &seen.topology.secret_versions;
+        crate::controllers::pipeline::ensure_credentials(ctx, &ns, &cluster.name_any(), used)
             .await
             .map_err(PassError::Credentials)?;
     }

@@ -431,6 +431,7 @@ mod deleting_tests {
             nodes: vec![],
             unreachable: vec![],
             fresh_reads: vec![],
+            secret_versions: Default::default(),
         };
         let record = TapRecord {
             subscription: "s".into(),
@@ -491,6 +492,7 @@ mod departed_tests {
                 .map(|u| (u.to_string(), BrokerError::Unreachable("refused".into())))
                 .collect(),
             fresh_reads: vec![],
+            secret_versions: Default::default(),
         }
     }
 

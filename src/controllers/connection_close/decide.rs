@@ -817,6 +817,7 @@ mod stage_tests {
             nodes,
             unreachable: vec![],
             fresh_reads: vec![],
+            secret_versions: Default::default(),
         }
     }
 

@@ -303,13 +303,20 @@ async fn reconcile(o: Arc<ConnectionClose>, ctx: Arc<Context>) -> Result<Action,
         Step::Act => {}
     }
     let cluster = &fresh.spec.cluster_ref.name;
-    // The rules every broker write keeps: the cluster and its Secrets as they are now (a
-    // revoked credential is never used), then its current topology.
-    let usable = match super::pipeline::ensure_credentials(&ctx, &ns, cluster).await {
-        Ok(()) => current_topology(&ctx, &ns, cluster, None)
-            .await
-            .map_err(|e| ("ClusterNotReady", e.to_string())),
-        Err(e) => Err((e.reason(), e.to_string())),
+    // The rules every broker write keeps: the cluster's current topology, its clients' access
+    // read from the Secrets as they are now (a revoked credential is never used).
+    let usable = match current_topology(&ctx, &ns, cluster, None).await {
+        Ok((rt, topology)) => {
+            let used = &topology.secret_versions;
+            match super::pipeline::ensure_credentials(&ctx, &ns, cluster, used).await {
+                Ok(()) => Ok((rt, topology)),
+                Err(e) => Err((e.reason(), e.to_string())),
+            }
+        }
+        Err(e) => match super::pipeline::dereference_cluster(&ctx, &ns, &fresh.spec.cluster_ref) {
+            Err(why) => Err((why.reason(), why.to_string())),
+            Ok(_) => Err(("ClusterNotReady", e.to_string())),
+        },
     };
     let (rt, topology) = match usable {
         Ok(x) => x,

@@ -62,8 +62,13 @@ pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<
     let mut last_audit_id = old_audit(o);
     let mut nodes = if !plan.iter().any(|(_, w)| *w) || gate != Gate::Write {
         plan.into_iter().map(|(n, _)| n).collect()
-    } else if let Err(e) =
-        ensure_credentials(&ctx, &o.namespace().unwrap_or_default(), &o.cluster_ref().name).await
+    } else if let Err(e) = ensure_credentials(
+        &ctx,
+        &o.namespace().unwrap_or_default(),
+        &o.cluster_ref().name,
+        &deref.topology.secret_versions,
+    )
+    .await
     {
         stop(&ctx, o, Some(&d), e.reason(), e.to_string()).await?;
         return Ok(Action::requeue(Duration::from_secs(10)));

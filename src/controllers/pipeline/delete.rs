@@ -190,7 +190,8 @@ async fn delete_dereference<K: TopologyObject>(
         }
     };
     let ns = o.namespace().unwrap_or_default();
-    if let Err(e) = ensure_credentials(ctx, &ns, &o.cluster_ref().name).await {
+    let used = &deref.topology.secret_versions;
+    if let Err(e) = ensure_credentials(ctx, &ns, &o.cluster_ref().name, used).await {
         let never = never_reached && matches!(e, DereferenceError::CredentialsMissing(..));
         let m = format!("{e}. {RELEASE_HINT}");
         return ControlFlow::Break(delete_not_dereferenced(ctx, o, d, e, never, m).await);

@@ -144,7 +144,17 @@ fn cluster_was_ready(ctx: &Context, ns: &str, cluster: &str) -> bool {
 /// since (rotated or revoked credentials, another CA) stops this command and every other one on
 /// the old access: the runtime is dropped and the cluster re-polled with what the Secret holds
 /// now, which then triggers its dependents.
-pub async fn ensure_credentials(ctx: &Context, ns: &str, cluster: &str) -> Result<(), DereferenceError> {
+///
+/// `used` is what the command writes with: the Secrets' versions of the snapshot whose clients
+/// send it (`Topology::secret_versions`). Compared with those, never with the runtime now
+/// published — a runtime re-polled with new credentials after the pass took its snapshot would
+/// otherwise let the snapshot's old credentials through.
+pub async fn ensure_credentials(
+    ctx: &Context,
+    ns: &str,
+    cluster: &str,
+    used: &BTreeMap<String, String>,
+) -> Result<(), DereferenceError> {
     let k = key(ns, cluster);
     let c = ctx
         .caches
@@ -178,19 +188,23 @@ pub async fn ensure_credentials(ctx: &Context, ns: &str, cluster: &str) -> Resul
             "it is being polled again".into(),
         ));
     };
-    if rt.access.secret_versions == now {
+    if *used == now {
         return Ok(());
     }
     let changed: Vec<&str> = now
         .iter()
-        .filter(|(name, version)| rt.access.secret_versions.get(*name) != Some(*version))
+        .filter(|(name, version)| used.get(*name) != Some(*version))
         .map(|(name, _)| name.as_str())
         .collect();
-    ctx.clusters.remove(&k);
-    let _ = ctx
-        .triggers
-        .clusters
-        .send(kube::runtime::reflector::ObjectRef::new(cluster).within(ns));
+    // A runtime already re-polled with what the Secrets hold now stays (its poll triggered the
+    // dependents, this object's next pass among them); an older one goes.
+    if rt.access.secret_versions != now {
+        ctx.clusters.remove(&k);
+        let _ = ctx
+            .triggers
+            .clusters
+            .send(kube::runtime::reflector::ObjectRef::new(cluster).within(ns));
+    }
     Err(DereferenceError::CredentialsChanged(
         k,
         format!(
@@ -331,4 +345,90 @@ fn deleting_addresses(ctx: &Context, cluster_key: &str) -> BTreeMap<String, Stri
             Some((d.address, key(&q.namespace().unwrap_or_default(), &q.name_any())))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use serde_json::json;
+
+    use super::{DereferenceError, ensure_credentials};
+    use crate::controllers::runtime::ClusterRuntime;
+    use crate::controllers::{fixtures, key};
+
+    /// The Secret as the API server holds it now: version 2 of the admin user.
+    fn secret_now() -> fixtures::Answer {
+        Box::new(|sent| {
+            match sent
+                .uri
+                .starts_with("/api/v1/namespaces/ns/secrets/c-credentials")
+            {
+                true => (
+                    200,
+                    json!({"apiVersion": "v1", "kind": "Secret",
+                    "metadata": {"name": "c-credentials", "namespace": "ns", "resourceVersion": "2"},
+                    "data": {"username": "YWRtaW4=", "password": "YWRtaW4="}}),
+                ),
+                false => (404, json!({})),
+            }
+        })
+    }
+
+    fn cluster() -> crate::api::ArtemisCluster {
+        serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCluster",
+            "metadata": {"name": "c", "namespace": "ns", "uid": "c-uid", "generation": 1},
+            "spec": {"brokers": [{"url": "http://127.0.0.1:1/console/jolokia"}],
+                "credentials": {"secretName": "c-credentials"}}
+        }))
+        .unwrap_or_else(|e| panic!("cluster: {e}"))
+    }
+
+    fn versions(v: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([("c-credentials".to_string(), v.to_string())])
+    }
+
+    /// The race a full run once lost: a pass took its snapshot (polled with the Secret's
+    /// version 1), then the cluster was re-polled with version 2 and published. The gate
+    /// compares what the command writes with — the snapshot's version — with the Secret now, so
+    /// the old credentials are refused even though the runtime now published is current; that
+    /// newer runtime stays.
+    #[tokio::test]
+    async fn a_snapshot_polled_with_an_older_secret_never_writes_though_the_runtime_is_current() {
+        let (ctx, _) = fixtures::with_clusters(secret_now(), vec![cluster()]);
+        let access = crate::controllers::access::resolve_access(&ctx.client, "ns", &cluster().spec)
+            .await
+            .unwrap_or_else(|e| panic!("access: {e:?}"));
+        assert_eq!(access.secret_versions, versions("2"));
+        ctx.clusters.put(&key("ns", "c"), runtime(access));
+
+        let stale = ensure_credentials(&ctx, "ns", "c", &versions("1")).await;
+        assert!(
+            matches!(stale, Err(DereferenceError::CredentialsChanged(..))),
+            "{stale:?}"
+        );
+        assert!(
+            ctx.clusters.get(&key("ns", "c")).is_some(),
+            "the current runtime stays"
+        );
+        let current = ensure_credentials(&ctx, "ns", "c", &versions("2")).await;
+        assert!(current.is_ok(), "{current:?}");
+    }
+
+    fn runtime(access: crate::topology::ClusterAccess) -> ClusterRuntime {
+        ClusterRuntime {
+            access,
+            memory: Arc::default(),
+            management_write: Arc::default(),
+            bulk_cap: 0,
+            message_loss_cap: 0,
+            declaration_mode: Default::default(),
+            poll_interval: std::time::Duration::from_secs(10),
+            request_timeout: std::time::Duration::from_secs(5),
+            poll_lock: Arc::default(),
+            generation: Some(1),
+        }
+    }
 }
