@@ -225,6 +225,11 @@ pub struct ArtemisClusterStatus {
     /// Whether management writes are permitted, from evidence only (ADR-0049).
     #[serde(default)]
     pub management_write: ManagementWrite,
+    /// What the operator's connections to the endpoints trust (issue 44): only the CA that
+    /// spec.tls names, the system's public roots when it names none, or nothing at all (plain
+    /// http: the credentials travel in clear).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]

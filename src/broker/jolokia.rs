@@ -170,8 +170,11 @@ pub enum TlsError {
     Unusable(String),
 }
 
-/// The HTTP client of one cluster: the system roots, plus the CA bundle when one is given (PEM,
-/// one or more certificates; anything else is refused, never silently ignored).
+/// The HTTP client of one cluster. Issue 44: a CA bundle given (PEM, one or more certificates;
+/// anything else is refused, never silently ignored) is the only trust — no public root — so a
+/// cluster naming its private CA never accepts a certificate another CA issued for that name.
+/// None given: the system's trust store (the public roots; `SSL_CERT_FILE` / `SSL_CERT_DIR`
+/// when set), which the cluster's `status.trust` says.
 pub fn http_client(ca_pem: Option<&[u8]>) -> Result<HttpClient, TlsError> {
     let mut b = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(5))
@@ -181,6 +184,7 @@ pub fn http_client(ca_pem: Option<&[u8]>) -> Result<HttpClient, TlsError> {
         if certificates.is_empty() {
             return Err(TlsError::NotPem);
         }
+        b = b.tls_built_in_root_certs(false);
         for c in certificates {
             b = b.add_root_certificate(c);
         }

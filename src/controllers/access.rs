@@ -173,3 +173,74 @@ async fn endpoints(
     }
     Ok(endpoints)
 }
+
+/// What the cluster's connections trust, as `status.trust` says it (issue 44): the CA spec.tls
+/// names alone (`jolokia::http_client` loads no public root then), the system's trust store
+/// when it names none, and plain http said for what it is.
+pub fn trust_statement(spec: &ArtemisClusterSpec) -> String {
+    let schemes = spec
+        .brokers
+        .iter()
+        .map(|b| b.url.split_once("://").map_or("", |(s, _)| s))
+        .chain(spec.discovery.as_ref().map(|d| d.scheme.as_str()));
+    let (mut https, mut http) = (false, false);
+    for s in schemes {
+        https |= s.eq_ignore_ascii_case("https");
+        http |= s.eq_ignore_ascii_case("http");
+    }
+    let tls = match &spec.tls {
+        Some(t) => format!(
+            "TLS trusting only the CA in Secret {} (key {}, spec.tls): no public root",
+            t.ca_secret_name, t.ca_key
+        ),
+        None => "TLS trusting the operator's system trust store (the public roots; SSL_CERT_FILE or SSL_CERT_DIR when set): name a CA in spec.tls to trust that CA alone".into(),
+    };
+    let clear =
+        "plain http: the credentials and every management call travel unencrypted; use https endpoints";
+    match (https, http) {
+        (true, false) => tls,
+        (true, true) => format!("{tls}; some endpoints are {clear}"),
+        _ => clear.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::trust_statement;
+
+    fn spec(urls: &[&str], tls: bool) -> crate::api::cluster::ArtemisClusterSpec {
+        let mut v = serde_json::json!({
+            "brokers": urls.iter().map(|u| serde_json::json!({"url": u})).collect::<Vec<_>>(),
+            "credentials": {"secretName": "c"}
+        });
+        if tls {
+            v["tls"] = serde_json::json!({"caSecretName": "ca"});
+        }
+        serde_json::from_value(v).unwrap_or_else(|e| panic!("spec: {e}"))
+    }
+
+    /// Issue 44: status says what the connections trust, as the client is built.
+    #[test]
+    fn the_trust_statement_names_the_ca_alone_the_public_roots_or_plain_http() {
+        let named = trust_statement(&spec(&["https://b:8161/console/jolokia"], true));
+        assert!(
+            named.contains("only the CA in Secret ca (key ca.crt") && named.contains("no public root"),
+            "{named}"
+        );
+        let public = trust_statement(&spec(&["https://b:8161/console/jolokia"], false));
+        assert!(
+            public.contains("system trust store") && public.contains("spec.tls"),
+            "{public}"
+        );
+        let clear = trust_statement(&spec(&["http://b:8161/console/jolokia"], true));
+        assert!(
+            clear.starts_with("plain http") && !clear.contains("TLS"),
+            "{clear}"
+        );
+        let mixed = trust_statement(&spec(&["https://a/j", "http://b/j"], true));
+        assert!(
+            mixed.contains("only the CA") && mixed.contains("plain http"),
+            "{mixed}"
+        );
+    }
+}

@@ -74,6 +74,7 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
         observed_generation: generation,
         conditions: old.conditions.clone(),
         last_poll_time: old.last_poll_time.clone(),
+        trust: Some(super::access::trust_statement(&obj.spec)),
         ..Default::default()
     };
     match resolve_access(&ctx.client, &ns, &obj.spec).await {

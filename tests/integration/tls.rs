@@ -301,3 +301,92 @@ async fn clusters_on_one_url_with_different_trust_never_share_a_connection() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 44: a private CA narrows trust, never widens it. CA "a" signed the proxy's
+/// certificate and is installed as a public root in the trust store the operator binary uses
+/// (`SSL_CERT_FILE`); a cluster naming CA "b" never reaches the broker (the public roots are not
+/// trusted beside the CA it names), a cluster naming no CA reaches it through the public roots,
+/// and each cluster's `status.trust` says which it uses.
+#[tokio::test]
+async fn a_named_ca_is_trusted_alone_even_where_another_ca_is_a_public_root() {
+    let _b = brokers_shared().await;
+    let bed = TestBed::get();
+    let dir = std::env::temp_dir().join(format!("artemis-studio-trust-{}", crate::support::short_id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    certificates(&dir);
+    let c1 = bed.broker("c1");
+    let upstream = reqwest::Url::parse(&c1.jolokia).expect("c1 url");
+    let hostport = format!(
+        "{}:{}",
+        upstream.host_str().unwrap_or("localhost"),
+        upstream.port().unwrap_or(8161)
+    );
+    let url = format!(
+        "https://localhost:{}{}",
+        tls_proxy(&dir, hostport).await,
+        upstream.path()
+    );
+
+    let ns = bed.fresh_namespace("trust").await;
+    bed.install_operator_rbac().await;
+    let db = bed.fresh_database().await;
+    let port = 19_000 + (std::process::id() % 1000) as u16;
+    let public_roots = dir.join("ca-a.pem");
+    let public_roots = public_roots.to_string_lossy();
+    let _operator = bed.spawn_operator(&ns, &db, port, &[("SSL_CERT_FILE", public_roots.as_ref())]);
+    let admin = bed.kube_admin().await;
+    let (user, password) = bed.broker_user();
+    secret(
+        &admin,
+        &ns,
+        "creds",
+        json!({"username": user, "password": password}),
+    )
+    .await;
+    let pem = std::fs::read_to_string(dir.join("ca-b.pem")).expect("pem");
+    secret(&admin, &ns, "ca-b", json!({"ca.crt": pem})).await;
+    let clusters: Api<artemis_studio_operator::api::ArtemisCluster> = Api::namespaced(admin.clone(), &ns);
+    for (name, tls) in [("named", Some("ca-b")), ("public", None)] {
+        let mut spec = json!({"brokers": [{"url": url}], "credentials": {"secretName": "creds"},
+            "origin": "http://localhost", "pollIntervalSeconds": 1, "requestTimeoutSeconds": 5});
+        if let Some(ca) = tls {
+            spec["tls"] = json!({"caSecretName": ca});
+        }
+        let c = serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCluster",
+            "metadata": {"name": name}, "spec": spec
+        }))
+        .expect("cluster json");
+        clusters
+            .create(&PostParams::default(), &c)
+            .await
+            .expect("create cluster");
+    }
+
+    // Through the public roots: reached, and said so.
+    let public = wait_cluster_condition(&admin, &ns, "public", "Ready", "True").await;
+    let trust = public.status.and_then(|s| s.trust).unwrap_or_default();
+    assert!(trust.contains("system trust store"), "{trust}");
+    // The named CA alone: polled (an endpoint problem is evidence of the poll) and refused for
+    // the certificate, though its issuer is a public root here.
+    let status = wait_until("the cluster naming CA b polled", Duration::from_secs(60), || async {
+        let c = clusters.get("named").await.ok()?;
+        c.status.filter(|s| !s.unreachable_endpoints.is_empty())
+    })
+    .await;
+    let trust = status.trust.clone().unwrap_or_default();
+    assert!(trust.contains("only the CA in Secret ca-b"), "{trust}");
+    let problems: Vec<String> = status
+        .unreachable_endpoints
+        .iter()
+        .map(|p| p.message.clone())
+        .collect();
+    assert!(
+        status.live_nodes == 0
+            && problems
+                .iter()
+                .any(|m| m.to_lowercase().contains("certificate") || m.contains("UnknownIssuer")),
+        "the cluster naming CA b reached the broker, or failed for another reason: {problems:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
