@@ -51,6 +51,7 @@ pub struct ArtemisClusterSpec {
     /// Static Jolokia endpoints, one per broker process (primary and backup alike), e.g.
     /// `http://broker-0.broker:8161/console/jolokia`.
     #[serde(default)]
+    #[schemars(length(max = 256))]
     pub brokers: Vec<BrokerEndpoint>,
     /// Discover broker pods by label in this namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -118,11 +119,15 @@ pub fn default_bulk_cap() -> u64 {
     10_000
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+// Issue 44: credentials live in the Secret only; a URL carrying them would be echoed by every
+// transport error into status and logs.
+#[x_kube(validation = Rule::new("!self.url.matches('^[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*@')").message("spec.brokers[].url carries credentials (user:password@ before the host): remove them from the URL and put them in the Secret that spec.credentials names"))]
 pub struct BrokerEndpoint {
-    /// Jolokia URL, e.g. `https://broker-0.broker.ns.svc:8161/console/jolokia`.
-    #[schemars(regex(pattern = r"^https?://"))]
+    /// Jolokia URL, e.g. `https://broker-0.broker.ns.svc:8161/console/jolokia`. No user info:
+    /// the credentials are in the Secret `credentials` names.
+    #[schemars(regex(pattern = r"^https?://"), length(max = 2048))]
     pub url: String,
 }
 

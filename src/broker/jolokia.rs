@@ -409,7 +409,7 @@ impl JolokiaClient {
                 code: None,
                 message: format!(
                     "{} refused the credentials (HTTP {}): check the username and password in the credentials Secret, and that the user's role is in the broker's HAWTIO_ROLES",
-                    self.url,
+                    self.node(),
                     status.as_u16()
                 ),
             }));
@@ -417,7 +417,7 @@ impl JolokiaClient {
         let parsed: Value = serde_json::from_str(&body).map_err(|_| {
             BrokerError::BadResponse(format!(
                 "{} answered HTTP {} with something that is not Jolokia JSON: is this the Jolokia URL (usually …/console/jolokia)?",
-                self.url,
+                self.node(),
                 status.as_u16()
             ))
         })?;
@@ -427,7 +427,7 @@ impl JolokiaClient {
             }
             Value::Array(items) => Err(BrokerError::BadResponse(format!(
                 "{} answered {} results for {} requests",
-                self.url,
+                self.node(),
                 items.len(),
                 requests.len()
             ))),
@@ -441,12 +441,12 @@ impl JolokiaClient {
                 ))),
                 _ => Err(BrokerError::BadResponse(format!(
                     "{} answered one object to a bulk request",
-                    self.url
+                    self.node()
                 ))),
             },
             _ => Err(BrokerError::BadResponse(format!(
                 "{} answered an unexpected JSON shape",
-                self.url
+                self.node()
             ))),
         }
     }
@@ -455,9 +455,9 @@ impl JolokiaClient {
         if e.is_timeout() {
             BrokerError::Timeout(self.timeout.as_secs())
         } else if e.is_connect() || e.is_request() {
-            BrokerError::Unreachable(format!("{}: {}", self.url, root_cause(&e)))
+            BrokerError::Unreachable(format!("{}: {}", self.node(), root_cause(&e)))
         } else {
-            BrokerError::BadResponse(format!("{}: {}", self.url, root_cause(&e)))
+            BrokerError::BadResponse(format!("{}: {}", self.node(), root_cause(&e)))
         }
     }
 
@@ -467,7 +467,9 @@ impl JolokiaClient {
             BrokerError::Refused(mut r) if r.kind == RefusalKind::OriginRefused => {
                 r.message = format!(
                     "{}: Jolokia's access policy on {} refused the request as a whole (the operator sent Origin {}). Set the cluster's spec.origin to an origin the broker's jolokia-access.xml allows (<cors> <allow-origin>; with the scheme of the broker's URL: an https origin is refused over http), e.g. http://<its --http-host>, or allow this origin in that file (a refused client address is its <remote>)",
-                    r.message, self.url, self.origin
+                    r.message,
+                    self.node(),
+                    self.origin
                 );
                 BrokerError::Refused(r)
             }

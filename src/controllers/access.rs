@@ -141,6 +141,7 @@ async fn endpoints(
     ns: &str,
     spec: &ArtemisClusterSpec,
 ) -> Result<Vec<String>, AccessProblem> {
+    refuse_user_info(spec)?;
     let mut endpoints: Vec<String> = spec.brokers.iter().map(|b| b.url.clone()).collect();
     if let Some(d) = &spec.discovery {
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -172,6 +173,24 @@ async fn endpoints(
         });
     }
     Ok(endpoints)
+}
+
+/// Issue 44: credentials live in the Secret only. Admission refuses a URL with user info (CEL);
+/// an object admitted before that rule is refused here, before anything is sent to it, in
+/// words that do not repeat the URL (transport errors would echo it into status and logs).
+fn refuse_user_info(spec: &ArtemisClusterSpec) -> Result<(), AccessProblem> {
+    let carries = |url: &str| {
+        reqwest::Url::parse(url).is_ok_and(|u| !u.username().is_empty() || u.password().is_some())
+    };
+    match spec.brokers.iter().position(|b| carries(&b.url)) {
+        Some(i) => Err(AccessProblem {
+            reason: "CredentialsInUrl",
+            message: format!(
+                "spec.brokers[{i}].url carries credentials (user:password@ before the host): nothing is sent to it; remove them from the URL and put them in the Secret that spec.credentials names"
+            ),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// What the cluster's connections trust, as `status.trust` says it (issue 44): the CA spec.tls
@@ -217,6 +236,31 @@ mod tests {
             v["tls"] = serde_json::json!({"caSecretName": "ca"});
         }
         serde_json::from_value(v).unwrap_or_else(|e| panic!("spec: {e}"))
+    }
+
+    /// Issue 44: a URL with user info (admitted before the CEL rule) is refused before any
+    /// request, naming the field and not repeating the URL.
+    #[test]
+    fn a_url_with_credentials_is_refused_without_repeating_them() {
+        let s = spec(
+            &["https://b/j", "https://admin:Secr3t@b:8161/console/jolokia"],
+            false,
+        );
+        let problem = super::refuse_user_info(&s)
+            .err()
+            .unwrap_or_else(|| panic!("admitted"));
+        assert_eq!(problem.reason, "CredentialsInUrl");
+        assert!(
+            problem.message.contains("spec.brokers[1].url"),
+            "{}",
+            problem.message
+        );
+        assert!(
+            !problem.message.contains("Secr3t") && !problem.message.contains("admin"),
+            "{}",
+            problem.message
+        );
+        assert!(super::refuse_user_info(&spec(&["https://b:8161/console/jolokia"], false)).is_ok());
     }
 
     /// Issue 44: status says what the connections trust, as the client is built.

@@ -369,10 +369,14 @@ async fn a_named_ca_is_trusted_alone_even_where_another_ca_is_a_public_root() {
     assert!(trust.contains("system trust store"), "{trust}");
     // The named CA alone: polled (an endpoint problem is evidence of the poll) and refused for
     // the certificate, though its issuer is a public root here.
-    let status = wait_until("the cluster naming CA b polled", Duration::from_secs(60), || async {
-        let c = clusters.get("named").await.ok()?;
-        c.status.filter(|s| !s.unreachable_endpoints.is_empty())
-    })
+    let status = wait_until(
+        "the cluster naming CA b polled",
+        Duration::from_secs(60),
+        || async {
+            let c = clusters.get("named").await.ok()?;
+            c.status.filter(|s| !s.unreachable_endpoints.is_empty())
+        },
+    )
     .await;
     let trust = status.trust.clone().unwrap_or_default();
     assert!(trust.contains("only the CA in Secret ca-b"), "{trust}");
@@ -389,4 +393,40 @@ async fn a_named_ca_is_trusted_alone_even_where_another_ca_is_a_public_root() {
         "the cluster naming CA b reached the broker, or failed for another reason: {problems:?}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 44: credentials live in the Secret only. A broker URL with user info is refused at
+/// admission, naming the field and the fix; one without is admitted.
+#[tokio::test]
+async fn a_broker_url_with_credentials_is_refused_at_admission() {
+    let bed = TestBed::get();
+    let admin = bed.kube_admin().await;
+    crate::smoke::install_crds(&admin).await;
+    let ns = bed.fresh_namespace("url-creds").await;
+    let clusters: Api<artemis_studio_operator::api::ArtemisCluster> = Api::namespaced(admin.clone(), &ns);
+    let cluster = |name: &str, url: &str| {
+        serde_json::from_value::<artemis_studio_operator::api::ArtemisCluster>(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCluster",
+            "metadata": {"name": name},
+            "spec": {"brokers": [{"url": url}], "credentials": {"secretName": "creds"}}
+        }))
+        .expect("cluster json")
+    };
+    let with_user = cluster("with-user", "https://admin:Qxq7Zzy@broker-0:8161/console/jolokia");
+    match clusters.create(&PostParams::default(), &with_user).await {
+        Err(kube::Error::Api(e)) => {
+            assert!(
+                e.message.contains("spec.brokers[].url carries credentials")
+                    && e.message.contains("spec.credentials"),
+                "{}",
+                e.message
+            );
+        }
+        other => panic!("admitted: {other:?}"),
+    }
+    let plain = cluster("plain", "https://broker-0:8161/console/jolokia");
+    clusters
+        .create(&PostParams::default(), &plain)
+        .await
+        .expect("a URL without user info is admitted");
 }
