@@ -2,7 +2,7 @@
 CACHE ?= $(or $(ARTEMIS_STUDIO_CACHE),$(HOME)/.cache/artemis-studio)
 export CARGO_TARGET_DIR ?= $(CACHE)/target
 
-.PHONY: crds test demo up down fmt lint release
+.PHONY: crds test demo up down fmt lint release image
 
 # Regenerate crds/ and the chart's CRDs from the Rust types (a unit test fails when they drift).
 crds:
@@ -32,3 +32,9 @@ lint:
 # (deploy/release/archives --help: --out, --target, --base-url; pass them as ARGS="…").
 release:
 	deploy/release/archives $(ARGS)
+
+# The operator image, with an SBOM and a provenance attestation attached (docker buildx; pass
+# e.g. IMAGE=ghcr.io/you/artemis-studio-operator:0.1.0 and ARGS=--push).
+IMAGE ?= artemis-studio-operator:dev
+image:
+	docker buildx build -f deploy/image/Dockerfile --sbom=true --provenance=mode=max -t $(IMAGE) $(ARGS) .

@@ -222,7 +222,14 @@ impl Bed {
             chart,
             OPERATOR_RELEASE,
             OPERATOR_NAMESPACE,
-            &["--show-only", "templates/rbac.yaml"],
+            // Every test operator runs under this one ServiceAccount with its own instance ID
+            // (its own Lease): the Role may not be limited to one Lease name here.
+            &[
+                "--show-only",
+                "templates/rbac.yaml",
+                "--set",
+                "leaderElection.restrictToLeaseName=false",
+            ],
         )?
         .map_err(anyhow::Error::msg)
         .context("helm template of the chart's RBAC failed")

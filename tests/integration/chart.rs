@@ -135,6 +135,26 @@ async fn the_rendered_chart_applies_server_side() {
     assert_eq!(docs_of(&yaml, "ClusterRoleBinding").len(), 1);
     assert_eq!(docs_of(&yaml, "Service").len(), 1, "the metrics Service");
     assert!(docs_of(&yaml, "ServiceMonitor").is_empty(), "off by default");
+    assert!(docs_of(&yaml, "NetworkPolicy").is_empty(), "off by default");
+    // Issue 44: the Lease Role names the one Lease (create cannot be limited by name).
+    let lease_rules: Vec<serde_json::Value> = docs_of(&yaml, "Role")
+        .iter()
+        .flat_map(|r| r["rules"].as_array().cloned().unwrap_or_default())
+        .filter(|r| r["resources"][0] == "leases")
+        .collect();
+    for rule in &lease_rules {
+        let verbs = rule["verbs"].to_string();
+        if verbs.contains("get") || verbs.contains("update") {
+            assert_eq!(
+                rule["resourceNames"],
+                json!(["artemis-studio-operator-studio"]),
+                "{rule}"
+            );
+        } else {
+            assert_eq!(rule["verbs"], json!(["create"]), "{rule}");
+        }
+    }
+    assert_eq!(lease_rules.len(), 2, "{lease_rules:?}");
 
     // Two replicas (leader election): RollingUpdate and a PodDisruptionBudget; some watched
     // namespaces: the operator's ClusterRole bound there only; the trial Postgres.
@@ -159,6 +179,25 @@ async fn the_rendered_chart_applies_server_side() {
     assert_eq!(d.data["spec"]["replicas"], 2);
     assert_eq!(docs_of(&yaml, "PodDisruptionBudget").len(), 1);
     assert!(docs_of(&yaml, "ClusterRoleBinding").is_empty());
+    // Issue 44: Secrets only where watched (no ClusterRoleBinding above), and only the verbs the
+    // code uses: get (values, before every command), list and watch (metadata).
+    let secret_verbs: BTreeSet<String> = docs_of(&yaml, "ClusterRole")
+        .iter()
+        .filter(|r| r["metadata"]["name"] == format!("{release}-operator"))
+        .flat_map(|r| r["rules"].as_array().cloned().unwrap_or_default())
+        .filter(|r| {
+            r["resources"]
+                .as_array()
+                .is_some_and(|x| x.iter().any(|x| x == "secrets"))
+        })
+        .flat_map(|r| r["verbs"].as_array().cloned().unwrap_or_default())
+        .filter_map(|v| v.as_str().map(String::from))
+        .collect();
+    assert_eq!(
+        secret_verbs,
+        ["get", "list", "watch"].map(String::from).into(),
+        "the operator's Secret verbs"
+    );
     let bindings = docs_of(&yaml, "RoleBinding");
     assert!(
         bindings
@@ -187,6 +226,39 @@ async fn the_rendered_chart_applies_server_side() {
         .filter_map(|e| e["name"].as_str())
         .collect();
     assert!(env_names.contains(&"WATCH_NAMESPACES"), "{env_names:?}");
+
+    // Issue 44: a NetworkPolicy admitting only the listed peers to the metrics port, and the
+    // image pulled by digest, when asked for.
+    let digest = format!("sha256:{}", "0123456789abcdef".repeat(4));
+    let yaml = bed
+        .helm_template(
+            &release,
+            &ns,
+            &[
+                "--set",
+                "networkPolicy.enabled=true",
+                "--set",
+                "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=monitoring",
+                "--set",
+                &format!("image.digest={digest}"),
+            ],
+        )
+        .expect("render with a NetworkPolicy and a digest");
+    apply_manifests(&client, &yaml, MANAGER).await;
+    let np = docs_of(&yaml, "NetworkPolicy");
+    assert_eq!(np.len(), 1);
+    let ingress = &np[0]["spec"]["ingress"];
+    assert_eq!(ingress.as_array().map(Vec::len), Some(1), "{ingress}");
+    assert_eq!(ingress[0]["ports"], json!([{"port": 8080, "protocol": "TCP"}]));
+    assert_eq!(
+        ingress[0]["from"][0]["namespaceSelector"]["matchLabels"]["team"],
+        "monitoring"
+    );
+    let image = &docs_of(&yaml, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["image"];
+    assert_eq!(
+        image.as_str(),
+        Some(format!("ghcr.io/artemis-studio/artemis-studio-operator@{digest}").as_str())
+    );
 
     // The ServiceMonitor renders when asked for (the bed has no Prometheus Operator CRD).
     let yaml = bed
