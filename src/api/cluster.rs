@@ -61,6 +61,12 @@ pub struct ArtemisClusterSpec {
     /// TLS for https endpoints: the CA that signed the brokers' certificates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsConfig>,
+    /// Drain captured messages over plain AMQP from brokers that have no TLS acceptor for AMQP,
+    /// although this cluster uses TLS (https endpoints or `tls`). Off (the default): such a
+    /// broker's taps are not drained and say why — payloads and credentials never travel in
+    /// clear unasked (issue 44).
+    #[serde(default)]
+    pub allow_capture_in_clear: bool,
     /// The `Origin` header sent to Jolokia. Artemis's default strict origin checking refuses a
     /// request without one. Defaults to the endpoint's `scheme://host`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

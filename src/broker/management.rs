@@ -514,9 +514,10 @@ impl BrokerManagement {
             .collect())
     }
 
-    /// The `host:port` of an acceptor that speaks AMQP without TLS (a dedicated AMQP acceptor
-    /// first), from the broker's acceptor MBeans; None when there is none.
-    pub async fn amqp_acceptor(&self) -> Result<Option<(String, u16)>, BrokerError> {
+    /// The `host:port` of an acceptor that speaks AMQP, with TLS (`sslEnabled`) when `tls` is
+    /// asked for and without it otherwise (a dedicated AMQP acceptor first), from the broker's
+    /// acceptor MBeans; None when there is none.
+    pub async fn amqp_acceptor(&self, tls: bool) -> Result<Option<(String, u16)>, BrokerError> {
         let pattern = format!("{},component=acceptors,name=*", mbean::broker(&self.broker_name));
         let v = self
             .client
@@ -532,7 +533,7 @@ impl BrokerManagement {
             let Ok(port) = get("port").parse::<u16>() else {
                 continue;
             };
-            if ssl || !speaks_amqp {
+            if ssl != tls || !speaks_amqp {
                 continue;
             }
             let dedicated = protocols == "AMQP";

@@ -22,11 +22,15 @@ const SESSION_WINDOW: u32 = 65_536;
 /// Where a drain connects, and as whom: one connection per distinct value.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct LinkKey {
-    /// `amqp://host:port` of the node's active broker.
+    /// `amqp://host:port` (or `amqps://`, over TLS) of the node's active broker.
     pub url: String,
     pub username: String,
     pub password: String,
+    /// For `amqps://`: what the handshake trusts (issue 44: the cluster's own trust).
+    pub trust: Trust,
 }
+
+pub use super::tls::Trust;
 
 struct Link {
     // Kept for its lifetime: dropping it closes the connection.
@@ -56,6 +60,14 @@ pub enum LinkError {
     /// The URL has no place for a username and password.
     #[error("AMQP URL {url} takes no credentials")]
     NoCredentials { url: String },
+    /// An `amqps://` connection: its trust could not be built (a CA that is not PEM), or TCP
+    /// or the handshake (an untrusted certificate) failed.
+    #[error("connect to {url}: {source}")]
+    Tls {
+        url: String,
+        #[source]
+        source: super::tls::TlsError,
+    },
     /// The AMQP connection (TCP, SASL, Open) failed.
     #[error("connect to {url}: {source}")]
     Connect {
@@ -175,12 +187,24 @@ impl NodeLinks {
     async fn open(&self, key: &LinkKey) -> Result<Link, LinkError> {
         let url = with_credentials(key)?;
         let container = format!("{}{}", self.prefix, uuid::Uuid::new_v4().simple());
-        let mut connection = Connection::open(container, url)
-            .await
-            .map_err(|source| LinkError::Connect {
-                url: key.url.clone(),
-                source,
-            })?;
+        let opened = match url.scheme() {
+            "amqps" => {
+                let host = url.host_str().unwrap_or("localhost");
+                let at = (host, url.port().unwrap_or(5671));
+                let login = (key.username.as_str(), key.password.as_str());
+                super::tls::open(&container, at, &key.trust, login)
+                    .await
+                    .map_err(|source| LinkError::Tls {
+                        url: key.url.clone(),
+                        source,
+                    })?
+            }
+            _ => Connection::open(container, url).await,
+        };
+        let mut connection = opened.map_err(|source| LinkError::Connect {
+            url: key.url.clone(),
+            source,
+        })?;
         let session = Session::builder()
             .incoming_window(SESSION_WINDOW)
             .begin(&mut connection)
@@ -220,6 +244,7 @@ mod tests {
             url: "amqp://127.0.0.1:5672".into(),
             username: "ad min".into(),
             password: "p@ss:w/rd".into(),
+            trust: Trust::SystemRoots,
         };
         let url = with_credentials(&key).expect("url");
         assert_eq!(url.as_str(), "amqp://ad%20min:p%40ss%3Aw%2Frd@127.0.0.1:5672");
@@ -231,6 +256,7 @@ mod tests {
             url: "mailto:ops@example.com".into(),
             username: "u".into(),
             password: "p".into(),
+            trust: Trust::SystemRoots,
         };
         let e = with_credentials(&key).expect_err("no userinfo in a mailto: URL");
         assert!(matches!(e, LinkError::NoCredentials { .. }), "{e:?}");

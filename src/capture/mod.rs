@@ -25,6 +25,7 @@ pub mod row;
 pub mod sample;
 pub mod split;
 pub mod status;
+pub mod tls;
 pub mod window;
 
 use std::collections::{BTreeMap, BTreeSet};

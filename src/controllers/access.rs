@@ -2,6 +2,7 @@
 //! credentials and CA read from their Secrets (the one place they are read and validated),
 //! the endpoints (static and discovered).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -132,6 +133,7 @@ pub async fn resolve_access(
         request_timeout: Duration::from_secs(spec.request_timeout_seconds.into()),
         poll_timeout: Duration::from_secs(spec.poll_timeout_seconds.into()),
         secret_versions: secrets.versions,
+        ca: secrets.ca.map(Arc::new),
     })
 }
 
@@ -216,11 +218,23 @@ pub fn trust_statement(spec: &ArtemisClusterSpec) -> String {
     };
     let clear =
         "plain http: the credentials and every management call travel unencrypted; use https endpoints";
-    match (https, http) {
+    let jolokia = match (https, http) {
         (true, false) => tls,
         (true, true) => format!("{tls}; some endpoints are {clear}"),
         _ => clear.into(),
-    }
+    };
+    // The capture drains (capture::tls::DrainTransport): TLS whenever the cluster uses it.
+    let capture = match (&spec.tls, https) {
+        (Some(t), _) => format!("AMQPS trusting only the CA in Secret {}", t.ca_secret_name),
+        (None, true) => "AMQPS trusting the system trust store".into(),
+        (None, false) => "plain AMQP (payloads in clear): name a CA in spec.tls to drain over AMQPS".into(),
+    };
+    let in_clear = if spec.allow_capture_in_clear {
+        ", or plain AMQP from a broker with no TLS acceptor (spec.allowCaptureInClear)"
+    } else {
+        ""
+    };
+    format!("Jolokia: {jolokia}. Capture drains: {capture}{in_clear}")
 }
 
 #[cfg(test)]
@@ -278,9 +292,12 @@ mod tests {
         );
         let clear = trust_statement(&spec(&["http://b:8161/console/jolokia"], true));
         assert!(
-            clear.starts_with("plain http") && !clear.contains("TLS"),
+            clear.starts_with("Jolokia: plain http")
+                && clear.contains("Capture drains: AMQPS trusting only the CA in Secret ca"),
             "{clear}"
         );
+        let none = trust_statement(&spec(&["http://b:8161/console/jolokia"], false));
+        assert!(none.contains("Capture drains: plain AMQP"), "{none}");
         let mixed = trust_statement(&spec(&["https://a/j", "http://b/j"], true));
         assert!(
             mixed.contains("only the CA") && mixed.contains("plain http"),

@@ -40,6 +40,9 @@ pub struct ClusterAccess {
     /// with the Secrets as they are now and never sends with credentials or trust roots the
     /// Secret no longer holds.
     pub secret_versions: BTreeMap<String, String>,
+    /// The CA `spec.tls` names (PEM), when it names one: the capture drains' AMQPS trusts it
+    /// alone, as the Jolokia client does.
+    pub ca: Option<Arc<Vec<u8>>>,
 }
 
 /// One logical node: a broker node ID, with its endpoints.

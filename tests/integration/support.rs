@@ -220,6 +220,7 @@ impl TestBed {
             request_timeout: Duration::from_secs(5),
             poll_timeout: Duration::from_secs(5),
             secret_versions: Default::default(),
+            ca: None,
         }
     }
 

@@ -430,3 +430,127 @@ async fn a_broker_url_with_credentials_is_refused_at_admission() {
         .await
         .expect("a URL without user info is admitted");
 }
+
+/// The capture connections on a broker of this installation: (clientID, localAddress — the
+/// acceptor they came in on).
+async fn capture_connections(bed: &TestBed, broker: &str, instance: &str) -> Vec<(String, String)> {
+    let prefix = artemis_studio_operator::capture::connection::container_prefix(instance);
+    let options = json!({"field": "clientID", "operation": "CONTAINS", "value": prefix}).to_string();
+    let r = crate::capture::exec(
+        bed,
+        &bed.broker(broker),
+        "listConnections(java.lang.String,int,int)",
+        json!([options, 1, 1000]),
+    )
+    .await;
+    let listed: serde_json::Value =
+        serde_json::from_str(r["value"].as_str().unwrap_or("null")).unwrap_or_default();
+    listed["data"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            let id = c["clientID"].as_str()?;
+            let local = c["localAddress"].as_str()?;
+            id.starts_with(&prefix)
+                .then(|| (id.to_string(), local.to_string()))
+        })
+        .collect()
+}
+
+/// Issue 44: a cluster that names its CA in spec.tls drains over AMQPS, at the broker's TLS
+/// acceptor (the broker's connection list says which acceptor each came in on), trusting that
+/// CA; the messages are stored. With the CA Secret switched to another CA, a new tap's drain is
+/// refused by the handshake, and the tap says why.
+#[tokio::test]
+async fn capture_drains_over_tls_with_the_clusters_ca_and_a_wrong_ca_stops_the_drain() {
+    let _b = brokers_shared().await;
+    let f = crate::queue::fixture("cap-tls", None).await;
+    let id = crate::support::short_id();
+    f.clean.also(&id);
+    let ca = std::fs::read_to_string(f.bed.var("TESTBED_TLS_CA")).expect("the bed's CA");
+    secret(&f.admin, &f.ns, "bed-ca", json!({"ca.crt": ca})).await;
+    let clusters: Api<artemis_studio_operator::api::ArtemisCluster> = Api::namespaced(f.admin.clone(), &f.ns);
+    clusters
+        .patch(
+            "c",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"tls": {"caSecretName": "bed-ca"}}})),
+        )
+        .await
+        .expect("name the CA");
+    wait_until(
+        "the cluster re-polled with its CA",
+        Duration::from_secs(60),
+        || async {
+            let c = clusters.get("c").await.ok()?;
+            let s = c.status?;
+            (s.observed_generation == c.metadata.generation && s.trust.is_some_and(|t| t.contains("bed-ca")))
+                .then_some(())
+        },
+    )
+    .await;
+
+    let address = format!("cap.{id}.tls");
+    crate::capture::broker_queue(&f.bed, &address).await;
+    f.subscribe("tls", json!({"queues": address})).await;
+    f.wait_subscription("tls", "3 taps drained", |s| {
+        crate::capture::taps_in(s, artemis_studio_operator::api::capture::TapState::Healthy) == 3
+    })
+    .await;
+    crate::capture::amqp_send(&f.bed, "c1", &address, 5, "over-tls")
+        .await
+        .expect("AMQP producer");
+    f.wait_rows("tls", 5).await;
+    let amqps_port = f
+        .bed
+        .var("TESTBED_C1_AMQPS")
+        .rsplit(':')
+        .next()
+        .map(str::to_string)
+        .expect("port");
+    let connections = capture_connections(&f.bed, "c1", &f.op.ctx.instance_id).await;
+    assert!(
+        !connections.is_empty()
+            && connections
+                .iter()
+                .all(|(_, local)| local.ends_with(&format!(":{amqps_port}"))),
+        "the capture connections came in on c1's TLS acceptor (port {amqps_port}): {connections:?}"
+    );
+
+    // Another CA: a new tap's drain fails its handshake and says so.
+    let dir = std::env::temp_dir().join(format!("artemis-studio-wrong-ca-{id}"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    certificates(&dir);
+    let wrong = std::fs::read_to_string(dir.join("ca-b.pem")).expect("pem");
+    Api::<Secret>::namespaced(f.admin.clone(), &f.ns)
+        .patch(
+            "bed-ca",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"stringData": {"ca.crt": wrong}})),
+        )
+        .await
+        .expect("switch the CA");
+    let other = format!("cap.{id}.wrong");
+    crate::capture::broker_queue(&f.bed, &other).await;
+    f.subscribe("wrong", json!({"queues": other})).await;
+    f.wait_subscription("wrong", "a tap that says its drain's handshake failed", |s| {
+        s.status.as_ref().is_some_and(|st| {
+            st.taps.iter().any(|t| {
+                t.state == artemis_studio_operator::api::capture::TapState::Degraded
+                    && t.message
+                        .as_deref()
+                        .is_some_and(|m| m.to_lowercase().contains("certificate"))
+            })
+        })
+    })
+    .await;
+    for name in ["tls", "wrong"] {
+        f.subscriptions()
+            .delete(name, &kube::api::DeleteParams::default())
+            .await
+            .expect("delete");
+        f.wait_subscription_gone(name).await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

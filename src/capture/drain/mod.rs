@@ -276,6 +276,7 @@ mod tests {
                 url: "amqp://127.0.0.1:5672".into(),
                 username: "u".into(),
                 password: "p".into(),
+                trust: crate::capture::connection::Trust::SystemRoots,
             },
             key: k.clone(),
             health: DrainHealth::default(),

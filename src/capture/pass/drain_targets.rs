@@ -9,8 +9,9 @@ use super::survey::Survey;
 use crate::api::capture::ArtemisCaptureSubscription;
 use crate::api::capture_names::TapName;
 use crate::broker::BrokerManagement;
-use crate::capture::connection::LinkKey;
+use crate::capture::connection::{LinkKey, Trust};
 use crate::capture::drain::DrainKey;
+use crate::capture::tls::DrainTransport;
 
 /// A tap on one node (by node ID).
 type TapOnNode = (TapName, String);
@@ -46,8 +47,15 @@ pub(super) async fn drains_to_run(
         let (Some(sub), Some(m)) = (subs_by_name.get(&tap.subscription), &n.active) else {
             continue;
         };
-        let Some(url) = amqp_url(state, m).await else {
-            continue;
+        let (url, trust) = match amqp_url(state, m, &seen.transport).await {
+            Ok(found) => {
+                state.no_drain.lock().await.remove(node);
+                found
+            }
+            Err(why) => {
+                state.no_drain.lock().await.insert(node.clone(), why.to_string());
+                continue;
+            }
         };
         drains.push(DrainTarget {
             key: DrainKey {
@@ -60,6 +68,7 @@ pub(super) async fn drains_to_run(
                 url,
                 username: seen.access.credentials.username.clone(),
                 password: seen.access.credentials.password.clone(),
+                trust,
             },
             max_body_bytes: sub.spec.max_body_bytes as usize,
             max_ingest_per_second: sub.spec.max_ingest_per_second,
@@ -69,25 +78,69 @@ pub(super) async fn drains_to_run(
     drains
 }
 
-/// The AMQP endpoint of a node's active broker: its AMQP acceptor's port, on the Jolokia
-/// endpoint's host when the acceptor listens on every interface.
-async fn amqp_url(state: &ClusterState, m: &BrokerManagement) -> Option<String> {
-    let endpoint = m.client().url().to_string();
-    if let Some(u) = state.amqp.lock().await.get(&endpoint) {
-        return Some(u.clone());
+/// Why a node's taps have no drain: what their status says instead of "no drain runs".
+#[derive(Debug, thiserror::Error)]
+pub enum NoDrain {
+    #[error(
+        "the broker at {0} has no TLS acceptor that speaks AMQP (sslEnabled=true, protocols including AMQP), and this cluster uses TLS, so captured payloads and credentials are not sent in clear: add one to broker.xml, or set spec.allowCaptureInClear on the ArtemisCluster"
+    )]
+    NoTlsAcceptor(String),
+    #[error(
+        "the broker at {0} has no AMQP acceptor without TLS: add one, or give the cluster its CA in spec.tls to drain over TLS"
+    )]
+    NoPlainAcceptor(String),
+    #[error("cannot read the acceptors of {endpoint}: {source}")]
+    AcceptorsUnreadable {
+        endpoint: String,
+        #[source]
+        source: crate::broker::BrokerError,
+    },
+}
+
+/// The AMQP endpoint of a node's active broker and what its handshake trusts: its AMQP
+/// acceptor's port (a TLS one when the cluster uses TLS, issue 44), on the Jolokia endpoint's
+/// host when the acceptor listens on every interface.
+async fn amqp_url(
+    state: &ClusterState,
+    m: &BrokerManagement,
+    transport: &DrainTransport,
+) -> Result<(String, Trust), NoDrain> {
+    let endpoint = m.client().node().to_string();
+    let mut tls = transport.tls.clone();
+    let mut found = acceptor(state, m, &endpoint, tls.is_some()).await?;
+    if found.is_none() && tls.is_some() && transport.clear_allowed {
+        tracing::warn!(%endpoint, "capture: no TLS acceptor for AMQP; draining in clear (spec.allowCaptureInClear)");
+        tls = None;
+        found = acceptor(state, m, &endpoint, false).await?;
     }
-    let (host, port) = match m.amqp_acceptor().await {
+    match (found, tls) {
+        (Some(url), tls) => Ok((url, tls.unwrap_or(Trust::SystemRoots))),
+        (None, Some(_)) => Err(NoDrain::NoTlsAcceptor(endpoint)),
+        (None, None) => Err(NoDrain::NoPlainAcceptor(endpoint)),
+    }
+}
+
+/// The broker's acceptor of this kind as `amqp[s]://host:port` (read once per endpoint and
+/// kind); None when it has none.
+async fn acceptor(
+    state: &ClusterState,
+    m: &BrokerManagement,
+    endpoint: &str,
+    tls: bool,
+) -> Result<Option<String>, NoDrain> {
+    let cache_key = (endpoint.to_string(), tls);
+    if let Some(u) = state.amqp.lock().await.get(&cache_key) {
+        return Ok(Some(u.clone()));
+    }
+    let (host, port) = match m.amqp_acceptor(tls).await {
         Ok(Some(found)) => found,
-        Ok(None) => {
-            tracing::warn!(%endpoint, "capture: the broker has no plain AMQP acceptor; its taps cannot be drained");
-            return None;
-        }
-        Err(e) => {
-            tracing::warn!(%endpoint, error = %e, "capture: cannot read the broker's acceptors");
-            return None;
+        Ok(None) => return Ok(None),
+        Err(source) => {
+            let endpoint = endpoint.to_string();
+            return Err(NoDrain::AcceptorsUnreadable { endpoint, source });
         }
     };
-    let jolokia_host = reqwest::Url::parse(&endpoint)
+    let jolokia_host = reqwest::Url::parse(endpoint)
         .ok()
         .and_then(|u| u.host_str().map(str::to_string))
         .unwrap_or_else(|| "localhost".into());
@@ -96,7 +149,8 @@ async fn amqp_url(state: &ClusterState, m: &BrokerManagement) -> Option<String> 
     } else {
         host
     };
-    let url = format!("amqp://{host}:{port}");
-    state.amqp.lock().await.insert(endpoint, url.clone());
-    Some(url)
+    let scheme = if tls { "amqps" } else { "amqp" };
+    let url = format!("{scheme}://{host}:{port}");
+    state.amqp.lock().await.insert(cache_key, url.clone());
+    Ok(Some(url))
 }

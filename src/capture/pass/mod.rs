@@ -72,8 +72,12 @@ impl From<ReconcileError> for PassError {
 #[derive(Default)]
 pub struct ClusterState {
     pub memory: Arc<Mutex<TopologyMemory>>,
-    /// Jolokia endpoint → `amqp://host:port` of its broker's AMQP acceptor (read once).
-    pub amqp: Mutex<BTreeMap<String, String>>,
+    /// (Jolokia endpoint, over TLS) → `amqp[s]://host:port` of its broker's AMQP acceptor
+    /// (read once).
+    pub amqp: Mutex<BTreeMap<(String, bool), String>>,
+    /// Node ID → why its taps have no drain (no acceptor the cluster's transport may use): what
+    /// their status says instead of "no drain runs".
+    pub no_drain: Mutex<BTreeMap<String, String>>,
     /// The drains of this cluster (they run only while its lock is held).
     pub drains: Mutex<BTreeMap<DrainKey, super::drain::DrainHandle>>,
     /// The last counters of each capture queue (node, queue), as saved in Postgres: a pass
@@ -172,8 +176,21 @@ pub async fn report(
             node: node.clone(),
             capture_queue: name.capture_queue(),
         };
-        let why = drains.health.draining(&key, drains.within).err();
-        let found_now = judge::found_installed(why.map(|e| e.to_string()));
+        use super::drain::NotDraining;
+        let why = match drains.health.draining(&key, drains.within) {
+            Ok(()) => None,
+            Err(NotDraining::NotRunning) => Some(
+                state
+                    .no_drain
+                    .lock()
+                    .await
+                    .get(node)
+                    .cloned()
+                    .unwrap_or_else(|| NotDraining::NotRunning.to_string()),
+            ),
+            Err(e) => Some(e.to_string()),
+        };
+        let found_now = judge::found_installed(why);
         found.insert((name.clone(), node.clone()), found_now);
     }
     report::write_statuses(ctx, state, &j.cluster_key, subs, &j.seen, &found, &j.held).await

@@ -28,6 +28,8 @@ pub(super) struct Survey {
     pub(super) arms: BTreeMap<String, ArmState>,
     pub(super) desired: BTreeMap<TapName, TapSpec>,
     pub(super) past_cap: BTreeMap<String, Vec<String>>,
+    /// How the drains reach the brokers (issue 44).
+    pub(super) transport: crate::capture::tls::DrainTransport,
 }
 
 pub(super) async fn survey(
@@ -76,7 +78,9 @@ pub(super) async fn survey(
         legacy: &legacy,
     };
     let (desired, past_cap) = plan::desired_taps(&naming, &role, &views, inventories.iter().copied());
+    let transport = crate::capture::tls::DrainTransport::of(&cluster.spec, &access);
     Ok(Survey {
+        transport,
         access,
         topology,
         from_runtime,
