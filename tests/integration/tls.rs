@@ -554,3 +554,67 @@ async fn capture_drains_over_tls_with_the_clusters_ca_and_a_wrong_ca_stops_the_d
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 44: a cluster that uses TLS whose brokers have no TLS acceptor for AMQP (cluster ha of
+/// the bed) is not drained in clear: its taps say so, naming the two ways out. With
+/// `spec.allowCaptureInClear` they drain over plain AMQP.
+#[tokio::test]
+async fn brokers_without_a_tls_acceptor_are_not_drained_in_clear_unless_allowed() {
+    let _b = brokers_shared().await;
+    let user = crate::support::TestBed::broker_user;
+    let f = crate::queue::fixture_on("cap-notls", "ha", user, None).await;
+    let id = crate::support::short_id();
+    f.clean.also(&id);
+    let ca = std::fs::read_to_string(f.bed.var("TESTBED_TLS_CA")).expect("the bed's CA");
+    secret(&f.admin, &f.ns, "bed-ca", json!({"ca.crt": ca})).await;
+    let clusters: Api<artemis_studio_operator::api::ArtemisCluster> = Api::namespaced(f.admin.clone(), &f.ns);
+    let set = |spec: serde_json::Value| {
+        let clusters = clusters.clone();
+        async move {
+            clusters
+                .patch(
+                    "ha",
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(json!({ "spec": spec })),
+                )
+                .await
+                .expect("patch the cluster")
+        }
+    };
+    set(json!({"tls": {"caSecretName": "bed-ca"}})).await;
+    let address = format!("cap.{id}.notls");
+    crate::capture::queue_on(&f.bed, &["ha1", "ha2"], &address).await;
+    let spec = json!({"clusterRef": {"name": "ha"}, "queues": address});
+    f.subscribe("notls", spec).await;
+    let no_acceptor = |s: &artemis_studio_operator::api::ArtemisCaptureSubscription| {
+        let taps = s.status.as_ref().map(|st| st.taps.clone()).unwrap_or_default();
+        !taps.is_empty()
+            && taps.iter().all(|t| {
+                t.state == artemis_studio_operator::api::capture::TapState::Degraded
+                    && t.message.as_deref().is_some_and(|m| {
+                        m.contains("has no TLS acceptor") && m.contains("spec.allowCaptureInClear")
+                    })
+            })
+    };
+    f.wait_subscription(
+        "notls",
+        "every tap: no TLS acceptor, not drained in clear",
+        no_acceptor,
+    )
+    .await;
+
+    set(json!({"allowCaptureInClear": true})).await;
+    f.wait_subscription("notls", "drained in clear once allowed", |s| {
+        let taps = s.status.as_ref().map(|st| st.taps.clone()).unwrap_or_default();
+        !taps.is_empty()
+            && taps
+                .iter()
+                .all(|t| t.state == artemis_studio_operator::api::capture::TapState::Healthy)
+    })
+    .await;
+    f.subscriptions()
+        .delete("notls", &kube::api::DeleteParams::default())
+        .await
+        .expect("delete");
+    f.wait_subscription_gone("notls").await;
+}
