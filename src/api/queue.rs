@@ -22,6 +22,12 @@ use super::common::{ClusterRef, Condition, DeletionPolicy, NodeOutcome, NotOwned
     printcolumn(name = "Queue", type_ = "string", json_path = ".status.queueName"),
     printcolumn(name = "Routing", type_ = "string", json_path = ".spec.routingType"),
     printcolumn(
+        name = "Delivery",
+        type_ = "string",
+        json_path = ".spec.delivery",
+        description = "declared delivery state (empty: left as the broker has it)"
+    ),
+    printcolumn(
         name = "Ready",
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Ready\")].status"
@@ -90,6 +96,12 @@ pub struct ArtemisQueueSpec {
     /// A disabled queue receives no routed messages.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
+    /// Delivery to consumers (issue 49): `Paused` stops it on every live node with the broker's
+    /// own persisted pause (`pause(true)`: a broker restart keeps it; messages keep arriving
+    /// and wait), `Active` resumes it. Unset: the operator leaves the broker's pause state as
+    /// it is (so upgrading never resumes a queue someone paused by hand).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<Delivery>,
     /// Consumers to wait for before dispatching.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consumers_before_dispatch: Option<i32>,
@@ -127,6 +139,13 @@ pub struct ArtemisQueueSpec {
     /// What deleting this object does to the broker.
     #[serde(default)]
     pub deletion: QueueDeletion,
+}
+
+/// A queue's declared delivery state (issue 49).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Delivery {
+    Active,
+    Paused,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]

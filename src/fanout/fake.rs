@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 
-use super::ops::{BrokerOps, Op};
+use super::ops::{BrokerOps, Op, QueueRef};
 use crate::broker::BrokerError;
 use crate::broker::error::classify;
 use crate::topology::inventory::{self, AddressInfo, DivertInfo, DivertsRead, NodeInventory, ScopedRead};
@@ -250,6 +250,18 @@ impl BrokerOps for FakeBroker {
     fn update_queue<'a>(&'a self, configuration: &'a Value) -> Op<'a, Value> {
         self.record(format!("updateQueue {}", configuration["name"]));
         ready(self.do_update_queue(configuration))
+    }
+    fn set_paused<'a>(&'a self, q: QueueRef<'a>, paused: bool) -> Op<'a, ()> {
+        self.record(format!("{} {}", if paused { "pause" } else { "resume" }, q.name));
+        let r = self.with_state(|s| match s.queues.get(q.name).cloned() {
+            Some(mut found) => {
+                found.paused = paused;
+                s.queues.insert(q.name.to_string(), found);
+                Ok(())
+            }
+            None => Err(refusal("AMQ229017", &format!("Queue {} does not exist", q.name))),
+        });
+        ready(r)
     }
     fn destroy_queue<'a>(&'a self, name: &'a str, remove_consumers: bool) -> Op<'a, ()> {
         self.record(format!("destroyQueue {name}"));

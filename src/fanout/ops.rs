@@ -9,6 +9,14 @@ use serde_json::Value;
 use crate::broker::{BrokerError, BrokerManagement};
 use crate::topology::inventory::{self, NodeInventory, ScopedRead};
 
+/// A queue as its MBean names it: address, routing type (ANYCAST or MULTICAST), name.
+#[derive(Clone, Copy, Debug)]
+pub struct QueueRef<'a> {
+    pub address: &'a str,
+    pub routing_type: &'a str,
+    pub name: &'a str,
+}
+
 /// A management operation's future.
 pub type Op<'a, T> = BoxFuture<'a, Result<T, BrokerError>>;
 
@@ -26,6 +34,8 @@ pub trait BrokerOps: Send + Sync + std::fmt::Debug {
         configuration: &'a Value,
     ) -> BoxFuture<'a, (Result<(), BrokerError>, Result<Value, BrokerError>)>;
     fn update_queue<'a>(&'a self, configuration: &'a Value) -> Op<'a, Value>;
+    /// Pause (persisted) or resume delivery of one queue (issue 49).
+    fn set_paused<'a>(&'a self, queue: QueueRef<'a>, paused: bool) -> Op<'a, ()>;
     fn destroy_queue<'a>(&'a self, name: &'a str, remove_consumers: bool) -> Op<'a, ()>;
     fn delete_address<'a>(&'a self, name: &'a str) -> Op<'a, ()>;
     fn create_divert<'a>(&'a self, configuration: &'a Value) -> Op<'a, ()>;
@@ -59,6 +69,15 @@ impl BrokerOps for BrokerManagement {
     }
     fn update_queue<'a>(&'a self, configuration: &'a Value) -> Op<'a, Value> {
         Box::pin(BrokerManagement::update_queue(self, configuration))
+    }
+    fn set_paused<'a>(&'a self, q: QueueRef<'a>, paused: bool) -> Op<'a, ()> {
+        Box::pin(BrokerManagement::set_paused(
+            self,
+            q.address,
+            q.routing_type,
+            q.name,
+            paused,
+        ))
     }
     fn destroy_queue<'a>(&'a self, name: &'a str, remove_consumers: bool) -> Op<'a, ()> {
         Box::pin(BrokerManagement::destroy_queue(self, name, remove_consumers))

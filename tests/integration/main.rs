@@ -22,6 +22,7 @@ mod cluster_core;
 mod connection_close;
 mod crash_delete;
 mod credentials;
+mod delivery;
 mod divert;
 mod faults;
 mod filters;

@@ -16,9 +16,10 @@ use super::pipeline::{self, Pass, PlanFacts, Step, TopologyObject, WholeRefusal}
 use crate::api::queue::{ArtemisQueue, ArtemisQueueStatus, DeletePreview};
 use crate::api::{CAPTURE_PREFIX, Outcome, RefusalKind};
 use crate::broker::BrokerError;
+use crate::fanout::ops::QueueRef;
 use crate::fanout::{self, NodeFailure, NodeReport, Target};
 use crate::topology::Topology;
-use crate::topology::inventory::{self, DivertsRead, NodeInventory, QueueAt, ScopedRead};
+use crate::topology::inventory::{self, DivertsRead, NodeInventory, QueueAt, QueueInfo, ScopedRead};
 
 pub const FINALIZER: &str = "artemis-studio.io/queue";
 
@@ -67,7 +68,7 @@ async fn read_queue(
 /// update path reads before it writes; the pipeline verifies afterwards).
 async fn apply_on(t: Target, d: DesiredQueue, inv: Arc<NodeInventory>) -> Result<NodeReport, NodeFailure> {
     match plan::plan_node(&d, &inv) {
-        NodeAction::Converged => Ok(NodeReport::new(Outcome::Already, "exists; configuration matches")),
+        NodeAction::Converged => Ok(NodeReport::new(Outcome::Already, converged(&d, &inv))),
         NodeAction::Refuse { kind, message } => Err(fanout::refuse(kind, message)),
         NodeAction::Create {
             create_address,
@@ -75,22 +76,54 @@ async fn apply_on(t: Target, d: DesiredQueue, inv: Arc<NodeInventory>) -> Result
         } => create_on(&t, &d, create_address, &document).await,
         NodeAction::Update { changed } => {
             let current = inv.queues.get(&d.name).cloned().unwrap_or_default();
-            let doc = plan::update_document(&current, &d.spec);
-            match t.ops.update_queue(&doc).await {
-                Ok(_) => Ok(
-                    NodeReport::new(Outcome::Applied, format!("updated: {}", changed.join(", ")))
-                        .with_detail(changed),
-                ),
-                Err(e) if e.refusal_kind() == RefusalKind::MaxConsumersTooLow => Err(NodeFailure {
-                    message: Some(format!(
-                        "{e}: spec.maxConsumers is below the queue's current consumer count; raise it or disconnect consumers first"
-                    )),
-                    ..e.into()
-                }),
-                Err(e) => Err(e.into()),
+            if changed.iter().any(|f| f != plan::DELIVERY) {
+                update_on(&t, &d, &current).await?;
             }
+            if changed.iter().any(|f| f == plan::DELIVERY) {
+                set_delivery(&t, &d).await?;
+            }
+            Ok(
+                NodeReport::new(Outcome::Applied, format!("updated: {}", changed.join(", ")))
+                    .with_detail(changed),
+            )
         }
     }
+}
+
+/// A converged node's report; with the delivery state the broker reports when the spec
+/// declares one (issue 49).
+fn converged(d: &DesiredQueue, inv: &NodeInventory) -> String {
+    match (d.spec.delivery, inv.queues.get(&d.name)) {
+        (Some(_), Some(q)) if q.paused => "exists; configuration matches; delivery paused".into(),
+        (Some(_), Some(_)) => "exists; configuration matches; delivery active".into(),
+        _ => "exists; configuration matches".into(),
+    }
+}
+
+/// `updateQueue` with the spec laid over the queue as read (ADR-0049: it replaces).
+async fn update_on(t: &Target, d: &DesiredQueue, current: &QueueInfo) -> Result<(), NodeFailure> {
+    let doc = plan::update_document(current, &d.spec);
+    match t.ops.update_queue(&doc).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.refusal_kind() == RefusalKind::MaxConsumersTooLow => Err(NodeFailure {
+            message: Some(format!(
+                "{e}: spec.maxConsumers is below the queue's current consumer count; raise it or disconnect consumers first"
+            )),
+            ..e.into()
+        }),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Issue 49: the declared delivery state, by the broker's own persisted pause or a resume.
+async fn set_delivery(t: &Target, d: &DesiredQueue) -> Result<(), NodeFailure> {
+    let paused = d.spec.delivery == Some(crate::api::queue::Delivery::Paused);
+    let queue = QueueRef {
+        address: &d.address,
+        routing_type: d.routing_type,
+        name: &d.name,
+    };
+    t.ops.set_paused(queue, paused).await.map_err(NodeFailure::from)
 }
 
 /// A create on one node, planned from the snapshot and sent without a read first (issue 23): the
@@ -118,14 +151,26 @@ async fn create_on(
     };
     match created {
         Ok(answer) => {
-            let report = NodeReport::new(Outcome::Applied, "created");
+            // Issue 49: created paused when the spec says so (it delivers until then).
+            let paused = d.spec.delivery == Some(crate::api::queue::Delivery::Paused);
+            if paused {
+                set_delivery(t, d).await?;
+            }
+            let report = NodeReport::new(
+                Outcome::Applied,
+                if paused {
+                    "created, delivery paused"
+                } else {
+                    "created"
+                },
+            );
             Ok(match inventory::created_queue(&answer) {
                 Some(q) => report.with_seen(NodeInventory {
                     scope: Some(inventory::ReadScope {
                         queues: vec![q.name.clone()],
                         ..Default::default()
                     }),
-                    queues: imbl::OrdMap::unit(q.name.clone(), q),
+                    queues: imbl::OrdMap::unit(q.name.clone(), QueueInfo { paused, ..q }),
                     ..Default::default()
                 }),
                 None => report,
@@ -327,6 +372,9 @@ fn describe_changes(
     changed
         .iter()
         .map(|f| {
+            if f == plan::DELIVERY {
+                return plan::delivery_consequence(d, q);
+            }
             format!(
                 "{f} (broker has {}, spec wants {})",
                 current[f.as_str()],
@@ -382,7 +430,7 @@ impl TopologyObject for ArtemisQueue {
     fn plan_apply(d: &DesiredQueue, inv: &NodeInventory) -> Step {
         match plan::plan_node(d, inv) {
             NodeAction::Converged => Step::Nothing {
-                message: "exists; configuration matches".into(),
+                message: converged(d, inv),
             },
             NodeAction::Refuse { kind, message } => Step::Refuse { kind, message },
             NodeAction::Create { create_address, .. } => Step::Write {

@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 
 use crate::api::cluster::DeclarationMode;
-use crate::api::queue::{ArtemisQueueSpec, DivertImpact, NodeDeletePreview};
+use crate::api::queue::{ArtemisQueueSpec, Delivery, DivertImpact, NodeDeletePreview};
 use crate::api::{CAPTURE_PREFIX, RefusalKind};
 use crate::controllers::pipeline::{PlanFacts, Step};
 use crate::topology::inventory::{DivertInfo, NodeInventory, QueueInfo};
@@ -273,13 +273,41 @@ pub fn plan_node(d: &DesiredQueue, inv: &NodeInventory) -> NodeAction {
             ),
         },
         Some(q) => {
-            let changed = differing_fields(&current_document(q), &update_document(q, &d.spec));
+            let mut changed = differing_fields(&current_document(q), &update_document(q, &d.spec));
+            if delivery_differs(d, q) {
+                changed.push(DELIVERY.to_string());
+            }
             if changed.is_empty() {
                 NodeAction::Converged
             } else {
                 NodeAction::Update { changed }
             }
         }
+    }
+}
+
+/// The field name an update's `changed` list gives the delivery state (issue 49): not part of
+/// the queue's configuration document, applied by `pause(true)` / `resume()`.
+pub const DELIVERY: &str = "delivery";
+
+/// The spec declares a delivery state the queue is not in (unset declares none).
+pub fn delivery_differs(d: &DesiredQueue, q: &QueueInfo) -> bool {
+    d.spec
+        .delivery
+        .is_some_and(|want| (want == Delivery::Paused) != q.paused)
+}
+
+/// What pausing or resuming delivery does on this node, said before it is done (issue 49).
+pub fn delivery_consequence(d: &DesiredQueue, q: &QueueInfo) -> String {
+    match d.spec.delivery {
+        Some(Delivery::Paused) => format!(
+            "pause delivery: {} consumer(s) stop receiving; {} message(s) waiting; messages keep arriving and wait (kept in memory, paged or blocked as the address's settings say)",
+            q.consumer_count, q.message_count
+        ),
+        _ => format!(
+            "resume delivery: the {} waiting message(s) go to {} consumer(s)",
+            q.message_count, q.consumer_count
+        ),
     }
 }
 
@@ -548,6 +576,49 @@ mod tests {
             routing_type: "STRIP".into(),
             ..Default::default()
         }
+    }
+
+    /// Issue 49: the declared delivery state is planned like an attribute (and only when
+    /// declared: unset leaves a hand-made pause alone); its consequence is said first.
+    #[test]
+    fn delivery_is_planned_only_when_declared_and_its_consequence_is_said() {
+        let mut q = queue("q", "q", "ANYCAST");
+        (q.consumer_count, q.message_count) = (2, 5);
+        let paused = DesiredQueue::new(
+            "q",
+            &spec(json!({"clusterRef": {"name": "c"}, "delivery": "Paused"})),
+        );
+        let active = DesiredQueue::new(
+            "q",
+            &spec(json!({"clusterRef": {"name": "c"}, "delivery": "Active"})),
+        );
+        let unset = DesiredQueue::new("q", &spec(json!({"clusterRef": {"name": "c"}})));
+        let running = inv(vec![q.clone()], vec![]);
+        let stopped = inv(
+            vec![QueueInfo {
+                paused: true,
+                ..q.clone()
+            }],
+            vec![],
+        );
+        let update = |changed: &[&str]| NodeAction::Update {
+            changed: changed.iter().map(|c| c.to_string()).collect(),
+        };
+        assert_eq!(plan_node(&paused, &running), update(&[DELIVERY]));
+        assert_eq!(plan_node(&paused, &stopped), NodeAction::Converged);
+        assert_eq!(plan_node(&active, &stopped), update(&[DELIVERY]));
+        assert_eq!(plan_node(&active, &running), NodeAction::Converged);
+        assert_eq!(plan_node(&unset, &stopped), NodeAction::Converged);
+        let said = delivery_consequence(&paused, &q);
+        assert!(
+            said.contains("2 consumer(s) stop receiving") && said.contains("5 message(s) waiting"),
+            "{said}"
+        );
+        let said = delivery_consequence(&active, &q);
+        assert!(
+            said.starts_with("resume delivery") && said.contains("5 waiting"),
+            "{said}"
+        );
     }
 
     #[test]
