@@ -162,3 +162,43 @@ async fn delivery_pauses_on_every_node_is_put_back_when_resumed_by_hand_and_resu
         .expect("delete");
     f.wait_gone(&obj).await;
 }
+
+/// Issue 49: the pause is the broker's own, persisted: a broker restarted while the queue is
+/// paused comes back paused. The object is annotated paused first, so the operator writes
+/// nothing meanwhile and what c3 reports after its restart is what c3 kept.
+#[tokio::test]
+async fn a_broker_restarted_while_paused_comes_back_paused() {
+    let _b = crate::support::brokers_exclusive().await;
+    let f = fixture("delivery-restart", None).await;
+    let id = short_id();
+    f.clean.also(&id);
+    let (obj, queue) = (format!("deliv-r-{id}"), format!("deliv.r.{id}"));
+    f.create(&obj, json!({"name": queue, "delivery": "Paused"})).await;
+    f.wait_for(&obj, "paused on every node", converged).await;
+    assert_eq!(paused_on(&f, &queue).await, [true; 3]);
+    let annotate = |value: serde_json::Value| {
+        Patch::Merge(json!({"metadata": {"annotations": {"artemis-studio.io/paused": value}}}))
+    };
+    f.queues()
+        .patch(&obj, &PatchParams::default(), &annotate(json!("true")))
+        .await
+        .expect("annotate");
+    f.wait_for(&obj, "Paused=True (the operator writes nothing)", |q| {
+        crate::queue::condition(q, "Paused").is_some_and(|c| c.0 == "True")
+    })
+    .await;
+    f.bed.broker_action("stop", "c3");
+    f.bed.broker_action("start", "c3");
+    let c3 = queue_attr(&f.bed, &f.bed.broker("c3"), &queue, "Paused").await;
+    assert_eq!(c3, json!(true), "c3 came back with {queue} not paused");
+    f.queues()
+        .patch(&obj, &PatchParams::default(), &annotate(serde_json::Value::Null))
+        .await
+        .expect("remove the annotation");
+    f.wait_for(&obj, "converged after the restart", converged).await;
+    f.queues()
+        .delete(&obj, &Default::default())
+        .await
+        .expect("delete");
+    f.wait_gone(&obj).await;
+}
