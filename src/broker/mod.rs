@@ -8,6 +8,7 @@ pub mod error;
 pub mod jolokia;
 pub mod management;
 pub mod mbean;
+pub mod messages;
 
 pub use error::{BrokerError, ManagementRefusal};
 pub use jolokia::{Credentials, JolokiaClient, JolokiaRequest};

@@ -8,12 +8,12 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use tokio::sync::Mutex;
 
-pub use super::access::{AccessProblem, resolve_access, secret_names};
 use super::runtime::{ClusterRuntime, access_is_current};
 use super::{Context, ReconcileError, conditions, key};
 use crate::api::RefusalKind;
 use crate::api::cluster::{ArtemisCluster, ArtemisClusterStatus, EndpointProblem, LogicalNodeStatus};
 use crate::broker::BrokerError;
+pub use crate::topology::access::{AccessProblem, resolve_access, secret_names};
 use crate::topology::{self, ClusterAccess, Topology, TopologyMemory};
 
 /// Why an endpoint failed, with the fix, for the Degraded/Ready messages.
@@ -74,7 +74,7 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
         observed_generation: generation,
         conditions: old.conditions.clone(),
         last_poll_time: old.last_poll_time.clone(),
-        trust: Some(super::access::trust_statement(&obj.spec)),
+        trust: Some(crate::topology::access::trust_statement(&obj.spec)),
         ..Default::default()
     };
     match resolve_access(&ctx.client, &ns, &obj.spec).await {

@@ -7,10 +7,11 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
 use kube::{Api, Client, Resource};
 
-use super::{AddressLocks, Backoff, MANAGER, Triggers, access, catch_up, claims, feed, runtime, shared_read};
+use super::{AddressLocks, Backoff, MANAGER, Triggers, catch_up, claims, feed, runtime, shared_read};
 use crate::api::{ArtemisCaptureSubscription, ArtemisCluster, ArtemisDivert, ArtemisQueue};
 use crate::store::Store;
 use crate::topology::TopologyCache;
+use crate::topology::access;
 
 /// Which namespaces the operator acts in.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -22,7 +22,6 @@
 //! Among the shared modules each uses only those to its left: this file, `error`, `locks`,
 //! `triggers` → `context` → `runner`, `liveness` → `watches` → `launch`.
 
-pub mod access;
 pub mod catch_up;
 pub mod census;
 pub mod claims;

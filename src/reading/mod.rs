@@ -9,6 +9,7 @@
 pub mod coverage;
 pub mod render;
 pub mod requests;
+pub mod verify;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -42,6 +43,9 @@ pub enum CaptureCommand {
     /// Request-reply pairs on an address: latency, requests without a captured reply, and
     /// replies that cannot be captured (temporary reply queues).
     Requests(RequestsArgs),
+    /// Is a captured message still on the brokers, and where? Asks every live node of its
+    /// cluster with your own kubeconfig's authority.
+    Verify(verify::VerifyArgs),
 }
 
 /// Where to read and how to print.
@@ -228,6 +232,8 @@ pub enum ReadError {
     #[error("unknown kind `{kind}`: use queue, divert, cluster, capture or connectionclose")]
     UnknownKind { kind: String },
     #[error(transparent)]
+    Verify(#[from] verify::VerifyError),
+    #[error(transparent)]
     Store(#[from] StoreError),
     #[error("writing the answer: {0}")]
     Output(#[from] std::io::Error),
@@ -302,6 +308,7 @@ pub async fn run<W: Write>(cmd: ReadCommand, out: W) -> Result<(), ReadError> {
         ReadCommand::Capture(CaptureCommand::Tail(a)) => tail(a, out).await,
         ReadCommand::Capture(CaptureCommand::Search(a)) => search(a, out).await,
         ReadCommand::Capture(CaptureCommand::Requests(a)) => requests_on(a, out).await,
+        ReadCommand::Capture(CaptureCommand::Verify(a)) => verify::verify(a, out).await,
         ReadCommand::Audit(a) => audit(a, out).await,
     };
     match result {

@@ -170,6 +170,23 @@ impl Store {
     }
 
     /// Rows matching `q`, in row order (oldest first), at most `q.limit`.
+    /// One stored row of a subscription (issue 48: verify).
+    pub async fn captured_row(
+        &self,
+        cluster: &str,
+        subscription: &str,
+        row_id: i64,
+    ) -> Result<Option<StoredMessage>, StoreError> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {MESSAGE_COLUMNS} FROM captured_message WHERE cluster = $1 AND subscription = $2 AND row_id = $3"
+        ))
+        .bind(cluster)
+        .bind(subscription)
+        .bind(row_id)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+
     pub async fn captured_messages(&self, q: &MessageQuery) -> Result<Vec<StoredMessage>, StoreError> {
         let (keys, values): (Vec<String>, Vec<String>) = q.properties.iter().cloned().unzip();
         sqlx::query_as(&format!(

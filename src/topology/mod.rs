@@ -7,6 +7,7 @@
 //! (`broker::budget::Health`): a node whose calls go unanswered is not live within seconds,
 //! not at the next poll, and live again as soon as it answers anything.
 
+pub mod access;
 pub mod inventory;
 
 use std::collections::{BTreeMap, HashMap};

@@ -820,3 +820,82 @@ async fn an_unreachable_database_is_named_with_its_cause_within_five_seconds() {
         }
     }
 }
+
+/// Issue 48 (verify): a captured message still waiting on its queue is found there (on the node
+/// it was sent to, asked with the bed user's kubeconfig); once consumed it is "not found on any
+/// live node" — never called consumed as a fact.
+#[tokio::test]
+async fn verify_finds_a_captured_message_on_its_queue_and_not_once_consumed() {
+    let _shared = brokers_shared().await;
+    let f = fixture("read-verify", None).await;
+    let id = short_id();
+    f.clean.also(&id);
+    let address = format!("verify.{id}");
+    broker_queue(&f.bed, &address).await;
+    f.subscribe("ver", json!({"queues": address})).await;
+    f.wait_subscription("ver", "3 taps drained", |s| taps_in(s, TapState::Healthy) == 3)
+        .await;
+    let mut producer = Amqp::open(&f.bed, "c1", &format!("verify-p-{id}")).await;
+    let message = Message::builder()
+        .properties(Properties::builder().message_id(format!("v-{id}")).build())
+        .value(format!("verify {id}"))
+        .build();
+    producer.send(&address, vec![message]).await;
+    producer.close().await;
+    wait_stored(&f, "ver", 1).await;
+    let row: i64 = sqlx::query_scalar("SELECT row_id FROM captured_message WHERE subscription = 'ver'")
+        .fetch_one(f.op.store.pool())
+        .await
+        .expect("the row");
+    let row = row.to_string();
+    let args = [
+        "capture",
+        "verify",
+        row.as_str(),
+        "--subscription",
+        "ver",
+        "-n",
+        f.ns.as_str(),
+        "-o",
+        "json",
+    ];
+    let c1 = crate::cluster_core::node_id_of(&f.bed, "c1").await;
+
+    let docs = documents(&f, &args).await;
+    let v = &of_kind(&docs, "Verification")[0];
+    assert_eq!(
+        v["verdict"],
+        json!(format!("present: {address} on {c1} (waiting)")),
+        "{v}"
+    );
+    let answers = v["answers"].as_array().cloned().unwrap_or_default();
+    assert_eq!(answers.len(), 3, "one queue per node: {answers:?}");
+
+    let mut consumer = Amqp::open(&f.bed, "c1", &format!("verify-c-{id}")).await;
+    let mut rx =
+        fe2o3_amqp::Receiver::attach(&mut consumer.session, format!("verify-rx-{id}"), address.as_str())
+            .await
+            .expect("receiver");
+    let d: fe2o3_amqp::link::delivery::Delivery<
+        fe2o3_amqp::types::messaging::Body<fe2o3_amqp::types::primitives::Value>,
+    > = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+        .await
+        .expect("the message arrives")
+        .expect("receive");
+    rx.accept(&d).await.expect("accept");
+    let _ = rx.close().await;
+    consumer.close().await;
+    let docs = documents(&f, &args).await;
+    let v = &of_kind(&docs, "Verification")[0];
+    let verdict = v["verdict"].as_str().unwrap_or_default();
+    assert!(
+        verdict.starts_with(
+            "not found on any live node: consumed, expired, moved, or on a node that was not live"
+        ),
+        "{v}"
+    );
+    f.subscriptions()
+        .delete("ver", &DeleteParams::default())
+        .await
+        .expect("delete");
+}

@@ -165,7 +165,7 @@ pub async fn ensure_credentials(
     // (of the spec generation it reads by: the Secrets' names and keys).
     let slot = format!("{k}@{}", c.metadata.generation.unwrap_or_default());
     let read = || async {
-        let read = crate::controllers::access::read_secrets(&ctx.client, ns, &c.spec).await;
+        let read = crate::topology::access::read_secrets(&ctx.client, ns, &c.spec).await;
         read.map(|m| m.versions).map_err(Arc::new)
     };
     let now = match ctx.secret_reads.read(&slot, read).await {
@@ -398,7 +398,7 @@ mod tests {
     #[tokio::test]
     async fn a_snapshot_polled_with_an_older_secret_never_writes_though_the_runtime_is_current() {
         let (ctx, _) = fixtures::with_clusters(secret_now(), vec![cluster()]);
-        let access = crate::controllers::access::resolve_access(&ctx.client, "ns", &cluster().spec)
+        let access = crate::topology::access::resolve_access(&ctx.client, "ns", &cluster().spec)
             .await
             .unwrap_or_else(|e| panic!("access: {e:?}"));
         assert_eq!(access.secret_versions, versions("2"));

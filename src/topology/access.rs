@@ -9,9 +9,9 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 
+use super::ClusterAccess;
 use crate::api::cluster::ArtemisClusterSpec;
 use crate::broker::{Credentials, jolokia};
-use crate::topology::ClusterAccess;
 
 /// Why a cluster cannot be reached at all: a condition reason and a message naming the fix.
 #[derive(Debug)]

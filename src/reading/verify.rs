@@ -1,0 +1,278 @@
+//! `kubectl artemis capture verify ROW --subscription S` (issue 48, ADR-0062 D4): is the
+//! message a captured row copied still on the brokers, and where? Every live node of the row's
+//! cluster is asked for the message by its id on each queue bound to the row's address. The
+//! brokers are reached with the caller's own authority — their kubeconfig reads the
+//! ArtemisCluster and its Secrets — never the operator's.
+
+use std::io::Write;
+
+use clap::Args;
+use kube::Api;
+use serde::Serialize;
+
+use super::{ReadError, Source, one_subscription};
+use crate::api::{ArtemisCluster, CAPTURE_PREFIX};
+use crate::broker::messages::MessagePresence;
+use crate::reading::render::Format;
+use crate::topology::{self, Topology};
+
+/// Is a captured message still on the brokers? Asks every live node of its cluster, with your
+/// kubeconfig's authority (you must be allowed to read the cluster's credentials Secret).
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub source: Source,
+    /// The row (the ROW column of `capture search` and `tail`).
+    pub row: i64,
+    /// The capture subscription the row belongs to.
+    #[arg(long)]
+    pub subscription: String,
+}
+
+/// Why verify could not ask the brokers at all.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error(
+        "subscription {subscription} has no row {row}: check the ROW column of `kubectl artemis capture search`"
+    )]
+    NoSuchRow { subscription: String, row: i64 },
+    #[error("the kubeconfig gives no client: {0}")]
+    NoKubeClient(#[source] kube::Error),
+    #[error("reading ArtemisCluster {cluster} with your kubeconfig: {source}")]
+    Cluster {
+        cluster: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("reaching ArtemisCluster {cluster} with your authority: {message}")]
+    Access { cluster: String, message: String },
+}
+
+/// One queue's answer on one node.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueAnswer {
+    pub node: String,
+    pub queue: Option<String>,
+    /// waiting, delivering, scheduled, absent — or could-not-ask.
+    pub state: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
+/// What verify found, for one row.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase", tag = "kind", rename = "Verification")]
+pub struct Verification {
+    pub row: i64,
+    pub address: String,
+    pub message_id: Option<String>,
+    pub answers: Vec<QueueAnswer>,
+    /// The conclusion, never more than the answers show.
+    pub verdict: String,
+}
+
+pub async fn verify<W: Write>(a: VerifyArgs, mut out: W) -> Result<(), ReadError> {
+    let ns = a.source.namespace();
+    let store = a.source.store().await?;
+    let sub = one_subscription(&store, &ns, &a.subscription).await?;
+    let row = store
+        .captured_row(&sub.cluster, &sub.subscription, a.row)
+        .await?
+        .ok_or(VerifyError::NoSuchRow {
+            subscription: a.subscription.clone(),
+            row: a.row,
+        })?;
+    let mut v = Verification {
+        row: a.row,
+        address: row.original_address.clone(),
+        message_id: row.message_id.clone(),
+        answers: vec![],
+        verdict: String::new(),
+    };
+    match row.message_id.as_deref() {
+        // ADR-0062 D4: offered, disabled, with the reason.
+        None => {
+            v.verdict = "cannot verify: the message carried no message id (a Core message sent without one, or an AMQP message without message-id), so no broker can be asked for it".into();
+        }
+        Some(id) => {
+            let topology = cluster_topology(&sub.cluster).await?;
+            v.answers = ask_every_node(&topology, &row.original_address, id).await;
+            v.verdict = verdict(&v.answers);
+        }
+    }
+    print(&v, a.source.output, &mut out)
+}
+
+/// The row's cluster polled with the caller's kubeconfig (its Secrets read with their RBAC).
+async fn cluster_topology(cluster_key: &str) -> Result<Topology, VerifyError> {
+    let (ns, name) = cluster_key.split_once('/').unwrap_or(("default", cluster_key));
+    let client = kube::Client::try_default()
+        .await
+        .map_err(VerifyError::NoKubeClient)?;
+    let cluster = Api::<ArtemisCluster>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .map_err(|source| VerifyError::Cluster {
+            cluster: cluster_key.to_string(),
+            source,
+        })?;
+    let access = crate::topology::access::resolve_access(&client, ns, &cluster.spec)
+        .await
+        .map_err(|p| VerifyError::Access {
+            cluster: cluster_key.to_string(),
+            message: p.message,
+        })?;
+    Ok(topology::poll(&access, &Default::default()).await)
+}
+
+/// Every node's answer for every queue bound to `address` there (capture queues aside).
+async fn ask_every_node(topology: &Topology, address: &str, id: &str) -> Vec<QueueAnswer> {
+    let mut answers = vec![];
+    for n in &topology.nodes {
+        let could_not = |why: String| QueueAnswer {
+            node: n.node_id.clone(),
+            queue: None,
+            state: "could-not-ask".into(),
+            why: Some(why),
+        };
+        let (Some(m), Some(inv)) = (&n.active, &n.inventory) else {
+            let why = n.not_live_reason.clone().unwrap_or_else(|| "not live".into());
+            answers.push(could_not(why));
+            continue;
+        };
+        let queues: Vec<_> = inv
+            .queues
+            .values()
+            .filter(|q| q.address == address && !q.name.starts_with(CAPTURE_PREFIX))
+            .collect();
+        if queues.is_empty() {
+            answers.push(QueueAnswer {
+                node: n.node_id.clone(),
+                queue: None,
+                state: "absent".into(),
+                why: Some(format!("no queue is bound to {address} on this node")),
+            });
+        }
+        for q in queues {
+            let found = m.find_message((&q.address, &q.routing_type, &q.name), id).await;
+            answers.push(match found {
+                Ok(p) => QueueAnswer {
+                    node: n.node_id.clone(),
+                    queue: Some(q.name.clone()),
+                    state: presence_word(p).into(),
+                    why: None,
+                },
+                Err(e) => QueueAnswer {
+                    queue: Some(q.name.clone()),
+                    ..could_not(e.to_string())
+                },
+            });
+        }
+    }
+    answers
+}
+
+fn presence_word(p: MessagePresence) -> &'static str {
+    match p {
+        MessagePresence::Waiting => "waiting",
+        MessagePresence::Delivering => "delivering",
+        MessagePresence::Scheduled => "scheduled",
+        MessagePresence::Absent => "absent",
+    }
+}
+
+/// What the answers allow one to say: where it is, or that no live node that answered has it
+/// — never "consumed" as a fact.
+fn verdict(answers: &[QueueAnswer]) -> String {
+    let found: Vec<String> = answers
+        .iter()
+        .filter(|a| matches!(a.state.as_str(), "waiting" | "delivering" | "scheduled"))
+        .map(|a| {
+            format!(
+                "{} on {} ({})",
+                a.queue.as_deref().unwrap_or("?"),
+                a.node,
+                a.state
+            )
+        })
+        .collect();
+    let unasked = answers.iter().filter(|a| a.state == "could-not-ask").count();
+    match (found.is_empty(), unasked) {
+        (false, _) => format!("present: {}", found.join(", ")),
+        (true, 0) => {
+            "not found on any live node: consumed, expired, moved, or on a node that was not live".into()
+        }
+        (true, n) => {
+            format!("not found on the nodes that answered; {n} could not be asked (see why): it may be there")
+        }
+    }
+}
+
+fn print<W: Write>(v: &Verification, format: Format, out: &mut W) -> Result<(), ReadError> {
+    match format {
+        Format::Json => writeln!(
+            out,
+            "{}",
+            serde_json::to_string(v).map_err(std::io::Error::other)?
+        )?,
+        Format::Yaml => write!(
+            out,
+            "---\n{}",
+            serde_saphyr::to_string(v).map_err(std::io::Error::other)?
+        )?,
+        Format::Table => {
+            writeln!(
+                out,
+                "row {} on {} (message id {})",
+                v.row,
+                v.address,
+                v.message_id.as_deref().unwrap_or("none")
+            )?;
+            writeln!(out, "{:<40} {:<40} {:<14} WHY", "NODE", "QUEUE", "STATE")?;
+            for a in &v.answers {
+                let why = a.why.as_deref().unwrap_or("");
+                writeln!(
+                    out,
+                    "{:<40} {:<40} {:<14} {why}",
+                    a.node,
+                    a.queue.as_deref().unwrap_or("-"),
+                    a.state
+                )?;
+            }
+            writeln!(out, "{}", v.verdict)?;
+        }
+    }
+    Ok(out.flush()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(state: &str) -> QueueAnswer {
+        QueueAnswer {
+            node: "n1".into(),
+            queue: Some("q".into()),
+            state: state.into(),
+            why: None,
+        }
+    }
+
+    /// Issue 48: "not found" is never "consumed" as a fact, and a node that could not be asked
+    /// keeps the answer open.
+    #[test]
+    fn the_verdict_says_only_what_the_answers_show() {
+        assert!(verdict(&[answer("waiting")]).starts_with("present: q on n1 (waiting)"));
+        let none = verdict(&[answer("absent")]);
+        assert!(
+            none.starts_with("not found on any live node: consumed, expired, moved"),
+            "{none}"
+        );
+        let open = verdict(&[answer("absent"), answer("could-not-ask")]);
+        assert!(
+            open.contains("1 could not be asked") && open.contains("it may be there"),
+            "{open}"
+        );
+    }
+}
