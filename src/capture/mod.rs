@@ -549,6 +549,17 @@ impl Worker {
         }
         let workers = workers.ok().and_then(Result::ok).unwrap_or(1).max(1) as usize;
         release_orphaned_in_deleted_namespaces(ctx, all_subs, all_clusters).await;
+        for s in all_subs
+            .iter()
+            .filter(|s| s.metadata.deletion_timestamp.is_none())
+        {
+            let cluster = key(&s.namespace().unwrap_or_default(), &s.spec.cluster_ref.name);
+            if !all_clusters.contains_key(&cluster)
+                && let Err(e) = status::report_missing_cluster(&ctx.client, s).await
+            {
+                tracing::warn!(subscription = %s.name_any(), error = %e, "capture: cannot write status");
+            }
+        }
         // Only clusters this process can reach (the ArtemisCluster exists and is watched).
         wanted.retain(|c| all_clusters.contains_key(c));
         (wanted, workers)

@@ -143,6 +143,37 @@ pub fn set_tap_conditions(
     conditions::set_all(&mut status.conditions, generation, judged);
 }
 
+/// A subscription whose ArtemisCluster does not exist (issue 50: never "waiting for its turn"
+/// for ever): Ready=False `ClusterNotFound`, Stalled, naming the fix. Written when it changes.
+pub async fn report_missing_cluster(
+    client: &kube::Client,
+    s: &crate::api::ArtemisCaptureSubscription,
+) -> Result<(), kube::Error> {
+    use kube::ResourceExt;
+    let old = s.status.clone().unwrap_or_default();
+    let mut status = old.clone();
+    status.observed_generation = s.metadata.generation;
+    status.mode = Some(s.spec.mode);
+    let message = format!(
+        "ArtemisCluster {}/{} does not exist: create it (and its credentials Secret), or point spec.clusterRef at an existing one; nothing is installed until then",
+        s.namespace().unwrap_or_default(),
+        s.spec.cluster_ref.name
+    );
+    let ready = (false, "ClusterNotFound", message);
+    conditions::set_all(
+        &mut status.conditions,
+        status.observed_generation,
+        [(conditions::READY, ready)],
+    );
+    conditions::kstatus(&mut status.conditions, &[], status.observed_generation);
+    if same_status(&old, &status) && old.observed_generation == status.observed_generation {
+        return Ok(());
+    }
+    crate::controllers::report::apply_status(client, s, &status)
+        .await
+        .map(|_| ())
+}
+
 /// Nothing a status write would change (conditions compared without their timestamps).
 pub fn same_status(old: &ArtemisCaptureSubscriptionStatus, new: &ArtemisCaptureSubscriptionStatus) -> bool {
     old.taps == new.taps

@@ -1738,3 +1738,40 @@ async fn two_clusters_on_the_same_brokers_never_sweep_each_others_taps() {
         }
     }
 }
+
+/// Issue 50: a subscription naming an ArtemisCluster that does not exist says so (Ready=False
+/// `ClusterNotFound`, naming the fix) and is Stalled — never "waiting for its turn" for ever.
+#[tokio::test]
+async fn a_subscription_naming_a_missing_cluster_says_so_and_is_stalled() {
+    let _shared = brokers_shared().await;
+    let f = fixture("cap-nocluster", None).await;
+    f.subscribe(
+        "lost",
+        json!({"clusterRef": {"name": "nowhere"}, "queues": "lost.#"}),
+    )
+    .await;
+    let has = |s: &ArtemisCaptureSubscription, type_: &str, status: &str, reason: &str| {
+        s.status.as_ref().is_some_and(|st| {
+            st.conditions
+                .iter()
+                .any(|c| c.type_ == type_ && c.status == status && c.reason == reason)
+        })
+    };
+    let s = f
+        .wait_subscription("lost", "Ready=False ClusterNotFound and Stalled", |s| {
+            has(s, "Ready", "False", "ClusterNotFound") && has(s, "Stalled", "True", "ClusterNotFound")
+        })
+        .await;
+    let ready = s
+        .status
+        .and_then(|st| st.conditions.into_iter().find(|c| c.type_ == "Ready"))
+        .expect("Ready");
+    assert!(
+        ready.message.contains("nowhere") && ready.message.contains("spec.clusterRef"),
+        "{ready:?}"
+    );
+    f.subscriptions()
+        .delete("lost", &DeleteParams::default())
+        .await
+        .expect("delete");
+}
