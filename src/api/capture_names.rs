@@ -311,6 +311,40 @@ mod tests {
         assert_eq!(TapName::parse("prod", &other.divert()), None);
     }
 
+    /// The divert forwards to the capture queue by its fully qualified name (`address::queue`),
+    /// so a copy lands in this node's capture queue only, never load-balanced over the cluster
+    /// bridge to another node's.
+    #[test]
+    fn the_divert_forwards_to_the_capture_queue_by_its_fully_qualified_name() {
+        let t = TapName::new("prod", "ns", "orders.in", "audit");
+        assert_eq!(
+            t.forwarding_address(),
+            "artemis-studio.capture.prod.orders~2Ein.ns~2Faudit::artemis-studio.capture.prod.orders~2Ein.ns~2Faudit"
+        );
+    }
+
+    /// `#` stands for words, not for the rest of the name: the words after it must still
+    /// match, so a subscription to `orders.#.eu` never captures `orders.in.us`.
+    #[test]
+    fn the_words_after_a_hash_must_still_match() {
+        assert!(!wildcard_matches("orders.#.eu", "orders.in.us"));
+        assert!(!wildcard_matches("a.#.z", "a.b.c"));
+        assert!(!wildcard_matches("a.#.z", "a"));
+        assert!(wildcard_matches("orders.#.eu", "orders.in.eu"));
+    }
+
+    /// Ownership is in the name (ADR-0062 D7): a name of our instance's prefix with a third
+    /// word other than `divert` is not one of our objects, so no pass counts it as a tap's.
+    #[test]
+    fn a_name_with_another_third_word_is_not_ours() {
+        let t = TapName::new("prod", "ns", "orders.in", "audit");
+        assert_eq!(
+            TapName::parse("prod", &format!("{}.backup", t.capture_queue())),
+            None
+        );
+        assert_eq!(TapName::parse("prod", &t.divert()), Some((t, TapObject::Divert)));
+    }
+
     #[test]
     fn artemis_wildcards() {
         assert!(wildcard_matches("orders.#", "orders"));

@@ -486,6 +486,158 @@ mod tests {
         );
     }
 
+    /// A subscription captures the addresses of the queues its pattern matches, and only
+    /// those: never the address of a queue it does not match, nor of a temporary queue (a
+    /// client's own, gone with its connection) even when it matches.
+    #[test]
+    fn only_non_temporary_queues_the_pattern_matches_are_captured() {
+        let mut inv = inv_with("orders.in");
+        for (q, a, temporary) in [
+            ("invoices.in", "invoices", false),
+            ("orders.reply", "orders.replies", true),
+        ] {
+            inv.queues.insert(
+                q.into(),
+                QueueInfo {
+                    name: q.into(),
+                    address: a.into(),
+                    temporary,
+                    ..Default::default()
+                },
+            );
+        }
+        let (tapped, never) = matched_addresses("orders.#", [&inv]);
+        assert_eq!(tapped, BTreeSet::from(["orders.in".to_string()]));
+        assert!(never.is_empty(), "{never:?}");
+    }
+
+    /// ADR-0066 D3: the ring is a non-durable ANYCAST queue on its own capture address, of
+    /// the subscription's ring size, never purged or auto-deleted under the drain.
+    #[test]
+    fn the_capture_queue_is_a_non_durable_ring_on_its_own_address() {
+        let tap = spec("orders.in");
+        let q = tap.name.capture_queue();
+        assert_eq!(
+            tap.queue_document(),
+            json!({
+                "name": q,
+                "address": q,
+                "routing-type": "ANYCAST",
+                "durable": false,
+                "ring-size": 100,
+                "auto-create-address": true,
+                "auto-delete": false,
+                "purge-on-no-consumers": false,
+                "max-consumers": -1,
+            })
+        );
+    }
+
+    /// ADR-0062 D1: the tap's divert is non-exclusive (the application's routing is
+    /// untouched), has a routing name of its own, sends its copies to this node's capture queue
+    /// by its fully qualified name, and carries the subscription's filter.
+    #[test]
+    fn the_tap_divert_is_non_exclusive_with_its_own_routing_name_into_the_capture_queue() {
+        let tap = TapSpec {
+            filter: Some("region = 'eu'".into()),
+            ..spec("orders.in")
+        };
+        let d = tap.name.divert();
+        assert_eq!(
+            tap.divert_document(),
+            json!({
+                "name": d,
+                "routing-name": d,
+                "address": "orders.in",
+                "forwarding-address": tap.name.forwarding_address(),
+                "exclusive": false,
+                "filter-string": "region = 'eu'",
+                "routing-type": "ANYCAST",
+            })
+        );
+    }
+
+    /// What a node's status and the audit row say was written or failed: each part by name,
+    /// in install order.
+    #[test]
+    fn each_part_is_named_in_install_order() {
+        let parts = [
+            Part::SecuritySetting,
+            Part::AddressSettings,
+            Part::Queue,
+            Part::QueueRingSize,
+            Part::Divert,
+            Part::DivertUpdate,
+        ];
+        let mut sorted = parts;
+        sorted.sort();
+        assert_eq!(sorted, parts);
+        assert_eq!(
+            parts.map(Part::describe),
+            [
+                "security setting",
+                "address settings",
+                "ring queue",
+                "ring size",
+                "divert",
+                "divert configuration"
+            ]
+        );
+    }
+
+    /// ADR-0062 D8 refuses a tap only for an exclusive divert of someone else on the address:
+    /// an application's ordinary divert there, or one elsewhere, leaves the tap to install.
+    #[test]
+    fn only_an_exclusive_divert_on_the_address_refuses_the_tap() {
+        let tap = spec("orders.in");
+        let mut inv = inv_with("orders.in");
+        installed(&mut inv, &tap, 1);
+        for (name, address, exclusive) in [
+            ("app-divert", "orders.in", false),
+            ("elsewhere", "invoices", true),
+        ] {
+            inv.diverts.insert(
+                name.into(),
+                DivertInfo {
+                    name: name.into(),
+                    address: address.into(),
+                    exclusive,
+                    ..Default::default()
+                },
+            );
+        }
+        assert_eq!(
+            assess(&tap, &inv, None, true),
+            Verdict::Installed { drained: true }
+        );
+    }
+
+    /// A divert's filter read back as "" is no filter, and one read back as the subscription's
+    /// is the subscription's: the tap is installed, not updated again at every pass.
+    #[test]
+    fn a_divert_filter_read_back_unchanged_is_no_update() {
+        for (read_back, wanted) in [
+            (Some(""), None),
+            (None, Some("")),
+            (Some("region = 'eu'"), Some("region = 'eu'")),
+        ] {
+            let tap = TapSpec {
+                filter: wanted.map(String::from),
+                ..spec("orders.in")
+            };
+            let mut inv = inv_with("orders.in");
+            installed(&mut inv, &tap, 1);
+            if let Some(d) = inv.diverts.get_mut(&tap.name.divert()) {
+                d.filter = read_back.map(String::from);
+            }
+            assert_eq!(
+                assess(&tap, &inv, None, true),
+                Verdict::Installed { drained: true },
+                "read back {read_back:?}, wanted {wanted:?}"
+            );
+        }
+    }
+
     #[test]
     fn a_fresh_node_lacks_every_part_in_install_order() {
         let tap = spec("orders.in");

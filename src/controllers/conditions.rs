@@ -580,4 +580,126 @@ mod tests {
         note_paused(&mut conds, false, "the close waits", Some(1));
         assert_eq!(get(&conds, PAUSED).map(|p| p.status.as_str()), Some("False"));
     }
+
+    /// Kubernetes convention: `lastTransitionTime` is when the status last changed, kept while
+    /// a pass rewrites the same status with a new reason, message or generation.
+    #[test]
+    fn the_transition_time_moves_only_when_the_status_changes() {
+        let then = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let mut conds = vec![];
+        set(&mut conds, READY, true, "OnEveryLiveNode", "ok", Some(1));
+        if let Some(c) = conds.iter_mut().find(|c| c.type_ == READY) {
+            c.last_transition_time = then.clone();
+        }
+        set(&mut conds, READY, true, "OnEveryLiveNode", "still ok", Some(2));
+        let ready = get(&conds, READY).expect("Ready");
+        assert_eq!(ready.last_transition_time, then, "same status: the time is kept");
+        assert_eq!(
+            (ready.message.as_str(), ready.observed_generation),
+            ("still ok", Some(2))
+        );
+        set(&mut conds, READY, false, "NotOnEveryLiveNode", "n: down", Some(2));
+        let ready = get(&conds, READY).expect("Ready");
+        assert_ne!(ready.last_transition_time, then, "a new status: a new time");
+        assert_eq!(conds.len(), 1, "one condition per type");
+    }
+
+    fn at(node: &str, outcome: Outcome, message: &str) -> NodeOutcome {
+        NodeOutcome {
+            node: node.into(),
+            endpoint: None,
+            outcome,
+            refusal: None,
+            message: message.into(),
+            detail: vec![],
+            last_command: None,
+        }
+    }
+
+    fn said(conds: &[Condition], type_: &str) -> (String, String, String) {
+        get(conds, type_)
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+            .unwrap_or_default()
+    }
+
+    /// ADR-0049: Ready when every live node is APPLIED or ALREADY (a node that is not live does
+    /// not hold it back); Diverged names the nodes that are not in the state, not-live ones
+    /// included, and never one that is.
+    #[test]
+    fn ready_counts_the_live_nodes_and_diverged_names_only_the_nodes_that_differ() {
+        let mut down = at("c3", Outcome::SkippedNotLive, "");
+        down.last_command = Some(crate::api::LastCommand {
+            command: "queue.apply".into(),
+            audit_id: 7,
+            outcome: Outcome::Applied,
+            at: "2026-12-05T08:00:00Z".into(),
+            not_applied: vec![],
+        });
+        let nodes = [
+            at("c1", Outcome::Applied, "created"),
+            at("c2", Outcome::Already, "in place"),
+            down,
+            at("c4", Outcome::SkippedNotLive, ""),
+        ];
+        let mut conds = vec![];
+        from_outcomes(&mut conds, &nodes, Some(3), None, "queue");
+        assert_eq!(
+            said(&conds, READY),
+            (
+                "True".into(),
+                "OnEveryLiveNode".into(),
+                "the queue is in the requested state on 2 live node(s)".into()
+            )
+        );
+        assert_eq!(
+            said(&conds, DIVERGED),
+            (
+                "True".into(),
+                "NodesDiffer".into(),
+                "c3 (not live; last received queue.apply Applied), c4 (not live)".into()
+            )
+        );
+
+        let nodes = [
+            at("c1", Outcome::Applied, "created"),
+            at("c2", Outcome::Failed, "refused: AMQ229211"),
+        ];
+        let mut conds = vec![];
+        from_outcomes(&mut conds, &nodes, Some(3), None, "queue");
+        assert_eq!(
+            said(&conds, READY),
+            (
+                "False".into(),
+                "NotOnEveryLiveNode".into(),
+                "c2: refused: AMQ229211".into()
+            ),
+            "Ready names the live node that failed, and only it"
+        );
+        assert_eq!(
+            said(&conds, DIVERGED),
+            ("True".into(), "NodesDiffer".into(), "c2 (Failed)".into())
+        );
+
+        let mut conds = vec![];
+        from_outcomes(&mut conds, &nodes[..1], Some(3), None, "queue");
+        assert_eq!(said(&conds, DIVERGED).0, "False");
+        assert_eq!(said(&conds, DIVERGED).1, "Converged");
+
+        let mut conds = vec![];
+        from_outcomes(
+            &mut conds,
+            &[at("c1", Outcome::SkippedNotLive, "")],
+            Some(3),
+            None,
+            "queue",
+        );
+        assert_eq!(
+            said(&conds, READY),
+            (
+                "False".into(),
+                "NoLiveNode".into(),
+                "no live node: nothing received the queue".into()
+            )
+        );
+    }
 }

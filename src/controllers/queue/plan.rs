@@ -683,6 +683,36 @@ mod tests {
         ));
     }
 
+    /// A queue of the spec's name on another address is another application's queue (a queue
+    /// cannot move): refused, never updated.
+    #[test]
+    fn the_same_name_on_another_address_is_refused_never_updated() {
+        let d = DesiredQueue::new("orders", &spec(json!({"clusterRef": {"name": "c"}})));
+        match plan_node(&d, &inv(vec![queue("orders", "elsewhere", "ANYCAST")], vec![])) {
+            NodeAction::Refuse { kind, message } => {
+                assert_eq!(kind, RefusalKind::NameConflict);
+                assert!(
+                    message.contains("on address elsewhere") && message.contains("spec.name"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A key the broker reports as null and a spec's "" are the same absence: converged, no
+    /// update sent again at every pass.
+    #[test]
+    fn an_empty_key_in_the_spec_matches_a_key_the_broker_reports_as_null() {
+        let q = queue("orders", "orders", "ANYCAST");
+        assert_eq!(q.last_value_key, None);
+        let d = DesiredQueue::new(
+            "orders",
+            &spec(json!({"clusterRef": {"name": "c"}, "lastValueKey": "", "groupFirstKey": ""})),
+        );
+        assert_eq!(plan_node(&d, &inv(vec![q], vec![])), NodeAction::Converged);
+    }
+
     #[test]
     fn another_routing_type_is_refused_never_recreated() {
         let d = DesiredQueue::new(
@@ -802,6 +832,52 @@ mod tests {
         assert_eq!(shown.dependent_diverts.len(), crate::api::queue::LISTED_DIVERTS);
         let bytes = serde_json::to_vec(&shown).map(|v| v.len()).unwrap_or(usize::MAX);
         assert!(bytes < 20_000, "a node's preview is {bytes} bytes");
+    }
+
+    /// ADR-0084 §5: the delete preview names the capture taps on the queue's address, and
+    /// never a tap on another address (its subscription's business, not this delete's).
+    #[test]
+    fn the_delete_preview_keeps_only_the_capture_taps_on_the_queues_address() {
+        let tap = |address: &str| {
+            let t = crate::api::capture_names::TapName::new("i1", "ns", address, "sub");
+            divert(&t.divert(), address, &t.forwarding_address())
+        };
+        let d = DesiredQueue::new("orders", &spec(json!({"clusterRef": {"name": "c"}})));
+        let node = inv(
+            vec![
+                queue("orders", "orders", "ANYCAST"),
+                queue("invoices", "invoices", "ANYCAST"),
+            ],
+            vec![tap("orders"), tap("invoices")],
+        );
+        let (p, removed) = delete_preview(&d, "n1", &node, &PlanFacts::default());
+        assert!(removed.is_empty(), "a delete never removes a tap");
+        assert_eq!(
+            p.kept_diverts
+                .iter()
+                .map(|k| k.address.as_str())
+                .collect::<Vec<_>>(),
+            ["orders"],
+            "{:?}",
+            p.kept_diverts
+        );
+    }
+
+    /// A queue without consumers: the preview has nothing to say about consumers, even when
+    /// spec.deletion.disconnectConsumers is set.
+    #[test]
+    fn a_queue_without_consumers_has_no_consumer_message() {
+        let d = DesiredQueue::new(
+            "orders",
+            &spec(json!({"clusterRef": {"name": "c"}, "deletion": {"disconnectConsumers": true}})),
+        );
+        let (p, _) = delete_preview(
+            &d,
+            "n1",
+            &inv(vec![queue("orders", "orders", "ANYCAST")], vec![]),
+            &PlanFacts::default(),
+        );
+        assert_eq!((p.consumer_count, p.refusal, p.message), (0, None, None));
     }
 
     #[test]
@@ -925,6 +1001,41 @@ mod tests {
             e.to_string()
                 .starts_with("spec.name 'orders.*' contains '*', an Artemis wildcard character"),
             "the message names the field to fix: {e}"
+        );
+    }
+
+    /// The bulk cap (ADR-0049) sums the messages a delete destroys: a queue this object owns
+    /// counts with all its messages.
+    #[test]
+    fn an_owned_queue_counts_its_messages_toward_the_bulk_cap() {
+        let d = DesiredQueue::new("orders", &spec(json!({"clusterRef": {"name": "c"}})));
+        let mut q = queue("orders", "orders", "ANYCAST");
+        q.message_count = 9;
+        assert_eq!(owned_message_count(&d, &inv(vec![q], vec![])), 9);
+        assert_eq!(owned_message_count(&d, &NodeInventory::default()), 0);
+    }
+
+    /// ADR-0084 §3: the audit row of a removed divert holds its whole configuration, as
+    /// createDivert takes it, so the divert can be recreated exactly.
+    #[test]
+    fn a_removed_divert_is_recorded_with_everything_needed_to_recreate_it() {
+        let d = DivertInfo {
+            routing_name: Some("route".into()),
+            exclusive: true,
+            filter: Some("region = 'eu'".into()),
+            ..divert("into", "source", "target")
+        };
+        assert_eq!(
+            divert_document(&d),
+            json!({
+                "name": "into",
+                "routing-name": "route",
+                "address": "source",
+                "forwarding-address": "target",
+                "exclusive": true,
+                "filter-string": "region = 'eu'",
+                "routing-type": "STRIP",
+            })
         );
     }
 
