@@ -420,6 +420,11 @@ fn status_changed(old: &ArtemisClusterStatus, new: &ArtemisClusterStatus) -> boo
     let (mut a, mut b) = (old.clone(), new.clone());
     a.last_poll_time = None;
     b.last_poll_time = None;
+    // `trust` follows from the spec alone: a status written before it existed (an upgrade) is
+    // not rewritten for it; it appears with the next write that something else causes.
+    if a.trust.is_none() {
+        b.trust = None;
+    }
     let same_conditions = conditions::comparable(&a.conditions) == conditions::comparable(&b.conditions);
     a.conditions.clear();
     b.conditions.clear();
@@ -460,5 +465,25 @@ mod status_tests {
             ..polled
         };
         assert!(status_changed(&old, &evidence));
+    }
+
+    /// An upgrade writes no status (tests/integration/upgrade.rs): a status from before
+    /// `trust` existed is not rewritten for it; once written, a changed statement is.
+    #[test]
+    fn the_trust_statement_alone_never_rewrites_a_status_written_before_it_existed() {
+        let old = ArtemisClusterStatus {
+            live_nodes: 3,
+            ..Default::default()
+        };
+        let with = |t: &str| ArtemisClusterStatus {
+            trust: Some(t.into()),
+            ..old.clone()
+        };
+        assert!(!status_changed(&old, &with("Jolokia: plain http")));
+        assert!(status_changed(
+            &with("Jolokia: plain http"),
+            &with("Jolokia: TLS")
+        ));
+        assert!(!status_changed(&with("Jolokia: TLS"), &with("Jolokia: TLS")));
     }
 }
