@@ -230,12 +230,7 @@ impl BrokerManagement {
         queue: &str,
         paused: bool,
     ) -> Result<(), BrokerError> {
-        let mbean = mbean::queue(
-            &self.broker_name,
-            address,
-            &routing_type.to_ascii_lowercase(),
-            queue,
-        );
+        let mbean = mbean::queue(&self.broker_name, address, routing_type, queue);
         let request = match paused {
             true => JolokiaRequest::exec(mbean, "pause(boolean)", vec![json!(true)]),
             false => JolokiaRequest::exec(mbean, "resume()", vec![]),

@@ -24,12 +24,7 @@ impl BrokerManagement {
             format!("ID:{user_id}")
         };
         let filter = format!("AMQUserID = '{}'", id.replace('\'', "''"));
-        let mbean = mbean::queue(
-            self.broker_name(),
-            address,
-            &routing_type.to_ascii_lowercase(),
-            name,
-        );
+        let mbean = mbean::queue(self.broker_name(), address, routing_type, name);
         let requests = vec![
             JolokiaRequest::exec(
                 mbean.clone(),

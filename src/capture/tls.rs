@@ -33,7 +33,7 @@ impl DrainTransport {
         spec: &crate::api::cluster::ArtemisClusterSpec,
         access: &crate::topology::ClusterAccess,
     ) -> Self {
-        let https = access.endpoints.iter().any(|e| e.starts_with("https://"));
+        let https = crate::topology::access::schemes(spec).https;
         let tls = match &access.ca {
             Some(ca) => Some(Trust::Ca(ca.clone())),
             None if https => Some(Trust::SystemRoots),
@@ -136,15 +136,17 @@ mod tests {
     /// Issue 44: TLS whenever the cluster uses it, with its trust; clear only otherwise.
     #[test]
     fn drains_use_tls_whenever_the_cluster_does_with_its_trust() {
-        let spec: crate::api::cluster::ArtemisClusterSpec = serde_json::from_value(
-            serde_json::json!({"brokers": [{"url": "http://b/j"}], "credentials": {"secretName": "c"}}),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let t = DrainTransport::of(&spec, &access("https://b/j", false));
+        let spec = |url: &str| -> crate::api::cluster::ArtemisClusterSpec {
+            serde_json::from_value(
+                serde_json::json!({"brokers": [{"url": url}], "credentials": {"secretName": "c"}}),
+            )
+            .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let t = DrainTransport::of(&spec("https://b/j"), &access("https://b/j", false));
         assert_eq!(t.tls, Some(Trust::SystemRoots));
-        let t = DrainTransport::of(&spec, &access("http://b/j", true));
+        let t = DrainTransport::of(&spec("http://b/j"), &access("http://b/j", true));
         assert_eq!(t.tls, Some(Trust::Ca(Arc::new(b"pem".to_vec()))));
-        let t = DrainTransport::of(&spec, &access("http://b/j", false));
+        let t = DrainTransport::of(&spec("http://b/j"), &access("http://b/j", false));
         assert_eq!(t.tls, None);
         assert!(!t.clear_allowed);
     }

@@ -107,6 +107,7 @@ pub enum Document<'a> {
     Coverage(CoverageDoc),
     Exchange(&'a Exchange),
     Audit(&'a AuditRecord),
+    Verification(&'a Verification),
     /// More rows match: ask again with `--after`.
     NextPage {
         #[serde(rename = "after")]
@@ -213,6 +214,7 @@ impl<W: Write> Printer<W> {
                 ))?;
                 audit_line(&mut self.out, a)
             }
+            Document::Verification(v) => verification_lines(&mut self.out, v),
             Document::NextPage { after_row } => {
                 writeln!(self.out, "# more rows match: ask again with --after {after_row}")
             }
@@ -227,6 +229,42 @@ impl<W: Write> Printer<W> {
         }
         Ok(())
     }
+}
+
+/// One queue's answer on one node.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueAnswer {
+    pub node: String,
+    pub queue: Option<String>,
+    /// waiting, delivering, scheduled, absent — or could-not-ask.
+    pub state: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
+/// What `capture verify` found, for one row (issue 48).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Verification {
+    pub row: i64,
+    pub address: String,
+    pub message_id: Option<String>,
+    pub answers: Vec<QueueAnswer>,
+    /// The conclusion, never more than the answers show.
+    pub verdict: String,
+}
+
+/// A verification: the row, each node's and queue's answer, the verdict.
+fn verification_lines(o: &mut impl Write, v: &Verification) -> std::io::Result<()> {
+    let id = v.message_id.as_deref().unwrap_or("none");
+    writeln!(o, "row {} on {} (message id {id})", v.row, v.address)?;
+    writeln!(o, "{:<40} {:<40} {:<14} WHY", "NODE", "QUEUE", "STATE")?;
+    for a in &v.answers {
+        let (queue, why) = (a.queue.as_deref().unwrap_or("-"), a.why.as_deref().unwrap_or(""));
+        writeln!(o, "{:<40} {:<40} {:<14} {why}", a.node, queue, a.state)?;
+    }
+    writeln!(o, "{}", v.verdict)
 }
 
 /// What a tail shows, and the claim its rows make.

@@ -8,12 +8,11 @@ use std::io::Write;
 
 use clap::Args;
 use kube::Api;
-use serde::Serialize;
 
 use super::{ReadError, Source, one_subscription};
 use crate::api::{ArtemisCluster, CAPTURE_PREFIX};
 use crate::broker::messages::MessagePresence;
-use crate::reading::render::Format;
+use crate::reading::render::{Document, Printer, QueueAnswer, Verification};
 use crate::topology::{self, Topology};
 
 /// Is a captured message still on the brokers? Asks every live node of its cluster, with your
@@ -48,31 +47,7 @@ pub enum VerifyError {
     Access { cluster: String, message: String },
 }
 
-/// One queue's answer on one node.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct QueueAnswer {
-    pub node: String,
-    pub queue: Option<String>,
-    /// waiting, delivering, scheduled, absent — or could-not-ask.
-    pub state: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub why: Option<String>,
-}
-
-/// What verify found, for one row.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase", tag = "kind", rename = "Verification")]
-pub struct Verification {
-    pub row: i64,
-    pub address: String,
-    pub message_id: Option<String>,
-    pub answers: Vec<QueueAnswer>,
-    /// The conclusion, never more than the answers show.
-    pub verdict: String,
-}
-
-pub async fn verify<W: Write>(a: VerifyArgs, mut out: W) -> Result<(), ReadError> {
+pub async fn verify<W: Write>(a: VerifyArgs, out: W) -> Result<(), ReadError> {
     let ns = a.source.namespace();
     let store = a.source.store().await?;
     let sub = one_subscription(&store, &ns, &a.subscription).await?;
@@ -101,7 +76,7 @@ pub async fn verify<W: Write>(a: VerifyArgs, mut out: W) -> Result<(), ReadError
             v.verdict = verdict(&v.answers);
         }
     }
-    print(&v, a.source.output, &mut out)
+    Ok(Printer::new(out, a.source.output).print(&Document::Verification(&v))?)
 }
 
 /// The row's cluster polled with the caller's kubeconfig (its Secrets read with their RBAC).
@@ -207,43 +182,6 @@ fn verdict(answers: &[QueueAnswer]) -> String {
             format!("not found on the nodes that answered; {n} could not be asked (see why): it may be there")
         }
     }
-}
-
-fn print<W: Write>(v: &Verification, format: Format, out: &mut W) -> Result<(), ReadError> {
-    match format {
-        Format::Json => writeln!(
-            out,
-            "{}",
-            serde_json::to_string(v).map_err(std::io::Error::other)?
-        )?,
-        Format::Yaml => write!(
-            out,
-            "---\n{}",
-            serde_saphyr::to_string(v).map_err(std::io::Error::other)?
-        )?,
-        Format::Table => {
-            writeln!(
-                out,
-                "row {} on {} (message id {})",
-                v.row,
-                v.address,
-                v.message_id.as_deref().unwrap_or("none")
-            )?;
-            writeln!(out, "{:<40} {:<40} {:<14} WHY", "NODE", "QUEUE", "STATE")?;
-            for a in &v.answers {
-                let why = a.why.as_deref().unwrap_or("");
-                writeln!(
-                    out,
-                    "{:<40} {:<40} {:<14} {why}",
-                    a.node,
-                    a.queue.as_deref().unwrap_or("-"),
-                    a.state
-                )?;
-            }
-            writeln!(out, "{}", v.verdict)?;
-        }
-    }
-    Ok(out.flush()?)
 }
 
 #[cfg(test)]

@@ -195,20 +195,33 @@ fn refuse_user_info(spec: &ArtemisClusterSpec) -> Result<(), AccessProblem> {
     }
 }
 
-/// What the cluster's connections trust, as `status.trust` says it (issue 44): the CA spec.tls
-/// names alone (`jolokia::http_client` loads no public root then), the system's trust store
-/// when it names none, and plain http said for what it is.
-pub fn trust_statement(spec: &ArtemisClusterSpec) -> String {
-    let schemes = spec
+/// Which schemes a cluster's endpoints use, as its spec names them (the static URLs and the
+/// discovery's scheme): whether the cluster uses TLS, for its status and its capture drains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Schemes {
+    pub https: bool,
+    pub http: bool,
+}
+
+pub fn schemes(spec: &ArtemisClusterSpec) -> Schemes {
+    let named = spec
         .brokers
         .iter()
         .map(|b| b.url.split_once("://").map_or("", |(s, _)| s))
         .chain(spec.discovery.as_ref().map(|d| d.scheme.as_str()));
     let (mut https, mut http) = (false, false);
-    for s in schemes {
+    for s in named {
         https |= s.eq_ignore_ascii_case("https");
         http |= s.eq_ignore_ascii_case("http");
     }
+    Schemes { https, http }
+}
+
+/// What the cluster's connections trust, as `status.trust` says it (issue 44): the CA spec.tls
+/// names alone (`jolokia::http_client` loads no public root then), the system's trust store
+/// when it names none, and plain http said for what it is.
+pub fn trust_statement(spec: &ArtemisClusterSpec) -> String {
+    let Schemes { https, http } = schemes(spec);
     let tls = match &spec.tls {
         Some(t) => format!(
             "TLS trusting only the CA in Secret {} (key {}, spec.tls): no public root",
