@@ -138,6 +138,22 @@ async fn tls_proxy(dir: &Path, upstream: String) -> u16 {
     port
 }
 
+/// Fresh certificates in a temp dir (`certificates`) and a TLS proxy in front of c1's Jolokia
+/// serving the one CA "a" signed: the dir, and c1's Jolokia URL through the proxy.
+async fn c1_behind_a_tls_proxy(bed: &TestBed, tag: &str) -> (std::path::PathBuf, String) {
+    let dir = std::env::temp_dir().join(format!("artemis-studio-{tag}-{}", crate::support::short_id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    certificates(&dir);
+    let upstream = reqwest::Url::parse(&bed.broker("c1").jolokia).expect("c1 url");
+    let hostport = format!(
+        "{}:{}",
+        upstream.host_str().unwrap_or("localhost"),
+        upstream.port().unwrap_or(8161)
+    );
+    let port = tls_proxy(&dir, hostport).await;
+    (dir, format!("https://localhost:{port}{}", upstream.path()))
+}
+
 async fn secret(admin: &kube::Client, ns: &str, name: &str, data: serde_json::Value) {
     let s: Secret = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data
@@ -153,21 +169,7 @@ async fn secret(admin: &kube::Client, ns: &str, name: &str, data: serde_json::Va
 async fn clusters_on_one_url_with_different_trust_never_share_a_connection() {
     let _b = brokers_shared().await;
     let bed = TestBed::get();
-    let dir = std::env::temp_dir().join(format!("artemis-studio-tls-{}", crate::support::short_id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    certificates(&dir);
-    let c1 = bed.broker("c1");
-    let upstream = reqwest::Url::parse(&c1.jolokia).expect("c1 url");
-    let port = tls_proxy(
-        &dir,
-        format!(
-            "{}:{}",
-            upstream.host_str().unwrap_or("localhost"),
-            upstream.port().unwrap_or(8161)
-        ),
-    )
-    .await;
-    let url = format!("https://localhost:{port}{}", upstream.path());
+    let (dir, url) = c1_behind_a_tls_proxy(&bed, "tls").await;
 
     let ns = bed.fresh_namespace("tls").await;
     let op = bed.start_operator(&ns).await;
@@ -311,21 +313,7 @@ async fn clusters_on_one_url_with_different_trust_never_share_a_connection() {
 async fn a_named_ca_is_trusted_alone_even_where_another_ca_is_a_public_root() {
     let _b = brokers_shared().await;
     let bed = TestBed::get();
-    let dir = std::env::temp_dir().join(format!("artemis-studio-trust-{}", crate::support::short_id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    certificates(&dir);
-    let c1 = bed.broker("c1");
-    let upstream = reqwest::Url::parse(&c1.jolokia).expect("c1 url");
-    let hostport = format!(
-        "{}:{}",
-        upstream.host_str().unwrap_or("localhost"),
-        upstream.port().unwrap_or(8161)
-    );
-    let url = format!(
-        "https://localhost:{}{}",
-        tls_proxy(&dir, hostport).await,
-        upstream.path()
-    );
+    let (dir, url) = c1_behind_a_tls_proxy(&bed, "trust").await;
 
     let ns = bed.fresh_namespace("trust").await;
     bed.install_operator_rbac().await;
@@ -431,6 +419,26 @@ async fn a_broker_url_with_credentials_is_refused_at_admission() {
         .expect("a URL without user info is admitted");
 }
 
+/// The bed's CA (`TESTBED_TLS_CA`, which signed the brokers' AMQPS acceptors) in Secret
+/// `bed-ca`, named by `cluster`'s spec.tls. The namespace's ArtemisClusters.
+async fn name_the_beds_ca(
+    f: &crate::queue::Fixture,
+    cluster: &str,
+) -> Api<artemis_studio_operator::api::ArtemisCluster> {
+    let ca = std::fs::read_to_string(f.bed.var("TESTBED_TLS_CA")).expect("the bed's CA");
+    secret(&f.admin, &f.ns, "bed-ca", json!({"ca.crt": ca})).await;
+    let clusters: Api<artemis_studio_operator::api::ArtemisCluster> = Api::namespaced(f.admin.clone(), &f.ns);
+    clusters
+        .patch(
+            cluster,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"tls": {"caSecretName": "bed-ca"}}})),
+        )
+        .await
+        .expect("name the CA");
+    clusters
+}
+
 /// The capture connections on a broker of this installation: (clientID, localAddress — the
 /// acceptor they came in on).
 async fn capture_connections(bed: &TestBed, broker: &str, instance: &str) -> Vec<(String, String)> {
@@ -468,17 +476,7 @@ async fn capture_drains_over_tls_with_the_clusters_ca_and_a_wrong_ca_stops_the_d
     let f = crate::queue::fixture("cap-tls", None).await;
     let id = crate::support::short_id();
     f.clean.also(&id);
-    let ca = std::fs::read_to_string(f.bed.var("TESTBED_TLS_CA")).expect("the bed's CA");
-    secret(&f.admin, &f.ns, "bed-ca", json!({"ca.crt": ca})).await;
-    let clusters: Api<artemis_studio_operator::api::ArtemisCluster> = Api::namespaced(f.admin.clone(), &f.ns);
-    clusters
-        .patch(
-            "c",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"spec": {"tls": {"caSecretName": "bed-ca"}}})),
-        )
-        .await
-        .expect("name the CA");
+    let clusters = name_the_beds_ca(&f, "c").await;
     wait_until(
         "the cluster re-polled with its CA",
         Duration::from_secs(60),
@@ -565,9 +563,7 @@ async fn brokers_without_a_tls_acceptor_are_not_drained_in_clear_unless_allowed(
     let f = crate::queue::fixture_on("cap-notls", "ha", user, None).await;
     let id = crate::support::short_id();
     f.clean.also(&id);
-    let ca = std::fs::read_to_string(f.bed.var("TESTBED_TLS_CA")).expect("the bed's CA");
-    secret(&f.admin, &f.ns, "bed-ca", json!({"ca.crt": ca})).await;
-    let clusters: Api<artemis_studio_operator::api::ArtemisCluster> = Api::namespaced(f.admin.clone(), &f.ns);
+    let clusters = name_the_beds_ca(&f, "ha").await;
     let set = |spec: serde_json::Value| {
         let clusters = clusters.clone();
         async move {
@@ -581,7 +577,6 @@ async fn brokers_without_a_tls_acceptor_are_not_drained_in_clear_unless_allowed(
                 .expect("patch the cluster")
         }
     };
-    set(json!({"tls": {"caSecretName": "bed-ca"}})).await;
     let address = format!("cap.{id}.notls");
     crate::capture::queue_on(&f.bed, &["ha1", "ha2"], &address).await;
     let spec = json!({"clusterRef": {"name": "ha"}, "queues": address});
