@@ -191,31 +191,68 @@ async fn run(mut rx: mpsc::Receiver<Pending>, budget: std::sync::Arc<NodeBudget>
     }
 }
 
-/// Send one batch as one POST and hand every caller its own elements.
+/// Send one batch as one POST and hand every caller its own elements. Identical reads go once
+/// (issue 45: the deletes in flight on a node share one read of its diverts).
 async fn send(batch: Vec<Pending>, permit: Permit) {
     let mut client = None;
-    let mut requests = Vec::with_capacity(batch.len());
+    let mut shared = SharedReads::default();
     let mut replies = Vec::with_capacity(batch.len());
     for p in batch {
         p.client.mark_sent();
         client.get_or_insert(p.client);
-        replies.push((p.requests.len(), p.reply));
-        requests.extend(p.requests);
+        replies.push((shared.add(p.requests), p.reply));
     }
     let Some(client) = client else { return };
-    match client.post(permit, requests).await {
+    match client.post(permit, shared.requests).await {
         Ok(results) => {
-            let mut results = results.into_iter();
-            for (n, reply) in replies {
-                let mine: Vec<_> = results.by_ref().take(n).collect();
+            for (slots, reply) in replies {
+                let mine = slots
+                    .iter()
+                    .map(|&i| {
+                        results.get(i).cloned().unwrap_or_else(|| {
+                            Err(BrokerError::BadResponse("a bulk response without this element".into()))
+                        })
+                    })
+                    .collect();
                 let _ = reply.send(mine);
             }
         }
         Err(e) => {
-            for (n, reply) in replies {
-                let _ = reply.send(vec![Err(e.clone()); n]);
+            for (slots, reply) in replies {
+                let _ = reply.send(vec![Err(e.clone()); slots.len()]);
             }
         }
+    }
+}
+
+/// The requests of one POST, a read asked by several callers sent once: each caller's requests
+/// become positions in the POST.
+#[derive(Default)]
+struct SharedReads {
+    requests: Vec<JolokiaRequest>,
+}
+
+impl SharedReads {
+    /// One caller's requests. A read before the caller's first write is answered by an
+    /// identical read already in the POST: the callers of one POST are concurrent, so that
+    /// answer is one they could have had. A read after the caller's own write is its own (it
+    /// must see that write).
+    fn add(&mut self, requests: Vec<JolokiaRequest>) -> Vec<usize> {
+        let mut wrote = false;
+        requests
+            .into_iter()
+            .map(|r| {
+                let is_read = matches!(r, JolokiaRequest::Read { .. });
+                wrote |= !is_read;
+                let same = (is_read && !wrote)
+                    .then(|| self.requests.iter().position(|e| *e == r))
+                    .flatten();
+                same.unwrap_or_else(|| {
+                    self.requests.push(r);
+                    self.requests.len() - 1
+                })
+            })
+            .collect()
     }
 }
 
@@ -239,6 +276,21 @@ mod tests {
     use crate::broker::error::NotAnswering;
     use crate::broker::jolokia::Credentials;
     use crate::telemetry::jolokia::metrics;
+
+    #[test]
+    fn identical_reads_of_concurrent_callers_go_once_but_a_read_after_a_write_is_its_own() {
+        let divert_list = || JolokiaRequest::read_strict("b:divert=*", &["UniqueName"]);
+        let queue = |q: &str| JolokiaRequest::read_strict(format!("b:queue={q}"), &["Name"]);
+        let destroy = JolokiaRequest::exec("b", "destroyQueue(java.lang.String)", vec![json!("q1")]);
+        let mut post = SharedReads::default();
+        let first = post.add(vec![queue("q1"), divert_list()]);
+        let second = post.add(vec![queue("q2"), divert_list()]);
+        let third = post.add(vec![destroy, divert_list()]);
+        assert_eq!(first, [0, 1]);
+        assert_eq!(second, [2, 1], "the divert list is read once for both");
+        assert_eq!(third, [3, 4], "after its own write a caller reads for itself");
+        assert_eq!(post.requests.len(), 5);
+    }
 
     #[derive(Default)]
     struct Seen {

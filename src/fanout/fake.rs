@@ -117,9 +117,11 @@ impl FakeBroker {
         })
     }
 
+    /// Answers as Artemis 2.40 does: the configuration after the update, where the fields it
+    /// ignored keep their values and the filter-string is the one the queue was created with
+    /// (`QueueImpl.setFilter` leaves the configuration's alone).
     fn do_update_queue(&self, configuration: &Value) -> Result<Value, BrokerError> {
-        let answer = Value::String(configuration.to_string());
-        let mut next = inventory::created_queue(&answer)
+        let mut next = inventory::created_queue(&Value::String(configuration.to_string()))
             .ok_or_else(|| BrokerError::BadResponse("not a queue configuration".into()))?;
         self.with_state(|s| {
             let Some(current) = s.queues.get_mut(&next.name) else {
@@ -128,6 +130,7 @@ impl FakeBroker {
                     &format!("Queue {} does not exist", next.name),
                 ));
             };
+            let mut answer = configuration.clone();
             // Accepted, and ignored: the value stays what it was.
             for field in &self.ignored_on_update {
                 match *field {
@@ -137,10 +140,13 @@ impl FakeBroker {
                     _ => {}
                 }
             }
+            answer["exclusive"] = Value::from(next.exclusive);
+            answer["ring-size"] = Value::from(next.ring_size);
+            answer["filter-string"] = Value::from(current.filter.clone().unwrap_or_default());
             next.message_count = current.message_count;
             next.consumer_count = current.consumer_count;
             *current = next;
-            Ok(answer)
+            Ok(Value::String(answer.to_string()))
         })
     }
 
@@ -215,7 +221,7 @@ impl FakeBroker {
                     .filter(|(n, _)| n.as_str() == name)
                     .map(|(n, d)| (n.clone(), d.clone()))
                     .collect(),
-                DivertsRead::Every { .. } => s.diverts.clone(),
+                DivertsRead::All => s.diverts.clone(),
             },
             unreadable_queues: Default::default(),
             scope: Some(scope.covers()),

@@ -173,14 +173,11 @@ pub enum DivertsRead<'a> {
     None,
     /// One divert by name, expected on this source address (a divert's own write).
     Named { name: &'a str, address: &'a str },
-    /// Every divert on the node (diverts forwarding into an address live on other addresses):
-    /// the names from the broker (`DivertNames`), each read where `known` (the node's latest
-    /// snapshot) places it. A divert in `keep` is taken from `known` unread while the broker
-    /// still lists it (a queue delete's capture taps on other addresses: it only names them).
-    Every {
-        known: &'a OrdMap<String, DivertInfo>,
-        keep: &'a std::collections::BTreeSet<String>,
-    },
+    /// Every divert on the node (diverts forwarding into an address live on other addresses),
+    /// by one strict pattern read: one operation whatever the number of diverts, and the same
+    /// request for every delete in flight, so the deletes a POST carries share one answer
+    /// (issue 45).
+    All,
 }
 
 impl ScopedRead<'_> {
@@ -189,7 +186,7 @@ impl ScopedRead<'_> {
         ReadScope {
             queues: self.queues.iter().map(|q| q.name.to_string()).collect(),
             addresses: self.addresses.iter().map(|a| a.to_string()).collect(),
-            diverts: matches!(self.diverts, DivertsRead::Every { .. }),
+            diverts: matches!(self.diverts, DivertsRead::All),
             divert_names: match self.diverts {
                 DivertsRead::Named { name, .. } => vec![name.to_string()],
                 _ => vec![],
@@ -427,6 +424,45 @@ pub fn created_queue(answer: &Value) -> Option<QueueInfo> {
         message_count: 0,
         consumer_count: 0,
         delivering_count: 0,
+    })
+}
+
+/// The queue an `updateQueue` answer describes, laid over the queue as read before it (issue
+/// 45: the answer is the update's evidence, no verifying read). Artemis answers with the queue's
+/// configuration right after the update, in the same synchronized call
+/// (`ActiveMQServerControlImpl.updateQueue` → `locateQueue(..).getQueueConfiguration()`), so a
+/// field `PostOfficeImpl.updateQueue` does not apply to an existing queue (last-value,
+/// last-value-key, auto-delete and its delay and count, durable) shows its old value there. Two
+/// exceptions: the filter, which that answer reports as created (`QueueImpl.setFilter` leaves the
+/// configuration's filter-string alone) while `updateQueue` sets any differing filter that
+/// parses (one that does not is refused) — so the filter sent is the evidence; and a field the
+/// answer leaves out, taken as sent. Counts are the read's.
+pub fn updated_queue(read: &QueueInfo, answer: &Value, sent: &Value) -> Option<QueueInfo> {
+    let c: Value = serde_json::from_str(answer.as_str()?).ok()?;
+    let said = |k: &str| c.get(k).or_else(|| sent.get(k));
+    let flag = |k: &str, was: bool| said(k).and_then(Value::as_bool).unwrap_or(was);
+    let int = |k: &str, was: i64| said(k).and_then(Value::as_i64).unwrap_or(was);
+    let text = |k: &str| said(k).and_then(Value::as_str).filter(|t| !t.is_empty()).map(str::to_string);
+    Some(QueueInfo {
+        filter: sent
+            .get("filter-string")
+            .and_then(Value::as_str)
+            .filter(|f| !f.is_empty())
+            .map(str::to_string),
+        max_consumers: int("max-consumers", read.max_consumers),
+        exclusive: flag("exclusive", read.exclusive),
+        last_value: flag("last-value", read.last_value),
+        last_value_key: text("last-value-key"),
+        purge_on_no_consumers: flag("purge-on-no-consumers", read.purge_on_no_consumers),
+        enabled: flag("enabled", read.enabled),
+        consumers_before_dispatch: int("consumers-before-dispatch", read.consumers_before_dispatch),
+        delay_before_dispatch: int("delay-before-dispatch", read.delay_before_dispatch),
+        ring_size: int("ring-size", read.ring_size),
+        group_rebalance: flag("group-rebalance", read.group_rebalance),
+        group_buckets: int("group-buckets", read.group_buckets),
+        group_first_key: text("group-first-key"),
+        auto_delete: flag("auto-delete", read.auto_delete),
+        ..read.clone()
     })
 }
 
@@ -686,34 +722,30 @@ pub async fn read_scoped(m: &BrokerManagement, scope: &ScopedRead<'_>) -> Result
     Ok(inv)
 }
 
-/// What a divert read asks, each request with the divert it reads (None: `DivertNames`).
+/// What a divert read asks, each request with the divert it reads (None: `DivertNames`, or
+/// the pattern read of every divert for `All`).
 fn divert_requests(broker_name: &str, read: &DivertsRead<'_>) -> Vec<(Option<String>, JolokiaRequest)> {
-    let names = (
-        None,
-        JolokiaRequest::read_strict(mbean::broker(broker_name), &["DivertNames"]),
-    );
-    let exact = |d: &str, address: &str| {
-        (
-            Some(d.to_string()),
-            JolokiaRequest::read_strict(mbean::divert(broker_name, address, d), DIVERT_ATTRIBUTES),
-        )
-    };
     match read {
         DivertsRead::None => vec![],
-        DivertsRead::Named { name, address } => vec![names, exact(name, address)],
-        DivertsRead::Every { known, keep } => std::iter::once(names)
-            .chain(
-                known
-                    .values()
-                    .filter(|d| !keep.contains(&d.name))
-                    .map(|d| exact(&d.name, &d.address)),
-            )
-            .collect(),
+        DivertsRead::Named { name, address } => vec![
+            (
+                None,
+                JolokiaRequest::read_strict(mbean::broker(broker_name), &["DivertNames"]),
+            ),
+            (
+                Some(name.to_string()),
+                JolokiaRequest::read_strict(mbean::divert(broker_name, address, name), DIVERT_ATTRIBUTES),
+            ),
+        ],
+        DivertsRead::All => vec![(
+            None,
+            JolokiaRequest::read_strict(mbean::all_diverts(broker_name), DIVERT_ATTRIBUTES),
+        )],
     }
 }
 
-/// The diverts found from the answers to [`divert_requests`]; the names the broker lists that
-/// were not where expected come back, to be searched for.
+/// The diverts found from the answers to [`divert_requests`]; for a named read, the names the
+/// broker lists that were not where expected come back, to be searched for.
 fn judge_diverts(
     read: &DivertsRead<'_>,
     answers: Vec<(Option<String>, Result<Value, BrokerError>)>,
@@ -722,36 +754,36 @@ fn judge_diverts(
     let mut listed: Vec<String> = vec![];
     let mut found = std::collections::BTreeSet::new();
     for (divert, answer) in answers {
-        match (divert, answer) {
-            (None, Ok(v)) => listed = strings(&v, "DivertNames").map_err(bad("the broker's DivertNames"))?,
-            (None, Err(e)) => return Err(e),
-            (Some(_), Ok(v)) => {
+        match (read, divert, answer) {
+            (DivertsRead::All, _, answer) => {
+                for v in matches(answer)? {
+                    let d = parse_divert(&v).map_err(bad("a divert"))?;
+                    inv.diverts.insert(d.name.clone(), d);
+                }
+            }
+            (_, None, Ok(v)) => listed = strings(&v, "DivertNames").map_err(bad("the broker's DivertNames"))?,
+            (_, None, Err(e)) => return Err(e),
+            (_, Some(_), Ok(v)) => {
                 let d = parse_divert(&v).map_err(bad("a divert"))?;
                 found.insert(d.name.clone());
                 inv.diverts.insert(d.name.clone(), d);
             }
-            (Some(_), Err(e)) if e.is_no_such_mbean() => {}
-            (Some(_), Err(e)) => return Err(e),
+            (_, Some(_), Err(e)) if e.is_no_such_mbean() => {}
+            (_, Some(_), Err(e)) => return Err(e),
         }
     }
-    let mut missing = vec![];
-    for name in listed {
-        if found.contains(&name) {
-            continue;
-        }
-        match read {
-            DivertsRead::Named { name: wanted, .. } if *wanted != name => {}
-            DivertsRead::Every { known, keep } if keep.contains(&name) && known.contains_key(&name) => {
-                inv.diverts.insert(name.clone(), known[&name].clone());
-            }
-            _ => missing.push(name),
-        }
-    }
-    Ok(missing)
+    Ok(match read {
+        // The divert asked for, when the broker lists it elsewhere.
+        DivertsRead::Named { name, .. } => listed
+            .into_iter()
+            .filter(|l| l == name && !found.contains(l))
+            .collect(),
+        _ => vec![],
+    })
 }
 
 /// The objects a scoped read did not find where expected: one pattern read each, in one
-/// request (a queue on another address or routing type, a divert the snapshot did not know).
+/// request (a queue on another address or routing type, a divert not on its source address).
 #[derive(Default)]
 struct Search {
     queues: Vec<String>,
@@ -993,77 +1025,72 @@ mod tests {
     }
 
     #[test]
-    fn every_divert_is_read_by_its_own_mbean_and_only_the_unexpected_are_searched_for() {
-        let mut known = OrdMap::new();
-        for d in [
-            divert("d1", "a", "b"),
-            divert("moved", "x", "b"),
-            divert("tap", "y", "cap"),
-        ] {
-            known.insert(d.name.clone(), d);
-        }
-        let keep: std::collections::BTreeSet<String> = ["tap".to_string()].into();
-        let read = DivertsRead::Every {
-            known: &known,
-            keep: &keep,
-        };
-        let requests = super::divert_requests("b1", &read);
-        let mbeans: Vec<String> = requests
-            .iter()
-            .map(|(_, r)| {
-                serde_json::to_value(r).expect("json")["mbean"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string()
-            })
-            .collect();
-        assert_eq!(
-            mbeans.len(),
-            3,
-            "DivertNames, d1 and moved; the kept tap is not read: {mbeans:?}"
-        );
-        assert!(
-            mbeans.iter().all(|m| !m.contains('*')),
-            "no pattern in the first request: {mbeans:?}"
-        );
-        // The broker lists d1 (found), moved (not where the snapshot had it), the tap (kept) and
-        // a divert the snapshot never saw; d1's answer and moved's 404 come back.
-        let not_found = BrokerError::NoSuchMBean("javax.management.InstanceNotFoundException".into());
-        let answers = vec![
-            (
-                None,
-                Ok(serde_json::json!({"DivertNames": ["d1", "moved", "tap", "new"]})),
-            ),
-            (Some("d1".to_string()), Ok(divert_attrs(&known["d1"]))),
-            (Some("moved".to_string()), Err(not_found)),
-        ];
+    fn every_divert_is_one_strict_pattern_read_and_none_is_an_empty_answer() {
+        let requests = super::divert_requests("b1", &DivertsRead::All);
+        assert_eq!(requests.len(), 1, "one operation whatever the number of diverts");
+        let request = serde_json::to_value(&requests[0].1).expect("json");
+        assert!(request["mbean"].as_str().is_some_and(|m| m.contains("divert=*")));
+        assert!(request.get("config").is_none(), "strict: no ignoreErrors");
+        // Two diverts answered; then a node without any (Jolokia: 404 for an empty pattern).
+        let answer = serde_json::json!({
+            "k1": divert_attrs(&divert("d1", "a", "b")),
+            "k2": divert_attrs(&divert("tap", "y", "cap")),
+        });
         let mut inv = NodeInventory::default();
-        let search = super::judge_diverts(&read, answers, &mut inv).expect("judged");
-        assert_eq!(search, ["moved", "new"]);
-        let found: Vec<&String> = inv.diverts.keys().collect();
-        assert_eq!(
-            found,
-            ["d1", "tap"],
-            "the kept tap stands from the snapshot while it is listed"
+        let search = super::judge_diverts(&DivertsRead::All, vec![(None, Ok(answer))], &mut inv)
+            .expect("judged");
+        assert!(search.is_empty());
+        assert_eq!(inv.diverts.keys().collect::<Vec<_>>(), ["d1", "tap"]);
+        let none = BrokerError::NoSuchMBean("javax.management.InstanceNotFoundException".into());
+        let mut empty = NodeInventory::default();
+        super::judge_diverts(&DivertsRead::All, vec![(None, Err(none))], &mut empty).expect("judged");
+        assert!(empty.diverts.is_empty());
+        // Any other failure fails the read: nothing is planned on a guess.
+        let refused = BrokerError::BadResponse("AttributeNotFoundException".into());
+        assert!(
+            super::judge_diverts(&DivertsRead::All, vec![(None, Err(refused))], &mut empty).is_err()
         );
     }
 
     #[test]
-    fn a_divert_gone_from_the_broker_is_gone_from_the_read() {
-        let mut known = OrdMap::new();
-        known.insert("old".to_string(), divert("old", "a", "b"));
-        let keep = std::collections::BTreeSet::new();
-        let read = DivertsRead::Every {
-            known: &known,
-            keep: &keep,
+    fn a_named_divert_listed_elsewhere_is_searched_for() {
+        let read = DivertsRead::Named {
+            name: "d1",
+            address: "a",
         };
         let not_found = BrokerError::NoSuchMBean("javax.management.InstanceNotFoundException".into());
         let answers = vec![
-            (None, Ok(serde_json::json!({"DivertNames": []}))),
-            (Some("old".to_string()), Err(not_found)),
+            (None, Ok(serde_json::json!({"DivertNames": ["d1", "other"]}))),
+            (Some("d1".to_string()), Err(not_found)),
         ];
         let mut inv = NodeInventory::default();
         let search = super::judge_diverts(&read, answers, &mut inv).expect("judged");
-        assert!(search.is_empty() && inv.diverts.is_empty());
+        assert_eq!(search, ["d1"]);
+    }
+
+    #[test]
+    fn an_update_answer_is_the_queue_after_it_but_for_its_stale_filter() {
+        let read = QueueInfo {
+            name: "q".into(),
+            address: "q".into(),
+            routing_type: "ANYCAST".into(),
+            filter: Some("old = 1".into()),
+            max_consumers: -1,
+            message_count: 7,
+            ..Default::default()
+        };
+        let sent = serde_json::json!({"name": "q", "filter-string": "new = 1", "max-consumers": 5, "last-value": true});
+        // Artemis 2.40's answer: the configuration as created for the filter, the applied
+        // max-consumers, last-value not applied to an existing queue.
+        let answer = Value::String(
+            serde_json::json!({"name": "q", "filter-string": "old = 1", "max-consumers": 5, "last-value": false})
+                .to_string(),
+        );
+        let after = super::updated_queue(&read, &answer, &sent).expect("a configuration");
+        assert_eq!(after.filter.as_deref(), Some("new = 1"));
+        assert_eq!(after.max_consumers, 5);
+        assert!(!after.last_value, "what the broker did not apply shows as it is");
+        assert_eq!(after.message_count, 7, "counts are the read's");
+        assert!(super::updated_queue(&read, &Value::Null, &sent).is_none());
     }
 }

@@ -4,7 +4,7 @@
 
 pub mod plan;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -14,7 +14,7 @@ use super::Context;
 use super::ownership::InUse;
 use super::pipeline::{self, Pass, PlanFacts, Step, TopologyObject, WholeRefusal};
 use crate::api::queue::{ArtemisQueue, ArtemisQueueStatus, DeletePreview};
-use crate::api::{CAPTURE_PREFIX, Outcome, RefusalKind};
+use crate::api::{Outcome, RefusalKind};
 use crate::broker::BrokerError;
 use crate::fanout::ops::QueueRef;
 use crate::fanout::{self, NodeFailure, NodeReport, Target};
@@ -23,49 +23,33 @@ use crate::topology::inventory::{self, DivertsRead, NodeInventory, QueueAt, Queu
 
 pub const FINALIZER: &str = "artemis-studio.io/queue";
 
-/// The fresh read an apply or a delete makes on one node: the queue and its address, each by its
-/// own MBean, and for a delete every divert — never every queue of the node. A delete's
-/// `snapshot` (the node's latest) says where each divert is; the capture taps on other
-/// addresses are taken from it unread while the broker still lists them (ADR-0084 §5: a delete
-/// only names a tap, and only one on its address).
-async fn read_queue(
-    t: &Target,
-    d: &DesiredQueue,
-    snapshot: Option<&NodeInventory>,
-) -> Result<NodeInventory, BrokerError> {
+/// The fresh read an apply or a delete makes on one node (issue 45: at a create's price): the
+/// queue by its own MBean — never every queue of the node — and for a delete every divert, by
+/// one pattern read that the deletes in flight on the node share (ADR-0084 §3: the diverts
+/// forwarding into its address live on other addresses). The address is not read: an update
+/// and a delete plan nothing from it, and a create learns it from the broker's answer
+/// (`createAddress` says "already exists").
+async fn read_queue(t: &Target, d: &DesiredQueue, for_delete: bool) -> Result<NodeInventory, BrokerError> {
     let queue = [QueueAt {
         name: &d.name,
         address: &d.address,
         routing_type: d.routing_type,
     }];
-    let keep: BTreeSet<String> = snapshot
-        .map(|s| {
-            s.diverts
-                .values()
-                .filter(|v| v.name.starts_with(CAPTURE_PREFIX))
-                .filter(|v| v.address != d.address && v.forwarding_address != d.address)
-                .map(|v| v.name.clone())
-                .collect()
-        })
-        .unwrap_or_default();
-    let diverts = match snapshot {
-        Some(s) => DivertsRead::Every {
-            known: &s.diverts,
-            keep: &keep,
-        },
-        None => DivertsRead::None,
-    };
     t.ops
         .read_scoped(ScopedRead {
             queues: &queue,
-            addresses: &[d.address.as_str()],
-            diverts,
+            addresses: &[],
+            diverts: if for_delete {
+                DivertsRead::All
+            } else {
+                DivertsRead::None
+            },
         })
         .await
 }
 
 /// Create, or converge, on one node, from the preflight's fresh read of the queue (ADR-0049: the
-/// update path reads before it writes; the pipeline verifies afterwards).
+/// update path reads before it writes; the pipeline judges the broker's answer).
 async fn apply_on(t: Target, d: DesiredQueue, inv: Arc<NodeInventory>) -> Result<NodeReport, NodeFailure> {
     match plan::plan_node(&d, &inv) {
         NodeAction::Converged => Ok(NodeReport::new(Outcome::Already, converged(&d, &inv))),
@@ -75,17 +59,27 @@ async fn apply_on(t: Target, d: DesiredQueue, inv: Arc<NodeInventory>) -> Result
             document,
         } => create_on(&t, &d, create_address, &document).await,
         NodeAction::Update { changed } => {
-            let current = inv.queues.get(&d.name).cloned().unwrap_or_default();
-            if changed.iter().any(|f| f != plan::DELIVERY) {
-                update_on(&t, &d, &current).await?;
+            let mut after = inv.queues.get(&d.name).cloned();
+            if let (true, Some(current)) = (changed.iter().any(|f| f != plan::DELIVERY), &after) {
+                after = update_on(&t, &d, current).await?;
             }
             if changed.iter().any(|f| f == plan::DELIVERY) {
                 set_delivery(&t, &d).await?;
+                if let Some(a) = after.as_mut() {
+                    a.paused = d.spec.delivery == Some(crate::api::queue::Delivery::Paused);
+                }
             }
-            Ok(
-                NodeReport::new(Outcome::Applied, format!("updated: {}", changed.join(", ")))
-                    .with_detail(changed),
-            )
+            let report = NodeReport::new(Outcome::Applied, format!("updated: {}", changed.join(", ")))
+                .with_detail(changed);
+            // The broker's answer is the evidence (issue 45): the pipeline judges it, no read.
+            Ok(match after {
+                Some(after) => {
+                    let mut seen = (*inv).clone();
+                    seen.queues.insert(d.name.clone(), after);
+                    report.with_seen(seen)
+                }
+                None => report,
+            })
         }
     }
 }
@@ -100,11 +94,13 @@ fn converged(d: &DesiredQueue, inv: &NodeInventory) -> String {
     }
 }
 
-/// `updateQueue` with the spec laid over the queue as read (ADR-0049: it replaces).
-async fn update_on(t: &Target, d: &DesiredQueue, current: &QueueInfo) -> Result<(), NodeFailure> {
+/// `updateQueue` with the spec laid over the queue as read (ADR-0049: it replaces); returns the
+/// queue as the broker's answer shows it (None: an answer that is not the configuration
+/// document, so the pipeline reads the queue to judge the write).
+async fn update_on(t: &Target, d: &DesiredQueue, current: &QueueInfo) -> Result<Option<QueueInfo>, NodeFailure> {
     let doc = plan::update_document(current, &d.spec);
     match t.ops.update_queue(&doc).await {
-        Ok(_) => Ok(()),
+        Ok(answer) => Ok(inventory::updated_queue(current, &answer, &doc)),
         Err(e) if e.refusal_kind() == RefusalKind::MaxConsumersTooLow => Err(NodeFailure {
             message: Some(format!(
                 "{e}: spec.maxConsumers is below the queue's current consumer count; raise it or disconnect consumers first"
@@ -457,7 +453,7 @@ impl TopologyObject for ArtemisQueue {
         d: &DesiredQueue,
         for_delete: Option<&NodeInventory>,
     ) -> Result<NodeInventory, BrokerError> {
-        read_queue(t, d, for_delete).await
+        read_queue(t, d, for_delete.is_some()).await
     }
 
     /// The bulk cap (ADR-0049, ADR-0084 §7) on the fresh counts of every node read.
