@@ -222,8 +222,8 @@ pub trait TopologyObject:
     /// The broker's answer to this node's write is its evidence (issue 23): the write goes out
     /// planned from the snapshot, with no fresh read before it and no verifying read after. True
     /// for a queue create (the broker never skips one silently; "already exists" is an answer);
-    /// false where ADR-0049 reads first (an update: read, overlay, send, verify) or the broker can
-    /// silently not apply (a divert create).
+    /// false where ADR-0049 reads first (an update: read, overlay, send; its answer, the queue
+    /// after it, is judged) or the broker can silently not apply (a divert create).
     fn answer_is_evidence(_d: &Self::Desired, _snapshot: &NodeInventory) -> bool {
         false
     }
@@ -232,8 +232,8 @@ pub trait TopologyObject:
     const ALREADY_EXISTS: Option<RefusalKind> = None;
 
     /// execute on one node, from the preflight's fresh read of it (`before`, or the snapshot
-    /// where the answer is the evidence): write. The pipeline verifies the write by another
-    /// fresh read unless the answer is the evidence.
+    /// where the answer is the evidence): write. The pipeline verifies the write by the state
+    /// the report's `seen` holds (the broker's answer) or, without one, another fresh read.
     fn apply_on(
         t: Target,
         d: Self::Desired,
