@@ -75,6 +75,14 @@ pub struct ArtemisClusterSpec {
     #[serde(default = "default_poll_interval")]
     #[schemars(range(min = 1, max = 3600))]
     pub poll_interval_seconds: u32,
+    /// How often each node's inventory is read in full, in seconds (issue 45). Between full
+    /// reads a poll reads only the node's queue and address counts and its divert names, and
+    /// reads in full when they differ from what the operator knows: a setting changed on an
+    /// existing queue behind the operator's back (or a queue removed and another added between
+    /// two polls), and the message counts delete previews show, are seen at the next full read.
+    #[serde(default = "default_full_read_interval")]
+    #[schemars(range(min = 10, max = 86400))]
+    pub full_read_interval_seconds: u32,
     /// Per-request timeout for one management call that writes (and its preflight), in seconds.
     #[serde(default = "default_request_timeout")]
     #[schemars(range(min = 1, max = 300))]
@@ -114,6 +122,9 @@ pub fn default_capture_role() -> String {
 
 pub fn default_poll_interval() -> u32 {
     10
+}
+pub fn default_full_read_interval() -> u32 {
+    300
 }
 pub fn default_request_timeout() -> u32 {
     5

@@ -210,7 +210,9 @@ async fn send(batch: Vec<Pending>, permit: Permit) {
                     .iter()
                     .map(|&i| {
                         results.get(i).cloned().unwrap_or_else(|| {
-                            Err(BrokerError::BadResponse("a bulk response without this element".into()))
+                            Err(BrokerError::BadResponse(
+                                "a bulk response without this element".into(),
+                            ))
                         })
                     })
                     .collect();

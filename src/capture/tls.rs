@@ -130,6 +130,7 @@ mod tests {
             poll_timeout: std::time::Duration::from_secs(1),
             secret_versions: Default::default(),
             ca: ca.then(|| Arc::new(b"pem".to_vec())),
+            full_read_interval: crate::topology::by_change::FULL_READ_INTERVAL,
         }
     }
 

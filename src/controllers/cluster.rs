@@ -230,7 +230,10 @@ async fn poll_and_publish(ctx: &Context, ns: &str, name: &str, rt: ClusterRuntim
     let poll_interval = rt.poll_interval;
     let in_flight = polling.lock().await;
     let started = std::time::Instant::now();
-    let topology = topology::poll(&rt.access, &rt.memory).await;
+    // Issue 45: nodes whose counts match the last snapshot are not read in full (a new spec or
+    // new credentials read everything).
+    let baseline = ctx.topologies.get(&k).filter(|_| !respecified && !reauthorised);
+    let topology = topology::poll_since(&rt.access, &rt.memory, baseline.as_deref()).await;
     let silenced = rt
         .memory
         .lock()

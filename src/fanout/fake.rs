@@ -225,6 +225,7 @@ impl FakeBroker {
             },
             unreadable_queues: Default::default(),
             scope: Some(scope.covers()),
+            read_at: None,
         })
     }
 }

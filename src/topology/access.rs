@@ -134,6 +134,7 @@ pub async fn resolve_access(
         poll_timeout: Duration::from_secs(spec.poll_timeout_seconds.into()),
         secret_versions: secrets.versions,
         ca: secrets.ca.map(Arc::new),
+        full_read_interval: Duration::from_secs(spec.full_read_interval_seconds.into()),
     })
 }
 

@@ -75,6 +75,10 @@ pub struct NodeInventory {
     pub unreadable_queues: OrdMap<String, Unreadable>,
     /// What a scoped read covered (None: the whole node was scraped).
     pub scope: Option<ReadScope>,
+    /// When the node was read in full (the counts in this inventory are as of then; scoped
+    /// reads laid over it refresh only what they cover). Issue 45: between full reads a poll
+    /// keeps the inventory while the node's counts match it.
+    pub read_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// The objects a scoped read covered: absent from the read means absent from the node.
@@ -442,7 +446,12 @@ pub fn updated_queue(read: &QueueInfo, answer: &Value, sent: &Value) -> Option<Q
     let said = |k: &str| c.get(k).or_else(|| sent.get(k));
     let flag = |k: &str, was: bool| said(k).and_then(Value::as_bool).unwrap_or(was);
     let int = |k: &str, was: i64| said(k).and_then(Value::as_i64).unwrap_or(was);
-    let text = |k: &str| said(k).and_then(Value::as_str).filter(|t| !t.is_empty()).map(str::to_string);
+    let text = |k: &str| {
+        said(k)
+            .and_then(Value::as_str)
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+    };
     Some(QueueInfo {
         filter: sent
             .get("filter-string")
@@ -556,7 +565,10 @@ pub async fn scrape(m: &BrokerManagement) -> Result<NodeInventory, BrokerError> 
         .await?
         .into_iter();
     let mut next = || next_answer(&mut r);
-    let mut inv = NodeInventory::default();
+    let mut inv = NodeInventory {
+        read_at: Some(chrono::Utc::now()),
+        ..Default::default()
+    };
     match next() {
         Ok(listing) => inv.add_listed_queues(&listing)?,
         // Refused as an element (an older broker, a role without the operation): the request
@@ -761,7 +773,9 @@ fn judge_diverts(
                     inv.diverts.insert(d.name.clone(), d);
                 }
             }
-            (_, None, Ok(v)) => listed = strings(&v, "DivertNames").map_err(bad("the broker's DivertNames"))?,
+            (_, None, Ok(v)) => {
+                listed = strings(&v, "DivertNames").map_err(bad("the broker's DivertNames"))?
+            }
             (_, None, Err(e)) => return Err(e),
             (_, Some(_), Ok(v)) => {
                 let d = parse_divert(&v).map_err(bad("a divert"))?;
@@ -1037,8 +1051,8 @@ mod tests {
             "k2": divert_attrs(&divert("tap", "y", "cap")),
         });
         let mut inv = NodeInventory::default();
-        let search = super::judge_diverts(&DivertsRead::All, vec![(None, Ok(answer))], &mut inv)
-            .expect("judged");
+        let search =
+            super::judge_diverts(&DivertsRead::All, vec![(None, Ok(answer))], &mut inv).expect("judged");
         assert!(search.is_empty());
         assert_eq!(inv.diverts.keys().collect::<Vec<_>>(), ["d1", "tap"]);
         let none = BrokerError::NoSuchMBean("javax.management.InstanceNotFoundException".into());
@@ -1047,9 +1061,7 @@ mod tests {
         assert!(empty.diverts.is_empty());
         // Any other failure fails the read: nothing is planned on a guess.
         let refused = BrokerError::BadResponse("AttributeNotFoundException".into());
-        assert!(
-            super::judge_diverts(&DivertsRead::All, vec![(None, Err(refused))], &mut empty).is_err()
-        );
+        assert!(super::judge_diverts(&DivertsRead::All, vec![(None, Err(refused))], &mut empty).is_err());
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! not at the next poll, and live again as soon as it answers anything.
 
 pub mod access;
+pub mod by_change;
 pub mod inventory;
 
 use std::collections::{BTreeMap, HashMap};
@@ -44,6 +45,9 @@ pub struct ClusterAccess {
     /// The CA `spec.tls` names (PEM), when it names one: the capture drains' AMQPS trusts it
     /// alone, as the Jolokia client does.
     pub ca: Option<Arc<Vec<u8>>>,
+    /// How long a node's inventory may stand on its counts alone (`spec.fullReadIntervalSeconds`,
+    /// issue 45): a full read at least this often.
+    pub full_read_interval: Duration,
 }
 
 /// One logical node: a broker node ID, with its endpoints.
@@ -228,6 +232,8 @@ pub struct TopologyMemory {
     last_node_of: HashMap<String, String>,
     /// Silences the budget had judged of each endpoint at the last look.
     silences_seen: HashMap<String, u64>,
+    /// When each endpoint was last read in full (issue 45: between full reads, by change).
+    full_reads: HashMap<String, Instant>,
 }
 
 impl TopologyMemory {
@@ -249,15 +255,41 @@ impl TopologyMemory {
 
 /// Poll every endpoint concurrently and group the answers into logical nodes. The poll's reads
 /// are the budget's probes: a node judged not answering is asked once (when nothing else is on
-/// the wire) and waited on for [`PROBE_GRACE`] at most.
+/// the wire) and waited on for [`PROBE_GRACE`] at most. Every node is read in full.
 pub async fn poll(access: &ClusterAccess, memory: &Mutex<TopologyMemory>) -> Topology {
-    let known: HashMap<String, String> = memory.lock().await.broker_names.clone();
-    let observations = join_all(
-        access
-            .endpoints
+    poll_since(access, memory, None).await
+}
+
+/// A poll after `previous` (the cluster's last snapshot, writes laid over it): a node whose
+/// counts show nothing changed since is not read in full ([`by_change`]).
+pub async fn poll_since(
+    access: &ClusterAccess,
+    memory: &Mutex<TopologyMemory>,
+    previous: Option<&Topology>,
+) -> Topology {
+    let (known, full_reads) = {
+        let mem = memory.lock().await;
+        (mem.broker_names.clone(), mem.full_reads.clone())
+    };
+    let baseline = |url: &str| {
+        let node = previous?
+            .nodes
             .iter()
-            .map(|url| observe(probing_client(access, url), known.get(url).cloned())),
-    )
+            .find(|n| n.active_endpoint() == Some(url) && n.inventory_error.is_none() && !n.catching_up)?;
+        Some(by_change::Baseline {
+            inventory: node.inventory.clone()?,
+            full_read_at: *full_reads.get(url)?,
+        })
+    };
+    let observations = join_all(access.endpoints.iter().map(|url| {
+        let client = probing_client(access, url);
+        observe(
+            client,
+            known.get(url).cloned(),
+            baseline(url),
+            access.full_read_interval,
+        )
+    }))
     .await;
 
     let mut mem = memory.lock().await;
@@ -266,6 +298,9 @@ pub async fn poll(access: &ClusterAccess, memory: &Mutex<TopologyMemory>) -> Top
     for (url, obs) in access.endpoints.iter().zip(observations) {
         match obs {
             Ok((m, identity, inv)) => {
+                if let Some(Ok(by_change::Read::Full(_))) = &inv {
+                    mem.full_reads.insert(url.clone(), Instant::now());
+                }
                 mem.broker_names.insert(url.clone(), identity.broker_name.clone());
                 mem.last_node_of.insert(url.clone(), identity.node_id.clone());
                 answered.push((m, identity, inv));
@@ -319,11 +354,16 @@ pub async fn any_back(access: &ClusterAccess, memory: &Mutex<TopologyMemory>, ur
 
 /// One endpoint's identity and (when active) inventory, read with the probing client; the
 /// management it returns is for work (commands fail fast on a node judged not answering).
-async fn observe(client: JolokiaClient, known_name: Option<String>) -> Result<Answer, BrokerError> {
+async fn observe(
+    client: JolokiaClient,
+    known_name: Option<String>,
+    baseline: Option<by_change::Baseline>,
+    full_read_interval: Duration,
+) -> Result<Answer, BrokerError> {
     let (management, identity) = unless_silent(&client, identify(&client, known_name)).await?;
     // The inventory comes from the endpoint serving clients; a standby has none.
     let inv = if identity.active {
-        Some(inventory::scrape(&management).await)
+        Some(by_change::read(&management, baseline, full_read_interval).await)
     } else {
         None
     };
@@ -379,7 +419,7 @@ async fn unless_silent<T>(
 type Answer = (
     BrokerManagement,
     NodeIdentity,
-    Option<Result<inventory::NodeInventory, BrokerError>>,
+    Option<Result<by_change::Read, BrokerError>>,
 );
 
 /// Pure grouping: endpoints → logical nodes.
@@ -420,7 +460,7 @@ fn place_answers(nodes: &mut BTreeMap<String, LogicalNode>, answered: &[Answer])
             node.active = Some(m.clone());
             node.failed_over = identity.configured_backup;
             match inv {
-                Some(Ok(i)) => node.inventory = Some(Arc::new(i.clone())),
+                Some(Ok(read)) => node.inventory = Some(read.inventory().clone()),
                 Some(Err(e)) => node.inventory_error = Some(e.clone()),
                 None => {}
             }

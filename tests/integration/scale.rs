@@ -25,11 +25,12 @@ use crate::support::{
     wait_cluster_condition, wait_until,
 };
 
-/// Jolokia operations one poll sends to a live node: identity (NodeID, Active, Backup, HAPolicy,
-/// listNetworkTopology: one bulk of 5, src/broker/management.rs) and the inventory scrape (every
-/// queue by one listQueues, addresses and diverts by two wildcard reads, one bulk,
+/// Jolokia operations one poll sends to a live node, at most: identity (NodeID, Active, Backup,
+/// HAPolicy, listNetworkTopology: one bulk of 5, src/broker/management.rs), the node's counts
+/// (one read, src/topology/by_change.rs) and, when they moved, the inventory scrape (every queue
+/// by one listQueues, addresses and diverts by two wildcard reads, one bulk,
 /// src/topology/inventory.rs).
-const OPS_PER_POLL: u64 = 8;
+const OPS_PER_POLL: u64 = 9;
 /// The broker-name search a poll adds when it must resolve an endpoint's broker name (the first
 /// poll of an endpoint, and the first one after it stopped answering).
 const CONNECT_OPS: u64 = 1;
@@ -1082,4 +1083,119 @@ async fn a_create_answered_already_exists_reads_the_queue_and_judges_it() {
     }
     let rows: Vec<&AuditRow> = audit.iter().filter(|r| r.1 == same || r.1 == other).collect();
     assert_eq!(rows.len(), 2, "one audited command per object: {rows:?}");
+}
+
+/// Issue 45: inventory by change. A converged poll reads each node's counts, not its inventory
+/// (listQueues), while they match what the operator knows; a setting changed behind the
+/// operator's back on an existing queue (which moves no count) is found at the next full read,
+/// within `spec.fullReadIntervalSeconds` (20 s here) and a poll. Concurrent tests change the
+/// shared brokers' counts (each such poll reads in full), so the evidence looked for is a
+/// poll that stood on the counts on every node, within two minutes.
+#[tokio::test]
+async fn a_converged_poll_reads_counts_and_drift_is_found_at_the_next_full_read() {
+    const QUEUES: usize = 30;
+    let _b = brokers_shared().await;
+    let s = scale_fixture("scale-bychange").await;
+    s.cluster()
+        .patch(
+            "c",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"fullReadIntervalSeconds": 20}})),
+        )
+        .await
+        .expect("a short full-read interval");
+    let tag = short_id();
+    s.clean.also(&tag);
+    let names: Vec<String> = (0..QUEUES).map(|i| format!("bychange.{tag}.{i:02}")).collect();
+    s.create_queues_with(&names, json!({"filter": "a = 1"})).await;
+    s.wait_all(QUEUES, "Ready=True", ready).await;
+
+    let lists = |s: &Scale| -> BTreeMap<String, (u64, u64)> {
+        s.urls
+            .iter()
+            .map(|(b, url)| {
+                let listed = jolokia_by_kind(url)
+                    .into_iter()
+                    .filter(|((kind, _), _)| kind == "listQueues")
+                    .map(|(_, n)| n)
+                    .sum();
+                (b.clone(), (s.polls(), listed))
+            })
+            .collect()
+    };
+    let start = lists(&s);
+    let mut stood: BTreeSet<String> = BTreeSet::new();
+    wait_until(
+        "a poll that stood on the counts of every node (polls without listQueues)",
+        Duration::from_secs(120),
+        || {
+            let now = lists(&s);
+            for (b, (polls, listed)) in &now {
+                let (p0, l0) = start[b];
+                if polls - p0 > listed - l0 + 1 {
+                    stood.insert(b.clone());
+                }
+            }
+            let done = stood.len() == now.len();
+            async move {
+                if !done {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                done.then_some(())
+            }
+        },
+    )
+    .await;
+
+    // Behind the operator's back: the filter of one queue on c2 (no count moves).
+    let drifted = &names[7];
+    let access = s.bed.access("c", s.bed.broker_user());
+    let c2_url = s.bed.broker("c2").jolokia;
+    let topology = artemis_studio_operator::topology::poll(&access, &Default::default()).await;
+    let c2 = topology
+        .nodes
+        .iter()
+        .filter_map(|n| n.active.clone())
+        .find(|m| m.client().url() == c2_url)
+        .expect("c2 live");
+    let rows_before = s.queue_audit().await.len();
+    let changed_at = std::time::Instant::now();
+    c2.update_queue(
+        &json!({"name": drifted, "address": drifted, "routing-type": "ANYCAST", "filter-string": "a = 2"}),
+    )
+    .await
+    .expect("change the filter behind the operator's back");
+    wait_until(
+        &format!("{drifted}'s filter on c2 put back by the operator"),
+        Duration::from_secs(20 + 30),
+        || {
+            let access = access.clone();
+            let drifted = drifted.clone();
+            let c2_url = c2_url.clone();
+            async move {
+                let t = artemis_studio_operator::topology::poll(&access, &Default::default()).await;
+                let back = t.nodes.iter().any(|n| {
+                    n.active.as_ref().is_some_and(|m| m.client().url() == c2_url)
+                        && n.inventory.as_ref().is_some_and(|i| {
+                            i.queues.get(&drifted).and_then(|q| q.filter.as_deref()) == Some("a = 1")
+                        })
+                });
+                if !back {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                back.then_some(())
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "drift on c2 repaired {:.1} s after it was made (full-read interval 20 s)",
+        changed_at.elapsed().as_secs_f64()
+    );
+    let rows: Vec<AuditRow> = s.queue_audit().await.into_iter().skip(rows_before).collect();
+    assert!(
+        rows.len() == 1 && &rows[0].1 == drifted && applied_nodes(&rows[0]).len() == 1,
+        "one command since the drift, the drifted queue's on c2: {rows:?}"
+    );
+    s.delete_all_queues(&names).await;
 }

@@ -221,6 +221,7 @@ impl TestBed {
             poll_timeout: Duration::from_secs(5),
             secret_versions: Default::default(),
             ca: None,
+            full_read_interval: artemis_studio_operator::topology::by_change::FULL_READ_INTERVAL,
         }
     }
 

@@ -420,7 +420,10 @@ async fn verify<K: TopologyObject>(
         // The broker holds neither what it held before nor what was sent: someone else wrote
         // in between (issue 22 item 1), not a field Artemis ignores. Never so by an answer:
         // nothing comes between a write and its own answer.
-        Step::Write { what, detail } if !answered && !matches!(K::plan_apply(d, before), Step::Write { what: was, .. } if was == what) => {
+        Step::Write { what, detail }
+            if !answered
+                && !matches!(K::plan_apply(d, before), Step::Write { what: was, .. } if was == what) =>
+        {
             Err(NodeFailure {
                 message: Some(format!(
                     "the broker took the write ({}), and a fresh read right after shows another value ({what}): another writer changed it in between (another operator installation on these brokers, a script). {CONTESTED_NEXT}",

@@ -97,7 +97,11 @@ fn converged(d: &DesiredQueue, inv: &NodeInventory) -> String {
 /// `updateQueue` with the spec laid over the queue as read (ADR-0049: it replaces); returns the
 /// queue as the broker's answer shows it (None: an answer that is not the configuration
 /// document, so the pipeline reads the queue to judge the write).
-async fn update_on(t: &Target, d: &DesiredQueue, current: &QueueInfo) -> Result<Option<QueueInfo>, NodeFailure> {
+async fn update_on(
+    t: &Target,
+    d: &DesiredQueue,
+    current: &QueueInfo,
+) -> Result<Option<QueueInfo>, NodeFailure> {
     let doc = plan::update_document(current, &d.spec);
     match t.ops.update_queue(&doc).await {
         Ok(answer) => Ok(inventory::updated_queue(current, &answer, &doc)),
@@ -303,12 +307,16 @@ fn unlisted(count: u64) -> String {
 }
 
 fn preview(d: &DesiredQueue, topology: &Topology, facts: &PlanFacts) -> DeletePreview {
+    // The counts are as of the oldest full read of a node (issue 45: polls between full reads
+    // keep an inventory whose counts did not move).
+    let read_at = topology
+        .nodes
+        .iter()
+        .filter_map(|n| n.inventory.as_ref()?.read_at)
+        .min()
+        .unwrap_or(topology.polled_at_utc);
     let mut p = DeletePreview {
-        read_at: Some(
-            topology
-                .polled_at_utc
-                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        ),
+        read_at: Some(read_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
         ..Default::default()
     };
     for n in &topology.nodes {

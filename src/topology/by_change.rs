@@ -1,0 +1,138 @@
+//! Inventory by change (issue 45): a converged poll costs the same at 10,000 queues as at 1,000.
+//!
+//! Between full reads, a poll asks each node one question — its queue and address counts and
+//! its divert names (`QueueCount`, `AddressCount`, `DivertNames`: one read, whose size follows
+//! the diverts, not the queues) — and reads the node in full only when the answer differs from
+//! what the operator knows of it (the last snapshot, with every write's answer laid over it), or
+//! when the last full read is older than the cluster's `spec.fullReadIntervalSeconds`. What a
+//! count cannot show — a setting changed on an existing queue behind the operator's back, a
+//! queue removed and another added between two polls, message counts in delete previews — is
+//! seen at the next full read: at most that interval (and a poll) later. Artemis's counts are
+//! the management registry's own (`getQueueCount` counts the `QueueControl`s `listQueues`
+//! lists; `getAddressCount` the `AddressControl`s the address read finds), so they agree with
+//! a full read of an unchanged node.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::inventory::{self, NodeInventory};
+use crate::broker::jolokia::JolokiaRequest;
+use crate::broker::{BrokerError, BrokerManagement, mbean};
+
+/// The default of `spec.fullReadIntervalSeconds`.
+pub const FULL_READ_INTERVAL: Duration = Duration::from_secs(300);
+
+/// What a node was last read in full as, and when: the baseline its counts are judged against.
+#[derive(Clone, Debug)]
+pub struct Baseline {
+    /// The node's inventory as the operator knows it now (the snapshot, writes laid over it).
+    pub inventory: Arc<NodeInventory>,
+    /// When the endpoint was last read in full.
+    pub full_read_at: Instant,
+}
+
+/// A node's inventory as this poll found it.
+#[derive(Clone, Debug)]
+pub enum Read {
+    /// Read in full now.
+    Full(Arc<NodeInventory>),
+    /// The counts match the baseline: its inventory stands.
+    Unchanged(Arc<NodeInventory>),
+}
+
+impl Read {
+    pub fn inventory(&self) -> &Arc<NodeInventory> {
+        match self {
+            Read::Full(i) | Read::Unchanged(i) => i,
+        }
+    }
+}
+
+/// The node's inventory: the baseline when it is recent and the node's counts match it, else a
+/// full read.
+pub async fn read(
+    m: &BrokerManagement,
+    baseline: Option<Baseline>,
+    interval: Duration,
+) -> Result<Read, BrokerError> {
+    if let Some(b) = baseline.filter(|b| b.full_read_at.elapsed() < interval) {
+        let answer = m.client().call(counts_request(m.broker_name())).await?;
+        if matches(&answer, &b.inventory)? {
+            return Ok(Read::Unchanged(b.inventory));
+        }
+    }
+    Ok(Read::Full(Arc::new(inventory::scrape(m).await?)))
+}
+
+/// The one read that says whether a node's inventory moved.
+fn counts_request(broker_name: &str) -> JolokiaRequest {
+    JolokiaRequest::read_strict(
+        mbean::broker(broker_name),
+        &["QueueCount", "AddressCount", "DivertNames"],
+    )
+}
+
+/// Whether the node's counts are those of the known inventory.
+fn matches(answer: &Value, known: &NodeInventory) -> Result<bool, BrokerError> {
+    let count = |k: &str| {
+        answer
+            .get(k)
+            .and_then(Value::as_u64)
+            .ok_or_else(|| BrokerError::BadResponse(format!("the broker's {k} is not a count")))
+    };
+    let names: Vec<&str> = answer
+        .get("DivertNames")
+        .and_then(Value::as_array)
+        .ok_or_else(|| BrokerError::BadResponse("the broker's DivertNames is not a list".into()))?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let queues = (known.queues.len() + known.unreadable_queues.len()) as u64;
+    let same_diverts =
+        names.len() == known.diverts.len() && names.iter().all(|n| known.diverts.contains_key(*n));
+    Ok(count("QueueCount")? == queues
+        && count("AddressCount")? == known.addresses.len() as u64
+        && same_diverts)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::topology::inventory::{AddressInfo, DivertInfo, QueueInfo};
+
+    fn known() -> NodeInventory {
+        let mut inv = NodeInventory::default();
+        inv.queues.insert("q".into(), QueueInfo::default());
+        inv.addresses.insert("q".into(), AddressInfo::default());
+        inv.diverts.insert("d".into(), DivertInfo::default());
+        inv
+    }
+
+    #[test]
+    fn counts_that_match_what_is_known_leave_it_standing_any_difference_reads_in_full() {
+        let same = json!({"QueueCount": 1, "AddressCount": 1, "DivertNames": ["d"]});
+        assert!(matches(&same, &known()).expect("read"));
+        for moved in [
+            json!({"QueueCount": 2, "AddressCount": 1, "DivertNames": ["d"]}),
+            json!({"QueueCount": 1, "AddressCount": 0, "DivertNames": ["d"]}),
+            json!({"QueueCount": 1, "AddressCount": 1, "DivertNames": ["e"]}),
+            json!({"QueueCount": 1, "AddressCount": 1, "DivertNames": []}),
+        ] {
+            assert!(!matches(&moved, &known()).expect("read"), "{moved}");
+        }
+        let broken = json!({"QueueCount": "many", "AddressCount": 1, "DivertNames": ["d"]});
+        assert!(matches(&broken, &known()).is_err(), "never judged on a guess");
+    }
+
+    #[test]
+    fn the_counts_are_one_strict_read_of_the_broker() {
+        let r = serde_json::to_value(counts_request("b1")).expect("json");
+        assert_eq!(r["type"], "read");
+        assert!(r.get("config").is_none());
+        assert_eq!(r["attribute"].as_array().map(Vec::len), Some(3));
+    }
+}
