@@ -57,6 +57,12 @@ pub struct Config {
     pub fanout_repeats: usize,
     /// Scenario 2: queue counts, and runs per count.
     pub sizes: Vec<usize>,
+    /// Scenario 2: rounds of one create, one filter change and one delete at N converged (after
+    /// one warm-up round), each next to the same bare Jolokia exec.
+    pub single_repeats: usize,
+    /// Scenario 2: the directory of the shared floor scripts (`ideal_operator.py`), run once per
+    /// size next to the harness's own port of the floor; None when switched off.
+    pub shared_floor: Option<PathBuf>,
     /// Runs per size, one per entry of `sizes` (one value given: the same for every size).
     pub scale_repeats: Vec<usize>,
     /// Seconds of the converged window (scenario 2) and the idle windows (scenario 4).
@@ -109,10 +115,21 @@ fn env_list(key: &str, default: &str) -> Result<Vec<usize>> {
         .collect()
 }
 
+/// Where the shared floor scripts are: ARTEMIS_STUDIO_BENCH_SHARED_FLOOR (`off` switches them
+/// off), else `../shared/bench` next to the checkout. Whether the directory exists is checked
+/// when the scenario runs (a clean clone has none: the report says so).
+fn shared_floor_dir(repo: &std::path::Path) -> Option<PathBuf> {
+    match std::env::var("ARTEMIS_STUDIO_BENCH_SHARED_FLOOR") {
+        Ok(v) if matches!(v.trim(), "off" | "none" | "false") => None,
+        Ok(v) if !v.trim().is_empty() => Some(PathBuf::from(v.trim())),
+        _ => Some(repo.join("../shared/bench")),
+    }
+}
+
 impl Config {
     pub fn from_env() -> Result<Config> {
         let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let sizes = env_list("ARTEMIS_STUDIO_BENCH_SIZES", "100,1000,10000")?;
+        let sizes = env_list("ARTEMIS_STUDIO_BENCH_SIZES", "500,10000")?;
         let repeats = env_list("ARTEMIS_STUDIO_BENCH_SCALE_REPEATS", "3")?;
         let scale_repeats = match repeats.as_slice() {
             [one] => vec![*one; sizes.len()],
@@ -123,6 +140,7 @@ impl Config {
             ),
         };
         let run_id = format!("r{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
+        let shared_floor = shared_floor_dir(&repo);
         Ok(Config {
             scenarios: Scenario::parse(&std::env::var("ARTEMIS_STUDIO_BENCH_SCENARIO").unwrap_or_default())?,
             run_id,
@@ -135,6 +153,8 @@ impl Config {
             repo,
             fanout_repeats: env_or("ARTEMIS_STUDIO_BENCH_FANOUT_REPEATS", 20)?,
             sizes,
+            single_repeats: env_or("ARTEMIS_STUDIO_BENCH_SINGLE_REPEATS", 5)?,
+            shared_floor,
             scale_repeats,
             converged_seconds: env_or("ARTEMIS_STUDIO_BENCH_CONVERGED_SECONDS", 60)?,
             idle_seconds: env_or("ARTEMIS_STUDIO_BENCH_IDLE_SECONDS", 60)?,
@@ -157,6 +177,8 @@ impl Config {
     pub fn json(&self) -> Value {
         json!({
             "fanoutRepeats": self.fanout_repeats, "sizes": self.sizes, "scaleRepeats": self.scale_repeats,
+            "singleRepeats": self.single_repeats,
+            "sharedFloor": self.shared_floor.as_ref().map(|d| d.display().to_string()),
             "convergedSeconds": self.converged_seconds, "idleSeconds": self.idle_seconds,
             "captureMessages": self.capture_messages, "captureRepeats": self.capture_repeats,
             "footprintQueues": self.footprint_queues, "footprintSubscriptions": self.footprint_subscriptions,

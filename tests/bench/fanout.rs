@@ -34,7 +34,9 @@ pub async fn run(ctx: &Ctx) -> Result<Section> {
     Ok(section(ctx, &series, per_poll))
 }
 
-async fn operator_op(install: &Install, watch: &QueueWatch, op: Op, queue: &str) -> Result<Duration> {
+/// One operation through the operator, object applied → `Ready` (a delete: → gone), seen through
+/// `watch`; the elapsed time.
+pub async fn operator_op(install: &Install, watch: &QueueWatch, op: Op, queue: &str) -> Result<Duration> {
     let o = &install.objects;
     let start = Instant::now();
     let names = [queue.to_string()];

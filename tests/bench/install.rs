@@ -31,8 +31,8 @@ pub struct Ctx {
     pub admin: Client,
     /// Bare Jolokia to the three nodes of cluster "c".
     pub jolokia: Jolokia,
-    /// Namespaces and databases not cleaned up yet.
-    leftovers: Mutex<Vec<(String, String)>>,
+    /// Namespaces (and their databases, if any) not cleaned up yet.
+    leftovers: Mutex<Vec<(String, Option<String>)>>,
     date: String,
 }
 
@@ -134,7 +134,7 @@ impl Ctx {
     /// Remove whatever this run left: namespaces (finalizers stripped), databases, broker
     /// objects named with the run's prefixes.
     pub async fn cleanup(&self) {
-        let left: Vec<(String, String)> = self
+        let left: Vec<(String, Option<String>)> = self
             .leftovers
             .lock()
             .map(|mut l| l.drain(..).collect())
@@ -147,11 +147,41 @@ impl Ctx {
             if let Err(e) = bed::delete_namespace(&self.admin, &ns).await {
                 eprintln!("[bench] cleanup: {e:#}");
             }
-            if let Err(e) = self.bed.drop_database(&db).await {
+            if let Some(db) = db
+                && let Err(e) = self.bed.drop_database(&db).await
+            {
                 eprintln!("[bench] cleanup: {e:#}");
             }
         }
         self.clean_brokers().await;
+    }
+
+    /// A namespace `bench-<run>-<tag>` no operator watches (the floor's objects go there),
+    /// registered so the run's cleanup removes it if [`Ctx::drop_scratch_namespace`] does not.
+    pub async fn scratch_namespace(&self, tag: &str) -> Result<String> {
+        let ns = format!("bench-{}-{tag}", self.cfg.run_id);
+        self.leftovers
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .push((ns.clone(), None));
+        bed::create_namespace(&self.admin, &ns, NAMESPACE_LABELS).await?;
+        Ok(ns)
+    }
+
+    /// Delete a scratch namespace (finalizers of what is left in it stripped first); errors are
+    /// printed, and the run's cleanup tries again.
+    pub async fn drop_scratch_namespace(&self, ns: &str) {
+        if let Err(e) = self.objects(ns).strip_finalizers().await {
+            eprintln!("[bench] {ns}: {e:#}");
+            return;
+        }
+        if let Err(e) = bed::delete_namespace(&self.admin, ns).await {
+            eprintln!("[bench] {e:#}");
+            return;
+        }
+        if let Ok(mut l) = self.leftovers.lock() {
+            l.retain(|(left, _)| left != ns);
+        }
     }
 
     pub async fn clean_brokers(&self) {
@@ -228,7 +258,7 @@ impl Install {
         ctx.leftovers
             .lock()
             .map_err(|_| anyhow::anyhow!("poisoned"))?
-            .push((ns.clone(), db.clone()));
+            .push((ns.clone(), Some(db.clone())));
         bed::create_namespace(&ctx.admin, &ns, NAMESPACE_LABELS).await?;
         let url = ctx.bed.create_database(&db).await?;
         std::fs::create_dir_all(&ctx.cfg.out_dir)?;

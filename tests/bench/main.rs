@@ -14,6 +14,8 @@ mod cpu;
 mod fanout;
 mod faults;
 mod faults_core;
+mod floor;
+mod floor_shared;
 mod footprint;
 mod install;
 mod jolokia;
@@ -22,6 +24,7 @@ mod objects;
 mod operator;
 mod report;
 mod scale;
+mod scale_report;
 mod stats;
 #[path = "../common/testbed_env.rs"]
 mod testbed_env;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
@@ -83,6 +83,20 @@ fn ready_now(q: &ArtemisQueue) -> bool {
                 .iter()
                 .any(|c| c.type_ == "Ready" && c.status == "True")
     })
+}
+
+/// Ready=True's lastTransitionTime − creationTimestamp, whole seconds; None when not Ready or a
+/// timestamp is missing.
+fn ready_lag(q: &DynamicObject) -> Option<i64> {
+    let created = q.metadata.creation_timestamp.as_ref()?.0.as_second();
+    let conditions = q.data.get("status")?.get("conditions")?.as_array()?;
+    let ready = conditions.iter().find(|c| {
+        c.get("type").and_then(Value::as_str) == Some("Ready")
+            && c.get("status").and_then(Value::as_str) == Some("True")
+    })?;
+    let since = ready.get("lastTransitionTime")?.as_str()?;
+    let since = chrono::DateTime::parse_from_rfc3339(since).ok()?.timestamp();
+    Some(since - created)
 }
 
 impl QueueWatch {
@@ -262,6 +276,41 @@ impl Objects {
             Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
             Err(e) => Err(e).with_context(|| format!("delete ArtemisQueue {name}")),
         }
+    }
+
+    /// The status of a queue as the API server holds it, every field (not the typed view).
+    pub async fn status_of(&self, name: &str) -> Result<Value> {
+        let resource = ApiResource::erase::<ArtemisQueue>(&());
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &resource);
+        self.harness.read(1);
+        let object = api
+            .get(name)
+            .await
+            .with_context(|| format!("get ArtemisQueue {name}"))?;
+        object
+            .data
+            .get("status")
+            .cloned()
+            .ok_or_else(|| anyhow!("ArtemisQueue {name} has no status"))
+    }
+
+    /// For every queue named `prefix…` that is Ready=True: its Ready condition's
+    /// lastTransitionTime less its creationTimestamp, whole seconds, from one LIST (the API
+    /// server's own timestamps, as ../shared/bench/wait_ready.py reads them).
+    pub async fn ready_lags(&self, prefix: &str) -> Result<Vec<i64>> {
+        let resource = ApiResource::erase::<ArtemisQueue>(&());
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &resource);
+        self.harness.read(1);
+        let list = api
+            .list(&ListParams::default())
+            .await
+            .context("list the queues")?;
+        Ok(list
+            .items
+            .iter()
+            .filter(|q| q.metadata.name.as_deref().is_some_and(|n| n.starts_with(prefix)))
+            .filter_map(ready_lag)
+            .collect())
     }
 
     pub async fn create_queues(&self, names: &[String]) -> Result<()> {

@@ -105,7 +105,7 @@ fn verdict(met: Option<bool>) -> &'static str {
 pub fn write_all(dir: &Path, info: &RunInfo, sections: &[Section]) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     let mut md = format!(
-        "# Benchmark report\n\nRun `{}` · {} · commit `{}` · {}\n\nEvery figure is measured in this run; ratios compare the operator with bare Jolokia on the same brokers, measured alongside it. Median (min–max, n = repeats).\n\n",
+        "# Benchmark report\n\nRun `{}` · {} · commit `{}` · {}\n\nEvery figure is measured in this run; ratios compare the operator with bare Jolokia on the same brokers and, in scenario 2, with the ideal-operator floor on the same bed (issue 45), each measured alongside it. Median (min–max, n = repeats).\n\n",
         info.run_id, info.date, info.commit, info.machine
     );
     let mut head = Table::new(&["scenario", "what", "measured", "target", "verdict"]);

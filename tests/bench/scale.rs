@@ -1,65 +1,105 @@
 //! Scenario 2, scale: for each size, N ArtemisQueues created → all `Ready`, then a converged
-//! window, then all deleted → all gone; next to bare parallel Jolokia creating and destroying
-//! N queues on the same brokers in the same run (each queue one exec per node, the three nodes
-//! in parallel, `in_flight` queues at a time). Counts: Jolokia operations per queue (the
-//! operator's own metrics), API reads and writes per queue (the API server's, less the
-//! harness's own, and the operator's client-side count), and in the converged window Jolokia
-//! operations per node per poll, API LISTs and writes.
+//! window, then one create, filter change and delete at a time, then a restart, then all deleted
+//! → all gone. Measured in the same run, side by side with it:
+//! - the ideal-operator floor (issue 45, `floor.rs`): the least an operator must do per object on
+//!   this bed, single and bulk, the faster shape the floor; and once per size the shared script
+//!   it is judged with (`floor_shared.rs`), when `../shared/bench` is there;
+//! - bare parallel Jolokia creating and destroying N queues on the same brokers (each queue one
+//!   exec per node, the three nodes in parallel, `in_flight` queues at a time), and bulk POSTs.
+//!
+//! The operator's input is driven as `../shared/bench/create_queues.py` drives it: the harness's
+//! creates `apply_in_flight` (32) at a time over keep-alive connections; create → `Ready` p50 and
+//! p99 come from the API server's own timestamps, whole seconds, as `wait_ready.py` takes them.
+//! Counts: Jolokia operations per queue (the operator's own metrics), API reads and writes per
+//! queue (the API server's, less the harness's own, and the operator's client-side count), and
+//! in the converged window Jolokia operations per node per poll, API LISTs and writes, the
+//! operator's RSS.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
-use serde_json::{Value, json};
+use anyhow::{Context, Result};
+use serde_json::Value;
 
+use crate::floor::{FloorFigures, IdealOperator};
+use crate::floor_shared::{self, SharedFloor};
 use crate::install::{Ctx, Install, settle};
 use crate::jolokia::Op;
 use crate::objects::QueueWatch;
-use crate::report::{Bar, Chart, Headline, Section, Table};
+use crate::report::Section;
 use crate::stats::{self, Summary};
 
 /// One run at one size.
 #[derive(Default, Clone)]
-struct Run {
-    bare_create_rate: f64,
-    bare_delete_rate: f64,
+pub struct Run {
+    pub bare_create_rate: f64,
+    pub bare_delete_rate: f64,
     /// Bulk: POSTs of `Config::bulk` creates per node, the nodes in parallel.
-    bulk_create_rate: f64,
+    pub bulk_create_rate: f64,
+    /// The ideal-operator floor (the harness's port), measured just before the operator's
+    /// creates; None when it could not be (`floor_error` says why).
+    pub floor: Option<FloorFigures>,
+    pub floor_error: Option<String>,
     /// The harness's own input: queues/s of creates (deletes) the API server acknowledged, the
     /// bound every operator rate here is under (the bare baselines do not pay it).
-    apply_rate: f64,
-    delete_apply_rate: f64,
+    pub apply_rate: f64,
+    pub delete_apply_rate: f64,
     /// Queues/s to all Ready and to all gone; NaN when it did not get there.
-    create_rate: f64,
-    delete_rate: f64,
-    not_ready: usize,
-    not_deleted: usize,
-    jolokia_per_create: f64,
-    jolokia_per_delete: f64,
-    api_reads_per_queue: f64,
-    api_writes_per_queue: f64,
-    op_api_reads_per_queue: f64,
-    op_api_writes_per_queue: f64,
+    pub create_rate: f64,
+    pub delete_rate: f64,
+    pub not_ready: usize,
+    pub not_deleted: usize,
+    pub jolokia_per_create: f64,
+    pub jolokia_per_delete: f64,
+    pub api_reads_per_queue: f64,
+    pub api_writes_per_queue: f64,
+    pub op_api_reads_per_queue: f64,
+    pub op_api_writes_per_queue: f64,
     /// Converged window.
-    polls: f64,
-    jolokia_per_node_per_poll: f64,
-    apiserver_lists: f64,
-    apiserver_writes: f64,
-    op_lists: f64,
-    op_writes: f64,
+    pub polls: f64,
+    pub jolokia_per_node_per_poll: f64,
+    pub apiserver_lists: f64,
+    pub apiserver_writes: f64,
+    pub op_lists: f64,
+    pub op_writes: f64,
+    /// The operator's resident set at the end of the converged window, bytes.
+    pub rss_converged_bytes: f64,
+    /// One object at a time with the N converged.
+    pub single: SingleOps,
     /// Restart with the N converged: seconds until every queue was reconciled after the new
     /// process's first poll; broker writes, audit rows and API writes (operator) meanwhile.
-    restart_known_seconds: f64,
-    restart_broker_writes: f64,
-    restart_audit_rows: f64,
-    restart_api_writes: f64,
+    pub restart_known_seconds: f64,
+    pub restart_broker_writes: f64,
+    pub restart_audit_rows: f64,
+    pub restart_api_writes: f64,
     /// Seconds from a create's acknowledgement to the queue's first status (issue 50: written at
-    /// first sight, before any broker work), p50 and p99 over the N queues.
-    first_status_p50: f64,
-    first_status_p99: f64,
+    /// first sight, before any broker work), p50 and p99 over the N queues, as the harness's
+    /// watch saw it.
+    pub first_status_p50: f64,
+    pub first_status_p99: f64,
     /// The same to `Ready`, for comparison.
-    ready_p50: f64,
-    ready_p99: f64,
+    pub ready_p50: f64,
+    pub ready_p99: f64,
+    /// Create → `Ready` from the API server's own timestamps (creationTimestamp, the Ready
+    /// condition's lastTransitionTime), whole seconds, p50 and p99: the figures that are judged.
+    pub api_ready_p50: f64,
+    pub api_ready_p99: f64,
+}
+
+/// One create, one filter change and one delete at a time with the N converged: medians over
+/// the rounds, milliseconds, in `Op::ALL`'s order; the operator's (applied → `Ready`, a delete:
+/// → gone) and the bare parallel Jolokia exec's, measured back to back.
+#[derive(Default, Clone, Copy)]
+pub struct SingleOps {
+    pub operator_ms: [f64; 3],
+    pub bare_ms: [f64; 3],
+}
+
+/// Every run at one size, and the shared floor script's figures (run once per size).
+pub struct SizeResult {
+    pub n: usize,
+    pub runs: Vec<Run>,
+    pub shared_floor: SharedFloor,
 }
 
 /// The `p`-th percentile (0–100) of `values`, nearest rank; NaN when empty.
@@ -90,21 +130,57 @@ fn latency(
 }
 
 pub async fn run(ctx: &Ctx) -> Result<Section> {
-    let mut results: Vec<(usize, Vec<Run>)> = vec![];
+    let mut results = vec![];
     for (&n, &repeats) in ctx.cfg.sizes.iter().zip(&ctx.cfg.scale_repeats) {
         let mut runs = vec![];
+        let mut shared_floor = SharedFloor::NotMeasured("no run at this size".into());
         for r in 0..repeats {
             println!("bench: scale {n} queues, run {}/{repeats}", r + 1);
-            runs.push(one(ctx, n, r).await?);
+            let (run, shared) = one(ctx, n, r).await?;
+            if let Some(shared) = shared {
+                shared_floor = shared;
+            }
+            runs.push(run);
         }
-        results.push((n, runs));
+        results.push(SizeResult {
+            n,
+            runs,
+            shared_floor,
+        });
     }
-    Ok(section(ctx, &results))
+    Ok(crate::scale_report::section(ctx, &results))
 }
 
-async fn one(ctx: &Ctx, n: usize, repeat: usize) -> Result<Run> {
+/// One run: the bare baselines, then an installation whose first queue gives the status the
+/// floor writes, the floor (and in the first run of a size the shared script), then the
+/// operator's N. The floor's namespace is not the one the operator watches.
+async fn one(ctx: &Ctx, n: usize, repeat: usize) -> Result<(Run, Option<SharedFloor>)> {
     let mut run = Run::default();
-    // Bare parallel Jolokia first, then the operator, back to back.
+    bare(ctx, n, repeat, &mut run).await?;
+    let install = Install::up(ctx, &format!("s{n}r{repeat}"), &[]).await?;
+    let watch = QueueWatch::start(&install.objects);
+    let status = probe_status(ctx, &install, &watch, &format!("p{n}r{repeat}")).await?;
+    measure_floor(ctx, n, repeat, &status, &mut run).await;
+    let shared = if repeat == 0 {
+        let shared = floor_shared::run(ctx, &format!("shared-floor{n}"), n, &status).await;
+        match &shared {
+            SharedFloor::Measured(f) => println!(
+                "bench: floor at {n}, the shared script: single {:.1}/s, bulk {:.1}/s, one object {:.1} ms",
+                f.single_rate, f.bulk_rate, f.one_object_ms
+            ),
+            SharedFloor::NotMeasured(why) => println!("bench: floor at {n}, the shared script: {why}"),
+        }
+        Some(shared)
+    } else {
+        None
+    };
+    let install = operator_run(ctx, install, &watch, n, repeat, &mut run).await?;
+    install.down(ctx).await;
+    Ok((run, shared))
+}
+
+/// Bare parallel Jolokia creating and destroying N queues, then bulk POSTs creating them.
+async fn bare(ctx: &Ctx, n: usize, repeat: usize, run: &mut Run) -> Result<()> {
     ctx.jolokia.wait_up(crate::install::BROKERS_DOWN_LIMIT).await?;
     let bare = ctx.queue_names(&format!("b{n}r{repeat}"), n);
     let took = ctx
@@ -122,15 +198,52 @@ async fn one(ctx: &Ctx, n: usize, repeat: usize) -> Result<Run> {
     run.bulk_create_rate = n as f64 / took.as_secs_f64();
     ctx.jolokia.bulk_many(Op::Delete, &bulk, ctx.cfg.bulk).await?;
     ctx.clean_brokers().await;
+    Ok(())
+}
 
-    let install = Install::up(ctx, &format!("s{n}r{repeat}"), &[]).await?;
-    let install = match operator_run(ctx, install, n, repeat, &mut run).await {
-        Ok(install) => install,
-        // The namespace and database are left to the run's cleanup.
-        Err(e) => return Err(e),
+/// A status the operator wrote in this run (the floor writes the same bytes): one queue
+/// created until `Ready`, its status read, the queue deleted until gone.
+async fn probe_status(ctx: &Ctx, install: &Install, watch: &QueueWatch, tag: &str) -> Result<Value> {
+    let names = ctx.queue_names(tag, 1);
+    let name = names.first().context("one probe name")?;
+    let o = &install.objects;
+    let timeout = Duration::from_secs(120);
+    o.create_queue(name).await?;
+    watch.wait_all(&names, timeout, "Ready", |s| s.ready).await?;
+    let status = o.status_of(name).await?;
+    o.delete_queue(name).await?;
+    watch.wait_all(&names, timeout, "deleted", |s| s.deleted).await?;
+    Ok(status)
+}
+
+/// The harness's port of the floor, in a namespace of its own; an error is reported, not
+/// returned (the operator's figures are still worth having).
+async fn measure_floor(ctx: &Ctx, n: usize, repeat: usize, status: &Value, run: &mut Run) {
+    let tag = format!("floor{n}r{repeat}");
+    let ns = match ctx.scratch_namespace(&tag).await {
+        Ok(ns) => ns,
+        Err(e) => {
+            run.floor_error = Some(format!("no namespace for it: {e:#}"));
+            return;
+        }
     };
-    install.down(ctx).await;
-    Ok(run)
+    let ideal = IdealOperator::new(&ctx.admin, &ns, &ctx.jolokia, status.clone())
+        .in_flight(ctx.cfg.apply_in_flight)
+        .bulk(ctx.cfg.bulk);
+    match ideal.measure(&ctx.prefix(&tag), n).await {
+        Ok(f) => {
+            println!(
+                "bench: floor at {n}, the harness's port: single {:.1}/s, bulk {:.1}/s, one object {:.1} ms",
+                f.single_rate, f.bulk_rate, f.one_object_ms
+            );
+            run.floor = Some(f);
+        }
+        Err(e) => {
+            eprintln!("[bench] floor at {n}: {e:#}");
+            run.floor_error = Some(format!("{e:#}"));
+        }
+    }
+    ctx.drop_scratch_namespace(&ns).await;
 }
 
 /// Restart the operator with the N converged queues: how long until it has reconciled every
@@ -176,36 +289,63 @@ async fn restart(ctx: &Ctx, install: Install, n: usize, run: &mut Run) -> Result
     Ok(install)
 }
 
+/// The operator's N: created → all `Ready`, converged, one at a time, restarted, deleted.
 async fn operator_run(
     ctx: &Ctx,
     install: Install,
+    watch: &QueueWatch,
     n: usize,
     repeat: usize,
     run: &mut Run,
 ) -> Result<Install> {
-    let names = ctx.queue_names(&format!("s{n}r{repeat}"), n);
-    let watch = QueueWatch::start(&install.objects);
-    let o = &install.objects;
-    let wait = ctx.cfg.wait_for(n);
+    let tag = format!("s{n}r{repeat}");
+    let names = ctx.queue_names(&tag, n);
     // Let the first polls pass, so the counts start from an idle operator.
     settle(Duration::from_secs(3)).await;
+    creates(ctx, &install, watch, &names, &ctx.prefix(&tag), run).await?;
+    run.single = single_ops(ctx, &install, watch, &format!("o{n}r{repeat}")).await?;
+    let install = restart(ctx, install, n, run).await?;
+    deletes(ctx, &install, watch, &names, run).await?;
+    Ok(install)
+}
+
+/// N creates, `apply_in_flight` at a time, until all are `Ready`; what they cost; then the
+/// converged window.
+async fn creates(
+    ctx: &Ctx,
+    install: &Install,
+    watch: &QueueWatch,
+    names: &[String],
+    prefix: &str,
+    run: &mut Run,
+) -> Result<()> {
+    let (o, n) = (&install.objects, names.len());
     let s0 = install.snapshot(ctx).await?;
     let start = Instant::now();
-    let acknowledged = o.create_queues_timed(&names).await?;
+    let acknowledged = o.create_queues_timed(names).await?;
     run.apply_rate = n as f64 / start.elapsed().as_secs_f64();
-    match watch.wait_all(&names, wait, "Ready", |s| s.ready).await {
+    match watch
+        .wait_all(names, ctx.cfg.wait_for(n), "Ready", |s| s.ready)
+        .await
+    {
         Ok(at) => run.create_rate = n as f64 / at.saturating_duration_since(start).as_secs_f64(),
         Err(e) => {
             run.create_rate = f64::NAN;
-            run.not_ready = watch.pending(&names, |s| s.ready);
+            run.not_ready = watch.pending(names, |s| s.ready);
             eprintln!("[bench] {e:#}");
         }
     }
-    (run.first_status_p50, run.first_status_p99) = latency(&watch, &acknowledged, |s| s.first_status);
-    (run.ready_p50, run.ready_p99) = latency(&watch, &acknowledged, |s| s.since.filter(|_| s.ready));
+    (run.first_status_p50, run.first_status_p99) = latency(watch, &acknowledged, |s| s.first_status);
+    (run.ready_p50, run.ready_p99) = latency(watch, &acknowledged, |s| s.since.filter(|_| s.ready));
+    (run.api_ready_p50, run.api_ready_p99) = stats::whole_second_p50_p99(&o.ready_lags(prefix).await?);
     println!(
-        "bench: {n} creates → first status: p50 {:.2} s, p99 {:.2} s; → Ready: p50 {:.2} s, p99 {:.2} s",
-        run.first_status_p50, run.first_status_p99, run.ready_p50, run.ready_p99
+        "bench: {n} creates → first status: p50 {:.2} s, p99 {:.2} s; → Ready: p50 {:.2} s, p99 {:.2} s (API timestamps: p50 {} s, p99 {} s)",
+        run.first_status_p50,
+        run.first_status_p99,
+        run.ready_p50,
+        run.ready_p99,
+        run.api_ready_p50,
+        run.api_ready_p99
     );
     let s1 = install.snapshot(ctx).await?;
     let created = s1.since(&s0);
@@ -218,8 +358,7 @@ async fn operator_run(
 
     // The converged window: nothing to do but poll.
     settle(Duration::from_secs(ctx.cfg.converged_seconds)).await;
-    let s2 = install.snapshot(ctx).await?;
-    let idle = s2.since(&s1);
+    let idle = install.snapshot(ctx).await?.since(&s1);
     let nodes = ctx.jolokia.nodes.len() as f64;
     run.polls = idle.operator.polls;
     run.jolokia_per_node_per_poll = if idle.operator.polls > 0.0 {
@@ -231,280 +370,74 @@ async fn operator_run(
     run.apiserver_writes = idle.apiserver_writes();
     run.op_lists = idle.operator.api(&["list"]);
     run.op_writes = idle.operator_writes();
+    run.rss_converged_bytes = install.operator.rss_bytes().map_or(f64::NAN, |b| b as f64);
+    Ok(())
+}
 
-    let install = restart(ctx, install, n, run).await?;
+/// With the N converged, rounds of one create, one filter change and one delete through the
+/// operator, each next to the same bare parallel exec (one warm-up round first, not counted).
+async fn single_ops(ctx: &Ctx, install: &Install, watch: &QueueWatch, tag: &str) -> Result<SingleOps> {
+    let mut operator: [Vec<f64>; 3] = Default::default();
+    let mut bare: [Vec<f64>; 3] = Default::default();
+    for round in 0..=ctx.cfg.single_repeats {
+        let names = ctx.queue_names(&format!("{tag}x{round}"), 2);
+        let (bare_name, name) = match names.as_slice() {
+            [a, b] => (a, b),
+            _ => anyhow::bail!("two names for a round"),
+        };
+        for (k, op) in Op::ALL.into_iter().enumerate() {
+            let a = ctx.jolokia.parallel(op, bare_name).await?;
+            let c = crate::fanout::operator_op(install, watch, op, name).await?;
+            if round > 0 {
+                bare[k].push(a.as_secs_f64() * 1000.0);
+                operator[k].push(c.as_secs_f64() * 1000.0);
+            }
+        }
+    }
+    let median = |v: &Vec<f64>| Summary::of(v).map_or(f64::NAN, |s| s.median);
+    let single = SingleOps {
+        operator_ms: operator.each_ref().map(median),
+        bare_ms: bare.each_ref().map(median),
+    };
+    println!(
+        "bench: one at a time, {} rounds: create {:.1} ms, filter change {:.1} ms, delete {:.1} ms (bare parallel: {:.1}, {:.1}, {:.1} ms)",
+        ctx.cfg.single_repeats,
+        single.operator_ms[0],
+        single.operator_ms[1],
+        single.operator_ms[2],
+        single.bare_ms[0],
+        single.bare_ms[1],
+        single.bare_ms[2]
+    );
+    Ok(single)
+}
+
+/// Every queue deleted, `apply_in_flight` at a time, until all are gone; what they cost.
+async fn deletes(
+    ctx: &Ctx,
+    install: &Install,
+    watch: &QueueWatch,
+    names: &[String],
+    run: &mut Run,
+) -> Result<()> {
     let o = &install.objects;
+    let nf = names.len() as f64;
     let s2 = install.snapshot(ctx).await?;
     let start = Instant::now();
-    o.delete_queues(&names).await?;
+    o.delete_queues(names).await?;
     run.delete_apply_rate = nf / start.elapsed().as_secs_f64();
-    match watch.wait_all(&names, wait, "deleted", |s| s.deleted).await {
+    match watch
+        .wait_all(names, ctx.cfg.wait_for(names.len()), "deleted", |s| s.deleted)
+        .await
+    {
         Ok(at) => run.delete_rate = nf / at.saturating_duration_since(start).as_secs_f64(),
         Err(e) => {
             run.delete_rate = f64::NAN;
-            run.not_deleted = watch.pending(&names, |s| s.deleted);
+            run.not_deleted = watch.pending(names, |s| s.deleted);
             eprintln!("[bench] {e:#}");
         }
     }
     let s3 = install.snapshot(ctx).await?;
     run.jolokia_per_delete = s3.since(&s2).operator.jolokia() / nf;
-    Ok(install)
-}
-
-fn col(runs: &[Run], f: impl Fn(&Run) -> f64) -> Vec<f64> {
-    runs.iter().map(f).collect()
-}
-
-fn section(ctx: &Ctx, results: &[(usize, Vec<Run>)]) -> Section {
-    let mut s = Section::new(
-        "scale",
-        "2. Scale",
-        &format!(
-            "N ArtemisQueues ({}) on cluster `c` (3 nodes), created through the API server ({} at a time) until all are `Ready`, then a converged window, then an operator restart, then deleted until all are gone. Bare parallel: the same N queues created and destroyed with one bare Jolokia exec per node, the three nodes in parallel, {} queues at a time, just before; bulk: POSTs of {} creates per node, the nodes in parallel. Targets: create ≥ 100 queues/s, ≥ 1.0 × bare parallel and ≥ 0.5 × bulk; cost per queue flat from 100 to 10,000; converged: a small constant of Jolokia operations per node per poll, no API LIST, no API write; a restart writes nothing.",
-            if ctx.cfg.durable {
-                "durable, the CRD's default"
-            } else {
-                "non-durable"
-            },
-            ctx.cfg.apply_in_flight,
-            ctx.cfg.in_flight,
-            ctx.cfg.bulk
-        ),
-    );
-    let mut rates = Table::new(&[
-        "queues",
-        "create/s operator",
-        "create/s bare parallel",
-        "create ratio",
-        "delete/s operator",
-        "delete/s bare parallel",
-        "delete ratio",
-        "input: creates; deletes acknowledged by the API server /s",
-    ]);
-    let mut cost = Table::new(&[
-        "queues",
-        "Jolokia ops per create",
-        "Jolokia ops per delete",
-        "API reads per queue (server / operator)",
-        "API writes per queue (server / operator)",
-    ]);
-    let mut idle = Table::new(&[
-        "queues",
-        "converged window: polls",
-        "Jolokia ops per node per poll",
-        "API LISTs (server / operator)",
-        "API writes (server / operator)",
-    ]);
-    let mut restarts = Table::new(&[
-        "queues",
-        "bulk create/s (POSTs of the bulk size per node)",
-        "operator create ÷ bulk",
-        "restart: s from ready until every queue judged against a snapshot",
-        "restart: broker writes; audit rows; operator API writes",
-    ]);
-    let mut bars = vec![];
-    let mut json_sizes = vec![];
-    for (n, runs) in results {
-        let create_ratio = Summary::of(&stats::ratios(
-            &col(runs, |r| r.create_rate),
-            &col(runs, |r| r.bare_create_rate),
-        ));
-        let delete_ratio = Summary::of(&stats::ratios(
-            &col(runs, |r| r.delete_rate),
-            &col(runs, |r| r.bare_delete_rate),
-        ));
-        let create_rate = Summary::of(&col(runs, |r| r.create_rate));
-        let failed: usize = runs.iter().map(|r| r.not_ready).sum();
-        let failed_del: usize = runs.iter().map(|r| r.not_deleted).sum();
-        let mut rate_cell = stats::show(create_rate, 1);
-        if failed > 0 {
-            rate_cell.push_str(&format!(" ({failed} never Ready)"));
-        }
-        let mut del_cell = stats::show(Summary::of(&col(runs, |r| r.delete_rate)), 1);
-        if failed_del > 0 {
-            del_cell.push_str(&format!(" ({failed_del} never gone)"));
-        }
-        rates.row(vec![
-            n.to_string(),
-            rate_cell,
-            stats::show(Summary::of(&col(runs, |r| r.bare_create_rate)), 1),
-            stats::show(create_ratio, 2),
-            del_cell,
-            stats::show(Summary::of(&col(runs, |r| r.bare_delete_rate)), 1),
-            stats::show(delete_ratio, 2),
-            format!(
-                "{}; {}",
-                stats::show(Summary::of(&col(runs, |r| r.apply_rate)), 1),
-                stats::show(Summary::of(&col(runs, |r| r.delete_apply_rate)), 1)
-            ),
-        ]);
-        let pair = |a: &dyn Fn(&Run) -> f64, b: &dyn Fn(&Run) -> f64, d: usize| {
-            format!(
-                "{} / {}",
-                stats::show(Summary::of(&col(runs, a)), d),
-                stats::show(Summary::of(&col(runs, b)), d)
-            )
-        };
-        cost.row(vec![
-            n.to_string(),
-            stats::show(Summary::of(&col(runs, |r| r.jolokia_per_create)), 1),
-            stats::show(Summary::of(&col(runs, |r| r.jolokia_per_delete)), 1),
-            pair(&|r| r.api_reads_per_queue, &|r| r.op_api_reads_per_queue, 2),
-            pair(&|r| r.api_writes_per_queue, &|r| r.op_api_writes_per_queue, 2),
-        ]);
-        idle.row(vec![
-            n.to_string(),
-            stats::show(Summary::of(&col(runs, |r| r.polls)), 0),
-            stats::show(Summary::of(&col(runs, |r| r.jolokia_per_node_per_poll)), 1),
-            pair(&|r| r.apiserver_lists, &|r| r.op_lists, 0),
-            pair(&|r| r.apiserver_writes, &|r| r.op_writes, 0),
-        ]);
-        let bulk_ratio = Summary::of(&stats::ratios(
-            &col(runs, |r| r.create_rate),
-            &col(runs, |r| r.bulk_create_rate),
-        ));
-        restarts.row(vec![
-            n.to_string(),
-            stats::show(Summary::of(&col(runs, |r| r.bulk_create_rate)), 1),
-            stats::show(bulk_ratio, 2),
-            stats::show(Summary::of(&col(runs, |r| r.restart_known_seconds)), 1),
-            format!(
-                "{}; {}; {}",
-                stats::show(Summary::of(&col(runs, |r| r.restart_broker_writes)), 0),
-                stats::show(Summary::of(&col(runs, |r| r.restart_audit_rows)), 0),
-                stats::show(Summary::of(&col(runs, |r| r.restart_api_writes)), 0)
-            ),
-        ]);
-        s.headlines.push(Headline {
-            what: format!(
-                "{n} queues: create rate ÷ the bulk limit (POSTs of {} per node)",
-                ctx.cfg.bulk
-            ),
-            measured: stats::show(bulk_ratio, 2),
-            target: "≥ 0.5×".into(),
-            met: bulk_ratio.map(|r| r.median >= 0.5),
-        });
-        let restart_writes = Summary::of(&col(runs, |r| {
-            r.restart_broker_writes + r.restart_audit_rows + r.restart_api_writes
-        }));
-        s.headlines.push(Headline {
-            what: format!("{n} converged, operator restart: broker writes + audit rows + API writes; s to know every queue"),
-            measured: format!(
-                "{}; {}",
-                stats::show(restart_writes, 0),
-                stats::show(Summary::of(&col(runs, |r| r.restart_known_seconds)), 1)
-            ),
-            target: "0; reported".into(),
-            met: restart_writes.map(|w| w.max == 0.0),
-        });
-        if let Some(r) = create_ratio {
-            bars.push(Bar {
-                label: format!("{n} queues: create, operator / bare"),
-                value: r,
-            });
-        }
-        if let Some(r) = delete_ratio {
-            bars.push(Bar {
-                label: format!("{n} queues: delete, operator / bare"),
-                value: r,
-            });
-        }
-        let met_rate = create_rate.map(|c| c.median >= 100.0 && failed == 0);
-        s.headlines.push(Headline {
-            what: format!("{n} queues: create rate, queues/s (operator / bare parallel)"),
-            measured: format!(
-                "{} / {} = {}",
-                stats::show(create_rate, 1),
-                stats::show(Summary::of(&col(runs, |r| r.bare_create_rate)), 1),
-                stats::show(create_ratio, 2)
-            ),
-            target: "≥ 100/s and ≥ 1.0×".into(),
-            met: match (met_rate, create_ratio) {
-                (Some(rate), Some(ratio)) => Some(rate && ratio.median >= 1.0),
-                _ => Some(false),
-            },
-        });
-        s.headlines.push(Headline {
-            what: format!("{n} queues: Jolokia ops per create / API writes per queue (operator)"),
-            measured: format!(
-                "{} / {}",
-                stats::show(Summary::of(&col(runs, |r| r.jolokia_per_create)), 1),
-                stats::show(Summary::of(&col(runs, |r| r.op_api_writes_per_queue)), 2)
-            ),
-            target: "flat in N (bare: 3 ops)".into(),
-            met: None,
-        });
-        let lists = Summary::of(&col(runs, |r| r.op_lists));
-        let writes = Summary::of(&col(runs, |r| r.op_writes));
-        s.headlines.push(Headline {
-            what: format!(
-                "{n} queues converged, {} s: Jolokia ops per node per poll; operator API LISTs; writes",
-                ctx.cfg.converged_seconds
-            ),
-            measured: format!(
-                "{}; {}; {}",
-                stats::show(Summary::of(&col(runs, |r| r.jolokia_per_node_per_poll)), 1),
-                stats::show(lists, 0),
-                stats::show(writes, 0)
-            ),
-            target: "small constant; 0; 0".into(),
-            met: match (lists, writes) {
-                (Some(l), Some(w)) => Some(l.max == 0.0 && w.max == 0.0),
-                _ => None,
-            },
-        });
-        json_sizes.push(json!({
-            "queues": n,
-            "runs": runs.iter().map(run_json).collect::<Vec<_>>(),
-            "createRatio": stats::json(create_ratio),
-            "deleteRatio": stats::json(delete_ratio),
-        }));
-    }
-    s.tables = vec![rates, cost, idle, restarts];
-    s.chart = Some(Chart {
-        title: "Scale: operator queues/s over bare parallel Jolokia queues/s".into(),
-        axis: "× bare parallel".into(),
-        bars,
-        target: Some((1.0, "target 1.0×".into())),
-    });
-    let first: Vec<String> = results
-        .iter()
-        .map(|(n, runs)| {
-            let p99 = stats::show(Summary::of(&col(runs, |r| r.first_status_p99)), 2);
-            let ready = stats::show(Summary::of(&col(runs, |r| r.ready_p99)), 2);
-            format!("{n}: {p99} s (to Ready: {ready} s)")
-        })
-        .collect();
-    s.notes.push(format!(
-        "Create → first status (written at first sight, before any broker work), p99 over the N queues, per size: {}.",
-        first.join("; ")
-    ));
-    s.notes.push("API server figures are every client's requests for the operator's API group, Secrets and Events (the API server's `apiserver_request_total`), less the harness's own; other users of the shared API server (e.g. a concurrent integration test run) add to them. The operator's own client-side count (`artemis_studio_api_requests_total`) is next to them.".into());
-    s.notes.push(format!(
-        "Converged window: {} s after all were Ready; Jolokia ops per node per poll include the poll itself (identity and inventory: 8 operations per node).",
-        ctx.cfg.converged_seconds
-    ));
-    s.json = json!({"sizes": json_sizes});
-    s
-}
-
-fn run_json(r: &Run) -> Value {
-    let num = |x: f64| if x.is_finite() { json!(x) } else { Value::Null };
-    json!({
-        "bareCreatePerSecond": num(r.bare_create_rate), "bareDeletePerSecond": num(r.bare_delete_rate),
-        "createPerSecond": num(r.create_rate), "deletePerSecond": num(r.delete_rate),
-        "appliedCreatesPerSecond": num(r.apply_rate), "appliedDeletesPerSecond": num(r.delete_apply_rate),
-        "neverReady": r.not_ready, "neverDeleted": r.not_deleted,
-        "jolokiaOpsPerCreate": num(r.jolokia_per_create), "jolokiaOpsPerDelete": num(r.jolokia_per_delete),
-        "apiServerReadsPerQueue": num(r.api_reads_per_queue), "apiServerWritesPerQueue": num(r.api_writes_per_queue),
-        "operatorApiReadsPerQueue": num(r.op_api_reads_per_queue), "operatorApiWritesPerQueue": num(r.op_api_writes_per_queue),
-        "converged": {"polls": num(r.polls), "jolokiaOpsPerNodePerPoll": num(r.jolokia_per_node_per_poll),
-            "apiServerLists": num(r.apiserver_lists), "apiServerWrites": num(r.apiserver_writes),
-            "operatorLists": num(r.op_lists), "operatorWrites": num(r.op_writes)},
-        "bulkCreatePerSecond": num(r.bulk_create_rate),
-        "restart": {"knownSeconds": num(r.restart_known_seconds), "brokerWrites": num(r.restart_broker_writes),
-            "auditRows": num(r.restart_audit_rows), "operatorApiWrites": num(r.restart_api_writes)},
-        "createToFirstStatusSeconds": {"p50": num(r.first_status_p50), "p99": num(r.first_status_p99)},
-        "createToReadySeconds": {"p50": num(r.ready_p50), "p99": num(r.ready_p99)},
-    })
+    Ok(())
 }

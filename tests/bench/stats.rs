@@ -65,3 +65,16 @@ pub fn ratios(num: &[f64], den: &[f64]) -> Vec<f64> {
         .map(|(n, d)| n / d)
         .collect()
 }
+
+/// p50 and p99 of whole-second lags the way ../shared/bench/wait_ready.py takes them: sorted,
+/// p50 the element at len/2, p99 the one at ⌊len × 0.99⌋ (at most the last); NaN when empty.
+pub fn whole_second_p50_p99(lags: &[i64]) -> (f64, f64) {
+    let mut sorted = lags.to_vec();
+    sorted.sort_unstable();
+    let at = |i: usize| {
+        sorted
+            .get(i.min(sorted.len().saturating_sub(1)))
+            .map_or(f64::NAN, |&s| s as f64)
+    };
+    (at(sorted.len() / 2), at((sorted.len() as f64 * 0.99) as usize))
+}
