@@ -63,7 +63,7 @@ impl FakeBroker {
 
     fn do_create_queue(&self, configuration: &Value) -> Result<Value, BrokerError> {
         let answer = Value::String(configuration.to_string());
-        let q = inventory::created_queue(&answer)
+        let q = crate::topology::answers::created_queue(&answer)
             .ok_or_else(|| BrokerError::BadResponse("not a queue configuration".into()))?;
         let auto_address = configuration
             .get("auto-create-address")
@@ -121,7 +121,7 @@ impl FakeBroker {
     /// ignored keep their values and the filter-string is the one the queue was created with
     /// (`QueueImpl.setFilter` leaves the configuration's alone).
     fn do_update_queue(&self, configuration: &Value) -> Result<Value, BrokerError> {
-        let mut next = inventory::created_queue(&Value::String(configuration.to_string()))
+        let mut next = crate::topology::answers::created_queue(&Value::String(configuration.to_string()))
             .ok_or_else(|| BrokerError::BadResponse("not a queue configuration".into()))?;
         self.with_state(|s| {
             let Some(current) = s.queues.get_mut(&next.name) else {

@@ -8,6 +8,7 @@
 //! not at the next poll, and live again as soon as it answers anything.
 
 pub mod access;
+pub mod answers;
 pub mod by_change;
 pub mod inventory;
 

@@ -4,7 +4,8 @@
 use serde_json::{Value, json};
 
 use crate::controllers::queue::plan::{DesiredQueue, create_document};
-use crate::topology::inventory::{AddressInfo, NodeInventory, QueueInfo, created_queue};
+use crate::topology::answers::created_queue;
+use crate::topology::inventory::{AddressInfo, NodeInventory, QueueInfo};
 
 pub(super) fn desired(spec: serde_json::Value) -> DesiredQueue {
     let mut spec = spec;

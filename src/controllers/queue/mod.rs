@@ -19,6 +19,7 @@ use crate::broker::BrokerError;
 use crate::fanout::ops::QueueRef;
 use crate::fanout::{self, NodeFailure, NodeReport, Target};
 use crate::topology::Topology;
+use crate::topology::answers;
 use crate::topology::inventory::{self, DivertsRead, NodeInventory, QueueAt, QueueInfo, ScopedRead};
 
 pub const FINALIZER: &str = "artemis-studio.io/queue";
@@ -104,7 +105,7 @@ async fn update_on(
 ) -> Result<Option<QueueInfo>, NodeFailure> {
     let doc = plan::update_document(current, &d.spec);
     match t.ops.update_queue(&doc).await {
-        Ok(answer) => Ok(inventory::updated_queue(current, &answer, &doc)),
+        Ok(answer) => Ok(answers::updated_queue(current, &answer, &doc)),
         Err(e) if e.refusal_kind() == RefusalKind::MaxConsumersTooLow => Err(NodeFailure {
             message: Some(format!(
                 "{e}: spec.maxConsumers is below the queue's current consumer count; raise it or disconnect consumers first"
@@ -164,7 +165,7 @@ async fn create_on(
                     "created"
                 },
             );
-            Ok(match inventory::created_queue(&answer) {
+            Ok(match answers::created_queue(&answer) {
                 Some(q) => report.with_seen(NodeInventory {
                     scope: Some(inventory::ReadScope {
                         queues: vec![q.name.clone()],
