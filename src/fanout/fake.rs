@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::ops::{BrokerOps, Op, QueueRef};
 use crate::broker::BrokerError;
 use crate::broker::error::classify;
-use crate::topology::inventory::{self, AddressInfo, DivertInfo, DivertsRead, NodeInventory, ScopedRead};
+use crate::topology::inventory::{AddressInfo, DivertInfo, DivertsRead, NodeInventory, ScopedRead};
 
 #[derive(Debug, Default)]
 pub struct FakeBroker {
