@@ -12,16 +12,18 @@
 //!   ([`Triggers`], [`trigger_stream`]), `error` ([`ReconcileError`]), `claims` (the claim
 //!   indexes a cache keeps), `census` (the metrics read from the caches);
 //! - how they run: `runner` (one kind's controller: [`Wiring`], [`Slots`], [`Source`],
-//!   [`run_controller`], [`with_finalizer`]), `watches` (the one watch per kind and scope that
-//!   keeps a cache, its indexes and first statuses; `feed`: what it lets through to the
-//!   controller), `launch` ([`run_all`]: every controller and watch), `liveness` ([`heartbeat`],
+//!   [`run_controller`], [`with_finalizer`]), `arrival` (the order of the slots: a reconcile
+//!   waiting for one is served in the order its object's change arrived), `watches` (the one
+//!   watch per kind and scope that keeps a cache, its indexes and first statuses; `feed`: what
+//!   it lets through to the controller), `launch` ([`run_all`]: every controller and watch), `liveness` ([`heartbeat`],
 //!   the reaper of abandoned commands);
 //! - this file: the small helpers every module uses ([`key`], [`actor_of`], [`is_paused`]…) and
 //!   the traits of the kinds ([`StatusConditions`], [`OfCluster`], [`Watched`]).
 //!
 //! Among the shared modules each uses only those to its left: this file, `error`, `locks`,
-//! `triggers` → `context` → `runner`, `liveness` → `watches` → `launch`.
+//! `triggers`, `arrival` → `context` → `runner`, `liveness` → `watches` → `launch`.
 
+mod arrival;
 pub mod catch_up;
 pub mod census;
 pub mod claims;
