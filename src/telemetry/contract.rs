@@ -94,6 +94,7 @@ fn metrics_with_a_sample_everywhere() -> Metrics {
     j.permitted_concurrency.get_or_create(&n).set(4);
     j.in_flight.get_or_create(&n).set(0);
     j.backoffs.get_or_create(&n).inc();
+    j.record_inventory_read(node, true);
     let c = capture::metrics();
     let sub = SubscriptionLabels {
         cluster: "contract/test".into(),

@@ -33,6 +33,13 @@ pub struct NodeLabels {
     pub node: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InventoryReadLabels {
+    pub node: String,
+    /// `full` (every queue, address and divert) or `by_change` (counts and one page).
+    pub read: String,
+}
+
 type HistogramFamily = Family<NodeLabels, Histogram, fn() -> Histogram>;
 
 fn post_duration_histogram() -> Histogram {
@@ -54,6 +61,8 @@ pub struct JolokiaMetrics {
     pub in_flight: Family<NodeLabels, Gauge>,
     /// Times the budget backed off from a node (a timeout, or answers slower than the threshold).
     pub backoffs: Family<NodeLabels, Counter>,
+    /// A poll's inventory reads by node: in full, or by change (issue 45).
+    pub inventory_reads: Family<InventoryReadLabels, Counter>,
     /// Operations per node whatever their kind and result (not exported: the exported family
     /// cannot be summed in process, and tests want the total).
     requests_by_node: Family<NodeLabels, Counter>,
@@ -68,6 +77,7 @@ impl JolokiaMetrics {
             permitted_concurrency: Family::default(),
             in_flight: Family::default(),
             backoffs: Family::default(),
+            inventory_reads: Family::default(),
             requests_by_node: Family::default(),
         }
     }
@@ -100,6 +110,35 @@ impl JolokiaMetrics {
             "Times the per-node budget reduced what it permits (slow answers or timeouts)",
             self.backoffs.clone(),
         );
+        registry.register(
+            "inventory_reads",
+            "A poll's inventory reads by node: full (every queue, address and divert) or by_change (counts and one page of queues)",
+            self.inventory_reads.clone(),
+        );
+    }
+
+    /// One poll's read of a node's inventory.
+    pub fn record_inventory_read(&self, node: &str, full: bool) {
+        let read = if full { "full" } else { "by_change" };
+        self.inventory_reads
+            .get_or_create(&InventoryReadLabels {
+                node: node.to_string(),
+                read: read.to_string(),
+            })
+            .inc();
+    }
+
+    /// Inventory reads of this node so far: (full, by change).
+    pub fn inventory_reads_of(&self, node: &str) -> (u64, u64) {
+        let of = |read: &str| {
+            self.inventory_reads
+                .get_or_create(&InventoryReadLabels {
+                    node: node.to_string(),
+                    read: read.to_string(),
+                })
+                .get()
+        };
+        (of("full"), of("by_change"))
     }
 
     /// One operation's result.

@@ -413,8 +413,9 @@ fn parse_address(v: &Value) -> Result<AddressInfo, Unreadable> {
 
 impl NodeInventory {
     /// Every row of a `listQueues` answer (a JSON document in a string); a row that does not
-    /// parse is unreadable (nothing is planned for it on a guess).
-    fn add_listed_queues(&mut self, listing: &Value) -> Result<(), BrokerError> {
+    /// parse is unreadable (nothing is planned for it on a guess). A row replaces what was
+    /// known of its queue, readable or not (a page laid over a whole read, issue 45).
+    pub(crate) fn add_listed_queues(&mut self, listing: &Value) -> Result<(), BrokerError> {
         let doc: Value = listing
             .as_str()
             .and_then(|t| serde_json::from_str(t).ok())
@@ -426,9 +427,11 @@ impl NodeInventory {
         for row in rows {
             match (parse_listed_queue(row), row.get("name").and_then(Value::as_str)) {
                 (Ok(q), _) => {
+                    self.unreadable_queues.remove(&q.name);
                     self.queues.insert(q.name.clone(), q);
                 }
                 (Err(why), Some(name)) => {
+                    self.queues.remove(name);
                     self.unreadable_queues.insert(name.to_string(), why);
                 }
                 (Err(why), None) => return Err(BrokerError::BadResponse(format!("a listQueues row: {why}"))),
@@ -518,14 +521,20 @@ pub async fn scrape(m: &BrokerManagement) -> Result<NodeInventory, BrokerError> 
 /// read of the same 22 attributes, which costs per attribute per MBean (deploy/dev/inventory-bench;
 /// README "Performance"). Small pages cost more: each page sorts the whole set.
 fn list_all_queues(broker_name: &str) -> JolokiaRequest {
+    list_queues(broker_name, -1, -1)
+}
+
+/// `listQueues` with no filter: page `page` (from 1) of `size` queues, in the broker's default
+/// order (by name), or every queue for -1, -1.
+pub(crate) fn list_queues(broker_name: &str, page: i64, size: i64) -> JolokiaRequest {
     let everything = serde_json::json!({"field": "", "operation": "", "value": ""}).to_string();
     JolokiaRequest::exec(
         mbean::broker(broker_name),
         "listQueues(java.lang.String,int,int)",
         vec![
             serde_json::json!(everything),
-            serde_json::json!(-1),
-            serde_json::json!(-1),
+            serde_json::json!(page),
+            serde_json::json!(size),
         ],
     )
 }

@@ -235,6 +235,8 @@ pub struct TopologyMemory {
     silences_seen: HashMap<String, u64>,
     /// When each endpoint was last read in full (issue 45: between full reads, by change).
     full_reads: HashMap<String, Instant>,
+    /// The page of queues each endpoint's next poll by change reads.
+    next_pages: HashMap<String, u64>,
 }
 
 impl TopologyMemory {
@@ -268,9 +270,13 @@ pub async fn poll_since(
     memory: &Mutex<TopologyMemory>,
     previous: Option<&Topology>,
 ) -> Topology {
-    let (known, full_reads) = {
+    let (known, full_reads, pages) = {
         let mem = memory.lock().await;
-        (mem.broker_names.clone(), mem.full_reads.clone())
+        (
+            mem.broker_names.clone(),
+            mem.full_reads.clone(),
+            mem.next_pages.clone(),
+        )
     };
     let baseline = |url: &str| {
         let node = previous?
@@ -280,6 +286,7 @@ pub async fn poll_since(
         Some(by_change::Baseline {
             inventory: node.inventory.clone()?,
             full_read_at: *full_reads.get(url)?,
+            page: pages.get(url).copied().unwrap_or(1),
         })
     };
     let observations = join_all(access.endpoints.iter().map(|url| {
@@ -299,8 +306,15 @@ pub async fn poll_since(
     for (url, obs) in access.endpoints.iter().zip(observations) {
         match obs {
             Ok((m, identity, inv)) => {
-                if let Some(Ok(by_change::Read::Full(_))) = &inv {
-                    mem.full_reads.insert(url.clone(), Instant::now());
+                match &inv {
+                    Some(Ok(by_change::Read::Full(_))) => {
+                        mem.full_reads.insert(url.clone(), Instant::now());
+                        mem.next_pages.insert(url.clone(), 1);
+                    }
+                    Some(Ok(by_change::Read::ByChange { next_page, .. })) => {
+                        mem.next_pages.insert(url.clone(), *next_page);
+                    }
+                    _ => {}
                 }
                 mem.broker_names.insert(url.clone(), identity.broker_name.clone());
                 mem.last_node_of.insert(url.clone(), identity.node_id.clone());

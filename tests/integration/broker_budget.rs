@@ -86,7 +86,13 @@ async fn two_hundred_concurrent_calls_share_a_few_posts_within_the_budget() {
 
     let requests = artemis_studio_operator::broker::jolokia_requests_of(&url) - requests_before;
     let posts = artemis_studio_operator::broker::jolokia_posts_of(&url) - posts_before;
-    assert_eq!(requests, calls as u64, "every call counted once");
+    // Issue 45: identical reads in one POST go once (src/broker/batch.rs, `SharedReads`): the
+    // missing attributes are each their own, Version and NodeID at most once per POST each.
+    let distinct = (calls / 3) as u64;
+    assert!(
+        requests >= distinct + 2 && requests <= distinct + 2 * posts,
+        "{requests} operations for {calls} calls in {posts} POSTs: each distinct read once per POST"
+    );
     assert!(posts < calls as u64 / 4, "{posts} POSTs for {calls} calls");
     let stats = node_stats(&url).expect("the node has a budget");
     assert!(
