@@ -76,10 +76,11 @@ pub struct ArtemisClusterSpec {
     #[schemars(range(min = 1, max = 3600))]
     pub poll_interval_seconds: u32,
     /// How often each node's inventory is read in full, in seconds (issue 45). Between full
-    /// reads a poll reads only the node's queue and address counts and its divert names, and
-    /// reads in full when they differ from what the operator knows: a setting changed on an
-    /// existing queue behind the operator's back (or a queue removed and another added between
-    /// two polls), and the message counts delete previews show, are seen at the next full read.
+    /// reads a poll reads the node's queue and address counts, its divert names and one page of
+    /// 500 queues (the next at each poll), and reads in full when the counts differ from what
+    /// the operator knows: a setting changed on an existing queue is seen within a round of
+    /// pages; a queue removed and another added between two polls, and an address's or a
+    /// divert's settings changed behind the operator's back, at the next full read.
     #[serde(default = "default_full_read_interval")]
     #[schemars(range(min = 10, max = 86400))]
     pub full_read_interval_seconds: u32,
