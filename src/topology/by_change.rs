@@ -92,15 +92,11 @@ pub async fn read(
 /// the poll then sees no change), and the page to read next.
 fn with_page(b: Baseline, listing: &Value) -> Result<Read, BrokerError> {
     let mut paged = (*b.inventory).clone();
-    paged.add_listed_queues(listing)?;
+    let changed = paged.add_listed_queues(listing)?;
     let known = (b.inventory.queues.len() + b.inventory.unreadable_queues.len()) as u64;
     let pages = known.div_ceil(PAGE).max(1);
     let next_page = if b.page >= pages { 1 } else { b.page + 1 };
-    let inventory = if paged == *b.inventory {
-        b.inventory
-    } else {
-        Arc::new(paged)
-    };
+    let inventory = if changed { Arc::new(paged) } else { b.inventory };
     Ok(Read::ByChange { inventory, next_page })
 }
 
@@ -164,6 +160,41 @@ mod tests {
         }
         let broken = json!({"QueueCount": "many", "AddressCount": 1, "DivertNames": ["d"]});
         assert!(matches(&broken, &known()).is_err(), "never judged on a guess");
+    }
+
+    #[test]
+    fn a_page_that_moves_nothing_keeps_the_baseline_and_one_that_does_replaces_it() {
+        let row = |filter: &str| {
+            json!({"name":"q","address":"q","filter":filter,"durable":"true","paused":"false",
+                "temporary":"false","purgeOnNoConsumers":"false","consumerCount":"0","maxConsumers":"-1",
+                "routingType":"ANYCAST","messageCount":"0","deliveringCount":"0","exclusive":"false",
+                "lastValue":"false","lastValueKey":"","groupRebalance":"false","groupBuckets":"-1",
+                "groupFirstKey":"","enabled":"true","ringSize":"-1","consumersBeforeDispatch":"0",
+                "delayBeforeDispatch":"-1","autoDelete":"false"})
+        };
+        let listing = |filter: &str| Value::String(json!({"data": [row(filter)], "count": 1}).to_string());
+        let mut known = NodeInventory::default();
+        known.add_listed_queues(&listing("a = 1")).expect("a listing");
+        let baseline = |page| Baseline {
+            inventory: Arc::new(known.clone()),
+            full_read_at: Instant::now(),
+            page,
+        };
+        let b = baseline(1);
+        let same = b.inventory.clone();
+        match with_page(b, &listing("a = 1")).expect("a page") {
+            Read::ByChange { inventory, next_page } => {
+                assert!(Arc::ptr_eq(&inventory, &same), "nothing moved: the same snapshot");
+                assert_eq!(next_page, 1, "one page: round again");
+            }
+            other => panic!("{other:?}"),
+        }
+        match with_page(baseline(1), &listing("a = 2")).expect("a page") {
+            Read::ByChange { inventory, .. } => {
+                assert_eq!(inventory.queues["q"].filter.as_deref(), Some("a = 2"));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -414,8 +414,9 @@ fn parse_address(v: &Value) -> Result<AddressInfo, Unreadable> {
 impl NodeInventory {
     /// Every row of a `listQueues` answer (a JSON document in a string); a row that does not
     /// parse is unreadable (nothing is planned for it on a guess). A row replaces what was
-    /// known of its queue, readable or not (a page laid over a whole read, issue 45).
-    pub(crate) fn add_listed_queues(&mut self, listing: &Value) -> Result<(), BrokerError> {
+    /// known of its queue, readable or not (a page laid over a whole read, issue 45). Returns
+    /// whether any row changed what was known.
+    pub(crate) fn add_listed_queues(&mut self, listing: &Value) -> Result<bool, BrokerError> {
         let doc: Value = listing
             .as_str()
             .and_then(|t| serde_json::from_str(t).ok())
@@ -424,20 +425,23 @@ impl NodeInventory {
             .get("data")
             .and_then(Value::as_array)
             .ok_or_else(|| BrokerError::BadResponse("listQueues returned no data".into()))?;
+        let mut changed = false;
         for row in rows {
             match (parse_listed_queue(row), row.get("name").and_then(Value::as_str)) {
                 (Ok(q), _) => {
-                    self.unreadable_queues.remove(&q.name);
+                    changed |= self.unreadable_queues.remove(&q.name).is_some()
+                        || self.queues.get(&q.name) != Some(&q);
                     self.queues.insert(q.name.clone(), q);
                 }
                 (Err(why), Some(name)) => {
-                    self.queues.remove(name);
+                    changed |=
+                        self.queues.remove(name).is_some() || self.unreadable_queues.get(name) != Some(&why);
                     self.unreadable_queues.insert(name.to_string(), why);
                 }
                 (Err(why), None) => return Err(BrokerError::BadResponse(format!("a listQueues row: {why}"))),
             }
         }
-        Ok(())
+        Ok(changed)
     }
 
     fn add_queue(&mut self, v: &Value) -> Result<(), BrokerError> {
@@ -489,7 +493,9 @@ pub async fn scrape(m: &BrokerManagement) -> Result<NodeInventory, BrokerError> 
         ..Default::default()
     };
     match next() {
-        Ok(listing) => inv.add_listed_queues(&listing)?,
+        Ok(listing) => {
+            inv.add_listed_queues(&listing)?;
+        }
         // Refused as an element (an older broker, a role without the operation): the request
         // as a whole reached the broker, so the attribute read goes in a second one.
         Err(_) => {
