@@ -289,7 +289,7 @@ impl TopologyObject for ArtemisDivert {
     async fn read_fresh(
         t: &Target,
         d: &DesiredDivert,
-        _for_delete: Option<&NodeInventory>,
+        _for_delete: bool,
     ) -> Result<NodeInventory, BrokerError> {
         read_divert(t, d).await
     }

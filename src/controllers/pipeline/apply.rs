@@ -374,7 +374,7 @@ pub(in crate::controllers) async fn apply_with_evidence<K: TopologyObject>(
                 // Made behind the snapshot's back (another writer, or a poll not yet seen):
                 // read that object and judge it as an update would be.
                 existed.store(true, Ordering::Relaxed);
-                let fresh = Arc::new(K::read_fresh(&t, &d, None).await?);
+                let fresh = Arc::new(K::read_fresh(&t, &d, false).await?);
                 record(&fresh);
                 let report = K::apply_on(t.clone(), d.clone(), fresh.clone()).await?;
                 verify::<K>(&t, &d, report, &fresh, seen).await
@@ -399,7 +399,7 @@ async fn verify<K: TopologyObject>(
     }
     let (after, answered) = match &report.seen {
         Some(seen) => (seen.clone(), true),
-        None => match K::read_fresh(t, d, None).await {
+        None => match K::read_fresh(t, d, false).await {
             Ok(inv) => (Arc::new(inv), false),
             Err(e) => {
                 return Ok(NodeReport {

@@ -204,12 +204,11 @@ pub trait TopologyObject:
     /// is not this object's (another address, routing type or routing name) is `Nothing`.
     fn plan_delete(d: &Self::Desired, inv: &NodeInventory, facts: &PlanFacts) -> Step;
     /// The fresh read a preflight makes on a node: only what the command touches (for a
-    /// delete, also what goes with it: dependent diverts, placed by the node's latest snapshot,
-    /// `for_delete`).
+    /// delete, `for_delete`, also what goes with it: the dependent diverts).
     fn read_fresh(
         t: &Target,
         d: &Self::Desired,
-        for_delete: Option<&NodeInventory>,
+        for_delete: bool,
     ) -> impl Future<Output = Result<NodeInventory, crate::broker::BrokerError>> + Send;
     /// A refusal of the delete as a whole, from every node's fresh read (the bulk cap).
     fn refuse_delete(

@@ -73,8 +73,7 @@ pub(super) async fn preflight_apply<K: TopologyObject>(
 }
 
 /// One fresh read per named live node, concurrently; a node whose read fails is FAILED with the
-/// error (nothing is written or destroyed there on a guess). A delete's read is placed by each
-/// node's latest snapshot (an empty one where the node has none: every divert searched for).
+/// error (nothing is written or destroyed there on a guess).
 pub(super) async fn fresh_reads<K: TopologyObject>(
     deref: &Dereferenced,
     d: &K::Desired,
@@ -82,13 +81,11 @@ pub(super) async fn fresh_reads<K: TopologyObject>(
     for_delete: bool,
 ) -> BTreeMap<String, Result<Arc<NodeInventory>, NodeOutcome>> {
     let timeout = deref.rt.request_timeout * 2;
-    let nothing_known = Arc::new(NodeInventory::default());
     let reads = deref.topology.live_nodes().filter(|n| nodes.contains(&n.node_id)).filter_map(|n| {
         let management = n.active.clone()?;
-        let snapshot = for_delete.then(|| n.inventory.clone().unwrap_or_else(|| nothing_known.clone()));
         Some(async move {
             let t = Target::new(n.node_id.clone(), management);
-            let read = tokio::time::timeout(timeout, K::read_fresh(&t, d, snapshot.as_deref()))
+            let read = tokio::time::timeout(timeout, K::read_fresh(&t, d, for_delete))
                 .await
                 .unwrap_or(Err(crate::broker::BrokerError::Timeout(timeout.as_secs())));
             let r = read.map(Arc::new).map_err(|e| NodeOutcome {

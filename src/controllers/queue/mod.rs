@@ -460,9 +460,9 @@ impl TopologyObject for ArtemisQueue {
     async fn read_fresh(
         t: &Target,
         d: &DesiredQueue,
-        for_delete: Option<&NodeInventory>,
+        for_delete: bool,
     ) -> Result<NodeInventory, BrokerError> {
-        read_queue(t, d, for_delete.is_some()).await
+        read_queue(t, d, for_delete).await
     }
 
     /// The bulk cap (ADR-0049, ADR-0084 §7) on the fresh counts of every node read.
