@@ -27,6 +27,20 @@ fn docs_of(yaml: &str, kind: &str) -> Vec<serde_json::Value> {
     docs.into_iter().filter(|v| v["kind"] == kind).collect()
 }
 
+/// The pod spec of the rendered Deployment.
+fn pod_spec_of(yaml: &str) -> serde_json::Value {
+    docs_of(yaml, "Deployment")[0]["spec"]["template"]["spec"].clone()
+}
+
+/// The value of the operator container's environment variable `name`, when it has one.
+fn env_value(pod: &serde_json::Value, name: &str) -> Option<String> {
+    pod["containers"][0]["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)
+        .and_then(|e| e["value"].as_str().map(String::from))
+}
+
 /// Remove what a release created outside its namespace (its namespace goes with the test).
 async fn delete_cluster_scoped(client: &Client, release: &str) {
     let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={release}"));
@@ -91,6 +105,14 @@ async fn the_values_schema_refuses_typos_and_wrong_types() {
         "an invalid namespace name",
     );
     refused(&["--set", "metrics.port=0"], "port 0");
+    refused(
+        &["--set", "metrics.listenAddress=localhost"],
+        "a host name for the listen address",
+    );
+    refused(
+        &["--set", "metrics.probeScheme=https"],
+        "a lower-case probe scheme",
+    );
 }
 
 /// Default values and every optional part (two replicas, some watched namespaces, the trial
@@ -131,6 +153,12 @@ async fn the_rendered_chart_applies_server_side() {
     for v in ["DATABASE_URL", "POD_NAME", "POD_NAMESPACE", "INSTANCE_ID"] {
         assert!(env.contains(v), "{v} is not set: {env:?}");
     }
+    // Issue 44: by default the listener is on every address of the pod, the probes speak plain
+    // HTTP to it, and the operator is the pod's only container.
+    let rendered = pod_spec_of(&yaml);
+    assert_eq!(env_value(&rendered, "LISTEN").as_deref(), Some("0.0.0.0:8080"));
+    assert!(rendered["containers"][0]["readinessProbe"]["httpGet"]["scheme"].is_null());
+    assert_eq!(rendered["containers"].as_array().map(Vec::len), Some(1));
     assert!(docs_of(&yaml, "PodDisruptionBudget").is_empty());
     assert_eq!(docs_of(&yaml, "ClusterRoleBinding").len(), 1);
     assert_eq!(docs_of(&yaml, "Service").len(), 1, "the metrics Service");
@@ -258,6 +286,58 @@ async fn the_rendered_chart_applies_server_side() {
     assert_eq!(
         image.as_str(),
         Some(format!("ghcr.io/artemis-studio/artemis-studio-operator@{digest}").as_str())
+    );
+
+    // Issue 44: the listener on the pod's loopback behind a sidecar (the README's kube-rbac-proxy
+    // setup): LISTEN from metrics.listenAddress, the sidecar from extraContainers after the
+    // operator, the probes through the proxy's TLS; the API server takes the two containers.
+    let yaml = bed
+        .helm_template(
+            &release,
+            &ns,
+            &[
+                "--set",
+                "metrics.listenAddress=127.0.0.1",
+                "--set",
+                "metrics.probeScheme=HTTPS",
+                "--set",
+                "extraContainers[0].name=kube-rbac-proxy",
+                "--set",
+                "extraContainers[0].image=quay.io/brancz/kube-rbac-proxy:v0.19.1",
+            ],
+        )
+        .expect("render with the listener on 127.0.0.1 and a sidecar");
+    apply_manifests(&client, &yaml, MANAGER).await;
+    let rendered = pod_spec_of(&yaml);
+    assert_eq!(env_value(&rendered, "LISTEN").as_deref(), Some("127.0.0.1:8080"));
+    let containers: Vec<&str> = rendered["containers"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(containers, ["operator", "kube-rbac-proxy"]);
+    for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
+        assert_eq!(
+            rendered["containers"][0][probe]["httpGet"]["scheme"], "HTTPS",
+            "{probe}"
+        );
+    }
+    let d = deployments.get(&release).await.expect("the Deployment exists");
+    assert_eq!(
+        d.data["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .map(Vec::len),
+        Some(2),
+        "the sidecar is applied with the operator"
+    );
+    // An IPv6 address gets its brackets (the binary parses LISTEN as a socket address).
+    let yaml = bed
+        .helm_template(&release, &ns, &["--set", "metrics.listenAddress=::1"])
+        .expect("render with an IPv6 listener");
+    assert_eq!(
+        env_value(&pod_spec_of(&yaml), "LISTEN").as_deref(),
+        Some("[::1]:8080")
     );
 
     // The ServiceMonitor renders when asked for (the bed has no Prometheus Operator CRD).
