@@ -31,7 +31,33 @@ pub fn all_crds() -> Vec<CustomResourceDefinition> {
     ]
     .into_iter()
     .map(flowing_descriptions)
+    .map(unobserved_until_seen)
     .collect()
+}
+
+/// What an object shows before the operator's first status write: `status.observedGeneration:
+/// 0`, a schema default the API server applies whenever it reads an object without a status
+/// (issue 50). kstatus calls an object whose observed generation is behind its generation
+/// InProgress, Argo CD's health script Progressing — from the create on, while the operator is
+/// down or busy, at no write (issue 45: a create costs its finalizer and one status).
+fn unobserved_until_seen(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    let mut crd = crd;
+    for version in &mut crd.spec.versions {
+        let status = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+            .and_then(|s| s.properties.as_mut())
+            .and_then(|p| p.get_mut("status"));
+        if let Some(status) = status {
+            status.default = Some(
+                k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSON(
+                    serde_json::json!({ "observedGeneration": 0 }),
+                ),
+            );
+        }
+    }
+    crd
 }
 
 /// The CRD with every schema description as paragraphs: doc comments are hard-wrapped for the

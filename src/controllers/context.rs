@@ -89,6 +89,9 @@ pub struct Cache<K: Resource<DynamicType = ()> + Clone + 'static> {
     /// Which objects look at which broker names (`TopologyObject::touch_keys`): whom a change
     /// of the cluster's broker objects concerns.
     pub touched: claims::ClaimIndex,
+    /// What of each object was last handed to its controller (`feed::Changes`), kept by the
+    /// kind's watches and told of the operator's own finalizer writes.
+    pub changes: Arc<std::sync::Mutex<feed::Changes>>,
 }
 
 impl<K> Cache<K>
@@ -103,6 +106,7 @@ where
                 stores,
                 claims,
                 touched,
+                changes: Default::default(),
             },
             writers,
         )

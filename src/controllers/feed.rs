@@ -36,6 +36,13 @@ impl Changes {
         self.seen.insert(uid, print) != Some(print)
     }
 
+    /// The operator itself is about to change the object into `o` (its finalizer added, issue
+    /// 45): that change is not a new one, so its watch event asks for no second reconcile.
+    pub fn expect<K: Resource>(&mut self, o: &K) {
+        let uid = o.meta().uid.clone().unwrap_or_default();
+        self.seen.insert(uid, fingerprint(o));
+    }
+
     pub fn forget<K: Resource>(&mut self, o: &K) {
         self.seen.remove(o.meta().uid.as_deref().unwrap_or_default());
     }

@@ -2,8 +2,8 @@
 //! the API server from here — a server-side apply of the whole typed status under the operator's
 //! field manager, only when something a user acts on changed (condition transition times and
 //! poll timestamps aside) — except a one-shot command's arming, which is a compare-and-swap on
-//! the object's resourceVersion (ADR-0057 D4), and an object's first status at first sight
-//! (`write_first_status`), both also here.
+//! the object's resourceVersion (ADR-0057 D4), also here. Before the first write an object
+//! shows the CRD's default status, `observedGeneration: 0` (`api::unobserved_until_seen`).
 
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::core::NamespaceResourceScope;
@@ -63,84 +63,6 @@ pub async fn replace_status_if_unchanged<K: Reported + Serialize>(
     match api.replace_status(&name, &PostParams::default(), &next).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
-/// The Ready=False reason of an object's first status: seen, its first pass not done yet.
-pub const QUEUED: &str = "Queued";
-
-/// The message of that first status.
-pub const FIRST_SIGHT: &str = "seen; waiting for its turn (no broker work done yet)";
-
-/// A kind whose status the operator writes at first sight (issue 50): every kind.
-pub trait FirstSeen: Reported {
-    /// Whether the object has a status the operator wrote (an observed generation, or any
-    /// condition).
-    fn has_status(&self) -> bool;
-}
-
-macro_rules! first_seen {
-    ($($kind:ty),+) => {$(
-        impl FirstSeen for $kind {
-            fn has_status(&self) -> bool {
-                self.status
-                    .as_ref()
-                    .is_some_and(|s| s.observed_generation.is_some() || !s.conditions.is_empty())
-            }
-        }
-    )+};
-}
-
-first_seen!(
-    crate::api::ArtemisCluster,
-    crate::api::ArtemisQueue,
-    crate::api::ArtemisDivert,
-    crate::api::ArtemisCaptureSubscription,
-    crate::api::ConnectionClose
-);
-
-/// Whether the object is due its first status: alive, and no status yet.
-pub fn first_status_due<K: FirstSeen>(o: &K) -> bool {
-    o.meta().deletion_timestamp.is_none() && !o.has_status()
-}
-
-/// The first status: the generation seen, `Ready=Unknown` `Queued` (not judged yet: nothing
-/// waiting for `Ready=False` takes it for a verdict), and the kstatus conditions that follow
-/// (`Reconciling=True`): Progressing in Argo CD, InProgress in Flux, until the object's first
-/// pass writes its real status. It carries nothing a pass reads as progress (no phase, no
-/// nodes, no arming).
-pub fn first_status(generation: Option<i64>) -> serde_json::Value {
-    let mut conds = vec![];
-    let ready = conditions::READY;
-    conditions::set(&mut conds, ready, false, QUEUED, FIRST_SIGHT, generation);
-    conds.iter_mut().for_each(|c| c.status = "Unknown".into());
-    conditions::kstatus(&mut conds, &[], generation);
-    serde_json::json!({"observedGeneration": generation, "conditions": conds})
-}
-
-/// Write the first status of an object seen without one: a merge patch of only those fields,
-/// on the resourceVersion it was seen at. `Ok(None)` when the object changed first (a pass
-/// wrote its status, or it was edited or deleted): nothing to do, the later write stands.
-pub async fn write_first_status<K: FirstSeen>(
-    client: &kube::Client,
-    o: &K,
-) -> Result<Option<K>, kube::Error> {
-    let name = o.meta().name.clone().unwrap_or_default();
-    let patch = serde_json::json!({
-        "metadata": {"resourceVersion": o.meta().resource_version},
-        "status": first_status(o.meta().generation),
-    });
-    let params = PatchParams {
-        field_manager: Some(MANAGER.into()),
-        ..Default::default()
-    };
-    match api_of(client, o)
-        .patch_status(&name, &params, &Patch::Merge(patch))
-        .await
-    {
-        Ok(written) => Ok(Some(written)),
-        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(None),
         Err(e) => Err(e),
     }
 }
@@ -312,64 +234,6 @@ mod on_a_mock_api {
                 .newer_than::<ArtemisQueueStatus>(&cached.metadata)
                 .is_some()
         );
-    }
-
-    #[tokio::test]
-    async fn a_first_status_is_a_merge_patch_of_only_the_generation_and_queued_on_the_version_seen() {
-        let (ctx, received) = fixtures::context(echo());
-        let fresh = queue(None);
-        assert!(first_status_due(&fresh));
-        let written = write_first_status(&ctx.client, &fresh)
-            .await
-            .expect("answered")
-            .expect("written");
-        let sent = received.all();
-        assert_eq!(sent.len(), 1, "{sent:?}");
-        let s = &sent[0];
-        assert_eq!(s.method, "PATCH");
-        assert!(s.uri.contains("/artemisqueues/orders/status"), "{}", s.uri);
-        assert_eq!(s.body["metadata"]["resourceVersion"], "7", "the precondition");
-        let status = s.body["status"].as_object().expect("a status");
-        let mut fields: Vec<&str> = status.keys().map(String::as_str).collect();
-        fields.sort();
-        assert_eq!(
-            fields,
-            ["conditions", "observedGeneration"],
-            "nothing a pass reads as progress"
-        );
-        assert_eq!(s.body["status"]["observedGeneration"], 2);
-        let of = |t: &str| {
-            s.body["status"]["conditions"]
-                .as_array()
-                .and_then(|c| c.iter().find(|c| c["type"] == t))
-                .map(|c| (c["status"].clone(), c["reason"].clone()))
-        };
-        assert_eq!(of("Ready"), Some((json!("Unknown"), json!(QUEUED))));
-        assert_eq!(of("Reconciling").map(|c| c.0), Some(json!("True")));
-        assert_eq!(of("Stalled").map(|c| c.0), Some(json!("False")));
-        // Once written, never again.
-        assert!(!first_status_due(&written));
-    }
-
-    #[tokio::test]
-    async fn a_first_status_loses_quietly_to_any_write_that_came_first() {
-        let (ctx, _) = fixtures::context(Box::new(|_| {
-            (
-                409,
-                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409, "message": "the object has been modified"}),
-            )
-        }));
-        let written = write_first_status(&ctx.client, &queue(None))
-            .await
-            .expect("no error");
-        assert!(written.is_none());
-        // An object with a status, or being deleted, is not due one.
-        assert!(!first_status_due(&queue(Some(ready("x")))));
-        let mut deleting = queue(None);
-        deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-        ));
-        assert!(!first_status_due(&deleting));
     }
 
     #[tokio::test]

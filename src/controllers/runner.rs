@@ -208,10 +208,17 @@ pub(super) fn tokio_stream_of<K: Send + 'static>(
 
 /// Reconcile through the object's finalizer: `apply` while it lives, `cleanup` once deleted
 /// (the finalizer is released only when `cleanup` succeeds).
+///
+/// A live object without the finalizer gets it and goes on to `apply` in the same reconcile
+/// (issue 45: one slot per create, where kube's `finalizer()` ends the reconcile and waits for
+/// the patch's watch event to queue a second one behind every later arrival). The finalizer is
+/// stored before `apply` sends anything, as ADR-0084 needs; `own_change` is told of the patched
+/// object first, so its watch event asks for no further reconcile.
 pub async fn with_finalizer<K, A, AFut, C, CFut>(
     ctx: &Context,
     obj: Arc<K>,
     finalizer_name: &str,
+    own_change: impl FnOnce(&K),
     apply: A,
     cleanup: C,
 ) -> Result<kube::runtime::controller::Action, ReconcileError>
@@ -231,6 +238,23 @@ where
         ctx.client.clone(),
         &obj.meta().namespace.clone().unwrap_or_default(),
     );
+    let has_finalizer = obj
+        .meta()
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == finalizer_name);
+    if obj.meta().deletion_timestamp.is_none() && !has_finalizer {
+        let mut expected = (*obj).clone();
+        expected
+            .meta_mut()
+            .finalizers
+            .get_or_insert_default()
+            .push(finalizer_name.to_string());
+        own_change(&expected);
+        let added = add_finalizer(&api, obj.as_ref(), finalizer_name).await?;
+        return apply(Arc::new(added)).await;
+    }
     finalizer(&api, finalizer_name, obj, |event| async move {
         match event {
             Event::Apply(o) => apply(o).await,
@@ -239,6 +263,37 @@ where
     })
     .await
     .map_err(ReconcileError::from)
+}
+
+/// Add the finalizer by a JSON patch that tests the list it extends (no resourceVersion
+/// precondition: a status written meanwhile does not refuse it; a finalizer someone else added
+/// meanwhile does, and the reconcile is retried). The object as stored, spec writer kept as the
+/// watch keeps it.
+async fn add_finalizer<K>(api: &kube::Api<K>, obj: &K, finalizer_name: &str) -> Result<K, ReconcileError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let name = obj.meta().name.clone().unwrap_or_default();
+    let patch = match obj.meta().finalizers.as_deref() {
+        None | Some([]) => serde_json::json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": null},
+            {"op": "add", "path": "/metadata/finalizers", "value": [finalizer_name]},
+        ]),
+        Some(list) => serde_json::json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": list},
+            {"op": "add", "path": "/metadata/finalizers/-", "value": finalizer_name},
+        ]),
+    };
+    let patch: json_patch::Patch = serde_json::from_value(patch)?;
+    let mut added = api
+        .patch(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Json::<()>(patch),
+        )
+        .await?;
+    super::keep_spec_writer(added.meta_mut());
+    Ok(added)
 }
 
 #[cfg(test)]

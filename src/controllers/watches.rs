@@ -1,16 +1,14 @@
 //! The watches that keep the caches (one per kind and scope, shared by cache and controller):
-//! the indexes they keep, the first status of each object (issue 50), the Secret watch
+//! the indexes they keep, the Secret watch
 //! that re-reads a cluster's access, and what a deleted cluster takes with it.
 
 use std::sync::Arc;
 
 use kube::runtime::reflector;
-use kube::{Api, Client, Resource};
+use kube::{Api, Resource};
 
-use super::runner::tokio_stream_of;
 use super::{
     Cache, Context, SecretMeta, Source, Watched, claims, cluster, feed, keep_spec_writer, key, pipeline,
-    report,
 };
 use crate::api::{ArtemisCaptureSubscription, ArtemisCluster, ArtemisDivert, ArtemisQueue};
 
@@ -27,38 +25,27 @@ pub(super) struct Watches {
 pub(super) async fn reflect_all(ctx: Arc<Context>, watches: Watches) {
     use futures::future::join_all;
     let (client, ns) = (&ctx.client, &ctx.namespaces);
-    let caches = &ctx.caches;
-    let (first_clusters, clusters_writer) = first_sight(client.clone(), caches.clusters.clone());
-    let (first_queues, queues_writer) = first_sight(client.clone(), caches.queues.clone());
-    let (first_diverts, diverts_writer) = first_sight(client.clone(), caches.diverts.clone());
-    let (first_subs, subs_writer) = first_sight(client.clone(), caches.subscriptions.clone());
     let c = ns
         .apis::<ArtemisCluster>(client)
         .into_iter()
         .zip(watches.clusters)
         .map(|(a, (w, tx))| {
-            let (ctx, first) = (ctx.clone(), first_clusters.clone());
+            let ctx = ctx.clone();
+            let feed = (tx, ctx.caches.clusters.changes.clone());
             async move {
-                let seen = |c: &ArtemisCluster| first.offer(c);
-                reflect(a, w, Some(tx), None, seen, |c: &ArtemisCluster| {
+                reflect(a, w, Some(feed), None, |c: &ArtemisCluster| {
                     cluster_deleted(&ctx, c)
                 })
                 .await
             }
         });
-    let q = reflect_topology(&ctx, watches.queues, first_queues);
-    let d = reflect_topology(&ctx, watches.diverts, first_diverts);
+    let q = reflect_topology(&ctx, watches.queues);
+    let d = reflect_topology(&ctx, watches.diverts);
     let s = ns
         .apis::<ArtemisCaptureSubscription>(client)
         .into_iter()
         .zip(watches.subscriptions)
-        .map(|(a, w)| {
-            let first = first_subs.clone();
-            async move {
-                let seen = |s: &ArtemisCaptureSubscription| first.offer(s);
-                reflect(a, w, None, None, seen, |_: &ArtemisCaptureSubscription| {}).await
-            }
-        });
+        .map(|(a, w)| async move { reflect(a, w, None, None, |_: &ArtemisCaptureSubscription| {}).await });
     let secrets = ns
         .apis::<SecretMeta>(client)
         .into_iter()
@@ -69,31 +56,23 @@ pub(super) async fn reflect_all(ctx: Arc<Context>, watches: Watches) {
         join_all(q),
         join_all(d),
         join_all(s),
-        join_all(secrets),
-        clusters_writer,
-        queues_writer,
-        diverts_writer,
-        subs_writer
+        join_all(secrets)
     );
 }
 
 /// The watches of a topology kind (queue, divert), one per scope: its cache, its feed and the
 /// claim and dependents indexes the watch keeps.
-fn reflect_topology<K: pipeline::TopologyObject + report::FirstSeen>(
+fn reflect_topology<K: pipeline::TopologyObject>(
     ctx: &Context,
     watches: Vec<Watch<K>>,
-    first: FirstSight<K>,
 ) -> impl Iterator<Item = impl std::future::Future<Output = ()>> {
     ctx.namespaces
         .apis::<K>(&ctx.client)
         .into_iter()
         .zip(watches)
         .map(move |(a, (w, tx))| {
-            let (first, indexes) = (first.clone(), indexes_of::<K>(ctx));
-            async move {
-                let seen = |o: &K| first.offer(o);
-                reflect(a, w, Some(tx), Some(indexes), seen, |_: &K| {}).await
-            }
+            let (indexes, feed) = (indexes_of::<K>(ctx), (tx, K::cache(ctx).changes.clone()));
+            async move { reflect(a, w, Some(feed), Some(indexes), |_: &K| {}).await }
         })
 }
 
@@ -161,67 +140,21 @@ fn indexes_of<K: pipeline::TopologyObject>(ctx: &Context) -> Indexes<K> {
     }
 }
 
-/// Objects seen without a status, for the writer of first statuses ([`first_sight`]).
-#[derive(Clone)]
-struct FirstSight<K>(tokio::sync::mpsc::UnboundedSender<K>);
-
-impl<K: report::FirstSeen> FirstSight<K> {
-    /// Hand the object to the writer if it is due its first status.
-    fn offer(&self, o: &K) {
-        if report::first_status_due(o) {
-            let _ = self.0.send(o.clone());
-        }
-    }
-}
-
-/// How many first statuses are written at once.
-const FIRST_SIGHT_CONCURRENCY: usize = 16;
-
-/// Issue 50: every object gets a status at first sight, before its first pass and any broker
-/// work (a burst of creates waits for reconcile slots; its objects say they were seen meanwhile).
-/// The watch offers them; this writes them, a few at a time, through the report stage — only
-/// while the cache still holds the object as offered and without a status: an object changed
-/// since (a finalizer added, its pass's status written) is offered again or needs none, and
-/// costs no API call.
-fn first_sight<K>(client: Client, cache: Cache<K>) -> (FirstSight<K>, impl std::future::Future<Output = ()>)
-where
-    K: report::FirstSeen + Send + Sync + 'static,
-{
-    use futures::StreamExt;
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let writer = tokio_stream_of(rx).for_each_concurrent(FIRST_SIGHT_CONCURRENCY, move |o: K| {
-        let (client, cache) = (client.clone(), cache.clone());
-        async move {
-            let meta = o.meta();
-            let cached = cache.get(
-                meta.namespace.as_deref().unwrap_or_default(),
-                meta.name.as_deref().unwrap_or_default(),
-            );
-            let as_offered = cached.is_some_and(|c| {
-                c.meta().resource_version == meta.resource_version && report::first_status_due(c.as_ref())
-            });
-            if !as_offered {
-                return;
-            }
-            if let Err(e) = report::write_first_status(&client, &o).await {
-                tracing::warn!(error = %e, kind = K::kind(&()).as_ref(),
-                    object = o.meta().name.as_deref().unwrap_or_default(), "could not write a first status");
-            }
-        }
-    });
-    (FirstSight(tx), writer)
-}
+/// A controller's feed: where the changes that ask for a reconcile go, and the kind's record of
+/// what each object last asked (`Cache::changes`).
+type Feed<K> = (
+    tokio::sync::mpsc::UnboundedSender<K>,
+    Arc<std::sync::Mutex<feed::Changes>>,
+);
 
 /// Keep one reflector cache (and its indexes) in sync until shutdown. `feed` (a kind with a controller) gets every
-/// object once the cache holds it, when it asks for a reconcile (`feed::Changes`); `seen` runs for
-/// every object the watch reports created or changed; `deleted` runs for each object the watch
+/// object once the cache holds it, when it asks for a reconcile (`feed::Changes`); `deleted` runs for each object the watch
 /// reports deleted, after the cache has dropped it.
 async fn reflect<K>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
-    feed: Option<tokio::sync::mpsc::UnboundedSender<K>>,
+    feed: Option<Feed<K>>,
     indexes: Option<Indexes<K>>,
-    seen: impl Fn(&K),
     deleted: impl Fn(&K),
 ) where
     K: Watched,
@@ -231,10 +164,13 @@ async fn reflect<K>(
     use kube::runtime::watcher::Event as Watched;
     let stream = crate::backoff::watched(api).modify(|o: &mut K| keep_spec_writer(o.meta_mut()));
     let failures = crate::backoff::WatchFailures::default();
-    let changes = std::sync::Mutex::new(feed::Changes::default());
+    let (feed, changes) = match feed {
+        Some((tx, changes)) => (Some(tx), changes),
+        None => (None, Default::default()),
+    };
     let relist = std::sync::Mutex::new(feed::Relist::default());
     let cached = writer.as_reader();
-    let (seen, deleted, changes, feed, indexes) = (&seen, &deleted, &changes, &feed, &indexes);
+    let (deleted, changes, feed, indexes) = (&deleted, &changes, &feed, &indexes);
     let object = |o: &K| {
         (
             o.meta().namespace.clone().unwrap_or_default(),
@@ -257,7 +193,6 @@ async fn reflect<K>(
         .for_each(|r| async move {
             match r {
                 Ok(Watched::Apply(o) | Watched::InitApply(o)) => {
-                    seen(&o);
                     if let Ok(mut l) = relist.lock() {
                         l.listed(&o);
                     }

@@ -286,7 +286,7 @@ async fn reconcile(o: Arc<ConnectionClose>, ctx: Arc<Context>) -> Result<Action,
     let ns = o.namespace().unwrap_or_default();
     let api: Api<ConnectionClose> = Api::namespaced(ctx.client.clone(), &ns);
     // Decide on the stored state, not a cached copy: a stale `Closing` must not read as a crash.
-    let fresh = first_sight(&ctx, api.get_status(&o.name_any()).await?).await?;
+    let fresh = api.get_status(&o.name_any()).await?;
     let mut status = fresh.status.clone().unwrap_or_default();
     let generation = fresh.metadata.generation;
     status.observed_generation = generation;
@@ -329,18 +329,6 @@ async fn reconcile(o: Arc<ConnectionClose>, ctx: Arc<Context>) -> Result<Action,
         Some(address) => close_address(&ctx, &fresh, &rt, &topology, status, &address).await,
         None => close_by_id(&ctx, &fresh, &rt, &topology, status).await,
     }
-}
-
-/// Issue 50: a close seen without a status gets its first one before the cluster gate and any
-/// broker read; the pass goes on from the object as written (an arming's compare-and-swap needs
-/// its resourceVersion).
-async fn first_sight(ctx: &Context, fresh: ConnectionClose) -> Result<ConnectionClose, ReconcileError> {
-    if !super::report::first_status_due(&fresh) {
-        return Ok(fresh);
-    }
-    Ok(super::report::write_first_status(&ctx.client, &fresh)
-        .await?
-        .unwrap_or(fresh))
 }
 
 /// D5: the process that armed the close did not finish: Failed with the outcome unknown, its

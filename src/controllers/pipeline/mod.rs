@@ -312,6 +312,11 @@ pub async fn reconcile<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Res
         &ctx,
         obj.clone(),
         K::FINALIZER,
+        |patched| {
+            if let Ok(mut c) = K::cache(&ctx).changes.lock() {
+                c.expect(patched);
+            }
+        },
         |o| apply::apply(o, ctx.clone()),
         |o| delete::cleanup(o, ctx.clone()),
     )
