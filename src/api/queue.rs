@@ -148,6 +148,30 @@ pub enum Delivery {
     Paused,
 }
 
+/// One node's delivery of the queue, as its broker reports it (issue 49).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeDelivery {
+    /// Logical node: the broker node ID.
+    pub node: String,
+    pub state: DeliveryState,
+}
+
+/// What a node's broker reports of the queue's delivery (`isPaused`, `isPersistedPause`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum DeliveryState {
+    /// Delivering to consumers.
+    Active,
+    /// Paused, and the broker reports the pause persisted: a broker restart keeps it.
+    Paused,
+    /// Paused without persistence (`pause()` by hand; a non-durable queue's pause, which is
+    /// never persisted): a broker restart resumes delivery.
+    PausedNotPersisted,
+    /// Paused; the broker does not report whether the pause is persisted (`PersistedPause`
+    /// exists from Artemis 2.41; 2.40 has no such attribute).
+    PausedPersistenceUnknown,
+}
+
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum QueueRoutingType {
@@ -231,6 +255,12 @@ pub struct ArtemisQueueStatus {
     /// Why a plain delete leaves this queue on the brokers: adopted, or kept by another writer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_owned: Option<NotOwned>,
+    /// Each live node's delivery as its broker reports it (issue 49), whether or not
+    /// spec.delivery declares one: a pause or resume made by hand on one node shows as that
+    /// node differing from the others, and a pause a broker restart would drop as
+    /// `PausedNotPersisted`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub delivery: Vec<NodeDelivery>,
 }
 
 /// The blast radius of a delete, per node (ADR-0084 §1–§7).

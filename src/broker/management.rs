@@ -221,23 +221,6 @@ impl BrokerManagement {
         .await
     }
 
-    /// Issue 49: `pause(true)` (persisted: a broker restart keeps it) or `resume()` on the
-    /// queue's own MBean.
-    pub async fn set_paused(
-        &self,
-        address: &str,
-        routing_type: &str,
-        queue: &str,
-        paused: bool,
-    ) -> Result<(), BrokerError> {
-        let mbean = mbean::queue(&self.broker_name, address, routing_type, queue);
-        let request = match paused {
-            true => JolokiaRequest::exec(mbean, "pause(boolean)", vec![json!(true)]),
-            false => JolokiaRequest::exec(mbean, "resume()", vec![]),
-        };
-        self.client.call(request).await.map(|_| ())
-    }
-
     /// `destroyQueue(name, removeConsumers, forceAutoDeleteAddress=false)`.
     pub async fn destroy_queue(&self, name: &str, remove_consumers: bool) -> Result<(), BrokerError> {
         self.exec(

@@ -4,6 +4,7 @@
 
 pub mod batch;
 pub mod budget;
+pub mod delivery;
 pub mod error;
 pub mod jolokia;
 pub mod management;

@@ -10,7 +10,9 @@ use serde_json::Value;
 use super::ops::{BrokerOps, Op, QueueRef};
 use crate::broker::BrokerError;
 use crate::broker::error::classify;
-use crate::topology::inventory::{AddressInfo, DivertInfo, DivertsRead, NodeInventory, ScopedRead};
+use crate::topology::inventory::{
+    AddressInfo, DivertInfo, DivertsRead, NodeInventory, QueueInfo, ScopedRead,
+};
 
 #[derive(Debug, Default)]
 pub struct FakeBroker {
@@ -19,6 +21,9 @@ pub struct FakeBroker {
     pub calls: Mutex<Vec<String>>,
     /// `updateQueue` fields the broker accepts and ignores (as 2.40 does for some).
     pub ignored_on_update: Vec<&'static str>,
+    /// Reports `PersistedPause` (Artemis 2.41+); false: answers as 2.40, which has no such
+    /// attribute.
+    pub reports_persisted_pause: bool,
 }
 
 /// The broker's refusal with its AMQ code, as Jolokia reports it.
@@ -205,7 +210,14 @@ impl FakeBroker {
                 .queues
                 .iter()
                 .filter(|(n, _)| scope.queues.iter().any(|q| q.name == n.as_str()))
-                .map(|(n, q)| (n.clone(), q.clone()))
+                // The strict read does not ask PersistedPause (a 2.40 broker would refuse it).
+                .map(|(n, q)| {
+                    let q = QueueInfo {
+                        pause_persisted: None,
+                        ..q.clone()
+                    };
+                    (n.clone(), q)
+                })
                 .collect(),
             addresses: s
                 .addresses
@@ -263,12 +275,24 @@ impl BrokerOps for FakeBroker {
         let r = self.with_state(|s| match s.queues.get(q.name).cloned() {
             Some(mut found) => {
                 found.paused = paused;
+                // pause(true) persists a durable queue's pause only (QueueImpl.pause).
+                found.pause_persisted = (paused && self.reports_persisted_pause).then_some(found.durable);
                 s.queues.insert(q.name.to_string(), found);
                 Ok(())
             }
             None => Err(refusal("AMQ229017", &format!("Queue {} does not exist", q.name))),
         });
         ready(r)
+    }
+    fn pause_persisted<'a>(&'a self, q: QueueRef<'a>) -> Op<'a, Option<bool>> {
+        self.record(format!("read PersistedPause {}", q.name));
+        let persisted = self.with_state(|s| {
+            s.queues
+                .get(q.name)
+                .filter(|_| self.reports_persisted_pause)
+                .map(|found| found.paused && found.pause_persisted == Some(true))
+        });
+        ready(Ok(persisted))
     }
     fn destroy_queue<'a>(&'a self, name: &'a str, remove_consumers: bool) -> Op<'a, ()> {
         self.record(format!("destroyQueue {name}"));

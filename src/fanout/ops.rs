@@ -36,6 +36,9 @@ pub trait BrokerOps: Send + Sync + std::fmt::Debug {
     fn update_queue<'a>(&'a self, configuration: &'a Value) -> Op<'a, Value>;
     /// Pause (persisted) or resume delivery of one queue (issue 49).
     fn set_paused<'a>(&'a self, queue: QueueRef<'a>, paused: bool) -> Op<'a, ()>;
+    /// Whether the queue's pause is persisted (Artemis 2.41+; None: not reported, or no such
+    /// queue at that MBean).
+    fn pause_persisted<'a>(&'a self, queue: QueueRef<'a>) -> Op<'a, Option<bool>>;
     fn destroy_queue<'a>(&'a self, name: &'a str, remove_consumers: bool) -> Op<'a, ()>;
     fn delete_address<'a>(&'a self, name: &'a str) -> Op<'a, ()>;
     fn create_divert<'a>(&'a self, configuration: &'a Value) -> Op<'a, ()>;
@@ -77,6 +80,14 @@ impl BrokerOps for BrokerManagement {
             q.routing_type,
             q.name,
             paused,
+        ))
+    }
+    fn pause_persisted<'a>(&'a self, q: QueueRef<'a>) -> Op<'a, Option<bool>> {
+        Box::pin(BrokerManagement::pause_persisted(
+            self,
+            q.address,
+            q.routing_type,
+            q.name,
         ))
     }
     fn destroy_queue<'a>(&'a self, name: &'a str, remove_consumers: bool) -> Op<'a, ()> {

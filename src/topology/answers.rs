@@ -29,6 +29,7 @@ pub fn created_queue(answer: &Value) -> Option<QueueInfo> {
         purge_on_no_consumers: flag("purge-on-no-consumers", false),
         enabled: flag("enabled", true),
         paused: false,
+        pause_persisted: None,
         consumers_before_dispatch: int("consumers-before-dispatch", 0),
         delay_before_dispatch: int("delay-before-dispatch", -1),
         consumer_priority: None,

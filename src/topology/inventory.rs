@@ -28,6 +28,10 @@ pub struct QueueInfo {
     pub enabled: bool,
     /// Delivery to consumers is paused (QueueControl.isPaused).
     pub paused: bool,
+    /// A pause the broker keeps across a restart (QueueControl.isPersistedPause, Artemis 2.41+;
+    /// `pause()` by hand does not persist). None: not paused, or not known (a 2.40 broker does
+    /// not report it; a fresh read asks it only for a queue declared Paused).
+    pub pause_persisted: Option<bool>,
     pub consumers_before_dispatch: i64,
     pub delay_before_dispatch: i64,
     /// Not an attribute of Artemis 2.40's QueueControl: None (unknown) unless a broker reports it.
@@ -374,6 +378,10 @@ pub fn parse_queue(v: &Value) -> Result<QueueInfo, Unreadable> {
         purge_on_no_consumers: b(v, "PurgeOnNoConsumers")?,
         enabled: b(v, "Enabled")?,
         paused: b(v, "Paused")?,
+        pause_persisted: match v.get("PersistedPause") {
+            Some(_) if b(v, "Paused")? => Some(b(v, "PersistedPause")?),
+            _ => None,
+        },
         consumers_before_dispatch: i(v, "ConsumersBeforeDispatch")?,
         delay_before_dispatch: i(v, "DelayBeforeDispatch")?,
         consumer_priority: optional_i(v, "ConsumerPriority")?,
@@ -589,6 +597,11 @@ pub fn parse_listed_queue(row: &Value) -> Result<QueueInfo, Unreadable> {
         purge_on_no_consumers: flag("purgeOnNoConsumers")?,
         enabled: flag("enabled")?,
         paused: flag("paused")?,
+        // In the listing from Artemis 2.41 (ARTEMIS-5207); 2.40's has no such field: unknown.
+        pause_persisted: match row.get("persistedPause") {
+            Some(_) if flag("paused")? => Some(flag("persistedPause")?),
+            _ => None,
+        },
         consumers_before_dispatch: int("consumersBeforeDispatch")?,
         delay_before_dispatch: int("delayBeforeDispatch")?,
         consumer_priority: None,
@@ -801,6 +814,30 @@ mod tests {
                 .filter
                 .as_deref(),
             Some("kind = 'TimeoutException'")
+        );
+        // Issue 49: 2.40 lists no persistedPause (unknown); 2.41+ does, said only while paused.
+        assert_eq!(q.pause_persisted, None);
+        let mut paused = row.clone();
+        paused["paused"] = serde_json::json!("true");
+        assert_eq!(
+            super::parse_listed_queue(&paused).map(|q| q.pause_persisted),
+            Ok(None)
+        );
+        paused["persistedPause"] = serde_json::json!("false");
+        assert_eq!(
+            super::parse_listed_queue(&paused).map(|q| q.pause_persisted),
+            Ok(Some(false))
+        );
+        let mut running = row.clone();
+        running["persistedPause"] = serde_json::json!("false");
+        assert_eq!(
+            super::parse_listed_queue(&running).map(|q| q.pause_persisted),
+            Ok(None)
+        );
+        paused["persistedPause"] = serde_json::json!("yes");
+        assert!(
+            super::parse_listed_queue(&paused).is_err(),
+            "never read as a guess"
         );
         let mut broken = row;
         broken["maxConsumers"] = serde_json::json!("many");

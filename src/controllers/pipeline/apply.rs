@@ -578,4 +578,57 @@ mod tests {
             "sent once, never again in this pass"
         );
     }
+
+    /// A node holding the queue paused by hand, without persistence.
+    fn hand_paused(d: &DesiredQueue, reports_persisted_pause: bool) -> Arc<FakeBroker> {
+        let mut held = existing(d);
+        if let Some(q) = held.queues.get_mut("orders") {
+            (q.paused, q.pause_persisted) = (true, Some(false));
+        }
+        Arc::new(FakeBroker {
+            reports_persisted_pause,
+            ..FakeBroker::with(held)
+        })
+    }
+
+    /// Issue 49: declared Paused, a pause made by hand without persistence is read as such
+    /// (PersistedPause beside the strict read), paused again with pause(true), and the write's
+    /// evidence plans nothing more; a broker that does not report persistence (2.40) leaves it
+    /// ALREADY, as paused is all it says.
+    #[tokio::test]
+    async fn a_pause_not_persisted_is_paused_again_with_persistence() {
+        let d = desired(json!({"delivery": "Paused"}));
+        let fake = hand_paused(&d, true);
+        let t = target("n1", fake.clone());
+        let fresh = ArtemisQueue::read_fresh(&t, &d, false).await.expect("read");
+        assert_eq!(fresh.queues["orders"].pause_persisted, Some(false));
+        let report = apply(&fake, &d, Planned::Fresh(Arc::new(fresh)))
+            .await
+            .expect("paused again");
+        assert_eq!(report.outcome, Outcome::Applied);
+        assert!(
+            report.message.contains("not persisted")
+                && report.detail.iter().any(|l| l.contains("not persisted")),
+            "{report:?}"
+        );
+        assert_eq!(
+            fake.calls(),
+            vec!["read", "read PersistedPause orders", "pause orders"]
+        );
+        let held = fake.state.lock().map(|s| s.queues["orders"].clone()).ok();
+        assert_eq!(
+            held.map(|q| (q.paused, q.pause_persisted)),
+            Some((true, Some(true)))
+        );
+
+        let fake = hand_paused(&d, false);
+        let t = target("n1", fake.clone());
+        let fresh = ArtemisQueue::read_fresh(&t, &d, false).await.expect("read");
+        let report = apply(&fake, &d, Planned::Fresh(Arc::new(fresh)))
+            .await
+            .expect("judged");
+        assert_eq!(report.outcome, Outcome::Already);
+        assert!(report.message.contains("does not report"), "{report:?}");
+        assert_eq!(fake.count("pause"), 0);
+    }
 }

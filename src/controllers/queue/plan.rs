@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 
 use crate::api::cluster::DeclarationMode;
-use crate::api::queue::{ArtemisQueueSpec, Delivery, DivertImpact, NodeDeletePreview};
+use crate::api::queue::{ArtemisQueueSpec, Delivery, DeliveryState, DivertImpact, NodeDeletePreview};
 use crate::api::{CAPTURE_PREFIX, RefusalKind};
 use crate::controllers::pipeline::{PlanFacts, Step};
 use crate::topology::inventory::{DivertInfo, NodeInventory, QueueInfo};
@@ -290,16 +290,42 @@ pub fn plan_node(d: &DesiredQueue, inv: &NodeInventory) -> NodeAction {
 /// the queue's configuration document, applied by `pause(true)` / `resume()`.
 pub const DELIVERY: &str = "delivery";
 
-/// The spec declares a delivery state the queue is not in (unset declares none).
+/// The spec declares a delivery state the queue is not in (unset declares none). Declared
+/// Paused, a pause the broker reports not persisted (`pause()` by hand) is not the declared
+/// state: a broker restart would resume delivery.
 pub fn delivery_differs(d: &DesiredQueue, q: &QueueInfo) -> bool {
-    d.spec
-        .delivery
-        .is_some_and(|want| (want == Delivery::Paused) != q.paused)
+    match d.spec.delivery {
+        None => false,
+        Some(Delivery::Active) => q.paused,
+        Some(Delivery::Paused) => !q.paused || pause_not_persisted(q),
+    }
+}
+
+/// Paused, and the broker reports the pause not persisted (Artemis 2.41+ reports it; 2.40 does
+/// not, and its pause counts as what it is known to be: paused). A non-durable queue's pause is
+/// never persisted (`QueueImpl.pause` persists a durable queue's only) and the queue itself does
+/// not outlive a restart: its pause is as declared.
+pub fn pause_not_persisted(q: &QueueInfo) -> bool {
+    q.paused && q.durable && q.pause_persisted == Some(false)
+}
+
+/// What a node's broker reports of the queue's delivery (its status, issue 49).
+pub fn delivery_state(q: &QueueInfo) -> DeliveryState {
+    match (q.paused, q.pause_persisted) {
+        (false, _) => DeliveryState::Active,
+        (true, Some(true)) => DeliveryState::Paused,
+        (true, Some(false)) => DeliveryState::PausedNotPersisted,
+        (true, None) => DeliveryState::PausedPersistenceUnknown,
+    }
 }
 
 /// What pausing or resuming delivery does on this node, said before it is done (issue 49).
 pub fn delivery_consequence(d: &DesiredQueue, q: &QueueInfo) -> String {
     match d.spec.delivery {
+        Some(Delivery::Paused) if q.paused => format!(
+            "persist the pause: delivery is paused on this node but the pause was not persisted (a pause() by hand), so a broker restart would resume it; pause(true) persists it ({} consumer(s), {} message(s) waiting: nothing else changes)",
+            q.consumer_count, q.message_count
+        ),
         Some(Delivery::Paused) => format!(
             "pause delivery: {} consumer(s) stop receiving; {} message(s) waiting; messages keep arriving and wait (kept in memory, paged or blocked as the address's settings say)",
             q.consumer_count, q.message_count
@@ -619,6 +645,95 @@ mod tests {
             said.starts_with("resume delivery") && said.contains("5 waiting"),
             "{said}"
         );
+    }
+
+    fn paused_queue(persisted: Option<bool>) -> QueueInfo {
+        QueueInfo {
+            paused: true,
+            pause_persisted: persisted,
+            consumer_count: 2,
+            message_count: 5,
+            ..queue("q", "q", "ANYCAST")
+        }
+    }
+
+    fn declared_paused() -> DesiredQueue {
+        DesiredQueue::new(
+            "q",
+            &spec(json!({"clusterRef": {"name": "c"}, "delivery": "Paused"})),
+        )
+    }
+
+    /// Issue 49: declared Paused, a pause the broker reports not persisted (`pause()` by hand)
+    /// is not ALREADY: a broker restart would resume delivery. It is written again with
+    /// pause(true), and what is said before says why.
+    #[test]
+    fn a_pause_that_is_not_persisted_is_paused_again_with_persistence() {
+        let d = declared_paused();
+        let hand_paused = paused_queue(Some(false));
+        let node = inv(vec![hand_paused.clone()], vec![]);
+        assert_eq!(
+            plan_node(&d, &node),
+            NodeAction::Update {
+                changed: vec![DELIVERY.to_string()]
+            }
+        );
+        assert_eq!(delivery_state(&hand_paused), DeliveryState::PausedNotPersisted);
+        let said = delivery_consequence(&d, &hand_paused);
+        assert!(
+            said.starts_with("persist the pause")
+                && said.contains("not persisted")
+                && said.contains("pause(true)"),
+            "{said}"
+        );
+        // Unset declares nothing: a hand-made pause, persisted or not, is left alone.
+        let unset = DesiredQueue::new("q", &spec(json!({"clusterRef": {"name": "c"}})));
+        assert_eq!(plan_node(&unset, &node), NodeAction::Converged);
+        // Declared Active: resumed, whatever its persistence.
+        let active = DesiredQueue::new(
+            "q",
+            &spec(json!({"clusterRef": {"name": "c"}, "delivery": "Active"})),
+        );
+        assert!(matches!(plan_node(&active, &node), NodeAction::Update { .. }));
+    }
+
+    /// Issue 49: ALREADY only when paused and persisted — or when persistence cannot be had or
+    /// known: a non-durable queue (its pause is never persisted, and it does not outlive a
+    /// restart), a broker that does not report it (Artemis 2.40: no PersistedPause).
+    #[test]
+    fn a_pause_is_already_only_when_persisted_or_not_to_be_known() {
+        let d = declared_paused();
+        let persisted = paused_queue(Some(true));
+        assert_eq!(
+            plan_node(&d, &inv(vec![persisted.clone()], vec![])),
+            NodeAction::Converged
+        );
+        assert_eq!(delivery_state(&persisted), DeliveryState::Paused);
+        let unknown = paused_queue(None);
+        assert_eq!(
+            plan_node(&d, &inv(vec![unknown.clone()], vec![])),
+            NodeAction::Converged
+        );
+        assert_eq!(delivery_state(&unknown), DeliveryState::PausedPersistenceUnknown);
+        let not_durable = QueueInfo {
+            durable: false,
+            ..paused_queue(Some(false))
+        };
+        assert_eq!(
+            plan_node(&d, &inv(vec![not_durable], vec![])),
+            NodeAction::Converged,
+            "no pause(true) every pass on a queue whose pause Artemis never persists"
+        );
+        // Not paused: written, whatever a stale persistence says.
+        let resumed = QueueInfo {
+            paused: false,
+            ..paused_queue(Some(true))
+        };
+        assert!(matches!(
+            plan_node(&d, &inv(vec![resumed.clone()], vec![])),
+            NodeAction::Update { .. }
+        ));
+        assert_eq!(delivery_state(&resumed), DeliveryState::Active);
     }
 
     #[test]
