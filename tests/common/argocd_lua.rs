@@ -3,7 +3,9 @@
 //! bed): both include this file with `#[path]`, so the two judge with the same runner.
 //!
 //! Argo CD runs health scripts in gopher-lua (Lua 5.1, numbers are floats) with only the base,
-//! table, string and math libraries; mlua's `lua51` feature is the closest embedded match.
+//! package and table libraries and a safe `os` (`util/lua/lua.go`, SkipOpenLibs); this runner
+//! opens the same set (mlua's `os` is the full one, a superset: the scripts call none of it).
+//! Exact verdicts come from gopher-lua itself, in tests/verdicts (tests/integration/gitops.rs).
 
 use std::path::{Path, PathBuf};
 

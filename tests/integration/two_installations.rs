@@ -278,13 +278,16 @@ async fn delete_released(s: &Side, bed: &TestBed, name: &str, messages: u64) {
     assert!(released.contains("left on the brokers"), "{released}");
     let access = bed.access("c", bed.broker_user());
     let t = artemis_studio_operator::topology::poll(&access, &Default::default()).await;
-    let c1 = t.find(&bed.broker("c1").jolokia).expect("c1");
-    let kept = c1
-        .inventory
-        .as_ref()
-        .and_then(|i| i.queues.get(name))
-        .expect("the queue is still there");
-    assert_eq!(kept.message_count, messages, "the messages are still there");
+    let held = |node: &str| {
+        t.find(&bed.broker(node).jolokia)
+            .and_then(|n| n.inventory.as_ref())
+            .and_then(|i| i.queues.get(name))
+            .map(|q| q.message_count)
+    };
+    assert_eq!(held("c1"), Some(messages), "the queue and its messages are still on c1");
+    for node in ["c2", "c3"] {
+        assert!(held(node).is_some(), "the queue is still on {node}");
+    }
 }
 
 /// This side's operator stopped and started again on its database and instance ID.
