@@ -871,6 +871,9 @@ async fn the_operator_runs_under_the_charts_service_account() {
         // Arming a close of a connection that is there (ADR-0057 D5): a connection that is gone
         // completes without arming (tests/integration/close_once.rs arms real ones).
         ("connectioncloses/status", "update"),
+        // After arming, the close's audit id and its result are applied (server-side apply); a
+        // close whose connection is gone completes by the compare-and-swap alone.
+        ("connectioncloses/status", "patch"),
     ]
     .into_iter()
     .collect();

@@ -284,7 +284,11 @@ async fn delete_released(s: &Side, bed: &TestBed, name: &str, messages: u64) {
             .and_then(|i| i.queues.get(name))
             .map(|q| q.message_count)
     };
-    assert_eq!(held("c1"), Some(messages), "the queue and its messages are still on c1");
+    assert_eq!(
+        held("c1"),
+        Some(messages),
+        "the queue and its messages are still on c1"
+    );
     for node in ["c2", "c3"] {
         assert!(held(node).is_some(), "the queue is still on {node}");
     }
