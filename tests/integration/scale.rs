@@ -297,6 +297,11 @@ fn samples(
     register(&mut registry);
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode metrics");
+    samples_in(&text, name)
+}
+
+/// The samples of the family `name` in a text exposition, by label set.
+fn samples_in(text: &str, name: &str) -> Vec<(BTreeMap<String, String>, u64)> {
     let head = format!("{name}{{");
     text.lines()
         .filter_map(|line| {
@@ -328,11 +333,11 @@ fn api_requests(m: &artemis_studio_operator::telemetry::Metrics) -> BTreeMap<(St
 
 /// Finished ArtemisQueue reconciles, every result.
 fn queue_reconciles(m: &artemis_studio_operator::telemetry::Metrics) -> u64 {
-    m.encode_text()
-        .lines()
-        .filter(|l| l.starts_with("artemis_studio_reconciles_total{") && l.contains("kind=\"ArtemisQueue\""))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    samples_in(&m.encode_text(), "artemis_studio_reconciles_total")
+        .into_iter()
+        .filter(|(labels, _)| labels.get("kind").map(String::as_str) == Some("ArtemisQueue"))
+        .map(|(_, n)| n)
+        .sum()
 }
 
 /// The operator's Kubernetes API requests by (verb, kind, answer class: 2xx, 4xx…).
