@@ -147,17 +147,58 @@ impl Fixture {
     }
 
     /// Wait until the subscription is gone (its finalizer released once its taps are swept).
+    /// On timeout it says what the subscription shows and what the cluster's last passes did.
     pub async fn wait_subscription_gone(&self, name: &str) {
         let api = self.subscriptions();
-        wait_until(
-            &format!("subscription {name} is gone"),
-            Duration::from_secs(120),
-            || {
-                let api = api.clone();
-                async move { api.get_opt(name).await.ok().flatten().is_none().then_some(()) }
-            },
-        )
+        let gone = tokio::time::timeout(Duration::from_secs(120), async {
+            while api.get_opt(name).await.ok().flatten().is_some() {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
         .await;
+        if gone.is_err() {
+            panic!(
+                "timed out after 120 s waiting for subscription {name} to be gone\n{}",
+                self.why_still_there(name).await
+            );
+        }
+    }
+
+    /// A deleted subscription still there: its finalizers and conditions, its open tap records,
+    /// and the cluster's last passes (result, commands, deferred).
+    async fn why_still_there(&self, name: &str) -> String {
+        let s = self.subscriptions().get_opt(name).await.ok().flatten();
+        let (finalizers, conditions) = s.map_or_else(Default::default, |s| {
+            let conditions: Vec<String> = s
+                .status
+                .map(|st| {
+                    st.conditions
+                        .iter()
+                        .map(|c| format!("{}={}: {}", c.type_, c.status, c.message))
+                        .collect()
+                })
+                .unwrap_or_default();
+            (s.metadata.finalizers.unwrap_or_default(), conditions)
+        });
+        let pool = self.op.store.pool();
+        let open: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM capture_tap WHERE subscription = $1 AND removed_at IS NULL AND cluster LIKE $2",
+        )
+        .bind(name)
+        .bind(format!("{}/%", self.ns))
+        .fetch_one(pool)
+        .await
+        .unwrap_or(-1);
+        let passes: Vec<(String, i32, i32)> = sqlx::query_as(
+            "SELECT result, commands, deferred FROM capture_pass WHERE cluster LIKE $1 ORDER BY started_at DESC LIMIT 5",
+        )
+        .bind(format!("{}/%", self.ns))
+        .fetch_all(pool)
+        .await
+        .unwrap_or_default();
+        format!(
+            "finalizers {finalizers:?}\nconditions {conditions:#?}\nopen tap records {open}\nlast passes (result, commands, deferred) {passes:#?}"
+        )
     }
 
     /// Passes this operator recorded over the cluster so far.
