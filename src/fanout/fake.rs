@@ -129,7 +129,7 @@ impl FakeBroker {
         let mut next = crate::topology::answers::created_queue(&Value::String(configuration.to_string()))
             .ok_or_else(|| BrokerError::BadResponse("not a queue configuration".into()))?;
         self.with_state(|s| {
-            let Some(current) = s.queues.get_mut(&next.name) else {
+            let Some(current) = s.queues.get(&next.name).cloned() else {
                 return Err(refusal(
                     "AMQ229017",
                     &format!("Queue {} does not exist", next.name),
@@ -150,7 +150,7 @@ impl FakeBroker {
             answer["filter-string"] = Value::from(current.filter.clone().unwrap_or_default());
             next.message_count = current.message_count;
             next.consumer_count = current.consumer_count;
-            *current = next;
+            s.queues.insert(next.name.clone(), next);
             Ok(Value::String(answer.to_string()))
         })
     }

@@ -9,7 +9,10 @@
 //! queue behind the operator's back (another installation's write, a script) is seen within one
 //! round of pages — every poll while a node has at most [`PAGE`] queues, 20 polls at 10,000 —
 //! and what neither shows (a queue removed and another added between two polls, addresses'
-//! and diverts' settings) at the next full read. Artemis's counts are
+//! and diverts' settings) at the next full read. While the operator's own writes keep a node
+//! busy (a burst of creates), a count difference is read in full at most once per
+//! [`BUSY_FULL_READ_EVERY`]: the writes in flight explain it, and their answers are laid over
+//! the snapshot as they come. Artemis's counts are
 //! the management registry's own (`getQueueCount` counts the `QueueControl`s `listQueues`
 //! lists; `getAddressCount` the `AddressControl`s the address read finds), so they agree with
 //! a full read of an unchanged node.
@@ -39,6 +42,23 @@ pub struct Baseline {
     pub full_read_at: Instant,
     /// The page of queues this poll reads (from 1; one past the last starts again at 1).
     pub page: u64,
+    /// This operator's own writes (their answers, its fresh reads) were laid over the inventory
+    /// since its poll: the node is busy with our work.
+    pub written_since_poll: bool,
+}
+
+/// While this operator's own writes keep a node busy, its counts differ from what is known by
+/// the writes still in flight at every poll; the node is then read in full at most this often,
+/// not at every poll (issue 45: at 10,000 queues a full read costs each broker seconds, and a
+/// burst of creates paid it at every poll, so a create cost more the more queues there were).
+/// Drift behind the operator's back meanwhile is found by this bound, or at the first poll
+/// after the writes stop.
+pub const BUSY_FULL_READ_EVERY: Duration = Duration::from_secs(60);
+
+/// Whether a node whose counts were read is read in full now: its counts moved and the move
+/// is not (only) our own writes in flight, or they have been for [`BUSY_FULL_READ_EVERY`].
+fn full_read_needed(counts_match: bool, b: &Baseline) -> bool {
+    !counts_match && !(b.written_since_poll && b.full_read_at.elapsed() < BUSY_FULL_READ_EVERY)
 }
 
 /// A node's inventory as this poll found it.
@@ -81,7 +101,7 @@ pub async fn read(
         // An element the broker refuses (a role without `listQueues`, say) is read in full: the
         // scrape has its own way around it.
         if let (Ok(counts), Ok(listing)) = (counts, listing)
-            && matches(&counts, &b.inventory)?
+            && !full_read_needed(matches(&counts, &b.inventory)?, &b)
         {
             metrics.record_inventory_read(&node, false);
             return with_page(b, &listing);
@@ -167,6 +187,34 @@ mod tests {
     }
 
     #[test]
+    fn a_node_busy_with_our_writes_is_read_in_full_once_a_minute_an_idle_one_at_any_move() {
+        let at = |ago: u64, written_since_poll: bool| Baseline {
+            inventory: Arc::new(known()),
+            full_read_at: Instant::now() - Duration::from_secs(ago),
+            page: 1,
+            written_since_poll,
+        };
+        assert!(!full_read_needed(true, &at(0, false)), "nothing moved");
+        assert!(
+            !full_read_needed(true, &at(120, true)),
+            "nothing moved, busy or not"
+        );
+        assert!(
+            full_read_needed(false, &at(0, false)),
+            "moved, and not by us: read now"
+        );
+        assert!(
+            !full_read_needed(false, &at(5, true)),
+            "moved while we write: our writes in flight"
+        );
+        let bound = BUSY_FULL_READ_EVERY.as_secs();
+        assert!(
+            full_read_needed(false, &at(bound, true)),
+            "busy, but the bound is reached"
+        );
+    }
+
+    #[test]
     fn a_page_that_moves_nothing_keeps_the_baseline_and_one_that_does_replaces_it() {
         let row = |filter: &str| {
             json!({"name":"q","address":"q","filter":filter,"durable":"true","paused":"false",
@@ -183,6 +231,7 @@ mod tests {
             inventory: Arc::new(known.clone()),
             full_read_at: Instant::now(),
             page,
+            written_since_poll: false,
         };
         let b = baseline(1);
         let same = b.inventory.clone();

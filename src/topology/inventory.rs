@@ -5,6 +5,8 @@
 
 use imbl::OrdMap;
 
+use super::queue_map::QueueMap;
+
 use serde_json::Value;
 
 use crate::broker::jolokia::attribute_fault;
@@ -71,7 +73,7 @@ pub struct AddressInfo {
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeInventory {
-    pub queues: OrdMap<String, QueueInfo>,
+    pub queues: QueueMap,
     pub addresses: OrdMap<String, AddressInfo>,
     pub diverts: OrdMap<String, DivertInfo>,
     /// Queues the broker listed whose attributes could not be read as their types: nothing is
@@ -105,12 +107,9 @@ impl NodeInventory {
             .get(address)
             .map(|a| a.queue_names.clone())
             .unwrap_or_default();
-        for q in self.queues.values().filter(|q| q.address == address) {
-            if !names.contains(&q.name) {
-                names.push(q.name.clone());
-            }
-        }
+        names.extend(self.queues.on_address(address).cloned());
         names.sort();
+        names.dedup();
         names
     }
 

@@ -11,6 +11,7 @@ pub mod access;
 pub mod answers;
 pub mod by_change;
 pub mod inventory;
+pub mod queue_map;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -283,10 +284,12 @@ pub async fn poll_since(
             .nodes
             .iter()
             .find(|n| n.active_endpoint() == Some(url) && n.inventory_error.is_none() && !n.catching_up)?;
+        let previous = previous?;
         Some(by_change::Baseline {
             inventory: node.inventory.clone()?,
             full_read_at: *full_reads.get(url)?,
             page: pages.get(url).copied().unwrap_or(1),
+            written_since_poll: previous.fresh_reads.iter().any(|(_, id, _)| *id == node.node_id),
         })
     };
     let observations = join_all(access.endpoints.iter().map(|url| {
@@ -715,8 +718,11 @@ pub fn changes(old: Option<&Topology>, new: &Topology) -> TopologyChange {
         if Arc::ptr_eq(oi, ni) {
             continue;
         }
-        c.queues
-            .extend(changed_keys(&oi.queues, &ni.queues, same_queue_config));
+        c.queues.extend(changed_keys(
+            oi.queues.by_name(),
+            ni.queues.by_name(),
+            same_queue_config,
+        ));
         c.queues.extend(changed_keys(
             &oi.unreadable_queues,
             &ni.unreadable_queues,

@@ -658,6 +658,7 @@ fn not_yet_observed(obj: &Value) -> bool {
 enum Row {
     NotYetObserved,
     UnobservedEdit,
+    OnItsWay,
     AskedFor,
     PausedNothingWaiting,
     NeedsAPerson,
@@ -669,7 +670,9 @@ impl Row {
     /// (Argo CD, Flux with the shipped healthCheckExprs, plain kstatus), as the table says.
     fn verdicts(self) -> (&'static str, &'static str, &'static str) {
         match self {
-            Row::NotYetObserved | Row::UnobservedEdit => ("Progressing", "InProgress", "InProgress"),
+            Row::NotYetObserved | Row::UnobservedEdit | Row::OnItsWay => {
+                ("Progressing", "InProgress", "InProgress")
+            }
             Row::AskedFor => ("Suspended", "Current", "InProgress"),
             Row::PausedNothingWaiting => ("Suspended", "Current", "Current"),
             Row::NeedsAPerson => ("Degraded", "Failed", "Failed"),
@@ -828,7 +831,7 @@ impl Driven {
 /// test can reach — not yet observed (as created: the CRD's default status), an edit not yet
 /// observed (as the edit stored it), a dry run, a pause with and without a change waiting, a
 /// close awaiting its confirmation, a capture shown but not armed, a missing cluster, refused
-/// credentials, a blocked delete, ready — and judged by Argo CD's, Flux's CEL and kstatus's own
+/// credentials, brokers not answering (on its way), a blocked delete, ready — and judged by Argo CD's, Flux's CEL and kstatus's own
 /// code: each verdict is the table's.
 #[tokio::test]
 async fn every_state_of_the_gitops_table_is_what_the_tools_conclude_on_live_objects() {
@@ -850,6 +853,7 @@ async fn every_state_of_the_gitops_table_is_what_the_tools_conclude_on_live_obje
     t.ready_then_paused().await;
     let consumer = t.asked_for().await;
     t.for_a_person().await;
+    t.on_its_way().await;
     t.edits_not_yet_observed().await;
     t.a_blocked_delete().await;
     judge_all(&t.seen);
@@ -1126,6 +1130,37 @@ impl States<'_> {
             missing,
         )
         .await;
+    }
+
+    /// On its way: a cluster none of whose endpoints answers (nothing listens there) — its
+    /// brokers may come back, so its queue and divert converge, neither stalled nor held.
+    async fn on_its_way(&mut self) {
+        let dark = self.name("dark");
+        let nobody = vec!["http://127.0.0.1:9/console/jolokia".to_string()];
+        create_cluster(&self.f.admin, &self.f.ns, &dark, &nobody, None).await;
+        let waits = ("Reconciling", "True", &["ClusterNotReady"][..]);
+        let q = json!({"clusterRef": {"name": dark}, "name": self.queue("dark")});
+        self.create(QUEUE, &dark, q).await;
+        self.wait_at(
+            Row::OnItsWay,
+            "ArtemisQueue, no broker answering",
+            QUEUE,
+            &dark,
+            waits,
+        )
+        .await;
+        let d = json!({"clusterRef": {"name": dark}, "address": self.queue("dark"), "forwardingAddress": self.queue("ok")});
+        self.create(DIVERT, &dark, d).await;
+        self.wait_at(
+            Row::OnItsWay,
+            "ArtemisDivert, no broker answering",
+            DIVERT,
+            &dark,
+            waits,
+        )
+        .await;
+        // Gone, so the tidy's deletes of these two find a missing cluster, not one that waits.
+        self.d.delete(CLUSTER.0, CLUSTER.1, &dark).await;
     }
 
     /// An edit of every other kind, as the API server stored it.

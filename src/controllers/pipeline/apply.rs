@@ -582,9 +582,8 @@ mod tests {
     /// A node holding the queue paused by hand, without persistence.
     fn hand_paused(d: &DesiredQueue, reports_persisted_pause: bool) -> Arc<FakeBroker> {
         let mut held = existing(d);
-        if let Some(q) = held.queues.get_mut("orders") {
-            (q.paused, q.pause_persisted) = (true, Some(false));
-        }
+        held.queues
+            .update("orders", |q| (q.paused, q.pause_persisted) = (true, Some(false)));
         Arc::new(FakeBroker {
             reports_persisted_pause,
             ..FakeBroker::with(held)

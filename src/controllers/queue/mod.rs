@@ -56,9 +56,8 @@ async fn read_queue(t: &Target, d: &DesiredQueue, for_delete: bool) -> Result<No
     let (read, persisted) = futures::join!(read, t.ops.pause_persisted(queue_ref(d)));
     let mut inv = read?;
     let persisted = persisted?;
-    if let Some(q) = inv.queues.get_mut(&d.name) {
-        q.pause_persisted = persisted.filter(|_| q.paused);
-    }
+    inv.queues
+        .update(&d.name, |q| q.pause_persisted = persisted.filter(|_| q.paused));
     Ok(inv)
 }
 
@@ -209,7 +208,9 @@ async fn create_on(
                         queues: vec![q.name.clone()],
                         ..Default::default()
                     }),
-                    queues: imbl::OrdMap::unit(q.name.clone(), QueueInfo { paused, ..q }),
+                    queues: [(q.name.clone(), QueueInfo { paused, ..q })]
+                        .into_iter()
+                        .collect(),
                     ..Default::default()
                 }),
                 None => report,
