@@ -299,3 +299,50 @@ fn probe(
         None => (StatusCode::SERVICE_UNAVAILABLE, "starting".into()),
     }
 }
+
+#[cfg(test)]
+mod probes {
+    use super::*;
+
+    /// GET `path` on the served probes: (status, body).
+    async fn get(port: u16, path: &str) -> (u16, String) {
+        let r = reqwest::get(format!("http://127.0.0.1:{port}{path}"))
+            .await
+            .expect("the probes answer");
+        (r.status().as_u16(), r.text().await.expect("a body"))
+    }
+
+    /// Issue 43: what a kubelet sees — `/readyz` 503 "starting" until the controllers start,
+    /// then 200; a supervised task that ended unasked fails both probes with 503, naming it.
+    #[tokio::test]
+    async fn readyz_is_503_until_ready_and_both_probes_503_naming_a_task_that_ended() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let metrics = Arc::new(Metrics::default());
+        let supervisor = crate::supervisor::Supervisor::default();
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        tokio::spawn(serve(addr, metrics.clone(), supervisor.clone()));
+        let mut first = None;
+        for _ in 0..100 {
+            if let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/readyz")).await {
+                first = Some(r.status().as_u16());
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert_eq!(first, Some(503), "not ready before the controllers start");
+        assert_eq!(get(port, "/readyz").await, (503, "starting".into()));
+        assert_eq!(get(port, "/healthz").await, (200, "ok".into()));
+        metrics.set_ready();
+        assert_eq!(get(port, "/readyz").await, (200, "ready".into()));
+        supervisor.spawn("capture", async { panic!("boom") });
+        supervisor.first_end().await;
+        for path in ["/readyz", "/healthz"] {
+            let (status, why) = get(port, path).await;
+            assert_eq!(status, 503, "{path}: {why}");
+            assert!(why.contains("capture") && why.contains("boom"), "{path}: {why}");
+        }
+    }
+}
