@@ -58,7 +58,8 @@ pub const BUSY_FULL_READ_EVERY: Duration = Duration::from_secs(60);
 /// Whether a node whose counts were read is read in full now: its counts moved and the move
 /// is not (only) our own writes in flight, or they have been for [`BUSY_FULL_READ_EVERY`].
 fn full_read_needed(counts_match: bool, b: &Baseline) -> bool {
-    !counts_match && !(b.written_since_poll && b.full_read_at.elapsed() < BUSY_FULL_READ_EVERY)
+    let ours_in_flight = b.written_since_poll && b.full_read_at.elapsed() < BUSY_FULL_READ_EVERY;
+    !(counts_match || ours_in_flight)
 }
 
 /// A node's inventory as this poll found it.

@@ -5,52 +5,12 @@
 
 use imbl::OrdMap;
 
-use super::queue_map::QueueMap;
+pub use super::queue_map::{QueueInfo, QueueMap};
 
 use serde_json::Value;
 
 use crate::broker::jolokia::attribute_fault;
 use crate::broker::{BrokerError, BrokerManagement, JolokiaRequest, mbean};
-
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct QueueInfo {
-    pub name: String,
-    pub address: String,
-    /// ANYCAST or MULTICAST.
-    pub routing_type: String,
-    pub filter: Option<String>,
-    pub durable: bool,
-    pub max_consumers: i64,
-    pub exclusive: bool,
-    pub last_value: bool,
-    pub last_value_key: Option<String>,
-    /// Not an attribute of Artemis 2.40's QueueControl: None (unknown) unless a broker reports it.
-    pub non_destructive: Option<bool>,
-    pub purge_on_no_consumers: bool,
-    pub enabled: bool,
-    /// Delivery to consumers is paused (QueueControl.isPaused).
-    pub paused: bool,
-    /// A pause the broker keeps across a restart (QueueControl.isPersistedPause, Artemis 2.41+;
-    /// `pause()` by hand does not persist). None: not paused, or not known (a 2.40 broker does
-    /// not report it; a fresh read asks it only for a queue declared Paused).
-    pub pause_persisted: Option<bool>,
-    pub consumers_before_dispatch: i64,
-    pub delay_before_dispatch: i64,
-    /// Not an attribute of Artemis 2.40's QueueControl: None (unknown) unless a broker reports it.
-    pub consumer_priority: Option<i64>,
-    pub ring_size: i64,
-    pub group_rebalance: bool,
-    pub group_buckets: i64,
-    pub group_first_key: Option<String>,
-    pub auto_delete: bool,
-    /// Not attributes of Artemis 2.40's QueueControl: None (unknown) unless a broker reports them.
-    pub auto_delete_delay: Option<i64>,
-    pub auto_delete_message_count: Option<i64>,
-    pub temporary: bool,
-    pub message_count: u64,
-    pub consumer_count: u64,
-    pub delivering_count: u64,
-}
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DivertInfo {
