@@ -56,10 +56,25 @@ pub struct Baseline {
 pub const BUSY_FULL_READ_EVERY: Duration = Duration::from_secs(60);
 
 /// Whether a node whose counts were read is read in full now: its counts moved and the move
-/// is not (only) our own writes in flight, or they have been for [`BUSY_FULL_READ_EVERY`].
-fn full_read_needed(counts_match: bool, b: &Baseline) -> bool {
+/// is not (only) our own writes in flight, or they have been for [`BUSY_FULL_READ_EVERY`]. Its
+/// divert names are exact, not a count: a different set is always read in full (a capture
+/// pass's installs and sweeps, which the controllers' snapshot does not carry, change it).
+fn full_read_needed(moved: Moved, b: &Baseline) -> bool {
     let ours_in_flight = b.written_since_poll && b.full_read_at.elapsed() < BUSY_FULL_READ_EVERY;
-    !(counts_match || ours_in_flight)
+    match moved {
+        Moved::Nothing => false,
+        Moved::Counts => !ours_in_flight,
+        Moved::Diverts => true,
+    }
+}
+
+/// What a node's counts say moved against what is known of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Moved {
+    Nothing,
+    /// The queue or address count, not the divert names.
+    Counts,
+    Diverts,
 }
 
 /// A node's inventory as this poll found it.
@@ -102,7 +117,7 @@ pub async fn read(
         // An element the broker refuses (a role without `listQueues`, say) is read in full: the
         // scrape has its own way around it.
         if let (Ok(counts), Ok(listing)) = (counts, listing)
-            && !full_read_needed(matches(&counts, &b.inventory)?, &b)
+            && !full_read_needed(moved(&counts, &b.inventory)?, &b)
         {
             metrics.record_inventory_read(&node, false);
             return with_page(b, &listing);
@@ -133,14 +148,8 @@ fn counts_request(broker_name: &str) -> JolokiaRequest {
     )
 }
 
-/// Whether the node's counts are those of the known inventory.
-fn matches(answer: &Value, known: &NodeInventory) -> Result<bool, BrokerError> {
-    let count = |k: &str| {
-        answer
-            .get(k)
-            .and_then(Value::as_u64)
-            .ok_or_else(|| BrokerError::BadResponse(format!("the broker's {k} is not a count")))
-    };
+/// What moved on the node against the known inventory, by its counts and divert names.
+fn moved(answer: &Value, known: &NodeInventory) -> Result<Moved, BrokerError> {
     let names: Vec<&str> = answer
         .get("DivertNames")
         .and_then(Value::as_array)
@@ -148,12 +157,26 @@ fn matches(answer: &Value, known: &NodeInventory) -> Result<bool, BrokerError> {
         .iter()
         .filter_map(Value::as_str)
         .collect();
-    let queues = (known.queues.len() + known.unreadable_queues.len()) as u64;
     let same_diverts =
         names.len() == known.diverts.len() && names.iter().all(|n| known.diverts.contains_key(*n));
-    Ok(count("QueueCount")? == queues
-        && count("AddressCount")? == known.addresses.len() as u64
-        && same_diverts)
+    let same_counts = same_counts(answer, known)?;
+    Ok(match (same_diverts, same_counts) {
+        (false, _) => Moved::Diverts,
+        (true, false) => Moved::Counts,
+        (true, true) => Moved::Nothing,
+    })
+}
+
+/// Whether the node's queue and address counts are those of the known inventory.
+fn same_counts(answer: &Value, known: &NodeInventory) -> Result<bool, BrokerError> {
+    let count = |k: &str| {
+        answer
+            .get(k)
+            .and_then(Value::as_u64)
+            .ok_or_else(|| BrokerError::BadResponse(format!("the broker's {k} is not a count")))
+    };
+    let queues = (known.queues.len() + known.unreadable_queues.len()) as u64;
+    Ok(count("QueueCount")? == queues && count("AddressCount")? == known.addresses.len() as u64)
 }
 
 #[cfg(test)]
@@ -171,20 +194,31 @@ mod tests {
         inv
     }
 
+    /// A baseline read in full just now, with none of our writes laid over it since.
+    fn idle() -> Baseline {
+        Baseline {
+            inventory: Arc::new(known()),
+            full_read_at: Instant::now(),
+            page: 1,
+            written_since_poll: false,
+        }
+    }
+
     #[test]
     fn counts_that_match_what_is_known_leave_it_standing_any_difference_reads_in_full() {
         let same = json!({"QueueCount": 1, "AddressCount": 1, "DivertNames": ["d"]});
-        assert!(matches(&same, &known()).expect("read"));
-        for moved in [
+        assert_eq!(moved(&same, &known()).expect("read"), Moved::Nothing);
+        for answer in [
             json!({"QueueCount": 2, "AddressCount": 1, "DivertNames": ["d"]}),
             json!({"QueueCount": 1, "AddressCount": 0, "DivertNames": ["d"]}),
             json!({"QueueCount": 1, "AddressCount": 1, "DivertNames": ["e"]}),
             json!({"QueueCount": 1, "AddressCount": 1, "DivertNames": []}),
         ] {
-            assert!(!matches(&moved, &known()).expect("read"), "{moved}");
+            let m = moved(&answer, &known()).expect("read");
+            assert!(full_read_needed(m, &idle()), "{answer}: {m:?}");
         }
         let broken = json!({"QueueCount": "many", "AddressCount": 1, "DivertNames": ["d"]});
-        assert!(matches(&broken, &known()).is_err(), "never judged on a guess");
+        assert!(moved(&broken, &known()).is_err(), "never judged on a guess");
     }
 
     #[test]
@@ -195,24 +229,36 @@ mod tests {
             page: 1,
             written_since_poll,
         };
-        assert!(!full_read_needed(true, &at(0, false)), "nothing moved");
+        assert!(!full_read_needed(Moved::Nothing, &at(0, false)), "nothing moved");
         assert!(
-            !full_read_needed(true, &at(120, true)),
+            !full_read_needed(Moved::Nothing, &at(120, true)),
             "nothing moved, busy or not"
         );
         assert!(
-            full_read_needed(false, &at(0, false)),
+            full_read_needed(Moved::Counts, &at(0, false)),
             "moved, and not by us: read now"
         );
         assert!(
-            !full_read_needed(false, &at(5, true)),
-            "moved while we write: our writes in flight"
+            !full_read_needed(Moved::Counts, &at(5, true)),
+            "counts moved while we write: in flight"
         );
         let bound = BUSY_FULL_READ_EVERY.as_secs();
         assert!(
-            full_read_needed(false, &at(bound, true)),
+            full_read_needed(Moved::Counts, &at(bound, true)),
             "busy, but the bound is reached"
         );
+        assert!(
+            full_read_needed(Moved::Diverts, &at(5, true)),
+            "other divert names: read now, busy or not"
+        );
+        let answer = |q: u64, d: &[&str]| json!({"QueueCount": q, "AddressCount": 1, "DivertNames": d});
+        assert_eq!(moved(&answer(1, &["d"]), &known()).expect("read"), Moved::Nothing);
+        assert_eq!(moved(&answer(2, &["d"]), &known()).expect("read"), Moved::Counts);
+        assert_eq!(
+            moved(&answer(2, &["d", "tap"]), &known()).expect("read"),
+            Moved::Diverts
+        );
+        assert_eq!(moved(&answer(1, &[]), &known()).expect("read"), Moved::Diverts);
     }
 
     #[test]
