@@ -194,13 +194,14 @@ mod tests {
         inv
     }
 
-    /// A baseline read in full just now, with none of our writes laid over it since.
-    fn idle() -> Baseline {
+    /// The known inventory as a baseline read in full `ago` seconds ago, with our writes laid
+    /// over it since (`written_since_poll`) or not.
+    fn baseline_of(ago: u64, written_since_poll: bool) -> Baseline {
         Baseline {
             inventory: Arc::new(known()),
-            full_read_at: Instant::now(),
+            full_read_at: Instant::now() - Duration::from_secs(ago),
             page: 1,
-            written_since_poll: false,
+            written_since_poll,
         }
     }
 
@@ -215,7 +216,7 @@ mod tests {
             json!({"QueueCount": 1, "AddressCount": 1, "DivertNames": []}),
         ] {
             let m = moved(&answer, &known()).expect("read");
-            assert!(full_read_needed(m, &idle()), "{answer}: {m:?}");
+            assert!(full_read_needed(m, &baseline_of(0, false)), "{answer}: {m:?}");
         }
         let broken = json!({"QueueCount": "many", "AddressCount": 1, "DivertNames": ["d"]});
         assert!(moved(&broken, &known()).is_err(), "never judged on a guess");
@@ -223,12 +224,7 @@ mod tests {
 
     #[test]
     fn a_node_busy_with_our_writes_is_read_in_full_once_a_minute_an_idle_one_at_any_move() {
-        let at = |ago: u64, written_since_poll: bool| Baseline {
-            inventory: Arc::new(known()),
-            full_read_at: Instant::now() - Duration::from_secs(ago),
-            page: 1,
-            written_since_poll,
-        };
+        let at = baseline_of;
         assert!(!full_read_needed(Moved::Nothing, &at(0, false)), "nothing moved");
         assert!(
             !full_read_needed(Moved::Nothing, &at(120, true)),

@@ -280,11 +280,11 @@ pub async fn poll_since(
         )
     };
     let baseline = |url: &str| {
-        let node = previous?
+        let previous = previous?;
+        let node = previous
             .nodes
             .iter()
             .find(|n| n.active_endpoint() == Some(url) && n.inventory_error.is_none() && !n.catching_up)?;
-        let previous = previous?;
         Some(by_change::Baseline {
             inventory: node.inventory.clone()?,
             full_read_at: *full_reads.get(url)?,

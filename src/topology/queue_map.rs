@@ -63,17 +63,12 @@ impl PartialEq for QueueMap {
 
 impl QueueMap {
     pub fn insert(&mut self, name: String, queue: QueueInfo) -> Option<QueueInfo> {
-        self.by_address
-            .entry(queue.address.clone())
-            .or_default()
-            .insert(name.clone());
+        let address = queue.address.clone();
         let old = self.by_name.insert(name.clone(), queue);
-        if let Some(old) = &old {
-            let address = &self.by_name[&name].address;
-            if old.address != *address {
-                self.unindex(&old.address, &name);
-            }
+        if let Some(moved_from) = old.as_ref().filter(|o| o.address != address) {
+            self.unindex(&moved_from.address, &name);
         }
+        self.by_address.entry(address).or_default().insert(name);
         old
     }
 

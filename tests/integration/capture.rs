@@ -14,7 +14,7 @@ use artemis_studio_operator::api::capture::{ArtemisCaptureSubscription, TapState
 use artemis_studio_operator::api::capture_names::TapName;
 
 use crate::queue::{Fixture, fixture};
-use crate::support::{Broker, TestBed, brokers_shared, jolokia_raw, short_id, wait_until};
+use crate::support::{Broker, TestBed, brokers_shared, jolokia_raw, short_id, wait_until, wait_until_or_say};
 
 const ORIGIN: Option<&str> = Some("http://localhost");
 
@@ -150,18 +150,16 @@ impl Fixture {
     /// On timeout it says what the subscription shows and what the cluster's last passes did.
     pub async fn wait_subscription_gone(&self, name: &str) {
         let api = self.subscriptions();
-        let gone = tokio::time::timeout(Duration::from_secs(120), async {
-            while api.get_opt(name).await.ok().flatten().is_some() {
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-        })
+        wait_until_or_say(
+            &format!("subscription {name} is gone"),
+            Duration::from_secs(120),
+            || {
+                let api = api.clone();
+                async move { api.get_opt(name).await.ok().flatten().is_none().then_some(()) }
+            },
+            || self.why_still_there(name),
+        )
         .await;
-        if gone.is_err() {
-            panic!(
-                "timed out after 120 s waiting for subscription {name} to be gone\n{}",
-                self.why_still_there(name).await
-            );
-        }
     }
 
     /// A deleted subscription still there: its finalizers and conditions, its open tap records,

@@ -145,10 +145,22 @@ pub fn short_id() -> String {
 
 /// Poll `check` until it returns Some, or fail after `timeout` naming `what`. The timeout is a
 /// bound on a broken system, never an assertion about speed.
-pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
+{
+    wait_until_or_say(what, timeout, check, || async { String::new() }).await
+}
+
+/// [`wait_until`], and on timeout the failure also says what `say` finds then (the state that
+/// explains the wait: CI's log may keep little else of a failing test).
+pub async fn wait_until_or_say<T, F, Fut, S, SFut>(what: &str, timeout: Duration, mut check: F, say: S) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+    S: FnOnce() -> SFut,
+    SFut: Future<Output = String>,
 {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
@@ -156,7 +168,7 @@ where
             return v;
         }
         if tokio::time::Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting for: {what}");
+            panic!("timed out after {timeout:?} waiting for: {what}\n{}", say().await);
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
