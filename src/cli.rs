@@ -96,6 +96,20 @@ pub struct RunArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub leader_election: bool,
+    /// Share the broker clusters out between the replicas (issue 46): every replica runs the
+    /// controllers, and each ArtemisCluster (with every object naming it, and its capture) is
+    /// acted for by exactly one replica, which holds the cluster's Lease. Replaces leader
+    /// election (the chart turns it on when replicaCount > 1).
+    #[arg(
+        long,
+        env = "SHARDING",
+        default_value_t = false,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub sharding: bool,
     /// Namespace of the leader Lease (`artemis-studio-operator-<instance ID>`). Default: the
     /// pod's namespace (POD_NAMESPACE), else `default`.
     #[arg(long, env = "LEASE_NAMESPACE")]

@@ -162,15 +162,20 @@ pub fn lease_namespace(lease_namespace: Option<&str>, pod_namespace: Option<&str
 /// This process's holder identity: the pod's name (or the host's), and a suffix unique to the
 /// process, so a restarted pod is a new holder.
 pub fn holder_identity(pod_name: Option<&str>) -> String {
-    let host = pod_name
+    let host = replica_name(pod_name);
+    let unique = uuid::Uuid::new_v4().simple().to_string();
+    format!("{host}-{}", &unique[..12])
+}
+
+/// This replica's name as status shows it (`status.heldBy`): the pod's name, else the host's.
+pub fn replica_name(pod_name: Option<&str>) -> String {
+    pod_name
         .map(str::to_string)
         .or_else(|| std::env::var("HOSTNAME").ok())
         .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "local".into());
-    let unique = uuid::Uuid::new_v4().simple().to_string();
-    format!("{host}-{}", &unique[..12])
+        .unwrap_or_else(|| "local".into())
 }
 
 /// What one attempt on the Lease found.

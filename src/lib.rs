@@ -13,6 +13,7 @@ pub mod crash_window;
 pub mod fanout;
 pub mod leader;
 pub mod reading;
+pub mod shards;
 pub mod store;
 pub mod supervisor;
 pub mod telemetry;

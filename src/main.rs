@@ -122,6 +122,11 @@ fn context(
 ) -> (Arc<Context>, Reflectors) {
     let (mut ctx, reflectors) = Context::new(client, store, args.instance_id.clone(), namespaces);
     ctx.metrics = metrics;
+    if args.sharding {
+        let replica = leader::replica_name(args.pod_name.as_deref());
+        let deadline = Duration::from_secs(args.lease_renew_deadline_seconds.into());
+        ctx.holdings = artemis_studio_operator::shards::Holdings::sharded(replica, deadline);
+    }
     ctx.concurrency = args.concurrency();
     ctx.capture_pass_interval = Duration::from_secs(args.capture_pass_seconds.into());
     (Arc::new(ctx), reflectors)
@@ -155,10 +160,19 @@ async fn run_controllers(
     let shutdown = ctx.shutdown.clone();
     // /readyz turns true once the caches have synced and the controllers start (as the
     // leader), or once the Lease is seen held by another process (as a standby).
-    let controllers = controllers::run_all(ctx, reflectors);
+    let controllers = controllers::run_all(ctx.clone(), reflectors);
+    let namespace = leader::lease_namespace(args.lease_namespace.as_deref(), args.pod_namespace.as_deref());
+    if args.sharding {
+        let leases = artemis_studio_operator::shards::ShardLeases::new(
+            Api::namespaced(client, &namespace),
+            leader::lease_name(&args.instance_id),
+            leader::holder_identity(args.pod_name.as_deref()),
+            timing,
+        );
+        tracing::info!(%namespace, identity = %leases.identity(), "sharding on: broker clusters shared out by Lease");
+        return run_sharded(ctx, leases, grace, controllers).await;
+    }
     let lock = if args.leader_election {
-        let namespace =
-            leader::lease_namespace(args.lease_namespace.as_deref(), args.pod_namespace.as_deref());
         let lock = leader::LeaseLock::new(
             Api::namespaced(client, &namespace),
             leader::lease_name(&args.instance_id),
@@ -172,6 +186,33 @@ async fn run_controllers(
         None
     };
     leader::run(lock, shutdown, metrics, grace, controllers).await
+}
+
+/// Sharded (issue 46): the controllers at once, beside the shard loop that decides which
+/// clusters they act for. A lost Lease ends the process at once; on a requested stop the loop
+/// releases every cluster once its reconciles finished, and both are awaited.
+async fn run_sharded(
+    ctx: Arc<Context>,
+    leases: artemis_studio_operator::shards::ShardLeases,
+    grace: Duration,
+    controllers: impl std::future::Future<Output = ()> + Send + 'static,
+) -> leader::Exit {
+    let metrics = ctx.metrics.clone();
+    let shutdown = ctx.shutdown.clone();
+    let shards = controllers::shards::run(ctx, leases, grace);
+    let controllers = leader::run(None, shutdown.clone(), metrics, grace, controllers);
+    tokio::pin!(shards, controllers);
+    tokio::select! {
+        exit = &mut shards => {
+            if exit == leader::Exit::Stopped {
+                controllers.await;
+            }
+            exit
+        }
+        exit = &mut controllers => {
+            if shutdown.is_requested() { shards.await } else { exit }
+        }
+    }
 }
 
 /// SIGTERM or SIGINT asks for a graceful stop; a second one ends the process at once.

@@ -43,6 +43,13 @@ use super::common::Condition;
         json_path = ".status.managementWrite.state",
         description = "management write evidence"
     ),
+    printcolumn(
+        name = "Held By",
+        type_ = "string",
+        json_path = ".status.heldBy",
+        description = "the operator replica acting for this cluster",
+        priority = 1
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
@@ -253,6 +260,11 @@ pub struct ArtemisClusterStatus {
     /// http: the credentials travel in clear).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trust: Option<String>,
+    /// The operator replica acting for this cluster (its pod's name, else its host's): it polls
+    /// the cluster and reconciles every object that names it. With several replicas (sharding)
+    /// each cluster is held by one of them; written by the holder when it takes the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]

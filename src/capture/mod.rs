@@ -467,6 +467,10 @@ async fn worker(
                 let Some(cluster) = all_clusters.get(cluster_key) else {
                     continue;
                 };
+                // Issue 46: a pass counts as work of its cluster, which is not released under it.
+                let Some(_work) = w.ctx.holdings.enter(cluster_key) else {
+                    continue;
+                };
                 if w.take_on(cluster_key, fair).await {
                     w.serve(cluster_key, cluster, &all_subs, &all_clusters).await;
                 }
@@ -548,6 +552,8 @@ impl Worker {
             Err(_) => tracing::warn!("capture: capture_tap not readable in time"),
         }
         let workers = workers.ok().and_then(Result::ok).unwrap_or(1).max(1) as usize;
+        // Sharded (issue 46): the clusters this replica holds are its share, all of them.
+        let workers = if ctx.holdings.is_sharded() { 1 } else { workers };
         release_orphaned_in_deleted_namespaces(ctx, all_subs, all_clusters).await;
         for s in all_subs
             .iter()
@@ -560,8 +566,9 @@ impl Worker {
                 tracing::warn!(subscription = %s.name_any(), error = %e, "capture: cannot write status");
             }
         }
-        // Only clusters this process can reach (the ArtemisCluster exists and is watched).
-        wanted.retain(|c| all_clusters.contains_key(c));
+        // Only clusters this process can reach (the ArtemisCluster exists and is watched), and
+        // holds when sharded (issue 46).
+        wanted.retain(|c| all_clusters.contains_key(c) && ctx.holdings.holds(c));
         (wanted, workers)
     }
 

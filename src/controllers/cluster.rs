@@ -75,6 +75,7 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
         conditions: old.conditions.clone(),
         last_poll_time: old.last_poll_time.clone(),
         trust: Some(crate::topology::access::trust_statement(&obj.spec)),
+        held_by: Some(ctx.holdings.replica().to_string()),
         ..Default::default()
     };
     match resolve_access(&ctx.client, &ns, &obj.spec).await {

@@ -212,6 +212,8 @@ pub struct Context {
     pub secret_reads: Arc<shared_read::SharedReads<SecretVersions>>,
     /// What a node that came back was sent in bulk, until each object's pass reports it.
     pub caught_up: catch_up::CaughtUp,
+    /// The broker clusters this replica acts for (issue 46): every one unless sharded.
+    pub holdings: crate::shards::Holdings,
 }
 
 /// What the gate before a broker write reads of a cluster's Secrets.
@@ -277,6 +279,9 @@ impl Context {
             secret_reads: Default::default(),
             caught_up: Default::default(),
             supervisor: Default::default(),
+            holdings: crate::shards::Holdings::everything(crate::leader::replica_name(
+                std::env::var("POD_NAME").ok().as_deref(),
+            )),
         };
         (
             ctx,

@@ -10,9 +10,22 @@ pub enum ReconcileError {
     Serialization(#[from] serde_json::Error),
     /// A delete that cannot proceed now; the object stays Terminating and is retried.
     #[error("delete refused: {0}")]
-    DeleteRefused(String),
+    DeleteRefused(#[from] DeleteRefusal),
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<ReconcileError>>),
+}
+
+/// Why a delete cannot finish now: the object stays Terminating (its finalizer held) and the
+/// delete is retried with a growing delay (`ReconcileError::DeleteRefused`, which reconcile
+/// does not write to the object as an error: the DeleteBlocked condition already says it).
+#[derive(Debug, thiserror::Error)]
+pub enum DeleteRefusal {
+    /// DeleteBlocked says why and how to proceed (its message, written on the object).
+    #[error("{message}")]
+    Blocked { message: String },
+    /// A restart: the cluster's first poll (which triggers this object) comes first.
+    #[error("ArtemisCluster {cluster} has not been polled by this operator process yet")]
+    NotYetPolled { cluster: String },
 }
 
 impl ReconcileError {

@@ -16,7 +16,8 @@
 //!   waiting for one is served in the order its object's change arrived), `watches` (the one
 //!   watch per kind and scope that keeps a cache, its indexes and first statuses; `feed`: what
 //!   it lets through to the controller), `launch` ([`run_all`]: every controller and watch), `liveness` ([`heartbeat`],
-//!   the reaper of abandoned commands);
+//!   the reaper of abandoned commands), `shards` (with `--sharding`: which broker clusters this
+//!   replica holds, by Lease; the design in `src/shards/mod.rs`);
 //! - this file: the small helpers every module uses ([`key`], [`actor_of`], [`is_paused`]…) and
 //!   the traits of the kinds ([`StatusConditions`], [`OfCluster`], [`Watched`]).
 //!
@@ -47,6 +48,7 @@ pub mod queue;
 pub mod report;
 mod runner;
 pub mod runtime;
+pub mod shards;
 pub mod shared_read;
 mod triggers;
 mod watches;
@@ -60,7 +62,7 @@ pub use crate::backoff::Backoff;
 pub use context::{
     Cache, Caches, Context, Namespaces, Reflectors, SecretMeta, SecretVersions, WrittenStatus,
 };
-pub use error::ReconcileError;
+pub use error::{DeleteRefusal, ReconcileError};
 pub use launch::run_all;
 pub use liveness::heartbeat;
 pub use locks::{AddressHold, AddressLocks, HeldAddress};
@@ -180,6 +182,15 @@ status_conditions!(crate::api::divert::ArtemisDivertStatus);
 /// The cluster (`namespace/name`) an object's reconciles are counted under in the metrics.
 pub trait OfCluster {
     fn cluster_key(&self) -> String;
+
+    /// What a replica that does not hold the object's cluster does with it (issue 46): nothing
+    /// until triggered — the holder's first poll of a cluster triggers every object of it.
+    fn when_not_held() -> kube::runtime::controller::Action
+    where
+        Self: Sized,
+    {
+        kube::runtime::controller::Action::await_change()
+    }
 }
 
 impl OfCluster for ArtemisCluster {
@@ -205,11 +216,21 @@ macro_rules! of_cluster_ref {
     )+};
 }
 
-of_cluster_ref!(
-    ArtemisQueue,
-    ArtemisDivert,
-    crate::api::connection_close::ConnectionClose
-);
+of_cluster_ref!(ArtemisQueue, ArtemisDivert);
+
+impl OfCluster for crate::api::connection_close::ConnectionClose {
+    fn cluster_key(&self) -> String {
+        key(
+            &kube::ResourceExt::namespace(self).unwrap_or_default(),
+            &self.spec.cluster_ref.name,
+        )
+    }
+
+    /// A close is not among the objects a poll triggers: it looks again a little later.
+    fn when_not_held() -> kube::runtime::controller::Action {
+        kube::runtime::controller::Action::requeue(std::time::Duration::from_secs(15))
+    }
+}
 
 /// What a watch, a cache and a controller need of a kind.
 pub trait Watched:

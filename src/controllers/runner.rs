@@ -174,10 +174,15 @@ where
     let Some((_slot, obj)) = in_line.turn().await else {
         return Ok(Action::await_change());
     };
+    let cluster = obj.cluster_key();
+    // Issue 46: only the replica holding the object's cluster acts on it; the guard keeps the
+    // cluster from being released while this reconcile runs.
+    let Some(_work) = ctx.holdings.enter(&cluster) else {
+        return Ok(K::when_not_held());
+    };
     let metrics = ctx.metrics.clone();
     let backoff = ctx.backoff.clone();
     let uid = obj.meta().uid.clone().unwrap_or_default();
-    let cluster = obj.cluster_key();
     // One span per reconciled object: every log line of the pass names it.
     let span = tracing::info_span!(
         "reconcile",

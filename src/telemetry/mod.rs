@@ -91,6 +91,9 @@ pub struct Metrics {
     /// `artemis_studio_leader`: 1 while this process leads (holds the Lease, or leader election
     /// is off), 0 as a standby.
     pub leader: Gauge,
+    /// `artemis_studio_clusters_held`: the broker clusters this replica holds (sharding,
+    /// issue 46; without it, unset).
+    pub clusters_held: Gauge,
     /// Objects by Ready reason, Stalled objects, nodes per cluster, taps by state: counted from
     /// the controllers' caches at scrape time (`controllers::census`).
     pub census: census::Census,
@@ -162,6 +165,12 @@ impl Default for Metrics {
             "1 while this process leads (holds the Lease), 0 as a standby",
             leader.clone(),
         );
+        let clusters_held = Gauge::default();
+        registry.register(
+            "clusters_held",
+            "Broker clusters this replica holds by Lease and acts for (sharding)",
+            clusters_held.clone(),
+        );
         let census = census::Census::default();
         registry.register_collector(Box::new(census.clone()));
         Metrics {
@@ -178,6 +187,7 @@ impl Default for Metrics {
             capture_passes,
             kube_api,
             leader,
+            clusters_held,
             ready: AtomicBool::new(false),
         }
     }
@@ -235,6 +245,10 @@ impl Metrics {
 
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
+    }
+
+    pub fn set_clusters_held(&self, held: usize) {
+        self.clusters_held.set(i64::try_from(held).unwrap_or(i64::MAX));
     }
 
     /// The metrics in the Prometheus text format (what `/metrics` serves).

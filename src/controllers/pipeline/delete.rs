@@ -23,29 +23,10 @@ use super::status::{old_not_owned, report_condition};
 use super::{DELETE_BLOCKED, PlanFacts, TopologyObject};
 use crate::api::{DeletionPolicy, NodeOutcome, Outcome, RefusalKind};
 use crate::controllers::command::{self, Scope};
-use crate::controllers::{Context, ReconcileError, StatusConditions, ownership};
+use crate::controllers::{Context, DeleteRefusal, ReconcileError, StatusConditions, ownership};
 use crate::crash_window::Window;
 use crate::fanout::Target;
 use crate::topology::inventory::NodeInventory;
-
-/// Why a delete cannot finish now: the object stays Terminating (its finalizer held) and the
-/// delete is retried with a growing delay (`ReconcileError::DeleteRefused`, which reconcile
-/// does not write to the object as an error).
-#[derive(Debug, thiserror::Error)]
-enum DeleteRefusal {
-    /// DeleteBlocked says why and how to proceed.
-    #[error("{0}")]
-    Blocked(String),
-    /// A restart: the cluster's first poll (which triggers this object) comes first.
-    #[error(transparent)]
-    NotYetPolled(DereferenceError),
-}
-
-impl From<DeleteRefusal> for ReconcileError {
-    fn from(refusal: DeleteRefusal) -> Self {
-        ReconcileError::DeleteRefused(refusal.to_string())
-    }
-}
 
 /// cleanup: the delete of every kind. Releases the finalizer only when no node may still hold
 /// what the object owned.
@@ -215,8 +196,8 @@ async fn delete_not_dereferenced<K: TopologyObject>(
     if never_reached {
         return release_never_applied(ctx, o, &e).await;
     }
-    if let DereferenceError::NotYetPolled(_) = e {
-        return Err(DeleteRefusal::NotYetPolled(e).into());
+    if let DereferenceError::NotYetPolled(cluster) = e {
+        return Err(DeleteRefusal::NotYetPolled { cluster }.into());
     }
     if let Some(released) = release_if_namespace_deleted(ctx, o, d, &e).await {
         return released;
@@ -318,7 +299,7 @@ async fn block<K: TopologyObject>(
 ) -> Result<Action, ReconcileError> {
     let cond = (DELETE_BLOCKED, true);
     report_condition(ctx, obj, d, cond, reason, message.clone(), nodes, last_audit_id).await?;
-    Err(DeleteRefusal::Blocked(message).into())
+    Err(DeleteRefusal::Blocked { message }.into())
 }
 
 /// The audited delete on the nodes the plan writes to; each node's outcome merged into the plan.
