@@ -57,7 +57,9 @@ pub async fn run(ctx: Arc<Context>, mut leases: ShardLeases, grace: Duration) ->
         release_the_rest(&ctx, &leases, &mine, stop_by).await;
         if let Some(by) = stop_by {
             if holdings.all_held().is_empty() {
-                leases.leave(timing.renew_deadline.min(Duration::from_secs(5))).await;
+                leases
+                    .leave(timing.renew_deadline.min(Duration::from_secs(5)))
+                    .await;
                 return Exit::Stopped;
             }
             if Instant::now() >= by {
@@ -113,7 +115,12 @@ fn assigned_here(ctx: &Context, leases: &ShardLeases, view: &View, stopping: boo
 
 /// Release every held cluster not in `mine` once no reconcile of it is in flight (no new one
 /// starts meanwhile). While stopping, each waits at most until `stop_by`.
-async fn release_the_rest(ctx: &Context, leases: &ShardLeases, mine: &BTreeSet<String>, stop_by: Option<Instant>) {
+async fn release_the_rest(
+    ctx: &Context,
+    leases: &ShardLeases,
+    mine: &BTreeSet<String>,
+    stop_by: Option<Instant>,
+) {
     let holdings = &ctx.holdings;
     for cluster in holdings.all_held().into_iter().filter(|c| !mine.contains(c)) {
         // Stopping: wait a little here for the last reconciles; otherwise look again next time.
@@ -132,7 +139,9 @@ async fn release_the_rest(ctx: &Context, leases: &ShardLeases, mine: &BTreeSet<S
                 ctx.clusters.remove(&cluster);
                 tracing::info!(%cluster, gone, "shards: released this cluster");
             }
-            Err(e) => tracing::warn!(%cluster, error = %e, "shards: cannot release this cluster's Lease; retried"),
+            Err(e) => {
+                tracing::warn!(%cluster, error = %e, "shards: cannot release this cluster's Lease; retried")
+            }
         }
     }
 }

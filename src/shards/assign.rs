@@ -68,7 +68,11 @@ mod tests {
         assert_eq!(a.len(), 3);
         assert!(spread(&a).values().all(|n| *n == 1), "{a:?}");
         let a = assign(&["a/c", "b/c", "c/c", "d/c"], &["r1", "r2"]);
-        assert_eq!(spread(&a).values().copied().collect::<Vec<_>>(), vec![2, 2], "{a:?}");
+        assert_eq!(
+            spread(&a).values().copied().collect::<Vec<_>>(),
+            vec![2, 2],
+            "{a:?}"
+        );
     }
 
     #[test]

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
 use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
 use tokio::time::Instant;
 
 use crate::leader::{Attempt, LeaseLock, Timing};
@@ -44,7 +44,12 @@ pub struct View {
 impl ShardLeases {
     /// `prefix`: the leader Lease's name (`artemis-studio-operator-<instance ID>`).
     pub fn new(api: Api<Lease>, prefix: String, identity: String, timing: Timing) -> Self {
-        let own = LeaseLock::new(api.clone(), replica_lease(&prefix, &identity), identity.clone(), timing);
+        let own = LeaseLock::new(
+            api.clone(),
+            replica_lease(&prefix, &identity),
+            identity.clone(),
+            timing,
+        );
         ShardLeases {
             api,
             prefix,
@@ -97,10 +102,18 @@ impl ShardLeases {
                 _ => now,
             };
             let holder = l.spec.as_ref().and_then(|s| s.holder_identity.clone());
+            // The duration the replica itself recorded (replicas may be configured apart).
+            let valid_for = l
+                .spec
+                .as_ref()
+                .and_then(|s| s.lease_duration_seconds)
+                .and_then(|s| u64::try_from(s).ok())
+                .filter(|s| *s > 0)
+                .map_or(self.timing.lease_duration, Duration::from_secs);
             let unrenewed = now.saturating_duration_since(since);
             match holder.filter(|h| !h.is_empty() && *h != self.identity) {
-                Some(h) if unrenewed < self.timing.lease_duration => view.live.push(h),
-                _ if unrenewed >= self.timing.lease_duration * STALE_AFTER_DURATIONS => {
+                Some(h) if unrenewed < valid_for => view.live.push(h),
+                _ if unrenewed >= valid_for * STALE_AFTER_DURATIONS => {
                     view.stale.push((name.clone(), rv.clone()))
                 }
                 _ => {}
@@ -121,7 +134,9 @@ impl ShardLeases {
             .map_or(0, |t| t.saturating_add(1));
         let spec = LeaseSpec {
             holder_identity: Some(self.identity.clone()),
-            lease_duration_seconds: Some(i32::try_from(self.timing.lease_duration.as_secs()).unwrap_or(i32::MAX)),
+            lease_duration_seconds: Some(
+                i32::try_from(self.timing.lease_duration.as_secs()).unwrap_or(i32::MAX),
+            ),
             acquire_time: Some(now.clone()),
             renew_time: Some(now),
             lease_transitions: Some(transitions),
@@ -142,7 +157,9 @@ impl ShardLeases {
             Some(l) => {
                 let mut next = l.clone();
                 next.spec = Some(spec);
-                self.api.replace(&l.name_any(), &PostParams::default(), &next).await
+                self.api
+                    .replace(&l.name_any(), &PostParams::default(), &next)
+                    .await
             }
         };
         match result {
@@ -177,7 +194,10 @@ impl ShardLeases {
             spec.acquire_time = None;
             spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
             lease.spec = Some(spec);
-            self.api.replace(&name, &PostParams::default(), &lease).await.map(|_| ())
+            self.api
+                .replace(&name, &PostParams::default(), &lease)
+                .await
+                .map(|_| ())
         };
         match result {
             Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(()),
@@ -196,8 +216,12 @@ impl ShardLeases {
                 ..DeleteParams::default()
             };
             match self.api.delete(name, &dp).await {
-                Ok(_) => tracing::info!(lease = %name, "shards: deleted the Lease of a replica gone for long"),
-                Err(e) => tracing::debug!(lease = %name, error = %e, "shards: stale replica Lease not deleted"),
+                Ok(_) => {
+                    tracing::info!(lease = %name, "shards: deleted the Lease of a replica gone for long")
+                }
+                Err(e) => {
+                    tracing::debug!(lease = %name, error = %e, "shards: stale replica Lease not deleted")
+                }
             }
         }
     }
@@ -208,7 +232,9 @@ impl ShardLeases {
         let dp = DeleteParams::default();
         match tokio::time::timeout(within, self.api.delete(&name, &dp)).await {
             Ok(Ok(_)) => tracing::info!(lease = %name, "shards: left (replica Lease deleted)"),
-            Ok(Err(e)) => tracing::warn!(lease = %name, error = %e, "shards: replica Lease not deleted; it expires"),
+            Ok(Err(e)) => {
+                tracing::warn!(lease = %name, error = %e, "shards: replica Lease not deleted; it expires")
+            }
             Err(_) => tracing::warn!(lease = %name, "shards: replica Lease not deleted in time; it expires"),
         }
     }
@@ -234,7 +260,13 @@ pub fn replica_lease(prefix: &str, identity: &str) -> String {
     let dns: String = identity
         .to_lowercase()
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
         .collect();
     let mut name = format!("{prefix}-replica-{}", dns.trim_matches('-'));
     name.truncate(253);

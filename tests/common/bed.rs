@@ -229,6 +229,9 @@ impl Bed {
                 "templates/rbac.yaml",
                 "--set",
                 "leaderElection.restrictToLeaseName=false",
+                // Sharding's grants too (list and delete on Leases): tests run shards as well.
+                "--set",
+                "replicaCount=2",
             ],
         )?
         .map_err(anyhow::Error::msg)

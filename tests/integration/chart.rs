@@ -183,6 +183,11 @@ async fn the_rendered_chart_applies_server_side() {
         }
     }
     assert_eq!(lease_rules.len(), 2, "{lease_rules:?}");
+    assert_eq!(
+        env_value(&rendered, "SHARDING").as_deref(),
+        Some("false"),
+        "one replica: no shards"
+    );
 
     // Two replicas (leader election): RollingUpdate and a PodDisruptionBudget; some watched
     // namespaces: the operator's ClusterRole bound there only; the trial Postgres.
@@ -206,6 +211,24 @@ async fn the_rendered_chart_applies_server_side() {
     assert_eq!(d.data["spec"]["strategy"]["type"], "RollingUpdate");
     assert_eq!(d.data["spec"]["replicas"], 2);
     assert_eq!(docs_of(&yaml, "PodDisruptionBudget").len(), 1);
+    // Issue 46: more than one replica means shards, which list the Leases of the namespace and
+    // delete their own (and those of replicas long gone).
+    let sharded = pod_spec_of(&yaml);
+    assert_eq!(env_value(&sharded, "SHARDING").as_deref(), Some("true"));
+    let shard_verbs: BTreeSet<String> = docs_of(&yaml, "Role")
+        .iter()
+        .flat_map(|r| r["rules"].as_array().cloned().unwrap_or_default())
+        .filter(|r| r["resources"][0] == "leases")
+        .flat_map(|r| r["verbs"].as_array().cloned().unwrap_or_default())
+        .filter_map(|v| v.as_str().map(String::from))
+        .collect();
+    assert_eq!(
+        shard_verbs,
+        ["create", "delete", "get", "list", "update"]
+            .map(String::from)
+            .into(),
+        "the Lease verbs of shards"
+    );
     assert!(docs_of(&yaml, "ClusterRoleBinding").is_empty());
     // Issue 44: Secrets only where watched (no ClusterRoleBinding above), and only the verbs the
     // code uses: get (values, before every command), list and watch (metadata).

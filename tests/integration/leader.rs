@@ -17,17 +17,17 @@ use crate::support::{
 };
 
 /// The namespace of the chart's leader-election Role as `install_operator_rbac` renders it.
-const LEASE_NAMESPACE: &str = "artemis-studio";
+pub(crate) const LEASE_NAMESPACE: &str = "artemis-studio";
 
 /// A short lease, so a killed leader is replaced soon.
-const SHORT: [(&str, &str); 3] = [
+pub(crate) const SHORT: [(&str, &str); 3] = [
     ("LEASE_DURATION_SECONDS", "4"),
     ("LEASE_RENEW_DEADLINE_SECONDS", "3"),
     ("LEASE_RETRY_PERIOD_SECONDS", "1"),
 ];
 /// A long lease: a process that sees it recorded can take it over only after a release, never
 /// by waiting for it to expire (within a test's bounded waits).
-const LONG: [(&str, &str); 3] = [
+pub(crate) const LONG: [(&str, &str); 3] = [
     ("LEASE_DURATION_SECONDS", "600"),
     ("LEASE_RENEW_DEADLINE_SECONDS", "300"),
     ("LEASE_RETRY_PERIOD_SECONDS", "1"),
@@ -48,20 +48,26 @@ fn operator_env(instance: &str, pod: &str, timing: &[(&str, &str)]) -> Vec<(Stri
     .collect()
 }
 
-fn spawn_with(bed: &TestBed, ns: &str, db: &str, port: u16, vars: &[(String, String)]) -> OperatorProcess {
+pub(crate) fn spawn_with(
+    bed: &TestBed,
+    ns: &str,
+    db: &str,
+    port: u16,
+    vars: &[(String, String)],
+) -> OperatorProcess {
     let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     bed.spawn_operator(ns, db, port, &vars)
 }
 
 /// A port nothing listens on now (the test bed's services keep theirs).
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port()
 }
 
-fn signal(p: &OperatorProcess, sig: &str) {
+pub(crate) fn signal(p: &OperatorProcess, sig: &str) {
     let status = std::process::Command::new("kill")
         .args([sig, &p.0.id().to_string()])
         .status()
@@ -70,7 +76,7 @@ fn signal(p: &OperatorProcess, sig: &str) {
 }
 
 /// The value of an unlabelled sample, or the sum of a family's labelled samples.
-fn sample_sum(metrics: &str, name: &str) -> f64 {
+pub(crate) fn sample_sum(metrics: &str, name: &str) -> f64 {
     metrics
         .lines()
         .filter(|l| !l.starts_with('#'))
@@ -162,7 +168,7 @@ async fn create_ready_queue(queues: &Api<ArtemisQueue>, name: &str) {
 }
 
 /// Wait (bounded) for a process to exit; its status.
-async fn wait_exit(p: &mut OperatorProcess) -> std::process::ExitStatus {
+pub(crate) async fn wait_exit(p: &mut OperatorProcess) -> std::process::ExitStatus {
     wait_until("the operator process exits", Duration::from_secs(60), || {
         let status = p.0.try_wait().expect("try_wait");
         async move { status }

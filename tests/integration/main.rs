@@ -37,6 +37,7 @@ mod reading;
 mod safety;
 mod sampling;
 mod scale;
+mod shards;
 mod smoke;
 mod support;
 #[path = "../common/testbed_env.rs"]
