@@ -33,18 +33,20 @@ fn sharded_env(instance: &str, pod: &str, timing: &[(&str, &str)]) -> Vec<(Strin
     .collect()
 }
 
-/// `status.heldBy` of the ArtemisCluster `c` in each namespace (None where unset).
-async fn held_by(admin: &kube::Client, namespaces: &[String]) -> BTreeMap<String, Option<String>> {
+/// `status.heldBy` of each ArtemisCluster (`namespace`, or `namespace/name`; the name `c`
+/// when none is given), None where unset.
+async fn held_by(admin: &kube::Client, clusters: &[String]) -> BTreeMap<String, Option<String>> {
     let mut held = BTreeMap::new();
-    for ns in namespaces {
+    for k in clusters {
+        let (ns, name) = k.split_once('/').unwrap_or((k, "c"));
         let api: Api<ArtemisCluster> = Api::namespaced(admin.clone(), ns);
         let by = api
-            .get("c")
+            .get(name)
             .await
             .ok()
             .and_then(|c| c.status)
             .and_then(|s| s.held_by);
-        held.insert(ns.clone(), by);
+        held.insert(k.clone(), by);
     }
     held
 }
@@ -73,10 +75,15 @@ fn count(held: &BTreeMap<String, Option<String>>, pod: &str) -> usize {
 
 /// A queue on cluster `c` of `ns`, waited Ready.
 async fn ready_queue(admin: &kube::Client, ns: &str, name: &str) {
+    ready_queue_on(admin, ns, "c", name).await
+}
+
+/// A queue on the cluster `cluster` of `ns`, waited Ready.
+async fn ready_queue_on(admin: &kube::Client, ns: &str, cluster: &str, name: &str) {
     let queues: Api<ArtemisQueue> = Api::namespaced(admin.clone(), ns);
     let q: ArtemisQueue = serde_json::from_value(json!({
         "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
-        "metadata": {"name": name}, "spec": {"clusterRef": {"name": "c"}}
+        "metadata": {"name": name}, "spec": {"clusterRef": {"name": cluster}}
     }))
     .expect("queue json");
     queues
@@ -397,6 +404,111 @@ async fn a_holder_killed_mid_fan_out_is_finished_by_the_next_holder_without_a_se
     )
     .await;
     let _ = std::fs::remove_file(&marker);
+    for l in leases
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        if let Some(name) = l.metadata.name.filter(|n| n.contains(&instance)) {
+            let _ = leases.delete(&name, &Default::default()).await;
+        }
+    }
+}
+
+/// Three replicas, three ArtemisClusters (`c`; `ha`, the replicated pair and its third node; and
+/// another namespace's cluster over `c`'s brokers): one each, and every command sent by its
+/// cluster's holder. (A cluster naming a subset of `c`'s nodes is not used: its queues' deletes
+/// wait, rightly, for the nodes it sees but cannot reach.)
+#[tokio::test]
+async fn three_clusters_on_three_replicas_one_each_every_command_by_its_holder() {
+    let _b = brokers_shared().await;
+    let bed = TestBed::get();
+    let (ns1, ns2) = (
+        bed.fresh_namespace("shard3").await,
+        bed.fresh_namespace("shard3").await,
+    );
+    bed.install_operator_rbac().await;
+    let db = bed.fresh_database().await;
+    let admin = bed.kube_admin().await;
+    let instance = format!("s3-{}", short_id());
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), LEASE_NAMESPACE);
+    let http = reqwest::Client::new();
+    let watch = format!("{ns1},{ns2}");
+    let id = short_id();
+    let _clean = bed.clean_up(&[&id]);
+    let pods = ["shard3-a", "shard3-b", "shard3-c"];
+    let mut procs = vec![];
+    for pod in pods {
+        let port = free_port();
+        procs.push(spawn_with(
+            &bed,
+            &watch,
+            &db,
+            port,
+            &sharded_env(&instance, pod, &SHORT),
+        ));
+        wait_ready(&http, port).await;
+    }
+    let urls = |cluster: &str| -> Vec<String> {
+        bed.cluster_brokers(cluster)
+            .into_iter()
+            .map(|b| b.jolokia)
+            .collect()
+    };
+    let clusters = [
+        (ns1.clone(), "c", urls("c")),
+        (ns1.clone(), "ha", urls("ha")),
+        (ns2.clone(), "c", urls("c")),
+    ];
+    for (ns, name, urls) in &clusters {
+        create_cluster(&admin, ns, name, urls, Some(bed.broker_user())).await;
+    }
+    for (ns, name, _) in &clusters {
+        wait_cluster_condition(&admin, ns, name, "Ready", "True").await;
+    }
+    let keys: Vec<String> = clusters
+        .iter()
+        .map(|(ns, name, _)| format!("{ns}/{name}"))
+        .collect();
+    let held = wait_held(&admin, &keys, "one cluster held by each replica", |h| {
+        pods.iter().all(|p| count(h, p) == 1)
+    })
+    .await;
+    let pool = sqlx::PgPool::connect(&db).await.expect("audit database");
+    for (ns, name, _) in &clusters {
+        let queue = format!("sh3.{id}.{ns}.{name}");
+        ready_queue_on(&admin, ns, name, &queue).await;
+        let holder = held[&format!("{ns}/{name}")].clone().expect("held");
+        let sent = senders(&pool, &queue).await;
+        assert!(
+            !sent.is_empty() && sent.iter().all(|p| *p == holder),
+            "{ns}/{name}: commands by {sent:?}, held by {holder}"
+        );
+    }
+    for ns in [&ns1, &ns2] {
+        let queues: Api<ArtemisQueue> = Api::namespaced(admin.clone(), ns);
+        let _ = queues
+            .delete_collection(&Default::default(), &Default::default())
+            .await;
+        wait_until(
+            &format!("the queues of {ns} deleted"),
+            Duration::from_secs(120),
+            || {
+                let queues = queues.clone();
+                async move {
+                    queues
+                        .list(&Default::default())
+                        .await
+                        .ok()
+                        .filter(|l| l.items.is_empty())
+                        .map(|_| ())
+                }
+            },
+        )
+        .await;
+    }
+    drop(procs);
     for l in leases
         .list(&Default::default())
         .await
