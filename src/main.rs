@@ -120,8 +120,7 @@ fn context(
     namespaces: Namespaces,
     metrics: Arc<artemis_studio_operator::telemetry::Metrics>,
 ) -> (Arc<Context>, Reflectors) {
-    let (mut ctx, reflectors) = Context::new(client, store, args.instance_id.clone(), namespaces);
-    ctx.metrics = metrics;
+    let (mut ctx, reflectors) = Context::new(client, store, args.instance_id.clone(), namespaces, metrics);
     if args.sharding {
         let replica = leader::replica_name(args.pod_name.as_deref());
         let deadline = Duration::from_secs(args.lease_renew_deadline_seconds.into());

@@ -20,14 +20,12 @@
 //! The task ends after [`IDLE_EXIT`] without requests (or when its runtime shuts down); the next
 //! call starts a new one.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use super::budget::{BatchKey, NodeBudget, Permit, Purpose, budget_for, registry};
+use super::budget::{BatchKey, NodeBudget, Permit, Purpose};
 use super::error::BrokerError;
 use super::jolokia::{JolokiaClient, JolokiaRequest};
 
@@ -60,7 +58,11 @@ fn key_of(client: &JolokiaClient) -> BatchKey {
         // part of the hashed credentials, as the exact URL is).
         node: client.node().to_string(),
         purpose: client.purpose(),
-        credentials: registry().credentials_hash(&credentials.username, &credentials.password, client.url()),
+        credentials: client.registry().credentials_hash(
+            &credentials.username,
+            &credentials.password,
+            client.url(),
+        ),
         trust: client.trust(),
         origin: client.origin().to_string(),
         timeout: client.timeout(),
@@ -70,21 +72,18 @@ fn key_of(client: &JolokiaClient) -> BatchKey {
 
 /// The sender of the batcher for this client's key, starting one if none runs.
 fn batcher_for(client: &JolokiaClient) -> mpsc::Sender<Pending> {
-    let key = key_of(client);
-    static BATCHERS: OnceLock<Mutex<HashMap<BatchKey, mpsc::Sender<Pending>>>> = OnceLock::new();
-    let mut batchers = BATCHERS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if let Some(tx) = batchers.get(&key).filter(|tx| !tx.is_closed()) {
-        return tx.clone();
-    }
-    batchers.retain(|_, tx| !tx.is_closed());
-    let (tx, rx) = mpsc::channel(QUEUE);
-    // Supervision: a batcher that ended (its channel closed) is replaced at the next call.
-    tokio::spawn(run(rx, budget_for(client.url()), client.purpose()));
-    batchers.insert(key, tx.clone());
-    tx
+    client
+        .registry()
+        .batcher(key_of(client), mpsc::Sender::is_closed, || {
+            let (tx, rx) = mpsc::channel(QUEUE);
+            // Supervision: a batcher that ended (its channel closed) is replaced at the next call.
+            tokio::spawn(run(
+                rx,
+                client.registry().budget_for(client.url()),
+                client.purpose(),
+            ));
+            tx
+        })
 }
 
 impl JolokiaClient {
@@ -274,10 +273,14 @@ mod tests {
 
     use super::*;
     use crate::api::RefusalKind;
-    use crate::broker::budget::{MAX_IN_FLIGHT, node_stats};
+    use crate::broker::Registry;
+    use crate::broker::budget::MAX_IN_FLIGHT;
     use crate::broker::error::NotAnswering;
     use crate::broker::jolokia::Credentials;
-    use crate::telemetry::jolokia::metrics;
+
+    /// The registry of these tests' clients (each test talks to a server of its own).
+    static REGISTRY: std::sync::LazyLock<std::sync::Arc<Registry>> =
+        std::sync::LazyLock::new(Registry::standalone);
 
     #[test]
     fn identical_reads_of_concurrent_callers_go_once_but_a_read_after_a_write_is_its_own() {
@@ -385,7 +388,7 @@ mod tests {
 
     fn client(url: String) -> JolokiaClient {
         JolokiaClient::new(
-            crate::broker::jolokia::http_client(None).expect("client"),
+            crate::broker::jolokia::http_client(&REGISTRY, None).expect("client"),
             url,
             None,
             Credentials {
@@ -427,9 +430,9 @@ mod tests {
         assert!(seen.max_in_flight.load(Ordering::SeqCst) <= MAX_IN_FLIGHT);
         // The metrics agree with what the server saw.
         let node = c.node().to_string();
-        assert_eq!(metrics().posts_of(&node), posts as u64);
-        assert_eq!(metrics().requests_of(&node), n as u64);
-        let stats = node_stats(c.url()).expect("a budget");
+        assert_eq!(REGISTRY.metrics().posts_of(&node), posts as u64);
+        assert_eq!(REGISTRY.metrics().requests_of(&node), n as u64);
+        let stats = REGISTRY.node_stats(c.url()).expect("a budget");
         assert!(
             stats.max_in_flight <= MAX_IN_FLIGHT && stats.max_in_flight >= 1,
             "{stats:?}"
@@ -494,7 +497,7 @@ mod tests {
         let url = format!("{base}/jolokia");
         let a = client(url.clone());
         let b = JolokiaClient::new(
-            crate::broker::jolokia::http_client(None).expect("client"),
+            crate::broker::jolokia::http_client(&REGISTRY, None).expect("client"),
             url,
             None,
             Credentials {
@@ -518,7 +521,7 @@ mod tests {
         let url = format!("{base}/jolokia");
         let with_ca = |pem: Option<&[u8]>| {
             JolokiaClient::new(
-                crate::broker::jolokia::http_client(pem).expect("client"),
+                crate::broker::jolokia::http_client(&REGISTRY, pem).expect("client"),
                 url.clone(),
                 None,
                 Credentials {
@@ -581,7 +584,7 @@ mod tests {
 
     fn client_with_timeout(url: String, timeout: Duration) -> JolokiaClient {
         JolokiaClient::new(
-            crate::broker::jolokia::http_client(None).expect("client"),
+            crate::broker::jolokia::http_client(&REGISTRY, None).expect("client"),
             url,
             None,
             Credentials {
@@ -614,7 +617,7 @@ mod tests {
             posts <= MAX_IN_FLIGHT,
             "{posts} POSTs to a node that answers nothing"
         );
-        let stats = node_stats(c.url()).expect("a budget");
+        let stats = REGISTRY.node_stats(c.url()).expect("a budget");
         assert!(stats.not_answering.is_some(), "{stats:?}");
         assert_eq!(stats.permitted, MAX_IN_FLIGHT, "a silence is not load: {stats:?}");
 

@@ -34,19 +34,18 @@
 //! POSTs that were on the wire during a silence say nothing about load: the AIMD rule ignores
 //! them, so a node that comes back gets its full budget at once.
 //!
-//! The budgets live in a process-wide registry ([`budget_for`]), keyed by the endpoint URL
-//! without user info ([`node_key`]); the per-endpoint batchers (`super::batch`) keep their own map, keyed by [`BatchKey`].
+//! The budgets live in the operator's [`super::registry::Registry`] (one per operator, shared by
+//! all its clients), keyed by the endpoint URL without user info ([`node_key`]); the batchers
+//! (`super::batch`) are kept there too, keyed by [`BatchKey`].
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::error::NotAnswering;
-use crate::telemetry::jolokia::{NodeLabels, metrics};
+use crate::telemetry::jolokia::{JolokiaMetrics, NodeLabels};
 
 /// POSTs in flight to one endpoint from the whole process when the node answers quickly. Four
 /// keeps a 2-core broker's Jetty and management thread busy without queueing behind us; with
@@ -396,6 +395,7 @@ struct State {
 /// The budget of one node (endpoint), shared by every client and controller of the process.
 pub struct NodeBudget {
     node: String,
+    metrics: Arc<JolokiaMetrics>,
     state: Mutex<State>,
     changed: Notify,
 }
@@ -426,14 +426,15 @@ pub struct NodeStats {
 }
 
 impl NodeBudget {
-    fn new(node: String) -> Self {
+    pub(crate) fn new(node: String, metrics: Arc<JolokiaMetrics>) -> Self {
         let aimd = Aimd::default();
-        metrics()
+        metrics
             .permitted_concurrency
             .get_or_create(&NodeLabels { node: node.clone() })
             .set(aimd.permitted() as i64);
         NodeBudget {
             node,
+            metrics,
             state: Mutex::new(State {
                 aimd,
                 reserved: 0,
@@ -616,7 +617,7 @@ impl NodeBudget {
             }
             (s.aimd.permitted(), s.in_flight, backed_off, recovered)
         };
-        let m = metrics();
+        let m = &self.metrics;
         m.permitted_concurrency.get_or_create(&node).set(permitted as i64);
         m.in_flight.get_or_create(&node).set(in_flight as i64);
         if backed_off {
@@ -674,7 +675,8 @@ impl Permit {
         };
         self.on_wire = true;
         self.started = now;
-        metrics()
+        self.budget
+            .metrics
             .in_flight
             .get_or_create(&NodeLabels {
                 node: self.budget.node.clone(),
@@ -710,19 +712,6 @@ impl Drop for Permit {
     }
 }
 
-/// The process-wide registry of node budgets.
-///
-/// A `OnceLock` static rather than a handle threaded through callers: the budget must be shared
-/// by *every* Jolokia client in the process (topology polls, every controller, tests), clients
-/// are built in several places from plain values (`JolokiaClient::new`), and a broker node is a
-/// process-wide resource — two handles would mean two budgets for one node, which is the bug
-/// this prevents. Entries are small; a batcher whose task ended is pruned when a new one starts.
-pub(crate) struct Registry {
-    budgets: Mutex<HashMap<String, Arc<NodeBudget>>>,
-    /// Keys credentials for the batcher map; random per process, so a key reveals nothing.
-    hasher: RandomState,
-}
-
 /// What requests must share to travel in one POST: the endpoint, who asks (credentials, hashed),
 /// what the connection trusts (a cluster's CA: a request never goes out over another cluster's
 /// trust roots), the Origin, the timeout, and the tokio runtime (the operator has one; tests have one per test,
@@ -739,26 +728,6 @@ pub(crate) struct BatchKey {
     pub runtime: tokio::runtime::Id,
 }
 
-pub(crate) fn registry() -> &'static Registry {
-    static REGISTRY: OnceLock<Registry> = OnceLock::new();
-    REGISTRY.get_or_init(|| Registry {
-        budgets: Mutex::new(HashMap::new()),
-        hasher: RandomState::new(),
-    })
-}
-
-impl Registry {
-    /// Who asks, as a key: the credentials and the exact URL (which may carry user info).
-    pub(crate) fn credentials_hash(&self, username: &str, password: &str, url: &str) -> u64 {
-        self.hasher.hash_one((username, password, url))
-    }
-
-    /// What a client trusts, as a key (never 0: 0 is the system roots alone).
-    pub(crate) fn trust_hash(&self, ca_pem: &[u8]) -> u64 {
-        self.hasher.hash_one(("trust", ca_pem)).max(1)
-    }
-}
-
 /// The budget key of an endpoint: its URL without user info (credentials never become a label).
 pub fn node_key(url: &str) -> String {
     match reqwest::Url::parse(url) {
@@ -771,23 +740,6 @@ pub fn node_key(url: &str) -> String {
         }
         Err(_) => "invalid-url".into(),
     }
-}
-
-/// The budget of the node behind this endpoint URL (created on first use).
-pub fn budget_for(url: &str) -> Arc<NodeBudget> {
-    let node = node_key(url);
-    let mut budgets = registry().budgets.lock().unwrap_or_else(|p| p.into_inner());
-    budgets
-        .entry(node.clone())
-        .or_insert_with(|| Arc::new(NodeBudget::new(node)))
-        .clone()
-}
-
-/// The budget state of the node behind this URL, if anything was ever sent there.
-pub fn node_stats(url: &str) -> Option<NodeStats> {
-    let node = node_key(url);
-    let budgets = registry().budgets.lock().unwrap_or_else(|p| p.into_inner());
-    budgets.get(&node).map(|b| b.stats())
 }
 
 #[cfg(test)]
@@ -901,7 +853,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn permits_never_exceed_the_permitted_concurrency() {
-        let budget = Arc::new(NodeBudget::new("test://permits".into()));
+        let budget = Arc::new(NodeBudget::new("test://permits".into(), Default::default()));
         let mut held = Vec::new();
         for _ in 0..MAX_IN_FLIGHT {
             held.push(budget.acquire(Purpose::Work).await.expect("the node answers"));
@@ -923,7 +875,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn post_starts_are_spaced_by_the_rate() {
-        let budget = Arc::new(NodeBudget::new("test://rate".into()));
+        let budget = Arc::new(NodeBudget::new("test://rate".into(), Default::default()));
         let t0 = Instant::now();
         // Sequential POSTs: the first MAX_IN_FLIGHT go at once (burst), then 1/rate apart.
         let n = 20;
@@ -1124,7 +1076,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_node_judged_not_answering_fails_work_at_once_and_lets_one_probe_through() {
-        let budget = Arc::new(NodeBudget::new("test://silent".into()));
+        let budget = Arc::new(NodeBudget::new("test://silent".into(), Default::default()));
         let hung = budget.acquire(Purpose::Work).await.expect("answering so far");
         let judged = tokio::spawn({
             let budget = budget.clone();

@@ -9,10 +9,10 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::budget::{NodeBudget, Observation, Permit, Purpose, budget_for};
+use super::budget::{NodeBudget, Observation, Permit, Purpose};
 use super::error::{BrokerError, ManagementRefusal, NotAnswering, classify, classify_whole_request};
+use super::registry::Registry;
 use crate::api::RefusalKind;
-use crate::telemetry::jolokia::metrics;
 
 /// A management user's credentials. Never logged, never stored.
 #[derive(Clone)]
@@ -104,8 +104,8 @@ impl JolokiaRequest {
     }
 }
 
-/// A client for one Jolokia endpoint. Every POST goes through the endpoint's process-wide
-/// [`NodeBudget`]; single calls are coalesced with concurrent ones (`super::batch`).
+/// A client for one Jolokia endpoint. Every POST goes through the endpoint's [`NodeBudget`] in
+/// the operator's registry; single calls are coalesced with concurrent ones (`super::batch`).
 #[derive(Clone, Debug)]
 pub struct JolokiaClient {
     http: HttpClient,
@@ -151,11 +151,19 @@ pub struct HttpClient {
     /// A process-local digest of the trust configuration (the CA bundle's bytes; 0: the system
     /// roots only).
     trust: u64,
+    /// The operator's per-node state (budgets, batchers, metrics) every client built from this
+    /// one shares.
+    registry: Arc<Registry>,
 }
 
 impl HttpClient {
     pub(crate) fn trust(&self) -> u64 {
         self.trust
+    }
+
+    /// The operator's per-node state the clients built from this one share.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
     }
 }
 
@@ -175,7 +183,7 @@ pub enum TlsError {
 /// cluster naming its private CA never accepts a certificate another CA issued for that name.
 /// None given: the system's trust store (the public roots; `SSL_CERT_FILE` / `SSL_CERT_DIR`
 /// when set), which the cluster's `status.trust` says.
-pub fn http_client(ca_pem: Option<&[u8]>) -> Result<HttpClient, TlsError> {
+pub fn http_client(registry: &Arc<Registry>, ca_pem: Option<&[u8]>) -> Result<HttpClient, TlsError> {
     let mut b = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(5))
         .pool_max_idle_per_host(4);
@@ -190,8 +198,12 @@ pub fn http_client(ca_pem: Option<&[u8]>) -> Result<HttpClient, TlsError> {
         }
     }
     let client = b.build().map_err(|e| TlsError::Unusable(root_cause(&e)))?;
-    let trust = ca_pem.map_or(0, |pem| super::budget::registry().trust_hash(pem));
-    Ok(HttpClient { client, trust })
+    let trust = ca_pem.map_or(0, |pem| registry.trust_hash(pem));
+    Ok(HttpClient {
+        client,
+        trust,
+        registry: registry.clone(),
+    })
 }
 
 impl JolokiaClient {
@@ -204,7 +216,7 @@ impl JolokiaClient {
     ) -> Self {
         let url = url.into();
         let origin = origin.unwrap_or_else(|| default_origin(&url));
-        let budget = budget_for(&url);
+        let budget = http.registry.budget_for(&url);
         JolokiaClient {
             http,
             url,
@@ -293,6 +305,11 @@ impl JolokiaClient {
         &self.origin
     }
 
+    /// The operator's per-node state this client belongs to.
+    pub(crate) fn registry(&self) -> &Arc<Registry> {
+        &self.http.registry
+    }
+
     pub(crate) fn credentials(&self) -> &Credentials {
         &self.credentials
     }
@@ -364,7 +381,7 @@ impl JolokiaClient {
             _ => Observation::Answered(elapsed),
         };
         permit.finish(observation, self.timeout);
-        let m = metrics();
+        let m = self.http.registry.metrics();
         let node = self.node();
         m.record_post(node, elapsed.as_secs_f64());
         match &result {
@@ -595,11 +612,14 @@ mod tests {
     #[test]
     fn a_ca_that_is_not_pem_is_refused_and_trust_is_part_of_identity() {
         assert!(matches!(
-            http_client(Some(b"not a certificate")),
+            http_client(&Registry::standalone(), Some(b"not a certificate")),
             Err(TlsError::NotPem)
         ));
-        assert!(matches!(http_client(Some(b"")), Err(TlsError::NotPem)));
-        let plain = http_client(None).expect("system roots");
+        assert!(matches!(
+            http_client(&Registry::standalone(), Some(b"")),
+            Err(TlsError::NotPem)
+        ));
+        let plain = http_client(&Registry::standalone(), None).expect("system roots");
         assert_eq!(plain.trust(), 0);
     }
 

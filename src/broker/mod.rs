@@ -10,17 +10,9 @@ pub mod jolokia;
 pub mod management;
 pub mod mbean;
 pub mod messages;
+pub mod registry;
 
 pub use error::{BrokerError, ManagementRefusal};
 pub use jolokia::{Credentials, JolokiaClient, JolokiaRequest};
 pub use management::{BrokerManagement, NodeIdentity, TopologyMember};
-
-/// Jolokia operations sent to this endpoint URL (any kind, any result), process-wide.
-pub fn jolokia_requests_of(url: &str) -> u64 {
-    crate::telemetry::jolokia::metrics().requests_of(&budget::node_key(url))
-}
-
-/// Jolokia HTTP POSTs sent to this endpoint URL, process-wide.
-pub fn jolokia_posts_of(url: &str) -> u64 {
-    crate::telemetry::jolokia::metrics().posts_of(&budget::node_key(url))
-}
+pub use registry::Registry;

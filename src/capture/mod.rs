@@ -148,6 +148,7 @@ impl Served {
                 link: t.link.clone(),
                 max_body_bytes: t.max_body_bytes,
                 rate_cap: rate_cap(&mut self.caps, &t),
+                metrics: ctx.metrics.capture.clone(),
                 link_name: format!("{}-{}", t.tap.capture_queue(), uuid::Uuid::new_v4().simple()),
             };
             if restart.wait.is_zero() {
@@ -633,7 +634,9 @@ impl Worker {
         let started = chrono::Utc::now();
         // Every subscription's loss counters exist (at 0) before a pass can count a loss.
         let names: Vec<String> = mine.iter().map(|s| s.name_any()).collect();
-        crate::telemetry::capture::metrics().subscriptions(cluster_key, names.iter().map(String::as_str));
+        ctx.metrics
+            .capture
+            .subscriptions(cluster_key, names.iter().map(String::as_str));
         let elsewhere = pass::claimed_elsewhere(&ctx, cluster_key, cluster, all_subs, all_clusters);
         let mut outcome = pass::run(&ctx, &s.state, cluster, &mine, &self.holder, &view, &elsewhere).await;
         let mut judgement = None;

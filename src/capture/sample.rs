@@ -370,10 +370,7 @@ impl Sampling<'_> {
                     cluster: self.cluster_key.to_string(),
                     subscription: name.to_string(),
                 };
-                crate::telemetry::capture::metrics()
-                    .sampled
-                    .get_or_create(&labels)
-                    .inc_by(n);
+                self.ctx.metrics.capture.sampled.get_or_create(&labels).inc_by(n);
                 (Ok(Utc::now()), n)
             }
             Err(e) => {

@@ -119,7 +119,8 @@ mod tests {
 
     fn access(endpoint: &str, ca: bool) -> crate::topology::ClusterAccess {
         crate::topology::ClusterAccess {
-            http: crate::broker::jolokia::http_client(None).unwrap_or_else(|e| panic!("{e}")),
+            http: crate::broker::jolokia::http_client(&crate::broker::Registry::standalone(), None)
+                .unwrap_or_else(|e| panic!("{e}")),
             endpoints: vec![endpoint.into()],
             origin: None,
             credentials: crate::broker::Credentials {

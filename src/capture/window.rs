@@ -157,7 +157,9 @@ pub async fn record(ctx: &Context, at: &LossAt<'_>, lost: u64, bound: LossBound)
     if let Err(e) = ctx.store.add_loss_bounded(at, CAUSE, lost, Some(bound)).await {
         tracing::warn!(node = %at.node, error = %e, "capture: the window's loss not recorded");
     }
-    crate::telemetry::capture::metrics().dropped(at.cluster, at.subscription, CAUSE, lost);
+    ctx.metrics
+        .capture
+        .dropped(at.cluster, at.subscription, CAUSE, lost);
 }
 
 /// The windows no read after a re-creation closed: counted up to the read before it, and the

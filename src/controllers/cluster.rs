@@ -78,7 +78,7 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
         held_by: Some(ctx.holdings.replica().to_string()),
         ..Default::default()
     };
-    match resolve_access(&ctx.client, &ns, &obj.spec).await {
+    match resolve_access(&ctx.client, &ns, &obj.spec, &ctx.broker).await {
         Err(problem) => {
             forget_access(&ctx, &ns, &name);
             status.management_write = old.management_write.clone();
@@ -235,11 +235,7 @@ async fn poll_and_publish(ctx: &Context, ns: &str, name: &str, rt: ClusterRuntim
     // new credentials read everything).
     let baseline = ctx.topologies.get(&k).filter(|_| !respecified && !reauthorised);
     let topology = topology::poll_since(&rt.access, &rt.memory, baseline.as_deref()).await;
-    let silenced = rt
-        .memory
-        .lock()
-        .await
-        .silenced_since_last_look(&rt.access.endpoints);
+    let silenced = rt.memory.lock().await.silenced_since_last_look(&rt.access);
     record_poll_metrics(ctx, &k, &topology, started);
     // Inventories are shared (Arc): the copy kept for status costs the node list only.
     let polled = topology.clone();

@@ -189,6 +189,8 @@ pub struct Context {
     pub clusters: runtime::ClusterRegistry,
     pub recorder: Recorder,
     pub metrics: Arc<crate::telemetry::Metrics>,
+    /// This operator's per-node broker state (budgets, batchers), counted in `metrics`.
+    pub broker: Arc<crate::broker::Registry>,
     pub triggers: Triggers,
     /// Per-object retry state of failed reconciles (exponential backoff).
     pub backoff: Backoff,
@@ -235,6 +237,7 @@ impl Context {
         store: Store,
         instance_id: String,
         namespaces: Namespaces,
+        metrics: Arc<crate::telemetry::Metrics>,
     ) -> (Self, Reflectors) {
         let reporter = Reporter {
             controller: MANAGER.into(),
@@ -267,7 +270,8 @@ impl Context {
             },
             topologies: TopologyCache::default(),
             clusters: runtime::ClusterRegistry::default(),
-            metrics: Arc::new(crate::telemetry::Metrics::default()),
+            broker: crate::broker::Registry::new(metrics.jolokia.clone()),
+            metrics,
             triggers: Triggers::default(),
             backoff: Backoff::default(),
             shutdown: crate::leader::Shutdown::default(),

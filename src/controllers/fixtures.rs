@@ -74,6 +74,7 @@ pub fn with_clusters(answer: Answer, clusters: Vec<ArtemisCluster>) -> (Arc<Cont
         crate::store::Store::unconnected(),
         "test".into(),
         Namespaces::from_list(vec!["ns".into()]),
+        Default::default(),
     );
     if let Some(scoped) = reflectors.clusters.first_mut() {
         for c in clusters {

@@ -347,7 +347,8 @@ impl BrokerOps for FakeBroker {
 /// A target whose operations go to `fake` (its `management` points nowhere: capture's direct
 /// calls are not on the seam, and a test of the pipeline never makes them).
 pub fn target(node_id: &str, fake: std::sync::Arc<FakeBroker>) -> super::Target {
-    let http = crate::broker::jolokia::http_client(None).unwrap_or_else(|e| panic!("http client: {e}"));
+    let http = crate::broker::jolokia::http_client(&crate::broker::Registry::standalone(), None)
+        .unwrap_or_else(|e| panic!("http client: {e}"));
     let client = crate::broker::JolokiaClient::new(
         http,
         "http://127.0.0.1:9/console/jolokia",

@@ -250,12 +250,20 @@ mod not_answering_tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::broker::budget::{HUNG_AFTER_MIN, Purpose, budget_for};
-    use crate::broker::{Credentials, JolokiaClient};
+    use crate::broker::budget::{HUNG_AFTER_MIN, Purpose};
+    use crate::broker::{Credentials, JolokiaClient, Registry};
+
+    /// The registry of these tests' clients (each test names a node of its own).
+    static REGISTRY: std::sync::LazyLock<std::sync::Arc<Registry>> =
+        std::sync::LazyLock::new(Registry::standalone);
+
+    fn budget_for(url: &str) -> std::sync::Arc<crate::broker::budget::NodeBudget> {
+        REGISTRY.budget_for(url)
+    }
 
     fn node(url: &str) -> LogicalNode {
         let client = JolokiaClient::new(
-            crate::broker::jolokia::http_client(None).expect("an HTTP client"),
+            crate::broker::jolokia::http_client(&REGISTRY, None).expect("an HTTP client"),
             url,
             None,
             Credentials {

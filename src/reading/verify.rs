@@ -92,12 +92,17 @@ async fn cluster_topology(cluster_key: &str) -> Result<Topology, VerifyError> {
             cluster: cluster_key.to_string(),
             source,
         })?;
-    let access = crate::topology::access::resolve_access(&client, ns, &cluster.spec)
-        .await
-        .map_err(|p| VerifyError::Access {
-            cluster: cluster_key.to_string(),
-            message: p.message,
-        })?;
+    let access = crate::topology::access::resolve_access(
+        &client,
+        ns,
+        &cluster.spec,
+        &crate::broker::Registry::standalone(),
+    )
+    .await
+    .map_err(|p| VerifyError::Access {
+        cluster: cluster_key.to_string(),
+        message: p.message,
+    })?;
     Ok(topology::poll(&access, &Default::default()).await)
 }
 

@@ -1,9 +1,9 @@
 //! Capture metrics (ADR-0062 D9): what the drains stored and dropped, by subscription and cause,
-//! batch sizes, insert latency and drain lag. Counted process-wide (drains run in their own tasks
-//! and have no handle to [`super::Metrics`]); every replica exports what its own drains did.
+//! batch sizes, insert latency and drain lag. One set per operator, a field of its
+//! [`super::Metrics`] (`Metrics::capture`; each drain is given it); every replica exports what
+//! its own drains did.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::OnceLock;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -81,8 +81,8 @@ pub struct CaptureMetrics {
     known: std::sync::Mutex<BTreeMap<String, BTreeSet<String>>>,
 }
 
-impl CaptureMetrics {
-    fn new() -> Self {
+impl Default for CaptureMetrics {
+    fn default() -> Self {
         CaptureMetrics {
             stored: Family::default(),
             dropped: Family::default(),
@@ -95,7 +95,9 @@ impl CaptureMetrics {
             known: std::sync::Mutex::default(),
         }
     }
+}
 
+impl CaptureMetrics {
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "capture_stored",
@@ -193,11 +195,6 @@ impl CaptureMetrics {
     }
 }
 
-pub fn metrics() -> &'static CaptureMetrics {
-    static METRICS: OnceLock<CaptureMetrics> = OnceLock::new();
-    METRICS.get_or_init(CaptureMetrics::new)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,7 +217,7 @@ mod tests {
     /// increase for `rate()` to see. Every cause exists at 0 from the subscription's first pass.
     #[test]
     fn loss_counters_exist_at_zero_from_the_first_pass() {
-        let m = CaptureMetrics::new();
+        let m = CaptureMetrics::default();
         m.subscriptions("ns/c", ["orders", "audit"]);
         let out = encoded(&m);
         for sub in ["orders", "audit"] {

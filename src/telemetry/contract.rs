@@ -46,9 +46,7 @@ type Exported = BTreeMap<String, Option<BTreeSet<String>>>;
 fn metrics_with_a_sample_everywhere() -> Metrics {
     use super::{
         CapturePassLabels, ClusterLabels, CommandLabels, KindLabels, OutcomeLabels,
-        capture::{self, SubscriptionLabels},
-        jolokia::{self, NodeLabels},
-        kube_api::ApiRequestLabels,
+        capture::SubscriptionLabels, jolokia::NodeLabels, kube_api::ApiRequestLabels,
     };
     let m = Metrics::default();
     m.reconciled("ContractTest", "contract/test", "ok", 0.1);
@@ -85,9 +83,9 @@ fn metrics_with_a_sample_everywhere() -> Metrics {
             code: "2xx".into(),
         })
         .inc();
-    // The process-wide families: a node and a subscription of this test's own.
+    // The Jolokia and capture families (a node and a subscription of this test's own).
     let node = "http://contract.test:8161/console/jolokia";
-    let j = jolokia::metrics();
+    let j = &m.jolokia;
     j.record_request(node, "read".into(), None);
     j.record_post(node, 0.01);
     let n = NodeLabels { node: node.into() };
@@ -95,7 +93,7 @@ fn metrics_with_a_sample_everywhere() -> Metrics {
     j.in_flight.get_or_create(&n).set(0);
     j.backoffs.get_or_create(&n).inc();
     j.record_inventory_read(node, true);
-    let c = capture::metrics();
+    let c = &m.capture;
     let sub = SubscriptionLabels {
         cluster: "contract/test".into(),
         subscription: "contract".into(),

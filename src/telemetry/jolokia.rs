@@ -1,16 +1,12 @@
 //! Jolokia traffic metrics: what the operator asks of each broker endpoint, how many HTTP POSTs
 //! that took, how long they took, and what the per-node budget permits now.
 //!
-//! The families are process-wide (one set, reached by [`metrics()`]) because the transport
-//! that updates them (`broker::jolokia`) is created in many places that have no handle to the
-//! controllers' `Metrics`; every `Metrics` registry registers the same families (a `Family`
-//! is a shared handle, so each registry exports the same numbers).
+//! One set per operator, a field of its `Metrics` (`Metrics::jolokia`); the transport reaches
+//! it through the operator's `broker::Registry`, which every client is built with.
 //!
 //! Labels are bounded: `node` is an endpoint URL without its user info, `kind` is
 //! `JolokiaRequest::kind()` (read, search or an operation name, never arguments), `result` is
 //! `ok` or a refusal kind in snake case.
-
-use std::sync::OnceLock;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -47,7 +43,7 @@ fn post_duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 12))
 }
 
-/// The Jolokia metric families (one per process).
+/// The Jolokia metric families (one per operator: its broker registry counts into them).
 pub struct JolokiaMetrics {
     /// One per Jolokia operation (an element of a POST), by node, kind and result.
     pub requests: Family<JolokiaRequestLabels, Counter>,
@@ -68,8 +64,8 @@ pub struct JolokiaMetrics {
     requests_by_node: Family<NodeLabels, Counter>,
 }
 
-impl JolokiaMetrics {
-    fn new() -> Self {
+impl Default for JolokiaMetrics {
+    fn default() -> Self {
         JolokiaMetrics {
             requests: Family::default(),
             posts: Family::default(),
@@ -81,7 +77,9 @@ impl JolokiaMetrics {
             requests_by_node: Family::default(),
         }
     }
+}
 
+impl JolokiaMetrics {
     /// Add the families to a registry (prefix `artemis_studio` there).
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
@@ -189,12 +187,6 @@ fn refusal_label(kind: RefusalKind) -> String {
     }
 }
 
-/// The process-wide Jolokia metric families.
-pub fn metrics() -> &'static JolokiaMetrics {
-    static METRICS: OnceLock<JolokiaMetrics> = OnceLock::new();
-    METRICS.get_or_init(JolokiaMetrics::new)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,7 +199,7 @@ mod tests {
 
     #[test]
     fn totals_count_every_kind_and_result() {
-        let m = JolokiaMetrics::new();
+        let m = JolokiaMetrics::default();
         m.record_request("n", "read".into(), None);
         m.record_request("n", "createQueue".into(), Some(RefusalKind::QueueExists));
         m.record_request("other", "read".into(), None);
@@ -220,10 +212,12 @@ mod tests {
     #[test]
     fn every_metrics_registry_exports_the_jolokia_families() {
         let node = "http://exported.example:8161/console/jolokia";
-        metrics().record_post(node, 0.02);
-        metrics().record_request(node, "createQueue".into(), Some(RefusalKind::QueueExists));
-        let _budget = crate::broker::budget::budget_for(node);
         let registry = crate::telemetry::Metrics::default();
+        registry.jolokia.record_post(node, 0.02);
+        registry
+            .jolokia
+            .record_request(node, "createQueue".into(), Some(RefusalKind::QueueExists));
+        let _budget = crate::broker::Registry::new(registry.jolokia.clone()).budget_for(node);
         registry
             .kube_api
             .requests

@@ -97,6 +97,10 @@ pub struct Metrics {
     /// Objects by Ready reason, Stalled objects, nodes per cluster, taps by state: counted from
     /// the controllers' caches at scrape time (`controllers::census`).
     pub census: census::Census,
+    /// The Jolokia families the operator's broker registry counts into (`broker::Registry`).
+    pub jolokia: std::sync::Arc<jolokia::JolokiaMetrics>,
+    /// The capture families (drains, sampling, loss).
+    pub capture: std::sync::Arc<capture::CaptureMetrics>,
     /// What `/readyz` answers. Only set after the migrations ran; then true as a standby that
     /// sees the Lease held by another process (src/leader.rs), and as the leader once the caches
     /// synced (`controllers::run_all`).
@@ -155,9 +159,10 @@ impl Default for Metrics {
             "Capture passes run by this process (holding the cluster's advisory lock), by result",
             capture_passes.clone(),
         );
-        // Jolokia traffic is counted process-wide (the transport has no handle to this struct).
-        jolokia::metrics().register(&mut registry);
-        capture::metrics().register(&mut registry);
+        let jolokia = std::sync::Arc::new(jolokia::JolokiaMetrics::default());
+        jolokia.register(&mut registry);
+        let capture = std::sync::Arc::new(capture::CaptureMetrics::default());
+        capture.register(&mut registry);
         let kube_api = kube_api::ApiMetrics::default();
         kube_api.register(&mut registry);
         registry.register(
@@ -188,6 +193,8 @@ impl Default for Metrics {
             kube_api,
             leader,
             clusters_held,
+            jolokia,
+            capture,
             ready: AtomicBool::new(false),
         }
     }

@@ -118,9 +118,10 @@ pub async fn resolve_access(
     client: &kube::Client,
     ns: &str,
     spec: &ArtemisClusterSpec,
+    registry: &std::sync::Arc<crate::broker::Registry>,
 ) -> Result<ClusterAccess, AccessProblem> {
     let secrets = read_secrets(client, ns, spec).await?;
-    let http = jolokia::http_client(secrets.ca.as_deref()).map_err(|e| AccessProblem {
+    let http = jolokia::http_client(registry, secrets.ca.as_deref()).map_err(|e| AccessProblem {
         reason: "InvalidTls",
         message: format!("spec.tls.caSecretName: {e}"),
     })?;

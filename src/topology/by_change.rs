@@ -106,7 +106,7 @@ pub async fn read(
     interval: Duration,
 ) -> Result<Read, BrokerError> {
     let node = crate::broker::budget::node_key(m.client().url());
-    let metrics = crate::telemetry::jolokia::metrics();
+    let metrics = m.client().registry().metrics();
     if let Some(b) = baseline.filter(|b| b.full_read_at.elapsed() < interval) {
         let name = m.broker_name();
         let page = inventory::list_queues(name, b.page.max(1) as i64, PAGE as i64);

@@ -244,11 +244,12 @@ impl TopologyMemory {
     /// The endpoints judged not answering since the last look (the counts are remembered). A
     /// silence that came and went between two polls leaves no trace in either topology, yet
     /// objects were skipped on that node meanwhile: they need a pass, and the node what it missed.
-    pub fn silenced_since_last_look(&mut self, endpoints: &[String]) -> Vec<String> {
-        endpoints
+    pub fn silenced_since_last_look(&mut self, access: &ClusterAccess) -> Vec<String> {
+        access
+            .endpoints
             .iter()
             .filter(|url| {
-                let now = crate::broker::budget::budget_for(url).silences();
+                let now = access.http.registry().budget_for(url).silences();
                 let before = self.silences_seen.insert(url.to_string(), now);
                 before.is_some_and(|b| b < now)
             })
@@ -356,7 +357,7 @@ pub async fn any_back(access: &ClusterAccess, memory: &Mutex<TopologyMemory>, ur
         let known_name = known.get(url).cloned();
         // A node judged not answering, or with anything on the wire, has its answer coming (it
         // ends the judgement, and the look after that asks): a look never adds a POST to it.
-        let budget = crate::broker::budget::budget_for(url);
+        let budget = access.http.registry().budget_for(url);
         let silent = budget.not_answering().is_some() || budget.stats().in_flight > 0;
         async move {
             if silent {
@@ -832,7 +833,8 @@ mod change_tests {
     }
 
     fn live(t: Topology, url: &str) -> Topology {
-        let http = crate::broker::jolokia::http_client(None).expect("an HTTP client");
+        let http = crate::broker::jolokia::http_client(&crate::broker::Registry::standalone(), None)
+            .expect("an HTTP client");
         let client = JolokiaClient::new(
             http,
             url,

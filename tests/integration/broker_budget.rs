@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use artemis_studio_operator::broker::budget::{MAX_IN_FLIGHT, node_stats};
-use artemis_studio_operator::broker::{Credentials, JolokiaClient, JolokiaRequest, mbean};
+use artemis_studio_operator::broker::budget::MAX_IN_FLIGHT;
+use artemis_studio_operator::broker::{Credentials, JolokiaClient, JolokiaRequest, Registry, mbean};
 
-use crate::support::{TestBed, brokers_shared, short_id};
+use crate::support::{TestBed, brokers_shared};
 
 #[tokio::test]
 async fn two_hundred_concurrent_calls_share_a_few_posts_within_the_budget() {
@@ -17,12 +17,12 @@ async fn two_hundred_concurrent_calls_share_a_few_posts_within_the_budget() {
     let bed = TestBed::get();
     let broker = bed.broker("c1");
     let (username, password) = bed.broker_user();
-    // The budget and the metrics are keyed by endpoint URL, process-wide: a query parameter the
-    // broker ignores gives this test a node key of its own, so concurrent tests on c1 do not
-    // count here.
-    let url = format!("{}?budget-test={}", broker.jolokia, short_id());
+    // The budget and the metrics are this test's own (its registry): concurrent tests on c1 do
+    // not count here.
+    let url = broker.jolokia.clone();
+    let registry = Registry::standalone();
     let client = JolokiaClient::new(
-        artemis_studio_operator::broker::jolokia::http_client(None).expect("client"),
+        artemis_studio_operator::broker::jolokia::http_client(&registry, None).expect("client"),
         url.clone(),
         None,
         Credentials { username, password },
@@ -48,10 +48,7 @@ async fn two_hundred_concurrent_calls_share_a_few_posts_within_the_budget() {
         .expect("NodeID");
     assert!(version.is_string() && node_id.is_string(), "{version} {node_id}");
 
-    let (requests_before, posts_before) = (
-        artemis_studio_operator::broker::jolokia_requests_of(&url),
-        artemis_studio_operator::broker::jolokia_posts_of(&url),
-    );
+    let (requests_before, posts_before) = (registry.requests_of(&url), registry.posts_of(&url));
     let calls = 200;
     let tasks = (0..calls).map(|i| {
         let client = client.clone();
@@ -84,8 +81,8 @@ async fn two_hundred_concurrent_calls_share_a_few_posts_within_the_budget() {
         }
     }
 
-    let requests = artemis_studio_operator::broker::jolokia_requests_of(&url) - requests_before;
-    let posts = artemis_studio_operator::broker::jolokia_posts_of(&url) - posts_before;
+    let requests = registry.requests_of(&url) - requests_before;
+    let posts = registry.posts_of(&url) - posts_before;
     // Issue 45: identical reads in one POST go once (src/broker/batch.rs, `SharedReads`): the
     // missing attributes are each their own, Version and NodeID at most once per POST each.
     let distinct = (calls / 3) as u64;
@@ -94,7 +91,7 @@ async fn two_hundred_concurrent_calls_share_a_few_posts_within_the_budget() {
         "{requests} operations for {calls} calls in {posts} POSTs: each distinct read once per POST"
     );
     assert!(posts < calls as u64 / 4, "{posts} POSTs for {calls} calls");
-    let stats = node_stats(&url).expect("the node has a budget");
+    let stats = registry.node_stats(&url).expect("the node has a budget");
     assert!(
         stats.max_in_flight >= 1 && stats.max_in_flight <= MAX_IN_FLIGHT,
         "{stats:?}"

@@ -269,7 +269,7 @@ async fn a_pass_reads_a_nodes_counters_in_a_few_operations_whatever_its_taps() {
         asked_pass(&f, "quiet", asked).await;
     }
     let c1 = f.bed.cluster_brokers("c")[0].jolokia.clone();
-    let ops = || artemis_studio_operator::broker::jolokia_requests_of(&c1);
+    let ops = || f.op.ctx.broker.requests_of(&c1);
     let mut per_pass = vec![];
     for n in 0..3 {
         let before = ops();

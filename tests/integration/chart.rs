@@ -680,8 +680,8 @@ async fn the_operator_runs_under_the_charts_service_account() {
         store,
         format!("chart-{}", short_id()),
         controllers::Namespaces::from_list(vec![ns.clone()]),
+        metrics.clone(),
     );
-    ctx.metrics = metrics.clone();
     ctx.capture_pass_interval = Duration::from_secs(2);
     let ctx = std::sync::Arc::new(ctx);
     let operator = tokio::spawn(controllers::run_all(ctx.clone(), reflectors));

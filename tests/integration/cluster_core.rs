@@ -29,7 +29,11 @@ pub async fn node_id_of(bed: &TestBed, broker: &str) -> String {
     let b = bed.broker(broker);
     let (u, p) = bed.broker_user();
     let client = JolokiaClient::new(
-        artemis_studio_operator::broker::jolokia::http_client(None).expect("client"),
+        artemis_studio_operator::broker::jolokia::http_client(
+            &artemis_studio_operator::broker::Registry::standalone(),
+            None,
+        )
+        .expect("client"),
         b.jolokia,
         None,
         artemis_studio_operator::broker::Credentials {

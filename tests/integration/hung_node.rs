@@ -17,7 +17,7 @@ use serde_json::json;
 
 use artemis_studio_operator::api::queue::ArtemisQueue;
 use artemis_studio_operator::api::{ArtemisCluster, Outcome};
-use artemis_studio_operator::broker::budget::{MAX_IN_FLIGHT, node_stats};
+use artemis_studio_operator::broker::budget::MAX_IN_FLIGHT;
 
 use crate::queue::ready;
 use crate::support::{
@@ -40,7 +40,7 @@ struct Hung {
     bed: TestBed,
     ns: String,
     admin: Client,
-    _op: OperatorHandle,
+    op: OperatorHandle,
     /// Broker name (c1, c2, c3) → the Jolokia URL this test's ArtemisCluster names it by.
     urls: BTreeMap<String, String>,
     /// Last, so the operator has stopped when it sweeps the test's queues.
@@ -72,7 +72,7 @@ async fn fixture(spec: serde_json::Value) -> Hung {
         bed,
         ns,
         admin,
-        _op: op,
+        op,
         urls,
         clean,
     };
@@ -372,10 +372,10 @@ async fn a_node_frozen_past_its_timeouts_is_probed_and_gets_every_queue_within_a
     // Past every request timeout, what was on the wire to c3 has timed out; at most a probe is.
     // (Read until then: under load a timeout's timer may fire a little late.)
     let past_timeouts = Instant::now() + 3 * POLL_TIMEOUT;
-    let mut stats = node_stats(&h.urls["c3"]).expect("c3's budget");
+    let mut stats = h.op.ctx.broker.node_stats(&h.urls["c3"]).expect("c3's budget");
     while stats.in_flight > 1 && Instant::now() < past_timeouts {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        stats = node_stats(&h.urls["c3"]).expect("c3's budget");
+        stats = h.op.ctx.broker.node_stats(&h.urls["c3"]).expect("c3's budget");
     }
     eprintln!("c3's budget before the thaw: {stats:?}");
     assert!(

@@ -17,7 +17,7 @@ use serde_json::json;
 
 use artemis_studio_operator::api::queue::ArtemisQueue;
 use artemis_studio_operator::api::{ArtemisCluster, Outcome};
-use artemis_studio_operator::telemetry::jolokia as jolokia_metrics;
+use artemis_studio_operator::telemetry::jolokia::JolokiaMetrics;
 
 use crate::queue::{outcomes, ready};
 use crate::support::{
@@ -157,7 +157,7 @@ impl Scale {
             .iter()
             .map(|(b, url)| {
                 let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
-                for ((kind, _), n) in jolokia_by_kind(url) {
+                for ((kind, _), n) in jolokia_by_kind(&self.op.ctx.metrics.jolokia, url) {
                     *kinds.entry(kind).or_default() += n;
                 }
                 (b.clone(), kinds)
@@ -167,7 +167,7 @@ impl Scale {
 
     /// Jolokia operations this test's operator sent to one broker of cluster c.
     fn jolokia_ops(&self, broker: &str) -> u64 {
-        artemis_studio_operator::broker::jolokia_requests_of(&self.urls[broker])
+        self.op.ctx.broker.requests_of(&self.urls[broker])
     }
 
     async fn create_queues(&self, names: &[String]) {
@@ -363,10 +363,10 @@ fn accepted_status_patches(
     after.get(&key).copied().unwrap_or(0) - before.get(&key).copied().unwrap_or(0)
 }
 
-/// Jolokia operations to one endpoint URL by (kind, result), process-wide.
-fn jolokia_by_kind(url: &str) -> BTreeMap<(String, String), u64> {
+/// Jolokia operations to one endpoint URL by (kind, result), as an operator's metrics count them.
+fn jolokia_by_kind(metrics: &JolokiaMetrics, url: &str) -> BTreeMap<(String, String), u64> {
     let node = artemis_studio_operator::broker::budget::node_key(url);
-    let family = jolokia_metrics::metrics().requests.clone();
+    let family = metrics.requests.clone();
     samples(
         |r| r.register("jolokia_requests", "Jolokia operations", family),
         "jolokia_requests_total",
@@ -617,7 +617,7 @@ async fn a_node_going_live_gets_every_queue_at_the_next_poll() {
         .expect("last audit id");
 
     let ops0 = s.jolokia_ops("c3");
-    let kinds0 = jolokia_by_kind(&c3_url);
+    let kinds0 = jolokia_by_kind(&s.op.ctx.metrics.jolokia, &c3_url);
     let passes0 = s.op.ctx.metrics.reconciles_of("ArtemisQueue");
     let polls0 = s.polls();
     s.bed.broker_action("start", "c3");
@@ -634,7 +634,7 @@ async fn a_node_going_live_gets_every_queue_at_the_next_poll() {
     let polls = s.polls() - polls0;
     let ops = s.jolokia_ops("c3") - ops0;
     let passes = s.op.ctx.metrics.reconciles_of("ArtemisQueue") - passes0;
-    let kinds = grown(&kinds0, &jolokia_by_kind(&c3_url));
+    let kinds = grown(&kinds0, &jolokia_by_kind(&s.op.ctx.metrics.jolokia, &c3_url));
     let ok = |kind: &str| {
         kinds
             .get(&(kind.to_string(), "ok".to_string()))
@@ -855,7 +855,7 @@ async fn a_create_is_one_write_per_node_an_update_reads_and_writes_a_delete_shar
     let posts_before: BTreeMap<String, u64> = s
         .urls
         .iter()
-        .map(|(b, url)| (b.clone(), artemis_studio_operator::broker::jolokia_posts_of(url)))
+        .map(|(b, url)| (b.clone(), s.op.ctx.broker.posts_of(url)))
         .collect();
     let all: Vec<String> = kept.iter().chain(&removed).cloned().collect();
     s.delete_all_queues(&all).await;
@@ -876,7 +876,7 @@ async fn a_create_is_one_write_per_node_an_update_reads_and_writes_a_delete_shar
             .collect::<BTreeMap<_, _>>()
             == expected;
         // Each delete reads its queue; the divert list is one read per POST, shared.
-        let posts = artemis_studio_operator::broker::jolokia_posts_of(&s.urls[b]) - posts_before[b];
+        let posts = s.op.ctx.broker.posts_of(&s.urls[b]) - posts_before[b];
         let reads = kinds.get("read").copied().unwrap_or(0);
         if !writes_ok || reads < 2 * q || reads > 2 * q + posts.min(2 * q - 1) {
             failures.push(format!(
@@ -1032,7 +1032,11 @@ async fn a_create_answered_already_exists_reads_the_queue_and_judges_it() {
     // Behind the operator's back, on the bed's plain URLs (not counted as this operator's).
     let user = s.bed.broker_user();
     for b in s.bed.cluster_brokers("c") {
-        let http = artemis_studio_operator::broker::jolokia::http_client(None).expect("http");
+        let http = artemis_studio_operator::broker::jolokia::http_client(
+            &artemis_studio_operator::broker::Registry::standalone(),
+            None,
+        )
+        .expect("http");
         let client = artemis_studio_operator::broker::JolokiaClient::new(
             http,
             b.jolokia.clone(),
@@ -1136,7 +1140,7 @@ async fn a_converged_poll_reads_counts_and_drift_is_found_at_the_next_full_read(
             .iter()
             .map(|(b, url)| {
                 let node = artemis_studio_operator::broker::budget::node_key(url);
-                (b.clone(), jolokia_metrics::metrics().inventory_reads_of(&node))
+                (b.clone(), s.op.ctx.metrics.jolokia.inventory_reads_of(&node))
             })
             .collect()
     };

@@ -218,7 +218,11 @@ impl TestBed {
         user: (String, String),
     ) -> artemis_studio_operator::topology::ClusterAccess {
         artemis_studio_operator::topology::ClusterAccess {
-            http: artemis_studio_operator::broker::jolokia::http_client(None).expect("client"),
+            http: artemis_studio_operator::broker::jolokia::http_client(
+                &artemis_studio_operator::broker::Registry::standalone(),
+                None,
+            )
+            .expect("client"),
             endpoints: self
                 .cluster_brokers(cluster)
                 .into_iter()
@@ -339,8 +343,8 @@ impl TestBed {
             artemis_studio_operator::controllers::Namespaces::Only(
                 namespaces.iter().map(|n| n.to_string()).collect(),
             ),
+            metrics,
         );
-        ctx.metrics = metrics;
         ctx.capture_pass_interval = pass_interval;
         let ctx = std::sync::Arc::new(ctx);
         let controllers = tokio::spawn(artemis_studio_operator::controllers::run_all(

@@ -247,7 +247,7 @@ fn record_batch(
     oldest: Option<chrono::DateTime<chrono::Utc>>,
     took: Duration,
 ) {
-    let m = crate::telemetry::capture::metrics();
+    let m = &spec.metrics;
     let labels = crate::telemetry::capture::SubscriptionLabels {
         cluster: spec.key.cluster.clone(),
         subscription: spec.tap.subscription.clone(),

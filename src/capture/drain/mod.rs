@@ -75,6 +75,8 @@ pub struct DrainSpec {
     pub link: LinkKey,
     pub max_body_bytes: usize,
     pub rate_cap: Arc<Mutex<RateCap>>,
+    /// The operator's capture metric families.
+    pub metrics: Arc<crate::telemetry::capture::CaptureMetrics>,
     /// This drain's receiver's link name (unique on its connection).
     pub link_name: String,
 }
@@ -175,7 +177,7 @@ pub fn spawn(
 
 /// Counts a running drain down however its task ends (stopped, died, or aborted with its
 /// handle).
-struct Running(&'static prometheus_client::metrics::gauge::Gauge);
+struct Running(prometheus_client::metrics::gauge::Gauge);
 
 impl Drop for Running {
     fn drop(&mut self) {
@@ -205,9 +207,10 @@ async fn supervised(
         return None;
     }
     let (key, subscription) = (spec.key.clone(), spec.tap.subscription.clone());
+    let metrics = spec.metrics.clone();
     let started = Instant::now();
     let outcome = {
-        let drains = &crate::telemetry::capture::metrics().drains;
+        let drains = spec.metrics.drains.clone();
         drains.inc();
         let _running = Running(drains);
         std::panic::AssertUnwindSafe(run(store, health.clone(), links, spec, stopped))
@@ -226,7 +229,7 @@ async fn supervised(
             Err(payload) => DeathCause::of_panic(payload.as_ref()),
         },
     };
-    supervise::record_death(&key, &subscription, &death);
+    supervise::record_death(&key, &subscription, &death, &metrics);
     health.died(&key, &death);
     Some(death)
 }

@@ -105,7 +105,12 @@ pub fn restart_after(deaths_before: u32, ran_for: Duration, dead_for: Duration) 
 }
 
 /// A death, when it happens: logged (no payload) and counted.
-pub fn record_death(key: &DrainKey, subscription: &str, death: &Death) {
+pub fn record_death(
+    key: &DrainKey,
+    subscription: &str,
+    death: &Death,
+    metrics: &crate::telemetry::capture::CaptureMetrics,
+) {
     tracing::error!(
         cluster = %key.cluster,
         subscription,
@@ -120,10 +125,7 @@ pub fn record_death(key: &DrainKey, subscription: &str, death: &Death) {
         cluster: key.cluster.clone(),
         subscription: subscription.to_string(),
     };
-    crate::telemetry::capture::metrics()
-        .drain_restarts
-        .get_or_create(&labels)
-        .inc();
+    metrics.drain_restarts.get_or_create(&labels).inc();
 }
 
 /// Take the drains whose task has ended out of `drains`: each death with the restart it earns

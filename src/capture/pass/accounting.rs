@@ -146,7 +146,7 @@ async fn record_queue_loss(
     ctx.store.add_loss(at, "address_full", d.address).await?;
     ctx.store.add_loss(at, "broker_restart", d.reset).await?;
     ctx.store.save_counters(at, queue, now).await?;
-    let m = crate::telemetry::capture::metrics();
+    let m = &ctx.metrics.capture;
     m.dropped(at.cluster, at.subscription, "ring_overwrite", d.ring);
     m.dropped(at.cluster, at.subscription, "address_full", d.address);
     m.dropped(at.cluster, at.subscription, "broker_restart", d.reset);
@@ -205,7 +205,7 @@ async fn reconcile_sides(
             if let Err(e) = ctx.store.add_loss(&at, short.cause, short.messages).await {
                 tracing::warn!(%node, error = %e, "capture: the shortfall not recorded");
             }
-            let metrics = crate::telemetry::capture::metrics();
+            let metrics = &ctx.metrics.capture;
             metrics.dropped(cluster_key, &tap.subscription, short.cause, short.messages);
         }
     }

@@ -160,7 +160,7 @@ async fn cluster_view(
             return Ok((rt.access.clone(), (*t).clone(), true));
         }
     }
-    let access = crate::controllers::cluster::resolve_access(&ctx.client, &ns, &cluster.spec)
+    let access = crate::controllers::cluster::resolve_access(&ctx.client, &ns, &cluster.spec, &ctx.broker)
         .await
         .map_err(PassError::Access)?;
     let topology = topology::poll(&access, &state.memory).await;

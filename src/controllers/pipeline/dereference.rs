@@ -398,7 +398,7 @@ mod tests {
     #[tokio::test]
     async fn a_snapshot_polled_with_an_older_secret_never_writes_though_the_runtime_is_current() {
         let (ctx, _) = fixtures::with_clusters(secret_now(), vec![cluster()]);
-        let access = crate::topology::access::resolve_access(&ctx.client, "ns", &cluster().spec)
+        let access = crate::topology::access::resolve_access(&ctx.client, "ns", &cluster().spec, &ctx.broker)
             .await
             .unwrap_or_else(|e| panic!("access: {e:?}"));
         assert_eq!(access.secret_versions, versions("2"));
