@@ -40,7 +40,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // Every Kubernetes API request is counted (artemis_studio_api_requests_total).
     let metrics = Arc::new(artemis_studio_operator::telemetry::Metrics::default());
     let client = artemis_studio_operator::telemetry::api_client(metrics.clone()).await?;
-    let (ctx, reflectors) = context(&args, client.clone(), store, namespaces.clone(), metrics);
+    let (ctx, mut reflectors) = context(&args, client.clone(), store, namespaces.clone(), metrics);
     tracing::info!(
         instance_id = %args.instance_id,
         namespaces = ?namespaces,
@@ -55,7 +55,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     stop_on_signals(ctx.shutdown.clone(), tasks.clone())?;
     // Capture is not leader-only: every replica runs it, and a Postgres advisory lock per
     // cluster decides which replica serves which cluster (ADR-0062 D7).
-    let capture = artemis_studio_operator::capture::run(ctx.clone());
+    let capture = artemis_studio_operator::capture::run(ctx.clone(), reflectors.take_subscriptions());
     tasks.spawn("capture", ends_in_tests("capture", capture));
     let code = tokio::select! {
         exit = run_controllers(&args, client, timing, ctx, reflectors) => {

@@ -293,9 +293,16 @@ fn subscription_feed(
 /// Run capture until shutdown: reflectors of subscriptions and clusters (every replica), and a
 /// pass per served cluster every `ctx.capture_pass_interval`, or soon after a subscription
 /// changes; and this process's audit heartbeat, until it exits (it never returns).
-pub async fn run(ctx: Arc<Context>) {
-    let (subs, sub_writers): (Vec<_>, Vec<_>) =
-        ctx.namespaces.scopes().iter().map(|_| reflector::store()).unzip();
+///
+/// The subscription watch keeps the Context's subscription cache (`sub_writers`, from
+/// `Reflectors::take_subscriptions`), which the controllers read too: one watch of the kind
+/// per process. Clusters are watched here as well as by the controllers: a standby runs capture
+/// without them, and their cluster watch feeds reconciles only the leader runs (clusters are
+/// few; a second watch of them is cheap).
+pub async fn run(ctx: Arc<Context>, sub_writers: Vec<reflector::store::Writer<ArtemisCaptureSubscription>>) {
+    let subs: Vec<_> = (0..sub_writers.len())
+        .filter_map(|i| ctx.caches.subscriptions.store(i))
+        .collect();
     let (clusters, cluster_writers): (Vec<_>, Vec<_>) =
         ctx.namespaces.scopes().iter().map(|_| reflector::store()).unzip();
     let changed = Arc::new(tokio::sync::Notify::new());

@@ -163,13 +163,24 @@ pub struct Caches {
 pub type SecretMeta = kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Secret>;
 
 /// The writers behind [`Caches`], driven by [`run_all`](super::run_all); the clusters', queues' and diverts'
-/// watches also feed their controllers (`feed`).
+/// watches also feed their controllers (`feed`). The subscriptions' writers are capture's
+/// ([`Reflectors::take_subscriptions`]): capture runs in every replica, the controllers only
+/// where the process leads, so capture's watch is the one that keeps the subscription cache
+/// both read (one watch of the kind per process).
 pub struct Reflectors {
     pub(super) clusters: Vec<feed::Scoped<ArtemisCluster>>,
     pub(super) queues: Vec<feed::Scoped<ArtemisQueue>>,
     pub(super) diverts: Vec<feed::Scoped<ArtemisDivert>>,
-    pub(super) subscriptions: Vec<reflector::store::Writer<ArtemisCaptureSubscription>>,
+    subscriptions: Vec<reflector::store::Writer<ArtemisCaptureSubscription>>,
     pub(super) secrets: Vec<reflector::store::Writer<SecretMeta>>,
+}
+
+impl Reflectors {
+    /// The writers of the subscription cache, one per watched scope (in `Namespaces::scopes`
+    /// order), for capture's watch; taken once.
+    pub fn take_subscriptions(&mut self) -> Vec<reflector::store::Writer<ArtemisCaptureSubscription>> {
+        std::mem::take(&mut self.subscriptions)
+    }
 }
 
 /// What every controller shares.

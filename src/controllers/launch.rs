@@ -23,8 +23,8 @@ pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
         clusters,
         queues,
         diverts,
-        subscriptions,
         secrets,
+        ..
     } = reflectors;
     let (cluster_watches, clusters) = split_feeds(clusters, &ctx.caches.clusters);
     let (queue_watches, queues) = split_feeds(queues, &ctx.caches.queues);
@@ -38,7 +38,6 @@ pub async fn run_all(ctx: Arc<Context>, reflectors: Reflectors) {
         clusters: cluster_watches,
         queues: queue_watches,
         diverts: divert_watches,
-        subscriptions,
         secrets,
     };
     tokio::select! {
@@ -62,6 +61,7 @@ async fn run_controllers(ctx: Arc<Context>, feeds: Feeds) {
     caches.clusters.wait_until_ready().await;
     caches.queues.wait_until_ready().await;
     caches.diverts.wait_until_ready().await;
+    // Kept by capture's watch (`Reflectors::take_subscriptions`).
     caches.subscriptions.wait_until_ready().await;
     caches.secrets.wait_until_ready().await;
     ctx.metrics.set_ready();

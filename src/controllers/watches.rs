@@ -10,14 +10,13 @@ use kube::{Api, Resource};
 use super::{
     Cache, Context, SecretMeta, Source, Watched, claims, cluster, feed, keep_spec_writer, key, pipeline,
 };
-use crate::api::{ArtemisCaptureSubscription, ArtemisCluster, ArtemisDivert, ArtemisQueue};
+use crate::api::{ArtemisCluster, ArtemisDivert, ArtemisQueue};
 
 /// Each kind's watches (the one watch per kind and scope that caches and controllers share).
 pub(super) struct Watches {
     pub(super) clusters: Vec<Watch<ArtemisCluster>>,
     pub(super) queues: Vec<Watch<ArtemisQueue>>,
     pub(super) diverts: Vec<Watch<ArtemisDivert>>,
-    pub(super) subscriptions: Vec<reflector::store::Writer<ArtemisCaptureSubscription>>,
     pub(super) secrets: Vec<reflector::store::Writer<SecretMeta>>,
 }
 
@@ -41,23 +40,12 @@ pub(super) async fn reflect_all(ctx: Arc<Context>, watches: Watches) {
         });
     let q = reflect_topology(&ctx, watches.queues);
     let d = reflect_topology(&ctx, watches.diverts);
-    let s = ns
-        .apis::<ArtemisCaptureSubscription>(client)
-        .into_iter()
-        .zip(watches.subscriptions)
-        .map(|(a, w)| async move { reflect(a, w, None, None, |_: &ArtemisCaptureSubscription| {}).await });
     let secrets = ns
         .apis::<SecretMeta>(client)
         .into_iter()
         .zip(watches.secrets)
         .map(|(a, w)| watch_secrets(ctx.clone(), a, w));
-    tokio::join!(
-        join_all(c),
-        join_all(q),
-        join_all(d),
-        join_all(s),
-        join_all(secrets)
-    );
+    tokio::join!(join_all(c), join_all(q), join_all(d), join_all(secrets));
 }
 
 /// The watches of a topology kind (queue, divert), one per scope: its cache, its feed and the

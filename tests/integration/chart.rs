@@ -675,7 +675,7 @@ async fn the_operator_runs_under_the_charts_service_account() {
     let store = artemis_studio_operator::store::Store::connect(&db)
         .await
         .expect("store");
-    let (mut ctx, reflectors) = controllers::Context::new(
+    let (mut ctx, mut reflectors) = controllers::Context::new(
         client.clone(),
         store,
         format!("chart-{}", short_id()),
@@ -684,9 +684,13 @@ async fn the_operator_runs_under_the_charts_service_account() {
     );
     ctx.capture_pass_interval = Duration::from_secs(2);
     let ctx = std::sync::Arc::new(ctx);
+    let subscription_writers = reflectors.take_subscriptions();
     let operator = tokio::spawn(controllers::run_all(ctx.clone(), reflectors));
     // As the binary runs it: capture beside the controllers.
-    let capture = tokio::spawn(artemis_studio_operator::capture::run(ctx.clone()));
+    let capture = tokio::spawn(artemis_studio_operator::capture::run(
+        ctx.clone(),
+        subscription_writers,
+    ));
     struct Abort(tokio::task::JoinHandle<()>);
     impl Drop for Abort {
         fn drop(&mut self) {

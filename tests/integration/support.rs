@@ -336,7 +336,7 @@ impl TestBed {
         let store = artemis_studio_operator::store::Store::connect(db)
             .await
             .expect("store");
-        let (mut ctx, reflectors) = artemis_studio_operator::controllers::Context::new(
+        let (mut ctx, mut reflectors) = artemis_studio_operator::controllers::Context::new(
             client,
             store.clone(),
             instance_id.to_string(),
@@ -347,12 +347,16 @@ impl TestBed {
         );
         ctx.capture_pass_interval = pass_interval;
         let ctx = std::sync::Arc::new(ctx);
+        let subscription_writers = reflectors.take_subscriptions();
         let controllers = tokio::spawn(artemis_studio_operator::controllers::run_all(
             ctx.clone(),
             reflectors,
         ));
         // As the binary runs it: capture beside the controllers.
-        let capture = tokio::spawn(artemis_studio_operator::capture::run(ctx.clone()));
+        let capture = tokio::spawn(artemis_studio_operator::capture::run(
+            ctx.clone(),
+            subscription_writers,
+        ));
         OperatorHandle {
             ctx,
             store,
