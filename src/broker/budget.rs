@@ -1,5 +1,6 @@
-//! The per-node request budget: how many Jolokia POSTs this whole process may have in flight to
-//! one endpoint, and how often it may start one, adapted to how the node answers.
+//! The per-node request budget: how many Jolokia POSTs the operator (all its controllers and
+//! capture) may have in flight to one endpoint, and how often it may start one, adapted to how
+//! the node answers.
 //!
 //! Why: every reconcile (one per ArtemisQueue, up to thousands) talks to the same few brokers.
 //! Unbounded, the operator's own traffic was measured collapsing a 2-core broker (load 18,
