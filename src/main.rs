@@ -125,6 +125,7 @@ fn context(
         let replica = leader::replica_name(args.pod_name.as_deref());
         let deadline = Duration::from_secs(args.lease_renew_deadline_seconds.into());
         ctx.holdings = artemis_studio_operator::shards::Holdings::sharded(replica, deadline);
+        ctx.metrics.sharding.set(1);
     }
     ctx.concurrency = args.concurrency();
     ctx.capture_pass_interval = Duration::from_secs(args.capture_pass_seconds.into());

@@ -94,6 +94,9 @@ pub struct Metrics {
     /// `artemis_studio_clusters_held`: the broker clusters this replica holds (sharding,
     /// issue 46; without it, unset).
     pub clusters_held: Gauge,
+    /// `artemis_studio_sharding`: 1 when replicas share the clusters by Lease (`--sharding`),
+    /// 0 with one leader (what the unheld-cluster alert keys on).
+    pub sharding: Gauge,
     /// Objects by Ready reason, Stalled objects, nodes per cluster, taps by state: counted from
     /// the controllers' caches at scrape time (`controllers::census`).
     pub census: census::Census,
@@ -176,6 +179,12 @@ impl Default for Metrics {
             "Broker clusters this replica holds by Lease and acts for (sharding)",
             clusters_held.clone(),
         );
+        let sharding = Gauge::default();
+        registry.register(
+            "sharding",
+            "1 when replicas share the broker clusters out by Lease (--sharding), 0 with one leader",
+            sharding.clone(),
+        );
         let census = census::Census::default();
         registry.register_collector(Box::new(census.clone()));
         Metrics {
@@ -193,6 +202,7 @@ impl Default for Metrics {
             kube_api,
             leader,
             clusters_held,
+            sharding,
             jolokia,
             capture,
             ready: AtomicBool::new(false),
