@@ -260,9 +260,9 @@ pub struct ArtemisClusterStatus {
     /// http: the credentials travel in clear).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trust: Option<String>,
-    /// The operator replica acting for this cluster (its pod's name, else its host's): it polls
-    /// the cluster and reconciles every object that names it. With several replicas (sharding)
-    /// each cluster is held by one of them; written by the holder when it takes the cluster.
+    /// With several replicas (sharding), the replica holding this cluster (its pod's name, else
+    /// its host's): it polls the cluster and reconciles every object that names it; written by
+    /// the holder when it takes the cluster. Absent with one leader (the leader acts for all).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_by: Option<String>,
 }

@@ -75,7 +75,12 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
         conditions: old.conditions.clone(),
         last_poll_time: old.last_poll_time.clone(),
         trust: Some(crate::topology::access::trust_statement(&obj.spec)),
-        held_by: Some(ctx.holdings.replica().to_string()),
+        // Only when sharded: with one leader there is nothing to say, and an upgrade in place
+        // writes no status.
+        held_by: ctx
+            .holdings
+            .is_sharded()
+            .then(|| ctx.holdings.replica().to_string()),
         ..Default::default()
     };
     match resolve_access(&ctx.client, &ns, &obj.spec, &ctx.broker).await {
