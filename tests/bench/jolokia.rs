@@ -3,6 +3,7 @@
 //! physical limit of a fan-out); "sequential" sends them node after node (the existing
 //! operator's approach). Also the cleanup of everything a run left on the brokers, by prefix.
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -252,43 +253,30 @@ impl Jolokia {
 
     /// Remove from every node each queue, divert and address whose name starts with one of
     /// `prefixes` (and the settings of capture queues): whatever a run left behind. Returns
-    /// how many objects it removed.
+    /// how many objects it removed. The addresses go last, once every node's queues went: in a
+    /// broker cluster an address keeps the remote bindings of the other nodes' queues ("has
+    /// bindings") until those are gone and the news reached it.
     pub async fn remove_by_prefix(&self, prefixes: &[String]) -> Result<usize> {
-        let mut removed = 0;
+        let mut found = vec![];
         for node in &self.nodes {
-            let names = |attr: &str| json!({"type": "read", "mbean": node.mbean, "attribute": attr});
-            let read = self
-                .bulk(
-                    node,
-                    vec![names("QueueNames"), names("DivertNames"), names("AddressNames")],
-                )
-                .await?;
-            let list = |i: usize| -> Vec<String> {
-                read.get(i)
-                    .and_then(|r| r.as_ref().ok())
-                    .and_then(Value::as_array)
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(Value::as_str)
-                            .filter(|n| prefixes.iter().any(|p| n.starts_with(p.as_str())))
-                            .map(str::to_string)
-                            .collect()
-                    })
-                    .unwrap_or_default()
-            };
-            let (queues, diverts, addresses) = (list(0), list(1), list(2));
-            let capture: Vec<&String> = queues
-                .iter()
-                .filter(|q| q.starts_with("artemis-studio.capture."))
-                .collect();
+            found.push(self.names_by_prefix(node, prefixes).await?);
+        }
+        let mut removed = 0;
+        for (node, names) in self.nodes.iter().zip(&found) {
             let exec1 = |op: &str, arg: &String| self.exec(node, op, vec![json!(arg)]);
-            // Diverts first (they keep addresses), then queues, capture settings, addresses.
-            let steps: [Vec<Value>; 4] = [
-                diverts
+            let capture = names
+                .queues
+                .iter()
+                .filter(|q| q.starts_with("artemis-studio.capture."));
+            // Diverts first (they keep addresses), then queues, capture settings.
+            let steps: [Vec<Value>; 3] = [
+                names
+                    .diverts
                     .iter()
                     .map(|d| exec1("destroyDivert(java.lang.String)", d))
                     .collect(),
-                queues
+                names
+                    .queues
                     .iter()
                     .map(|q| {
                         self.exec(
@@ -299,7 +287,6 @@ impl Jolokia {
                     })
                     .collect(),
                 capture
-                    .iter()
                     .flat_map(|q| {
                         [
                             exec1("removeAddressSettings(java.lang.String)", q),
@@ -307,20 +294,95 @@ impl Jolokia {
                         ]
                     })
                     .collect(),
-                addresses
-                    .iter()
-                    .map(|a| exec1("deleteAddress(java.lang.String)", a))
-                    .collect(),
             ];
             for step in steps {
-                for chunk in step.chunks(200) {
-                    let results = self.bulk(node, chunk.to_vec()).await?;
-                    removed += results.iter().filter(|r| r.is_ok()).count();
-                }
+                removed += self.exec_all(node, &step).await?.len();
+            }
+        }
+        let addresses: Vec<Vec<String>> = found.into_iter().map(|n| n.addresses).collect();
+        Ok(removed + self.delete_addresses(addresses).await?)
+    }
+
+    /// The queues, diverts and addresses on `node` whose names start with one of `prefixes`.
+    async fn names_by_prefix(&self, node: &Node, prefixes: &[String]) -> Result<BrokerNames> {
+        let names = |attr: &str| json!({"type": "read", "mbean": node.mbean, "attribute": attr});
+        let read = self
+            .bulk(
+                node,
+                vec![names("QueueNames"), names("DivertNames"), names("AddressNames")],
+            )
+            .await?;
+        let list = |i: usize| -> Vec<String> {
+            read.get(i)
+                .and_then(|r| r.as_ref().ok())
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .filter(|n| prefixes.iter().any(|p| n.starts_with(p.as_str())))
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        Ok(BrokerNames {
+            queues: list(0),
+            diverts: list(1),
+            addresses: list(2),
+        })
+    }
+
+    /// Every operation on `node`, 200 to a POST; the indexes of those that succeeded.
+    async fn exec_all(&self, node: &Node, operations: &[Value]) -> Result<Vec<usize>> {
+        let mut done = vec![];
+        for (c, chunk) in operations.chunks(200).enumerate() {
+            let results = self.bulk(node, chunk.to_vec()).await?;
+            done.extend(
+                results
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| r.is_ok())
+                    .map(|(i, _)| c * 200 + i),
+            );
+        }
+        Ok(done)
+    }
+
+    /// Delete each node's addresses (`addresses` in `nodes`' order); those still bound to
+    /// another node's queue are tried again, at most three times a second apart. How many went.
+    async fn delete_addresses(&self, mut addresses: Vec<Vec<String>>) -> Result<usize> {
+        let mut removed = 0;
+        for attempt in 0..3 {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            for (node, left) in self.nodes.iter().zip(addresses.iter_mut()) {
+                let deletes: Vec<Value> = left
+                    .iter()
+                    .map(|a| self.exec(node, "deleteAddress(java.lang.String)", vec![json!(a)]))
+                    .collect();
+                let done: HashSet<usize> = self.exec_all(node, &deletes).await?.into_iter().collect();
+                removed += done.len();
+                *left = left
+                    .drain(..)
+                    .enumerate()
+                    .filter(|(i, _)| !done.contains(i))
+                    .map(|(_, a)| a)
+                    .collect();
+            }
+            if addresses.iter().all(Vec::is_empty) {
+                break;
             }
         }
         Ok(removed)
     }
+}
+
+/// Names of one node's objects.
+struct BrokerNames {
+    queues: Vec<String>,
+    diverts: Vec<String>,
+    addresses: Vec<String>,
 }
 
 fn check(node: &str, answer: Value) -> Result<Value> {
