@@ -33,6 +33,9 @@ pub struct Ctx {
     pub jolokia: Jolokia,
     /// Namespaces (and their databases, if any) not cleaned up yet.
     leftovers: Mutex<Vec<(String, Option<String>)>>,
+    /// Brokers besides cluster c's that a scenario uses: the run's cleanup removes the run's
+    /// objects from them too.
+    other_brokers: Mutex<Vec<Jolokia>>,
     date: String,
 }
 
@@ -103,6 +106,7 @@ impl Ctx {
             admin,
             jolokia,
             leftovers: Mutex::new(vec![]),
+            other_brokers: Mutex::new(vec![]),
             date: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
         })
     }
@@ -112,12 +116,18 @@ impl Ctx {
         format!("bench.{}.{tag}.", self.cfg.run_id)
     }
 
+    /// The database of an installation `tag` of this run.
+    pub fn database_name(&self, tag: &str) -> String {
+        format!("bench_{}_{}", self.cfg.run_id, tag.replace('-', "_"))
+    }
+
     pub fn queue_names(&self, tag: &str, n: usize) -> Vec<String> {
         let p = self.prefix(tag);
         (0..n).map(|i| format!("{p}{i:05}")).collect()
     }
 
-    fn instance_id(&self) -> String {
+    /// The operator's instance ID in this run (its Leases' names hold it).
+    pub fn instance_id(&self) -> String {
         format!("bench{}", self.cfg.run_id)
     }
 
@@ -132,55 +142,97 @@ impl Ctx {
     }
 
     /// Remove whatever this run left: namespaces (finalizers stripped), databases, broker
-    /// objects named with the run's prefixes.
+    /// objects named with the run's prefixes, Leases of its operators.
     pub async fn cleanup(&self) {
-        let left: Vec<(String, Option<String>)> = self
-            .leftovers
-            .lock()
-            .map(|mut l| l.drain(..).collect())
-            .unwrap_or_default();
+        let left: Vec<(String, Option<String>)> =
+            self.leftovers.lock().map(|l| l.clone()).unwrap_or_default();
         for (ns, db) in left {
-            let objects = self.objects(&ns);
-            if let Err(e) = objects.strip_finalizers().await {
-                eprintln!("[bench] cleanup of {ns}: {e:#}");
-            }
-            if let Err(e) = bed::delete_namespace(&self.admin, &ns).await {
-                eprintln!("[bench] cleanup: {e:#}");
-            }
-            if let Some(db) = db
-                && let Err(e) = self.bed.drop_database(&db).await
-            {
-                eprintln!("[bench] cleanup: {e:#}");
-            }
+            self.remove_namespace(&ns, db.as_deref()).await;
         }
         self.clean_brokers().await;
+        self.delete_leases().await;
+    }
+
+    /// Register a namespace (and a database) the run's cleanup removes unless
+    /// [`Ctx::remove_namespace`] did.
+    pub fn register_leftover(&self, ns: &str, db: Option<&str>) -> Result<()> {
+        self.leftovers
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .push((ns.to_string(), db.map(str::to_string)));
+        Ok(())
     }
 
     /// A namespace `bench-<run>-<tag>` no operator watches (the floor's objects go there),
     /// registered so the run's cleanup removes it if [`Ctx::drop_scratch_namespace`] does not.
     pub async fn scratch_namespace(&self, tag: &str) -> Result<String> {
         let ns = format!("bench-{}-{tag}", self.cfg.run_id);
-        self.leftovers
-            .lock()
-            .map_err(|_| anyhow::anyhow!("poisoned"))?
-            .push((ns.clone(), None));
-        bed::create_namespace(&self.admin, &ns, NAMESPACE_LABELS).await?;
+        self.create_namespace(&ns, None).await?;
         Ok(ns)
+    }
+
+    /// Create a namespace of the run (labelled), registered with its database, if any.
+    pub async fn create_namespace(&self, ns: &str, db: Option<&str>) -> Result<()> {
+        self.register_leftover(ns, db)?;
+        bed::create_namespace(&self.admin, ns, NAMESPACE_LABELS).await
     }
 
     /// Delete a scratch namespace (finalizers of what is left in it stripped first); errors are
     /// printed, and the run's cleanup tries again.
     pub async fn drop_scratch_namespace(&self, ns: &str) {
+        self.remove_namespace(ns, None).await;
+    }
+
+    /// Strip the finalizers of what is left in a namespace, delete it and drop its database (if
+    /// any); forgotten by the run's cleanup once all of it went. Errors are printed, and the
+    /// run's cleanup tries again.
+    pub async fn remove_namespace(&self, ns: &str, db: Option<&str>) {
+        let mut clean = true;
         if let Err(e) = self.objects(ns).strip_finalizers().await {
             eprintln!("[bench] {ns}: {e:#}");
-            return;
+            clean = false;
         }
         if let Err(e) = bed::delete_namespace(&self.admin, ns).await {
             eprintln!("[bench] {e:#}");
-            return;
+            clean = false;
         }
-        if let Ok(mut l) = self.leftovers.lock() {
+        if let Some(db) = db
+            && let Err(e) = self.bed.drop_database(db).await
+        {
+            eprintln!("[bench] {e:#}");
+            clean = false;
+        }
+        if clean && let Ok(mut l) = self.leftovers.lock() {
             l.retain(|(left, _)| left != ns);
+        }
+    }
+
+    /// Brokers besides cluster c's whose objects of this run [`Ctx::clean_brokers`] removes.
+    pub fn register_brokers(&self, brokers: Jolokia) -> Result<()> {
+        self.other_brokers
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .push(brokers);
+        Ok(())
+    }
+
+    /// Delete the Leases of this run's operators (sharded replicas leave theirs and their
+    /// clusters' when killed); errors are printed.
+    pub async fn delete_leases(&self) {
+        let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+            kube::Api::namespaced(self.admin.clone(), bed::OPERATOR_NAMESPACE);
+        let instance = self.instance_id();
+        let names = match leases.list(&Default::default()).await {
+            Ok(list) => list.items.into_iter().filter_map(|l| l.metadata.name),
+            Err(e) => {
+                eprintln!("[bench] list the Leases: {e:#}");
+                return;
+            }
+        };
+        for name in names.filter(|n| n.contains(&instance)) {
+            if let Err(e) = leases.delete(&name, &Default::default()).await {
+                eprintln!("[bench] delete the Lease {name}: {e:#}");
+            }
         }
     }
 
@@ -189,12 +241,15 @@ impl Ctx {
             format!("bench.{}.", self.cfg.run_id),
             format!("artemis-studio.capture.{}.", self.instance_id()),
         ];
-        match self.jolokia.remove_by_prefix(&prefixes).await {
-            Ok(0) => {}
-            Ok(n) => println!(
-                "bench: removed {n} broker objects of this run (addresses a delete keeps, leftovers)"
-            ),
-            Err(e) => eprintln!("[bench] broker cleanup: {e:#}"),
+        let others: Vec<Jolokia> = self.other_brokers.lock().map(|o| o.clone()).unwrap_or_default();
+        for brokers in std::iter::once(&self.jolokia).chain(&others) {
+            match brokers.remove_by_prefix(&prefixes).await {
+                Ok(0) => {}
+                Ok(n) => println!(
+                    "bench: removed {n} broker objects of this run (addresses a delete keeps, leftovers)"
+                ),
+                Err(e) => eprintln!("[bench] broker cleanup: {e:#}"),
+            }
         }
     }
 
@@ -205,6 +260,7 @@ impl Ctx {
             harness: Arc::new(HarnessRequests::default()),
             concurrency: self.cfg.apply_in_flight,
             durable: self.cfg.durable,
+            cluster: "c".into(),
         }
     }
 }
@@ -254,12 +310,8 @@ impl Install {
     pub async fn up(ctx: &Ctx, tag: &str, extra_env: &[(&str, &str)]) -> Result<Install> {
         ctx.jolokia.wait_up(BROKERS_DOWN_LIMIT).await?;
         let ns = format!("bench-{}-{tag}", ctx.cfg.run_id);
-        let db = format!("bench_{}_{}", ctx.cfg.run_id, tag.replace('-', "_"));
-        ctx.leftovers
-            .lock()
-            .map_err(|_| anyhow::anyhow!("poisoned"))?
-            .push((ns.clone(), Some(db.clone())));
-        bed::create_namespace(&ctx.admin, &ns, NAMESPACE_LABELS).await?;
+        let db = ctx.database_name(tag);
+        ctx.create_namespace(&ns, Some(&db)).await?;
         let url = ctx.bed.create_database(&db).await?;
         std::fs::create_dir_all(&ctx.cfg.out_dir)?;
         let operator = Operator::start(Launch {
@@ -343,22 +395,7 @@ impl Install {
         if let Err(e) = self.operator.stop().await {
             eprintln!("[bench] stop the operator: {e:#}");
         }
-        let mut clean = true;
-        if let Err(e) = self.objects.strip_finalizers().await {
-            eprintln!("[bench] {}: {e:#}", self.ns);
-            clean = false;
-        }
-        if let Err(e) = bed::delete_namespace(&ctx.admin, &self.ns).await {
-            eprintln!("[bench] {e:#}");
-            clean = false;
-        }
-        if let Err(e) = ctx.bed.drop_database(&self.db).await {
-            eprintln!("[bench] {e:#}");
-            clean = false;
-        }
-        if clean && let Ok(mut l) = ctx.leftovers.lock() {
-            l.retain(|(ns, _)| *ns != self.ns);
-        }
+        ctx.remove_namespace(&self.ns, Some(&self.db)).await;
         ctx.clean_brokers().await;
     }
 }

@@ -121,6 +121,12 @@ pub struct OperatorCounts {
     pub queue_planned: f64,
     /// Capture passes (`artemis_studio_capture_passes_total`).
     pub capture_passes: f64,
+    /// Polls by cluster (`namespace/name`), and the seconds they took in all.
+    pub polls_by_cluster: BTreeMap<String, f64>,
+    pub poll_seconds_by_cluster: BTreeMap<String, f64>,
+    /// The broker clusters this replica holds now (`artemis_studio_clusters_held`, a gauge:
+    /// sharding only).
+    pub clusters_held: f64,
 }
 
 impl OperatorCounts {
@@ -138,6 +144,17 @@ impl OperatorCounts {
                 l.get("kind").map(String::as_str) == Some("ArtemisQueue")
             }),
             capture_passes: sum(&s, "artemis_studio_capture_passes_total", |_| true),
+            polls_by_cluster: by(
+                &s,
+                "artemis_studio_inventory_poll_duration_seconds_count",
+                "cluster",
+            ),
+            poll_seconds_by_cluster: by(
+                &s,
+                "artemis_studio_inventory_poll_duration_seconds_sum",
+                "cluster",
+            ),
+            clusters_held: sum(&s, "artemis_studio_clusters_held", |_| true),
         }
     }
 
@@ -172,6 +189,10 @@ impl OperatorCounts {
             polls: self.polls - earlier.polls,
             queue_planned: self.queue_planned - earlier.queue_planned,
             capture_passes: self.capture_passes - earlier.capture_passes,
+            polls_by_cluster: diff(&self.polls_by_cluster, &earlier.polls_by_cluster),
+            poll_seconds_by_cluster: diff(&self.poll_seconds_by_cluster, &earlier.poll_seconds_by_cluster),
+            // A gauge: its value now.
+            clusters_held: self.clusters_held,
         }
     }
 }

@@ -52,6 +52,8 @@ pub struct Objects {
     pub concurrency: usize,
     /// Queues are created durable (the CRD's default) or not (`Config::durable`).
     pub durable: bool,
+    /// The ArtemisCluster every object here names (`c`, unless a scenario says otherwise).
+    pub cluster: String,
 }
 
 /// What the watch knows of one queue.
@@ -206,11 +208,13 @@ impl Objects {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
-    /// The credentials Secret and an ArtemisCluster `c` over `urls`, with the CRD's default
-    /// poll interval and request timeout; waits until it reports `live` live nodes.
+    /// The credentials Secret and the ArtemisCluster `self.cluster` over `urls`, with the CRD's
+    /// default poll interval and request timeout; waits until it reports `live` live nodes.
     pub async fn create_cluster(&self, urls: &[String], user: &(String, String), live: u32) -> Result<()> {
+        let name = self.cluster.as_str();
+        let secret_name = format!("{name}-credentials");
         let secret: Secret = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "c-credentials"},
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret_name},
             "stringData": {"username": user.0, "password": user.1}
         }))?;
         Api::<Secret>::namespaced(self.client.clone(), &self.ns)
@@ -220,33 +224,45 @@ impl Objects {
         let brokers: Vec<Value> = urls.iter().map(|u| json!({"url": u})).collect();
         let cluster: ArtemisCluster = serde_json::from_value(json!({
             "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCluster",
-            "metadata": {"name": "c"},
-            "spec": {"brokers": brokers, "credentials": {"secretName": "c-credentials"}}
+            "metadata": {"name": name},
+            "spec": {"brokers": brokers, "credentials": {"secretName": secret_name}}
         }))?;
         let api: Api<ArtemisCluster> = Api::namespaced(self.client.clone(), &self.ns);
         api.create(&PostParams::default(), &cluster)
             .await
-            .context("create the ArtemisCluster")?;
+            .with_context(|| format!("create the ArtemisCluster {name}"))?;
         self.harness.write(2);
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             self.harness.read(1);
-            let c = api.get("c").await?;
+            let c = api.get(name).await?;
             if c.status.as_ref().is_some_and(|s| s.live_nodes == live) {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!("ArtemisCluster c did not report {live} live nodes in 120 s");
+                bail!("ArtemisCluster {name} did not report {live} live nodes in 120 s");
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+
+    /// `status.heldBy` of the ArtemisCluster `self.cluster`: the replica acting for it (None
+    /// until one wrote it).
+    pub async fn cluster_held_by(&self) -> Result<Option<String>> {
+        let api: Api<ArtemisCluster> = Api::namespaced(self.client.clone(), &self.ns);
+        self.harness.read(1);
+        let cluster = api
+            .get(&self.cluster)
+            .await
+            .with_context(|| format!("get the ArtemisCluster {}/{}", self.ns, self.cluster))?;
+        Ok(cluster.status.and_then(|s| s.held_by))
     }
 
     pub async fn create_queue(&self, name: &str) -> Result<()> {
         let q: ArtemisQueue = serde_json::from_value(json!({
             "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
             "metadata": {"name": name},
-            "spec": {"clusterRef": {"name": "c"}, "durable": self.durable}
+            "spec": {"clusterRef": {"name": self.cluster}, "durable": self.durable}
         }))?;
         self.harness.write(1);
         self.queues()
@@ -344,7 +360,7 @@ impl Objects {
         let s: ArtemisCaptureSubscription = serde_json::from_value(json!({
             "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisCaptureSubscription",
             "metadata": {"name": name},
-            "spec": {"clusterRef": {"name": "c"}, "queues": pattern, "ringSize": 100}
+            "spec": {"clusterRef": {"name": self.cluster}, "queues": pattern, "ringSize": 100}
         }))?;
         self.harness.write(1);
         Api::<ArtemisCaptureSubscription>::namespaced(self.client.clone(), &self.ns)

@@ -110,13 +110,23 @@ impl Operator {
 
     /// Resident set size, bytes (VmRSS of /proc/<pid>/status).
     pub fn rss_bytes(&self) -> Result<u64> {
+        self.status_bytes("VmRSS")
+    }
+
+    /// The peak resident set size since the process started, bytes (VmHWM).
+    pub fn peak_rss_bytes(&self) -> Result<u64> {
+        self.status_bytes("VmHWM")
+    }
+
+    /// A size field of /proc/<pid>/status (given in kB), bytes.
+    fn status_bytes(&self, field: &str) -> Result<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))?;
         let kb = status
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
             .and_then(|v| v.split_whitespace().next())
             .and_then(|v| v.parse::<u64>().ok())
-            .ok_or_else(|| anyhow!("no VmRSS for pid {}", self.pid))?;
+            .ok_or_else(|| anyhow!("no {field} for pid {}", self.pid))?;
         Ok(kb * 1024)
     }
 
