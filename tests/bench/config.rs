@@ -15,6 +15,9 @@ pub enum Scenario {
     /// Faults at size (issue 41): only when named, never in `all` (it stops and freezes
     /// brokers of the bed).
     Faults,
+    /// Shards (issue 46): three broker clusters on one replica, then on three sharded replicas;
+    /// only when named, never in `all`.
+    Shards,
 }
 
 impl Scenario {
@@ -25,6 +28,7 @@ impl Scenario {
             Scenario::Capture => "capture",
             Scenario::Footprint => "footprint",
             Scenario::Faults => "faults",
+            Scenario::Shards => "shards",
         }
     }
 
@@ -41,7 +45,10 @@ impl Scenario {
             "capture" | "3" => vec![Scenario::Capture],
             "footprint" | "4" => vec![Scenario::Footprint],
             "faults" | "5" => vec![Scenario::Faults],
-            other => bail!("unknown scenario {other:?}: fanout, scale, capture, footprint, faults or all"),
+            "shards" | "6" => vec![Scenario::Shards],
+            other => {
+                bail!("unknown scenario {other:?}: fanout, scale, capture, footprint, faults, shards or all")
+            }
         })
     }
 }
@@ -93,6 +100,10 @@ pub struct Config {
     pub faults_taps: usize,
     pub faults_rate: f64,
     pub faults_freeze_seconds: u64,
+    /// Scenario 6: queues per broker cluster (three clusters), and the replica counts run one
+    /// after the other (1: one replica as the chart runs it, unsharded; more: sharded).
+    pub shards_queues: usize,
+    pub shards_replicas: Vec<usize>,
 }
 
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> Result<T>
@@ -171,6 +182,8 @@ impl Config {
             faults_taps: env_or("ARTEMIS_STUDIO_BENCH_FAULTS_TAPS", 300)?,
             faults_rate: env_or("ARTEMIS_STUDIO_BENCH_FAULTS_RATE", 60.0)?,
             faults_freeze_seconds: env_or("ARTEMIS_STUDIO_BENCH_FAULTS_FREEZE_SECONDS", 45)?,
+            shards_queues: env_or("ARTEMIS_STUDIO_BENCH_SHARDS_QUEUES", 2000)?,
+            shards_replicas: env_list("ARTEMIS_STUDIO_BENCH_SHARDS_REPLICAS", "1,3")?,
         })
     }
 
@@ -184,6 +197,7 @@ impl Config {
             "footprintQueues": self.footprint_queues, "footprintSubscriptions": self.footprint_subscriptions,
             "faultsQueues": self.faults_queues, "faultsTaps": self.faults_taps,
             "faultsRate": self.faults_rate, "faultsFreezeSeconds": self.faults_freeze_seconds,
+            "shardsQueues": self.shards_queues, "shardsReplicas": self.shards_replicas,
             "inFlight": self.in_flight, "applyInFlight": self.apply_in_flight, "operator": self.operator_bin.display().to_string(),
         })
     }

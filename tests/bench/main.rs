@@ -25,6 +25,8 @@ mod operator;
 mod report;
 mod scale;
 mod scale_report;
+mod shards;
+mod shards_report;
 mod stats;
 #[path = "../common/testbed_env.rs"]
 mod testbed_env;
@@ -92,6 +94,7 @@ async fn run(config: Config) -> Result<bool> {
                     Scenario::Capture => capture::run(&ctx).await,
                     Scenario::Footprint => footprint::run(&ctx).await,
                     Scenario::Faults => faults::run(&ctx).await,
+                    Scenario::Shards => shards::run(&ctx).await,
                 };
                 match result {
                     Ok(section) => sections.push(section),
