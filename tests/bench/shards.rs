@@ -38,7 +38,8 @@ const BALANCE_LIMIT: Duration = Duration::from_secs(120);
 pub struct ReplicaFigures {
     pub pod: String,
     /// The clusters (`namespace/name`) whose `status.heldBy` names this replica, after the
-    /// converged window.
+    /// converged window; unsharded, every cluster (the one replica acts for them all, and
+    /// heldBy is written only when sharded).
     pub held: Vec<String>,
     /// Its `artemis_studio_clusters_held` then (0 unsharded: the gauge is the shard loop's).
     pub held_gauge: f64,
@@ -227,6 +228,15 @@ impl Fleet {
         try_join_all(self.members.iter().map(|m| m.objects.cluster_held_by())).await
     }
 
+    /// Who acts for each cluster, in `members`' order: sharded, its `status.heldBy`; else the
+    /// one replica, for every cluster.
+    async fn holders(&self) -> Result<Vec<Option<String>>> {
+        if self.sharded {
+            return self.held_by().await;
+        }
+        Ok(vec![self.pods.first().cloned(); self.members.len()])
+    }
+
     /// Whether every cluster is held and no replica holds more than its share, by the
     /// clusters' `status.heldBy` and by the replicas' own gauges.
     async fn balanced(&self) -> Result<bool> {
@@ -335,7 +345,7 @@ async fn measure(ctx: &Ctx, fleet: &Fleet) -> Result<Phase> {
     }
     settle(Duration::from_secs(ctx.cfg.converged_seconds)).await;
     let cpu_window = fleet.cpu_seconds();
-    let held = fleet.held_by().await?;
+    let held = fleet.holders().await?;
     let counts = fleet.counts().await?;
     let cpu = cpu_before.iter().zip(&cpu_burst).zip(&cpu_window);
     for (((replica, pod), counts), ((before, burst), window)) in

@@ -125,10 +125,10 @@ fn replicas_table(phases: &[&Phase]) -> Table {
         |p, r| {
             vec![
                 r.pod.clone(),
-                if r.held.is_empty() {
-                    "none".into()
-                } else {
-                    format!("{}: {}", r.held.len(), r.held.join(", "))
+                match (r.held.len(), p.sharded) {
+                    (0, _) => "none".into(),
+                    (n, true) => format!("{n}: {}", r.held.join(", ")),
+                    (n, false) => format!("{n}: every cluster (unsharded)"),
                 },
                 if p.sharded {
                     format!("{}", r.held_gauge)
@@ -163,7 +163,11 @@ fn clusters_table(phases: &[&Phase]) -> Table {
         |p, c| {
             vec![
                 c.key.clone(),
-                c.held_by.clone().unwrap_or_else(|| "—".into()),
+                match (&c.held_by, p.sharded) {
+                    (None, _) => "—".into(),
+                    (Some(by), true) => by.clone(),
+                    (Some(by), false) => format!("{by} (unsharded)"),
+                },
                 format!("{:.1}", c.last_ready_seconds),
                 format!("{} / {}", c.api_ready_p50, c.api_ready_p99),
                 format!("{}", c.burst_polls),
@@ -207,7 +211,7 @@ pub fn section(ctx: &Ctx, outcomes: &[Outcome]) -> Section {
         "shards",
         "6. Shards",
         &format!(
-            "Three broker clusters, each in a namespace of its own: `c` (the bed's 3-node static cluster), `ha` (the replicated primary/backup pair and its third node) and a second namespace's `c` over c's brokers, {} queues each, created at once over the three ({} creates in flight in all); first on one replica as the chart runs one (unsharded), then on sharded replicas (`--sharding`, one database and instance ID, each its own POD_NAME), each count in fresh namespaces. Creates/s from the first create to the last Ready; create → Ready from the API server's timestamps; peak RSS is each process's VmHWM, converged RSS and the replicas' CPU after a {} s converged window; the clusters each replica holds from `status.heldBy` and its `artemis_studio_clusters_held`. A cluster that waited on another's poll shows as a late last Ready, or as fewer polls (more seconds between them) than its poll interval (the CRD's default, 10 s) gives.",
+            "Three broker clusters, each in a namespace of its own: `c` (the bed's 3-node static cluster), `ha` (the replicated primary/backup pair and its third node) and a second namespace's `c` over c's brokers, {} queues each, created at once over the three ({} creates in flight in all); first on one replica as the chart runs one (unsharded), then on sharded replicas (`--sharding`, one database and instance ID, each its own POD_NAME), each count in fresh namespaces. Creates/s from the first create to the last Ready; create → Ready from the API server's timestamps; peak RSS is each process's VmHWM, converged RSS and the replicas' CPU after a {} s converged window; the clusters each sharded replica holds from `status.heldBy` and its `artemis_studio_clusters_held` (one replica, unsharded, acts for every cluster). A cluster that waited on another's poll shows as a late last Ready, or as fewer polls (more seconds between them) than its poll interval (the CRD's default, 10 s) gives.",
             ctx.cfg.shards_queues, ctx.cfg.apply_in_flight, ctx.cfg.converged_seconds
         ),
     );
