@@ -6,13 +6,16 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use artemis_studio_operator::api::capture::TapState;
+use fe2o3_amqp::types::messaging::{Message, Properties};
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
-use crate::capture::queue_attr;
+use crate::capture::{broker_queue, queue_attr, taps_in};
 use crate::queue::{Fixture, fixture, ready};
+use crate::reading::{Amqp, wait_stored};
 use crate::support::{brokers_shared, send_messages, short_id, wait_until};
 
 /// The user the bed's admin kubeconfig authenticates as (deploy/dev/testbed's token file).
@@ -395,4 +398,71 @@ async fn a_delete_preview_returns_the_message_count_before_anything_is_destroyed
         "{row}"
     );
     s.close().await;
+}
+
+/// The capture tools read what a real subscription captured, with what each row claims: a
+/// bounded tail, verify (the message still waiting on c1), and the window's coverage.
+#[tokio::test]
+async fn capture_tools_tail_verify_and_cover_a_captured_message() {
+    let _shared = brokers_shared().await;
+    let f = fixture("mcp-capture", None).await;
+    let id = short_id();
+    f.clean.also(&id);
+    let address = format!("mcp.capture.{id}");
+    broker_queue(&f.bed, &address).await;
+    f.subscribe("cap", json!({"queues": address})).await;
+    f.wait_subscription("cap", "3 taps drained", |s| taps_in(s, TapState::Healthy) == 3)
+        .await;
+    let mut producer = Amqp::open(&f.bed, "c1", &format!("mcp-p-{id}")).await;
+    let message = Message::builder()
+        .properties(Properties::builder().message_id(format!("m-{id}")).build())
+        .value(format!("mcp {id}"))
+        .build();
+    producer.send(&address, vec![message]).await;
+    producer.close().await;
+    wait_stored(&f, "cap", 1).await;
+    let mut s = Session::start(&f, "capture-agent", &[]).await;
+
+    let tail = s
+        .call("capture_tail", json!({"subscription": "cap", "limit": 5}))
+        .await;
+    let rows = tail["messages"].as_array().cloned().unwrap_or_default();
+    assert_eq!(rows.len(), 1, "{tail}");
+    assert_eq!(rows[0]["kind"], "Message", "{tail}");
+    assert!(
+        rows[0]["claim"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("captured")),
+        "{tail}"
+    );
+    assert_eq!(tail["coverage"]["kind"], "Coverage", "{tail}");
+    let row = rows[0]["rowId"].clone();
+
+    let v = s
+        .call("capture_verify", json!({"subscription": "cap", "row": row}))
+        .await;
+    let c1 = crate::cluster_core::node_id_of(&f.bed, "c1").await;
+    assert_eq!(
+        v["verdict"],
+        json!(format!("present: {address} on {c1} (waiting)")),
+        "{v}"
+    );
+
+    let coverage = s
+        .call("capture_coverage", json!({"subscription": "cap", "since": "10m"}))
+        .await;
+    assert_eq!(coverage["kind"], "Coverage", "{coverage}");
+    assert_eq!(coverage["taps"].as_array().map(Vec::len), Some(3), "{coverage}");
+    let search = s
+        .call(
+            "capture_search",
+            json!({"subscription": "cap", "text": format!("mcp {id}")}),
+        )
+        .await;
+    assert_eq!(search["messages"].as_array().map(Vec::len), Some(1), "{search}");
+    s.close().await;
+    f.subscriptions()
+        .delete("cap", &Default::default())
+        .await
+        .expect("delete the subscription");
 }
