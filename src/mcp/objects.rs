@@ -64,12 +64,17 @@ fn outcome_doc<S: StatusConditions>(
     meta: &kube::api::ObjectMeta,
     status: Option<&S>,
     dry_run: bool,
+    full: bool,
 ) -> Value {
     let conditions: Vec<Condition> = status
         .cloned()
         .map(|mut s| std::mem::take(s.conditions_mut()))
         .unwrap_or_default();
     json!({
+        "name": meta.name,
+        "namespace": meta.namespace,
+        "paused": crate::controllers::is_paused(meta),
+        "annotations": if full { json!(meta.annotations) } else { Value::Null },
         "generation": meta.generation,
         "observedGeneration": status.and_then(|s| s.observed_generation()),
         "nodesGeneration": status.and_then(|s| s.nodes_generation()),
@@ -88,20 +93,15 @@ fn outcome_doc<S: StatusConditions>(
 /// A queue: what it declares, its per-node outcomes and, with `full`, everything else its
 /// status says (the delete preview, each node's delivery).
 pub fn queue_doc(q: &ArtemisQueue, full: bool) -> Value {
-    let mut doc = outcome_doc(&q.metadata, q.status.as_ref(), q.spec.dry_run);
-    let name = q.name_any();
-    let broker_name = q.spec.name.clone().unwrap_or_else(|| name.clone());
-    doc["name"] = json!(name);
-    doc["namespace"] = json!(q.namespace());
+    let mut doc = outcome_doc(&q.metadata, q.status.as_ref(), q.spec.dry_run, full);
+    let broker_name = q.spec.name.clone().unwrap_or_else(|| q.name_any());
     doc["cluster"] = json!(q.spec.cluster_ref.name);
     doc["address"] = json!(q.spec.address.clone().unwrap_or_else(|| broker_name.clone()));
     doc["queue"] = json!(broker_name);
     doc["routingType"] = json!(q.spec.routing_type);
     doc["nodesSummary"] = json!(q.status.as_ref().and_then(|s| s.nodes_summary.clone()));
-    doc["paused"] = json!(crate::controllers::is_paused(&q.metadata));
     if full {
         doc["spec"] = json!(q.spec);
-        doc["annotations"] = json!(q.metadata.annotations);
         let status = q.status.clone().unwrap_or_default();
         doc["deletePreview"] = json!(status.delete_preview);
         doc["delivery"] = json!(status.delivery);
@@ -111,17 +111,13 @@ pub fn queue_doc(q: &ArtemisQueue, full: bool) -> Value {
 
 /// A divert: what it declares and its per-node outcomes.
 pub fn divert_doc(d: &ArtemisDivert, full: bool) -> Value {
-    let mut doc = outcome_doc(&d.metadata, d.status.as_ref(), d.spec.dry_run);
-    doc["name"] = json!(d.name_any());
-    doc["namespace"] = json!(d.namespace());
+    let mut doc = outcome_doc(&d.metadata, d.status.as_ref(), d.spec.dry_run, full);
     doc["cluster"] = json!(d.spec.cluster_ref.name);
     doc["address"] = json!(d.spec.address);
     doc["forwardingAddress"] = json!(d.spec.forwarding_address);
     doc["nodesSummary"] = json!(d.status.as_ref().and_then(|s| s.nodes_summary.clone()));
-    doc["paused"] = json!(crate::controllers::is_paused(&d.metadata));
     if full {
         doc["spec"] = json!(d.spec);
-        doc["annotations"] = json!(d.metadata.annotations);
     }
     doc
 }
