@@ -12,6 +12,7 @@ pub mod controllers;
 pub mod crash_window;
 pub mod fanout;
 pub mod leader;
+pub mod mcp;
 pub mod reading;
 pub mod shards;
 pub mod store;

@@ -13,6 +13,14 @@ pub const PAUSED_ANNOTATION: &str = "artemis-studio.io/paused";
 /// Annotation on a ConnectionClose: its `spec.confirm` counts even when it was set before the
 /// consequence was shown (automation that confirms without review; recorded in the audit row).
 pub const CONFIRM_WITHOUT_REVIEW_ANNOTATION: &str = "artemis-studio.io/confirm-without-review";
+/// Field manager of every write `kubectl artemis mcp` makes for an agent (issue 48).
+pub const MCP_MANAGER: &str = "kubectl-artemis-mcp";
+/// Annotation on an object `kubectl artemis mcp` wrote: the MCP client that asked for the
+/// write (its `clientInfo` name and version).
+pub const MCP_CLIENT_ANNOTATION: &str = "artemis-studio.io/mcp-client";
+/// Annotation beside it: the Kubernetes user the MCP server acted as (the API server's answer
+/// to a SelfSubjectReview of its kubeconfig).
+pub const MCP_USER_ANNOTATION: &str = "artemis-studio.io/mcp-user";
 /// Name prefix reserved to capture subscriptions (ADR-0079 D3 via ADR-0084 §5).
 pub const CAPTURE_PREFIX: &str = "artemis-studio.capture.";
 

@@ -1,7 +1,8 @@
 //! `kubectl artemis …`: the operator binary's reading commands (capture tail|search|requests,
 //! audit) as a kubectl plugin. Reads the operator's Postgres (`--database-url` or DATABASE_URL).
 //! `kubectl artemis version` is the plugin's own: its version and the commit it was built from,
-//! read from the binary alone (no cluster, no database).
+//! read from the binary alone (no cluster, no database). `kubectl artemis mcp` serves MCP over
+//! stdio for an agent (issue 48, `src/mcp/`).
 
 use std::io::Write;
 
@@ -9,6 +10,7 @@ use clap::{Args, CommandFactory, FromArgMatches};
 use serde::Serialize;
 
 use artemis_studio_operator::cli::PluginCli;
+use artemis_studio_operator::mcp::McpArgs;
 use artemis_studio_operator::reading::render::Format;
 
 /// The commit this binary was built from: `deploy/release/archives` sets ARTEMIS_STUDIO_COMMIT
@@ -56,11 +58,22 @@ async fn main() {
     // The reading commands are PluginCli's (shared with the operator binary); `version` is added
     // here, being about this binary only.
     let version = VersionArgs::augment_args(clap::Command::new("version"));
-    let matches = PluginCli::command().subcommand(version).get_matches();
+    // `mcp` is the plugin's own too: it acts with the caller's kubeconfig, never a pod's.
+    let mcp = McpArgs::augment_args(clap::Command::new("mcp"));
+    let matches = PluginCli::command()
+        .subcommand(version)
+        .subcommand(mcp)
+        .get_matches();
     let done = match matches.subcommand() {
         Some(("version", m)) => {
             let args = VersionArgs::from_arg_matches(m).unwrap_or_else(|e| e.exit());
             print_version(args, std::io::stdout().lock())
+        }
+        Some(("mcp", m)) => {
+            let args = McpArgs::from_arg_matches(m).unwrap_or_else(|e| e.exit());
+            artemis_studio_operator::mcp::serve(args)
+                .await
+                .map_err(anyhow::Error::from)
         }
         _ => {
             let cli = PluginCli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());

@@ -109,11 +109,32 @@ fn last_spec_writer(meta: &kube::api::ObjectMeta) -> Option<&ManagedFieldsEntry>
 
 /// The actor of a command (issue 41): the field manager that last wrote the spec (from
 /// `managedFields`: `kubectl-client-side-apply`, `kubectl`, `argocd-controller`…), or
-/// [`ACTOR_NOT_RECORDED`].
+/// [`ACTOR_NOT_RECORDED`]. A spec last written by `kubectl artemis mcp` (issue 48) names the
+/// Kubernetes user and the MCP client its annotations record.
 pub fn actor_of(meta: &kube::api::ObjectMeta) -> String {
-    last_spec_writer(meta)
-        .and_then(|m| m.manager.clone())
-        .unwrap_or_else(|| ACTOR_NOT_RECORDED.into())
+    match last_spec_writer(meta).and_then(|m| m.manager.clone()) {
+        Some(m) if m == crate::api::MCP_MANAGER => mcp_actor(meta),
+        Some(m) => m,
+        None => ACTOR_NOT_RECORDED.into(),
+    }
+}
+
+/// `<user> via MCP client <client> (kubectl-artemis-mcp)`, as the MCP server annotated the
+/// object with each write.
+fn mcp_actor(meta: &kube::api::ObjectMeta) -> String {
+    let annotation = |key: &str| {
+        meta.annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .map_or("unknown", String::as_str)
+            .to_string()
+    };
+    format!(
+        "{} via MCP client {} ({})",
+        annotation(crate::api::MCP_USER_ANNOTATION),
+        annotation(crate::api::MCP_CLIENT_ANNOTATION),
+        crate::api::MCP_MANAGER
+    )
 }
 
 /// What a cache keeps of `managedFields`: only the last spec writer's entry, reduced to its
@@ -247,4 +268,45 @@ impl<K> Watched for K where
         + Sync
         + 'static
 {
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn written_by(manager: &str, annotations: &[(&str, &str)]) -> kube::api::ObjectMeta {
+        kube::api::ObjectMeta {
+            managed_fields: Some(vec![ManagedFieldsEntry {
+                manager: Some(manager.into()),
+                fields_v1: Some(FieldsV1(serde_json::json!({"f:spec": {}}))),
+                ..ManagedFieldsEntry::default()
+            }]),
+            annotations: Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    /// Issue 48: a spec last written through `kubectl artemis mcp` names the Kubernetes user and
+    /// the MCP client; the annotations of any other writer are not read.
+    #[test]
+    fn a_spec_written_through_mcp_names_the_user_and_the_client() {
+        let marks = [
+            (crate::api::MCP_USER_ANNOTATION, "alice"),
+            (crate::api::MCP_CLIENT_ANNOTATION, "claude-code 2.1"),
+        ];
+        assert_eq!(
+            actor_of(&written_by(crate::api::MCP_MANAGER, &marks)),
+            "alice via MCP client claude-code 2.1 (kubectl-artemis-mcp)"
+        );
+        assert_eq!(actor_of(&written_by("kubectl", &marks)), "kubectl");
+        assert_eq!(
+            actor_of(&written_by(crate::api::MCP_MANAGER, &[])),
+            "unknown via MCP client unknown (kubectl-artemis-mcp)"
+        );
+    }
 }

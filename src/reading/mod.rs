@@ -6,22 +6,24 @@
 //! is complete, the gaps, the estimated loss), and every message says what it claims: captured
 //! (routed to this address) or sampled (a browse saw it), never rendered alike.
 
+pub mod answers;
 pub mod coverage;
 pub mod render;
 pub mod requests;
 pub mod verify;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 
-use crate::store::reading::{AuditQuery, KnownSubscription, MessageQuery, StoredMessage};
+use crate::store::reading::KnownSubscription;
 use crate::store::{DatabaseConfig, Store, StoreError};
+use answers::{coverage_of, db_now, message_doc, one_subscription};
 use coverage::Window;
-use render::{CAPTURED_CLAIM, CoverageDoc, Document, Format, MessageDoc, Printer, SAMPLED_CLAIM};
+use render::{CAPTURED_CLAIM, Document, Format, Printer, SAMPLED_CLAIM};
 
 #[derive(Subcommand, Debug)]
 pub enum ReadCommand {
@@ -48,9 +50,9 @@ pub enum CaptureCommand {
     Verify(verify::VerifyArgs),
 }
 
-/// Where to read and how to print.
+/// The operator's database, as the reading commands (and `kubectl artemis mcp`) reach it.
 #[derive(Args, Debug, Clone)]
-pub struct Source {
+pub struct Database {
     /// The operator's Postgres URL, e.g. `postgres://user@host:5432/db`. Special characters in
     /// the user name or password must be percent-encoded; or leave the password out and give
     /// it in DATABASE_PASSWORD.
@@ -59,6 +61,13 @@ pub struct Source {
     /// The Postgres password, as it is (no encoding); replaces any password in DATABASE_URL.
     #[arg(long, env = "DATABASE_PASSWORD", hide_env_values = true)]
     pub database_password: Option<crate::store::Secret>,
+}
+
+/// Where to read and how to print.
+#[derive(Args, Debug, Clone)]
+pub struct Source {
+    #[command(flatten)]
+    pub database: Database,
     /// Namespace of the objects (default: the kubeconfig context's namespace, else `default`).
     #[arg(short = 'n', long, env = "ARTEMIS_NAMESPACE")]
     pub namespace: Option<String>,
@@ -137,6 +146,13 @@ pub struct TailArgs {
 pub struct SearchArgs {
     #[command(flatten)]
     pub source: Source,
+    #[command(flatten)]
+    pub query: SearchQuery,
+}
+
+/// Which stored messages a search reads: one page of them.
+#[derive(Args, Debug, Clone, Default)]
+pub struct SearchQuery {
     /// Search this subscription's messages …
     #[arg(long, required_unless_present = "cluster")]
     pub subscription: Option<String>,
@@ -157,10 +173,17 @@ pub struct SearchArgs {
 
 #[derive(Args, Debug)]
 pub struct RequestsArgs {
-    /// The address requests are sent to.
-    pub address: String,
+    #[command(flatten)]
+    pub query: RequestsQuery,
     #[command(flatten)]
     pub source: Source,
+}
+
+/// Which request-reply exchanges.
+#[derive(Args, Debug, Clone, Default)]
+pub struct RequestsQuery {
+    /// The address requests are sent to.
+    pub address: String,
     /// The ArtemisCluster (default: the cluster of the namespace's only capture subscriptions).
     #[arg(long)]
     pub cluster: Option<String>,
@@ -173,12 +196,19 @@ pub struct RequestsArgs {
 
 #[derive(Args, Debug)]
 pub struct AuditArgs {
+    #[command(flatten)]
+    pub query: AuditSelection,
+    #[command(flatten)]
+    pub source: Source,
+}
+
+/// Which audit rows: one object's, or a whole cluster's.
+#[derive(Args, Debug, Clone, Default)]
+pub struct AuditSelection {
     /// The object, `<kind>/<name>`: kind is queue, divert, cluster, capture (subscription) or
     /// connectionclose (full kind names and plurals work too).
     #[arg(required_unless_present = "cluster")]
     pub object: Option<String>,
-    #[command(flatten)]
-    pub source: Source,
     /// Every command on this ArtemisCluster's brokers.
     #[arg(long)]
     pub cluster: Option<String>,
@@ -217,6 +247,8 @@ pub enum ReadError {
     },
     #[error("give --subscription or --cluster")]
     NoSubscriptionOrCluster,
+    #[error("give an object (<kind>/<name>, e.g. queue/orders) or --cluster")]
+    NoObjectOrCluster,
     #[error("no capture subscription in namespace {namespace} has stored anything yet")]
     NothingStoredInNamespace { namespace: String },
     #[error(
@@ -281,18 +313,30 @@ fn kubeconfig_namespace() -> Option<String> {
         .clone()
 }
 
+/// The namespace a command means: the one given, else the kubeconfig context's, else
+/// `default`.
+pub fn namespace_or_default(given: Option<&str>) -> String {
+    given
+        .map(str::to_string)
+        .or_else(kubeconfig_namespace)
+        .unwrap_or_else(|| "default".into())
+}
+
 impl Source {
     fn namespace(&self) -> String {
-        self.namespace
-            .clone()
-            .or_else(kubeconfig_namespace)
-            .unwrap_or_else(|| "default".into())
+        namespace_or_default(self.namespace.as_deref())
     }
 
+    async fn store(&self) -> Result<Store, ReadError> {
+        self.database.store().await
+    }
+}
+
+impl Database {
     /// The operator's database, checked as the operator checks it (`store::DatabaseConfig`);
     /// a server that refuses or does not answer within [`CONNECT_WITHIN`] is an error naming
     /// it and the cause.
-    async fn store(&self) -> Result<Store, ReadError> {
+    pub async fn store(&self) -> Result<Store, ReadError> {
         let password = self.database_password.as_ref().map(crate::store::Secret::expose);
         let config = DatabaseConfig::new(self.database_url.expose(), password).map_err(StoreError::from)?;
         Ok(Store::connect_within(&config, CONNECT_WITHIN).await?)
@@ -318,78 +362,6 @@ pub async fn run<W: Write>(cmd: ReadCommand, out: W) -> Result<(), ReadError> {
     }
 }
 
-async fn db_now(store: &Store) -> Result<DateTime<Utc>, ReadError> {
-    Ok(sqlx::query_scalar("SELECT now()")
-        .fetch_one(store.pool())
-        .await
-        .map_err(StoreError::from)?)
-}
-
-async fn one_subscription(store: &Store, ns: &str, name: &str) -> Result<KnownSubscription, ReadError> {
-    let mut found = store.known_subscriptions(ns, Some(name)).await?;
-    match found.len() {
-        1 => Ok(found.remove(0)),
-        0 => Err(ReadError::SubscriptionNotStored {
-            name: name.to_string(),
-            namespace: ns.to_string(),
-        }),
-        _ => Err(ReadError::SubscriptionOnSeveralClusters {
-            name: name.to_string(),
-            namespace: ns.to_string(),
-            clusters: found.into_iter().map(|s| s.cluster).collect(),
-        }),
-    }
-}
-
-/// The coverage of `window` for one subscription (or every subscription of the cluster).
-async fn coverage_of(
-    store: &Store,
-    cluster: &str,
-    subscription: Option<&str>,
-    window: Window,
-    now: DateTime<Utc>,
-    namespace: &str,
-) -> Result<CoverageDoc, ReadError> {
-    let sessions = store
-        .coverage_sessions(cluster, subscription, window.from, window.to)
-        .await?;
-    let taps = store
-        .tap_incarnations(cluster, subscription, window.from, window.to)
-        .await?;
-    let losses = store.loss_tallies(cluster, subscription).await?;
-    let sampled: Vec<String> = store
-        .known_subscriptions(namespace, subscription)
-        .await?
-        .into_iter()
-        .filter(|s| s.cluster == cluster && s.sampled())
-        .map(|s| s.subscription)
-        .collect();
-    Ok(CoverageDoc::new(
-        window,
-        coverage::assess(window, now, &sessions, &taps, &losses),
-        sampled,
-    ))
-}
-
-fn message_doc(row: &StoredMessage) -> Document<'_> {
-    Document::Message(MessageDoc {
-        row,
-        claim: if row.sampled() {
-            SAMPLED_CLAIM
-        } else {
-            CAPTURED_CLAIM
-        },
-    })
-}
-
-fn cluster_key(ns: &str, name: &str) -> String {
-    if name.contains('/') {
-        name.to_string()
-    } else {
-        format!("{ns}/{name}")
-    }
-}
-
 async fn tail<W: Write>(a: TailArgs, out: W) -> Result<(), ReadError> {
     let ns = a.source.namespace();
     let store = a.source.store().await?;
@@ -408,8 +380,11 @@ async fn tail<W: Write>(a: TailArgs, out: W) -> Result<(), ReadError> {
         },
     })?;
     if a.last > 0 {
-        let before = tail_query(&a, &sub, None, Some(start), a.last);
-        print_before_start(&store, &mut printer, before).await?;
+        // `--last`: the newest rows up to the tail's start, printed oldest first.
+        let before = answers::tail_query(&a.filter, &sub, None, Some(start), a.last);
+        for r in &answers::newest_rows(&store, before).await? {
+            printer.print(&message_doc(r))?;
+        }
     }
     print_until_stopped(&store, &mut printer, &a, &sub, start).await?;
     let end = db_now(&store).await?;
@@ -423,48 +398,6 @@ async fn tail<W: Write>(a: TailArgs, out: W) -> Result<(), ReadError> {
     )
     .await?;
     printer.print(&Document::Coverage(doc))?;
-    Ok(())
-}
-
-/// What a tail reads: the subscription's rows that pass its filter, oldest first.
-fn tail_query(
-    a: &TailArgs,
-    sub: &KnownSubscription,
-    from: Option<DateTime<Utc>>,
-    to: Option<DateTime<Utc>>,
-    limit: i64,
-) -> MessageQuery {
-    MessageQuery {
-        cluster: sub.cluster.clone(),
-        subscription: Some(sub.subscription.clone()),
-        address: a.filter.address.clone(),
-        from,
-        to,
-        properties: a.filter.properties.clone(),
-        text: a.filter.text.clone(),
-        after_row: None,
-        limit,
-        newest_first: false,
-    }
-}
-
-/// `--last`: the newest rows `before` matches (the rows up to the tail's start).
-async fn print_before_start<W: Write>(
-    store: &Store,
-    printer: &mut Printer<W>,
-    before: MessageQuery,
-) -> Result<(), ReadError> {
-    // The newest `last` rows before the start, printed oldest first.
-    let mut earlier = store
-        .captured_messages(&MessageQuery {
-            newest_first: true,
-            ..before
-        })
-        .await?;
-    earlier.reverse();
-    for r in &earlier {
-        printer.print(&message_doc(r))?;
-    }
     Ok(())
 }
 
@@ -500,7 +433,7 @@ async fn print_until_stopped<W: Write>(
         let polled_at = db_now(store).await?;
         let from = start.max(polled_at - overlap);
         let rows = store
-            .captured_messages(&tail_query(a, sub, Some(from), None, 10_000))
+            .captured_messages(&answers::tail_query(&a.filter, sub, Some(from), None, 10_000))
             .await?;
         for r in rows.iter().filter(|r| r.captured_at >= start) {
             if seen.insert(r.row_id, r.captured_at).is_some() {
@@ -519,121 +452,22 @@ async fn print_until_stopped<W: Write>(
 async fn search<W: Write>(a: SearchArgs, out: W) -> Result<(), ReadError> {
     let ns = a.source.namespace();
     let store = a.source.store().await?;
-    let (cluster, subscription) = match (&a.subscription, &a.cluster) {
-        (Some(s), cluster) => {
-            let sub = one_subscription(&store, &ns, s).await?;
-            if let Some(c) = cluster
-                && cluster_key(&ns, c) != sub.cluster
-            {
-                return Err(ReadError::SubscriptionOfAnotherCluster {
-                    subscription: s.clone(),
-                    belongs_to: sub.cluster,
-                    given: c.clone(),
-                });
-            }
-            (sub.cluster, Some(sub.subscription))
-        }
-        (None, Some(c)) => (cluster_key(&ns, c), None),
-        (None, None) => return Err(ReadError::NoSubscriptionOrCluster),
-    };
-    let now = db_now(&store).await?;
-    let window = a.range.window(now)?;
-    let rows = store
-        .captured_messages(&MessageQuery {
-            cluster: cluster.clone(),
-            subscription: subscription.clone(),
-            address: a.filter.address.clone(),
-            from: Some(window.from),
-            to: Some(window.to),
-            properties: a.filter.properties.clone(),
-            text: a.filter.text.clone(),
-            after_row: a.after,
-            limit: a.limit + 1,
-            newest_first: false,
-        })
-        .await?;
-    let more = rows.len() as i64 > a.limit;
-    let page = &rows[..rows.len().min(usize::try_from(a.limit).unwrap_or(usize::MAX))];
+    let page = answers::search_page(&store, &ns, &a.query).await?;
     let mut printer = Printer::new(out, a.source.output);
-    for r in page {
+    for r in &page.rows {
         printer.print(&message_doc(r))?;
     }
-    if more && let Some(last) = page.last() {
-        printer.print(&Document::NextPage {
-            after_row: last.row_id,
-        })?;
+    if let Some(after_row) = page.next_after {
+        printer.print(&Document::NextPage { after_row })?;
     }
-    let mut doc = coverage_of(&store, &cluster, subscription.as_deref(), window, now, &ns).await?;
-    if let Some(address) = &a.filter.address {
-        doc.taps.retain(|t| &t.address == address);
-        doc = CoverageDoc::new(doc.window, doc.taps, doc.sampled_subscriptions);
-    }
-    printer.print(&Document::Coverage(doc))?;
+    printer.print(&Document::Coverage(page.coverage))?;
     Ok(())
 }
 
 async fn requests_on<W: Write>(a: RequestsArgs, out: W) -> Result<(), ReadError> {
     let ns = a.source.namespace();
     let store = a.source.store().await?;
-    let cluster = match &a.cluster {
-        Some(c) => cluster_key(&ns, c),
-        None => {
-            let clusters: BTreeSet<String> = store
-                .known_subscriptions(&ns, None)
-                .await?
-                .into_iter()
-                .map(|s| s.cluster)
-                .collect();
-            match clusters.len() {
-                1 => clusters.into_iter().next().unwrap_or_default(),
-                0 => {
-                    return Err(ReadError::NothingStoredInNamespace { namespace: ns });
-                }
-                _ => {
-                    return Err(ReadError::NamespaceOnSeveralClusters {
-                        namespace: ns,
-                        clusters: clusters.into_iter().collect(),
-                    });
-                }
-            }
-        }
-    };
-    let now = db_now(&store).await?;
-    let window = a.range.window(now)?;
-    let requests: Vec<StoredMessage> = store
-        .captured_messages(&MessageQuery {
-            cluster: cluster.clone(),
-            address: Some(a.address.clone()),
-            from: Some(window.from),
-            to: Some(window.to),
-            limit: a.limit,
-            ..MessageQuery::default()
-        })
-        .await?
-        .into_iter()
-        .filter(|r| r.reply_to.is_some())
-        .collect();
-    let ids: Vec<String> = requests
-        .iter()
-        .flat_map(|r| [r.message_id.clone(), r.correlation_id.clone()])
-        .flatten()
-        .collect();
-    let replies = store.correlated_messages(&cluster, &ids, window.from).await?;
-    // Replies may come after the window's end; the coverage read covers them up to now.
-    let doc = coverage_of(
-        &store,
-        &cluster,
-        None,
-        Window {
-            from: window.from,
-            to: now,
-        },
-        now,
-        &ns,
-    )
-    .await?;
-    let captured: BTreeSet<String> = doc.taps.iter().map(|t| t.address.clone()).collect();
-    let exchanges = requests::correlate(&requests, &replies, &captured);
+    let (exchanges, doc) = answers::exchanges(&store, &ns, &a.query).await?;
     let mut printer = Printer::new(out, a.source.output);
     for x in &exchanges {
         printer.print(&Document::Exchange(x))?;
@@ -644,27 +478,8 @@ async fn requests_on<W: Write>(a: RequestsArgs, out: W) -> Result<(), ReadError>
 
 async fn audit<W: Write>(a: AuditArgs, out: W) -> Result<(), ReadError> {
     let ns = a.source.namespace();
-    let object = match &a.object {
-        Some(o) => {
-            let (kind, name) = o
-                .split_once('/')
-                .ok_or_else(|| ReadError::NotKindAndName { object: o.clone() })?;
-            let kind = audit_kind(kind).ok_or_else(|| ReadError::UnknownKind {
-                kind: kind.to_string(),
-            })?;
-            Some((kind.to_string(), name.to_string()))
-        }
-        None => None,
-    };
     let store = a.source.store().await?;
-    let rows = store
-        .audit_records(&AuditQuery {
-            namespace: ns.clone(),
-            object,
-            cluster: a.cluster.as_deref().map(|c| cluster_key(&ns, c)),
-            limit: a.limit,
-        })
-        .await?;
+    let rows = answers::audit_rows(&store, &ns, &a.query).await?;
     let mut printer = Printer::new(out, a.source.output);
     for r in &rows {
         printer.print(&Document::Audit(r))?;

@@ -9,10 +9,12 @@ use std::io::Write;
 use clap::Args;
 use kube::Api;
 
-use super::{ReadError, Source, one_subscription};
+use super::answers::one_subscription;
+use super::{ReadError, Source};
 use crate::api::{ArtemisCluster, CAPTURE_PREFIX};
 use crate::broker::messages::MessagePresence;
 use crate::reading::render::{Document, Printer, QueueAnswer, Verification};
+use crate::store::Store;
 use crate::topology::{self, Topology};
 
 /// Is a captured message still on the brokers? Asks every live node of its cluster, with your
@@ -48,18 +50,28 @@ pub enum VerifyError {
 }
 
 pub async fn verify<W: Write>(a: VerifyArgs, out: W) -> Result<(), ReadError> {
-    let ns = a.source.namespace();
     let store = a.source.store().await?;
-    let sub = one_subscription(&store, &ns, &a.subscription).await?;
+    let v = verification(&store, &a.source.namespace(), &a.subscription, a.row).await?;
+    Ok(Printer::new(out, a.source.output).print(&Document::Verification(&v))?)
+}
+
+/// Where the message a captured row copied is now: every live node's answer, and the verdict.
+pub async fn verification(
+    store: &Store,
+    ns: &str,
+    subscription: &str,
+    row_id: i64,
+) -> Result<Verification, ReadError> {
+    let sub = one_subscription(store, ns, subscription).await?;
     let row = store
-        .captured_row(&sub.cluster, &sub.subscription, a.row)
+        .captured_row(&sub.cluster, &sub.subscription, row_id)
         .await?
         .ok_or(VerifyError::NoSuchRow {
-            subscription: a.subscription.clone(),
-            row: a.row,
+            subscription: subscription.to_string(),
+            row: row_id,
         })?;
     let mut v = Verification {
-        row: a.row,
+        row: row_id,
         address: row.original_address.clone(),
         message_id: row.message_id.clone(),
         answers: vec![],
@@ -76,7 +88,7 @@ pub async fn verify<W: Write>(a: VerifyArgs, out: W) -> Result<(), ReadError> {
             v.verdict = verdict(&v.answers);
         }
     }
-    Ok(Printer::new(out, a.source.output).print(&Document::Verification(&v))?)
+    Ok(v)
 }
 
 /// The row's cluster polled with the caller's kubeconfig (its Secrets read with their RBAC).

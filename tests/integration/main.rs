@@ -30,6 +30,7 @@ mod gitops;
 mod hung_node;
 mod leader;
 mod loops;
+mod mcp;
 mod pause;
 mod process_faults;
 mod queue;

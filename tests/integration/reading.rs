@@ -67,13 +67,13 @@ fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
 }
 
 /// One AMQP connection and session to a broker of the bed.
-struct Amqp {
+pub struct Amqp {
     connection: fe2o3_amqp::connection::ConnectionHandle<()>,
     session: fe2o3_amqp::session::SessionHandle<()>,
 }
 
 impl Amqp {
-    async fn open(bed: &TestBed, broker: &str, container: &str) -> Amqp {
+    pub async fn open(bed: &TestBed, broker: &str, container: &str) -> Amqp {
         let b = bed.broker(broker);
         let (u, p) = bed.broker_user();
         let url = b.amqp.replace("amqp://", &format!("amqp://{u}:{p}@"));
@@ -86,7 +86,7 @@ impl Amqp {
         Amqp { connection, session }
     }
 
-    async fn send(
+    pub async fn send(
         &mut self,
         address: &str,
         messages: Vec<Message<fe2o3_amqp::types::messaging::AmqpValue<String>>>,
@@ -103,7 +103,7 @@ impl Amqp {
         let _ = sender.close().await;
     }
 
-    async fn close(mut self) {
+    pub async fn close(mut self) {
         let _ = self.session.end().await;
         let _ = self.connection.close().await;
     }
@@ -129,7 +129,7 @@ async fn stored(f: &Fixture, subscription: &str) -> i64 {
         .expect("count")
 }
 
-async fn wait_stored(f: &Fixture, subscription: &str, n: i64) {
+pub async fn wait_stored(f: &Fixture, subscription: &str, n: i64) {
     wait_until(
         &format!("{n} rows of {subscription} stored"),
         Duration::from_secs(90),
