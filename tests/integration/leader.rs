@@ -146,7 +146,8 @@ async fn wait_leader_gauge(http: &reqwest::Client, port: u16, value: f64) {
     .await;
 }
 
-async fn create_ready_queue(queues: &Api<ArtemisQueue>, name: &str) {
+/// Create the ArtemisQueue `name` on cluster `c`, every other field defaulted.
+pub(crate) async fn create_queue_on_c(queues: &Api<ArtemisQueue>, name: &str) {
     let q: ArtemisQueue = serde_json::from_value(json!({
         "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
         "metadata": {"name": name}, "spec": {"clusterRef": {"name": "c"}}
@@ -156,6 +157,10 @@ async fn create_ready_queue(queues: &Api<ArtemisQueue>, name: &str) {
         .create(&Default::default(), &q)
         .await
         .expect("create queue");
+}
+
+async fn create_ready_queue(queues: &Api<ArtemisQueue>, name: &str) {
+    create_queue_on_c(queues, name).await;
     wait_until(
         &format!("ArtemisQueue {name} Ready=True"),
         Duration::from_secs(90),
@@ -350,15 +355,7 @@ async fn a_leader_killed_mid_fan_out_is_finished_by_the_standby_without_a_second
     wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
     let name = format!("midfan.{id}");
     let queues: Api<ArtemisQueue> = Api::namespaced(admin.clone(), &ns);
-    let q: ArtemisQueue = serde_json::from_value(json!({
-        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
-        "metadata": {"name": name}, "spec": {"clusterRef": {"name": "c"}}
-    }))
-    .expect("queue json");
-    queues
-        .create(&Default::default(), &q)
-        .await
-        .expect("create queue");
+    create_queue_on_c(&queues, &name).await;
     // The leader wrote one node and stopped before the outcome: kill it there.
     wait_until("the leader in the crash window", Duration::from_secs(120), || {
         let marker = marker.clone();

@@ -11,12 +11,28 @@ use serde_json::json;
 
 use artemis_studio_operator::api::{ArtemisCluster, ArtemisQueue};
 
-use crate::leader::{LEASE_NAMESPACE, LONG, SHORT, free_port, sample_sum, signal, spawn_with, wait_exit};
+use crate::leader::{
+    LEASE_NAMESPACE, LONG, SHORT, create_queue_on_c, free_port, sample_sum, signal, spawn_with, wait_exit,
+};
 use crate::queue::ready;
 use crate::support::{
     OperatorProcess, TestBed, brokers_shared, create_cluster, metrics, short_id, wait_cluster_condition,
     wait_ready, wait_until,
 };
+
+/// Remove the test's Leases (every one whose name carries its instance ID).
+async fn delete_leases_of(leases: &Api<Lease>, instance: &str) {
+    for l in leases
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        if let Some(name) = l.metadata.name.filter(|n| n.contains(instance)) {
+            let _ = leases.delete(&name, &Default::default()).await;
+        }
+    }
+}
 
 /// The environment of one sharded operator process named `pod`.
 fn sharded_env(instance: &str, pod: &str, timing: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -252,16 +268,7 @@ async fn four_clusters_on_two_replicas_two_each_a_killed_ones_taken_over_and_a_s
         )
         .await;
     }
-    for l in leases
-        .list(&Default::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-    {
-        if let Some(name) = l.metadata.name.filter(|n| n.contains(&instance)) {
-            let _ = leases.delete(&name, &Default::default()).await;
-        }
-    }
+    delete_leases_of(&leases, &instance).await;
 }
 
 /// SIGKILL of a holder inside a command (one node written, the outcome not recorded): another
@@ -295,15 +302,7 @@ async fn a_holder_killed_mid_fan_out_is_finished_by_the_next_holder_without_a_se
     wait_cluster_condition(&admin, &ns, "c", "Ready", "True").await;
     let name = format!("shardfan.{id}");
     let queues: Api<ArtemisQueue> = Api::namespaced(admin.clone(), &ns);
-    let q: ArtemisQueue = serde_json::from_value(json!({
-        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
-        "metadata": {"name": name}, "spec": {"clusterRef": {"name": "c"}}
-    }))
-    .expect("queue json");
-    queues
-        .create(&Default::default(), &q)
-        .await
-        .expect("create queue");
+    create_queue_on_c(&queues, &name).await;
     wait_until("the holder in the crash window", Duration::from_secs(120), || {
         let marker = marker.clone();
         async move { std::fs::read_to_string(&marker).ok() }
@@ -404,16 +403,7 @@ async fn a_holder_killed_mid_fan_out_is_finished_by_the_next_holder_without_a_se
     )
     .await;
     let _ = std::fs::remove_file(&marker);
-    for l in leases
-        .list(&Default::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-    {
-        if let Some(name) = l.metadata.name.filter(|n| n.contains(&instance)) {
-            let _ = leases.delete(&name, &Default::default()).await;
-        }
-    }
+    delete_leases_of(&leases, &instance).await;
 }
 
 /// Three replicas, three ArtemisClusters (`c`; `ha`, the replicated pair and its third node; and
@@ -509,14 +499,5 @@ async fn three_clusters_on_three_replicas_one_each_every_command_by_its_holder()
         .await;
     }
     drop(procs);
-    for l in leases
-        .list(&Default::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-    {
-        if let Some(name) = l.metadata.name.filter(|n| n.contains(&instance)) {
-            let _ = leases.delete(&name, &Default::default()).await;
-        }
-    }
+    delete_leases_of(&leases, &instance).await;
 }
