@@ -9,8 +9,9 @@ use serde_json::json;
 use artemis_studio_operator::api::divert::ArtemisDivert;
 use artemis_studio_operator::api::{Outcome, RefusalKind};
 
+use crate::capture::queue_attr;
 use crate::queue::{Fixture, condition, fixture, ready};
-use crate::support::{brokers_shared, send_messages_with, short_id, wait_until};
+use crate::support::{brokers_shared, send_messages_with, short_id, wait_until, wait_until_or_say};
 
 impl Fixture {
     fn diverts(&self) -> Api<ArtemisDivert> {
@@ -95,21 +96,20 @@ async fn a_filtered_divert_copies_matching_messages_into_a_queue_on_every_node()
         send_messages_with(&f.bed, broker, &source, 2, json!({"color": "red"})).await;
         send_messages_with(&f.bed, broker, &source, 3, json!({"color": "blue"})).await;
     }
-    wait_until(
+    // Each node's count read from the queue's own MBean: a full topology poll can time out on a
+    // bed that other tests fill with thousands of queues, and would say nothing about this one.
+    let counts = || async {
+        let mut counts = Vec::new();
+        for broker in f.bed.cluster_brokers("c") {
+            counts.push(queue_attr(&f.bed, &broker, &target, "MessageCount").await);
+        }
+        counts
+    };
+    wait_until_or_say(
         "2 red messages in the target queue on each node",
-        Duration::from_secs(30),
-        || async {
-            let t = f.topology().await;
-            t.nodes
-                .iter()
-                .all(|n| {
-                    n.inventory
-                        .as_ref()
-                        .and_then(|i| i.queues.get(&target))
-                        .is_some_and(|q| q.message_count == 2)
-                })
-                .then_some(())
-        },
+        Duration::from_secs(60),
+        || async { counts().await.iter().all(|c| *c == json!(2)).then_some(()) },
+        || async { format!("MessageCount per node (c1, c2, c3): {:?}", counts().await) },
     )
     .await;
     let rows = f.audit_rows("divert.").await;
