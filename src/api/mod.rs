@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod common;
 pub mod connection_close;
 pub mod divert;
+pub mod message_replay;
 pub mod queue;
 
 pub use capture::ArtemisCaptureSubscription;
@@ -15,6 +16,7 @@ pub use cluster::ArtemisCluster;
 pub use common::*;
 pub use connection_close::ConnectionClose;
 pub use divert::ArtemisDivert;
+pub use message_replay::MessageReplay;
 pub use queue::ArtemisQueue;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -28,6 +30,7 @@ pub fn all_crds() -> Vec<CustomResourceDefinition> {
         ArtemisDivert::crd(),
         ArtemisCaptureSubscription::crd(),
         ConnectionClose::crd(),
+        MessageReplay::crd(),
     ]
     .into_iter()
     .map(flowing_descriptions)

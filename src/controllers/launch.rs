@@ -7,8 +7,8 @@ use super::context::scoped_api;
 use super::liveness::reap_abandoned_commands;
 use super::watches::{Watches, reflect_all, split_feeds};
 use super::{
-    Context, Reflectors, Slots, Source, Wiring, census, cluster, connection_close, divert, queue,
-    trigger_stream,
+    Context, Reflectors, Slots, Source, Wiring, census, cluster, connection_close, divert, message_replay,
+    queue, trigger_stream,
 };
 use crate::api::{ArtemisCluster, ArtemisDivert, ArtemisQueue};
 
@@ -77,6 +77,15 @@ async fn run_controllers(ctx: Arc<Context>, feeds: Feeds) {
         );
         connection_close::run(ctx.clone(), w)
     });
+    // One-shot kinds share the one-shot slots (CONNECTION_CLOSE_CONCURRENCY).
+    let replays = scopes.iter().map(|scope| {
+        let w = Wiring::new(
+            Source::Watch(Box::new(scoped_api(&ctx.client, scope))),
+            futures::StreamExt::boxed(futures::stream::pending()),
+            close_slots.clone(),
+        );
+        message_replay::run(ctx.clone(), w)
+    });
     let clusters = scopes.iter().zip(feeds.clusters).map(|(scope, source)| {
         let t = trigger_stream(&ctx.triggers.clusters, scope.clone());
         cluster::run(ctx.clone(), Wiring::new(source, t, cluster_slots.clone()))
@@ -91,6 +100,7 @@ async fn run_controllers(ctx: Arc<Context>, feeds: Feeds) {
     });
     tokio::join!(
         join_all(closes),
+        join_all(replays),
         join_all(clusters),
         join_all(queues),
         join_all(diverts)

@@ -42,6 +42,8 @@ pub mod fixtures;
 mod launch;
 mod liveness;
 mod locks;
+pub mod message_replay;
+mod one_shot;
 pub mod ownership;
 pub mod pipeline;
 pub mod queue;
@@ -248,6 +250,20 @@ impl OfCluster for crate::api::connection_close::ConnectionClose {
     }
 
     /// A close is not among the objects a poll triggers: it looks again a little later.
+    fn when_not_held() -> kube::runtime::controller::Action {
+        kube::runtime::controller::Action::requeue(std::time::Duration::from_secs(15))
+    }
+}
+
+impl OfCluster for crate::api::message_replay::MessageReplay {
+    fn cluster_key(&self) -> String {
+        key(
+            &kube::ResourceExt::namespace(self).unwrap_or_default(),
+            &self.spec.cluster_ref.name,
+        )
+    }
+
+    /// A replay is not among the objects a poll triggers: it looks again a little later.
     fn when_not_held() -> kube::runtime::controller::Action {
         kube::runtime::controller::Action::requeue(std::time::Duration::from_secs(15))
     }

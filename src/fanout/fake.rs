@@ -342,6 +342,15 @@ impl BrokerOps for FakeBroker {
         self.record(format!("closeConsumerConnectionsForAddress {address}"));
         ready(Ok(false))
     }
+    fn send_message<'a>(
+        &'a self,
+        address: &'a str,
+        _properties: &'a std::collections::BTreeMap<String, String>,
+        _body: &'a crate::broker::messages::SentBody,
+    ) -> Op<'a, String> {
+        self.record(format!("sendMessage {address}"));
+        ready(Ok("1".into()))
+    }
 }
 
 /// A target whose operations go to `fake` (its `management` points nowhere: capture's direct

@@ -3,9 +3,12 @@
 //! [`BrokerManagement`] (Jolokia); unit tests use [`fake::FakeBroker`], an in-memory node that
 //! answers as Artemis 2.40 does (the same AMQ codes, classified by the same code).
 
+use std::collections::BTreeMap;
+
 use futures::future::BoxFuture;
 use serde_json::Value;
 
+use crate::broker::messages::SentBody;
 use crate::broker::{BrokerError, BrokerManagement};
 use crate::topology::inventory::{self, NodeInventory, ScopedRead};
 
@@ -48,6 +51,13 @@ pub trait BrokerOps: Send + Sync + std::fmt::Debug {
     fn close_session<'a>(&'a self, connection_id: &'a str, session_id: &'a str) -> Op<'a, bool>;
     fn close_consumer<'a>(&'a self, session_id: &'a str, consumer_id: i64) -> Op<'a, bool>;
     fn close_consumer_connections_for_address<'a>(&'a self, address: &'a str) -> Op<'a, bool>;
+    /// `AddressControl.sendMessage`: one new durable message; the broker's ID of it.
+    fn send_message<'a>(
+        &'a self,
+        address: &'a str,
+        properties: &'a BTreeMap<String, String>,
+        body: &'a SentBody,
+    ) -> Op<'a, String>;
 }
 
 impl BrokerOps for BrokerManagement {
@@ -118,5 +128,13 @@ impl BrokerOps for BrokerManagement {
         Box::pin(BrokerManagement::close_consumer_connections_for_address(
             self, address,
         ))
+    }
+    fn send_message<'a>(
+        &'a self,
+        address: &'a str,
+        properties: &'a BTreeMap<String, String>,
+        body: &'a SentBody,
+    ) -> Op<'a, String> {
+        Box::pin(BrokerManagement::send_message(self, address, properties, body))
     }
 }

@@ -5,6 +5,7 @@ pub mod audit;
 pub mod capture;
 pub mod captured;
 pub mod reading;
+pub mod replay;
 pub mod sampled;
 mod secret;
 pub mod storable;

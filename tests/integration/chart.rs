@@ -487,13 +487,14 @@ async fn ensure_crds(client: &Client) {
     }
 }
 
-/// connection:close and capture:write are their own permissions: a user bound to the topology
-/// editor, or to Kubernetes' aggregated `view`, `edit` or even `admin`, cannot create a
-/// ConnectionClose or an ArtemisCaptureSubscription; only their own roles grant them. The
+/// connection:close, capture:write and message:replay are their own permissions: a user bound to
+/// the topology editor, or to Kubernetes' aggregated `view`, `edit` or even `admin`, cannot create
+/// a ConnectionClose, an ArtemisCaptureSubscription or a MessageReplay (though `edit` may create
+/// queues); only their own roles grant them. The
 /// aggregation itself is real (the bed's kube-controller-manager runs ClusterRole
 /// aggregation): `edit` may create queues because the chart's topology editor aggregates into it.
 #[tokio::test]
-async fn only_their_own_roles_grant_connection_close_and_capture() {
+async fn only_their_own_roles_grant_connection_close_capture_and_replay() {
     let bed = TestBed::get();
     let admin = bed.kube_admin().await;
     ensure_crds(&admin).await;
@@ -505,7 +506,10 @@ async fn only_their_own_roles_grant_connection_close_and_capture() {
     // The roles that must stay out of every aggregated role carry no aggregation label.
     for role in docs_of(&rbac, "ClusterRole") {
         let name = role["metadata"]["name"].as_str().unwrap_or_default();
-        if name.ends_with("-capture-writer") || name.ends_with("-connection-closer") {
+        if ["-capture-writer", "-connection-closer", "-message-replayer"]
+            .iter()
+            .any(|own| name.ends_with(own))
+        {
             let labels = role["metadata"]["labels"]
                 .as_object()
                 .cloned()
@@ -557,6 +561,7 @@ async fn only_their_own_roles_grant_connection_close_and_capture() {
         ("admin", "admin".to_string()),
         ("closer", format!("{release}-connection-closer")),
         ("capturer", format!("{release}-capture-writer")),
+        ("replayer", format!("{release}-message-replayer")),
     ];
     for (who, role) in &users {
         bind(&admin, &ns, role, &format!("{who}-{id}")).await;
@@ -564,6 +569,7 @@ async fn only_their_own_roles_grant_connection_close_and_capture() {
     let queue = || json!({"clusterRef": {"name": "prod"}});
     let close = || json!({"clusterRef": {"name": "prod"}, "target": {"node": "n1", "connectionId": "c1"}});
     let capture = || json!({"clusterRef": {"name": "prod"}, "queues": "orders*"});
+    let replay = || json!({"clusterRef": {"name": "prod"}, "subscription": "orders", "row": 1});
 
     for (who, _) in &users {
         let user = format!("{who}-{id}");
@@ -572,6 +578,7 @@ async fn only_their_own_roles_grant_connection_close_and_capture() {
         let may_queue = matches!(*who, "topology-editor" | "edit" | "admin");
         let may_close = *who == "closer";
         let may_capture = *who == "capturer";
+        let may_replay = *who == "replayer";
         let got = wait_until(
             &format!("{user}'s permissions to settle"),
             Duration::from_secs(20),
@@ -614,6 +621,16 @@ async fn only_their_own_roles_grant_connection_close_and_capture() {
                 s,
                 Err(403),
                 "{user} must not create an ArtemisCaptureSubscription (capture:write, ADR-0062 D1)"
+            );
+        }
+        let r = try_create(&client, &ns, "MessageReplay", "messagereplays", replay()).await;
+        if may_replay {
+            assert_eq!(r, Ok(()), "{user} may create a MessageReplay");
+        } else {
+            assert_eq!(
+                r,
+                Err(403),
+                "{user} must not create a MessageReplay (message:replay, issue 48): it may create queues"
             );
         }
         if *who == "viewer" || *who == "view" {
@@ -852,6 +869,35 @@ async fn the_operator_runs_under_the_charts_service_account() {
     )
     .await;
 
+    // MessageReplay: status read afresh and written (a row that is not stored: Failed by the
+    // compare-and-swap), then deleted after its TTL.
+    let replays = kind_api(&admin, &ns, "MessageReplay", "messagereplays");
+    let replay: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "MessageReplay",
+        "metadata": {"name": "unstored"},
+        "spec": {"clusterRef": {"name": "c"}, "subscription": "none", "row": 1, "ttlSecondsAfterFinished": 1}
+    }))
+    .expect("replay json");
+    replays
+        .create(&PostParams::default(), &replay)
+        .await
+        .expect("create MessageReplay");
+    wait_until(
+        "the finished MessageReplay deleted by the operator after its TTL",
+        Duration::from_secs(90),
+        || {
+            let replays = replays.clone();
+            async move {
+                replays
+                    .get_opt("unstored")
+                    .await
+                    .ok()
+                    .and_then(|o| o.is_none().then_some(()))
+            }
+        },
+    )
+    .await;
+
     // ArtemisCluster: deleting it is the API server's business (it has no finalizer).
     Api::<artemis_studio_operator::api::ArtemisCluster>::namespaced(admin.clone(), &ns)
         .delete("c", &DeleteParams::default())
@@ -901,6 +947,10 @@ async fn the_operator_runs_under_the_charts_service_account() {
         // After arming, the close's audit id and its result are applied (server-side apply); a
         // close whose connection is gone completes by the compare-and-swap alone.
         ("connectioncloses/status", "patch"),
+        // After arming a replay, its audit id and its result are applied (server-side apply);
+        // a replay of a row that is not stored fails by the compare-and-swap alone
+        // (tests/integration/replay.rs sends real ones).
+        ("messagereplays/status", "patch"),
     ]
     .into_iter()
     .collect();

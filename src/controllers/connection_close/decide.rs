@@ -22,9 +22,7 @@ use crate::topology::{LogicalNode, Topology};
 const COMPLETE: &str = "Complete";
 const FAILED: &str = "Failed";
 
-/// How long a `Closing` armed by another process is left alone: that process may be calling
-/// the broker right now. After it, the close is Failed with its outcome unknown.
-pub const ARMED_GRACE: Duration = Duration::from_secs(30);
+pub use super::super::one_shot::Step;
 
 /// How a pass ends: the status to write (after resolving `resolve`, an audit row already
 /// written, with these outcomes) and when to look again.
@@ -47,55 +45,20 @@ impl Verdict {
 
 /// What a pass does with a close in its stored phase (ADR-0057 D5), decided from the status
 /// alone.
-#[derive(Debug, PartialEq)]
-pub enum Step {
-    /// Nothing now; look again after this long (None: when the object changes).
-    Wait(Option<Duration>),
-    /// Finished and past `ttlSecondsAfterFinished`: delete the object.
-    DeleteObject,
-    /// Armed by a process that did not record the outcome: Failed, outcome unknown, never
-    /// called again.
-    FailUnknown,
-    /// Not armed yet: read the target, show the consequence, arm when confirmed.
-    Act,
-}
-
 pub fn step(
     status: &ConnectionCloseStatus,
     ttl_after_finished: Option<i64>,
     process_id: &str,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Step {
-    let since = |t: Option<&str>| {
-        t.and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-            .map(|t| now.signed_duration_since(t))
+    let stored = super::super::one_shot::Stored {
+        finished: matches!(status.phase, ClosePhase::Completed | ClosePhase::Failed),
+        armed: status.phase == ClosePhase::Closing,
+        armed_by: status.armed_by.as_deref(),
+        armed_at: status.armed_at.as_deref(),
+        completed_at: status.completed_at.as_deref(),
     };
-    match status.phase {
-        ClosePhase::Completed | ClosePhase::Failed => {
-            let Some(ttl) = ttl_after_finished else {
-                return Step::Wait(None);
-            };
-            let left = since(status.completed_at.as_deref()).map_or(0, |d| ttl - d.num_seconds());
-            if left <= 0 {
-                Step::DeleteObject
-            } else {
-                Step::Wait(Some(Duration::from_secs(left as u64)))
-            }
-        }
-        ClosePhase::Closing => {
-            let mine = status.armed_by.as_deref() == Some(process_id);
-            let armed_for = since(status.armed_at.as_deref()).and_then(|d| d.to_std().ok());
-            match armed_for
-                .filter(|_| !mine)
-                .and_then(|d| ARMED_GRACE.checked_sub(d))
-            {
-                // Another process armed it moments ago and may be calling the broker now.
-                Some(left) => Step::Wait(Some(left + Duration::from_secs(1))),
-                None => Step::FailUnknown,
-            }
-        }
-        ClosePhase::Pending | ClosePhase::AwaitingConfirmation => Step::Act,
-    }
+    super::super::one_shot::step(stored, ttl_after_finished, process_id, now)
 }
 
 /// The rules every broker write keeps did not hold (the cluster, its Secrets, its topology):
@@ -705,6 +668,7 @@ mod phase_condition_tests {
 
 #[cfg(test)]
 mod step_tests {
+    use super::super::super::one_shot::ARMED_GRACE;
     use super::*;
 
     fn at(s: i64) -> chrono::DateTime<chrono::Utc> {

@@ -20,7 +20,7 @@ use serde_json::json;
 
 use self::decide::{Armed, At, Step, Verdict};
 use super::command::{self, Scope};
-use super::runtime::{ClusterRuntime, current_topology};
+use super::runtime::ClusterRuntime;
 use super::{Context, ReconcileError, actor_of};
 use crate::api::connection_close::{CloseTarget, ConnectionClose, ConnectionCloseStatus, TargetSnapshot};
 use crate::api::{NodeOutcome, Outcome, RefusalKind};
@@ -302,22 +302,7 @@ async fn reconcile(o: Arc<ConnectionClose>, ctx: Arc<Context>) -> Result<Action,
         Step::FailUnknown => return fail_unknown(&ctx, &fresh, status).await,
         Step::Act => {}
     }
-    let cluster = &fresh.spec.cluster_ref.name;
-    // The rules every broker write keeps: the cluster's current topology, its clients' access
-    // read from the Secrets as they are now (a revoked credential is never used).
-    let usable = match current_topology(&ctx, &ns, cluster, None).await {
-        Ok((rt, topology)) => {
-            let used = &topology.secret_versions;
-            match super::pipeline::ensure_credentials(&ctx, &ns, cluster, used).await {
-                Ok(()) => Ok((rt, topology)),
-                Err(e) => Err((e.reason(), e.to_string())),
-            }
-        }
-        Err(e) => match super::pipeline::dereference_cluster(&ctx, &ns, &fresh.spec.cluster_ref) {
-            Err(why) => Err((why.reason(), why.to_string())),
-            Ok(_) => Err(("ClusterNotReady", e.to_string())),
-        },
-    };
+    let usable = super::one_shot::usable_cluster(&ctx, &ns, &fresh.spec.cluster_ref).await;
     let (rt, topology) = match usable {
         Ok(x) => x,
         Err((reason, message)) => {

@@ -1,0 +1,348 @@
+//! Issue 48's decisions for one MessageReplay, pure: what a captured row becomes when sent
+//! again (or why it is never sent), the preview a person confirms, and the status each stage
+//! ends in. No broker, API server or database is touched here.
+
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+
+use super::super::conditions;
+use super::super::one_shot::{self, Step};
+use crate::api::message_replay::{
+    MessageReplay, MessageReplayStatus, REPLAY_PROPERTY, ReplayPhase, ReplayPreview,
+};
+use crate::api::{NodeOutcome, Outcome};
+use crate::broker::messages::SentBody;
+use crate::store::replay::ReplaySource;
+
+const COMPLETE: &str = "Complete";
+const FAILED: &str = "Failed";
+
+/// The broker's own properties (`_AMQ_` prefix) are never sent again: a copied duplicate id
+/// (`_AMQ_DUPL_ID`) would make the broker drop the replay as a duplicate, and the original's
+/// routing marks describe the original, not the new message.
+const BROKER_PROPERTY_PREFIX: &str = "_AMQ_";
+
+/// How a pass ends: the status to write and when to look again.
+#[derive(Debug, PartialEq)]
+pub struct Verdict {
+    pub status: MessageReplayStatus,
+    pub then: Action,
+}
+
+pub fn step(
+    status: &MessageReplayStatus,
+    ttl_after_finished: Option<i64>,
+    process_id: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Step {
+    let stored = one_shot::Stored {
+        finished: matches!(status.phase, ReplayPhase::Completed | ReplayPhase::Failed),
+        armed: status.phase == ReplayPhase::Sending,
+        armed_by: status.armed_by.as_deref(),
+        armed_at: status.armed_at.as_deref(),
+        completed_at: status.completed_at.as_deref(),
+    };
+    one_shot::step(stored, ttl_after_finished, process_id, now)
+}
+
+/// What is sent: the body, the properties, where.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Planned {
+    pub node: String,
+    pub address: String,
+    pub body: SentBody,
+    pub properties: BTreeMap<String, String>,
+}
+
+/// The captured row as it will be sent, or why it never is: a body cut at capture, changed to
+/// be stored, or of a kind the broker's `sendMessage` cannot carry is refused, never sent in
+/// part.
+pub fn plan(o: &MessageReplay, row: &ReplaySource) -> Result<Planned, String> {
+    let id = row.row_id;
+    if row.origin == "sampled" {
+        return Err(format!(
+            "row {id} was sampled (a browse saw it), not captured: only a captured copy is replayed"
+        ));
+    }
+    if row.body_truncated {
+        return Err(format!(
+            "row {id}'s body was truncated at capture (the subscription's body limit): a partial body is never sent"
+        ));
+    }
+    if let Some(changed) = row.escaped.as_ref().filter(|e| !e.is_empty()) {
+        return Err(format!(
+            "row {id} was changed so that Postgres could store it ({}): it is not the message as sent, and is never replayed",
+            changed.join("; ")
+        ));
+    }
+    let body = match (row.body_kind.as_deref(), &row.body_text, &row.body_binary) {
+        (Some("data"), _, bytes) => SentBody::Bytes(bytes.clone().unwrap_or_default()),
+        (Some("amqp-value"), Some(text), _) => SentBody::Text(text.clone()),
+        (Some("amqp-value"), None, Some(bytes)) => SentBody::Bytes(bytes.clone()),
+        (Some("amqp-value" | "empty"), None, None) => SentBody::Empty,
+        (Some("amqp-sequence"), ..) => {
+            return Err(format!(
+                "row {id}'s body is an AMQP sequence: the broker's management sendMessage carries text or bytes only"
+            ));
+        }
+        _ => {
+            return Err(format!(
+                "row {id} does not record how its body was stored (stored before body kinds were recorded): it is never replayed"
+            ));
+        }
+    };
+    Ok(Planned {
+        node: o.spec.node.clone().unwrap_or_else(|| row.node.clone()),
+        address: o
+            .spec
+            .address
+            .clone()
+            .unwrap_or_else(|| row.original_address.clone()),
+        body,
+        properties: properties_of(o, row),
+    })
+}
+
+/// The original's application properties as the strings the broker will hold, without the
+/// broker's own, plus the one naming this replay.
+fn properties_of(o: &MessageReplay, row: &ReplaySource) -> BTreeMap<String, String> {
+    let mut properties: BTreeMap<String, String> = row
+        .properties
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, v)| !k.starts_with(BROKER_PROPERTY_PREFIX) && !v.is_null())
+        .map(|(k, v)| {
+            let text = v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
+            (k.clone(), text)
+        })
+        .collect();
+    let name = format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any());
+    properties.insert(REPLAY_PROPERTY.to_string(), name);
+    properties
+}
+
+/// The preview a person confirms (stated before the replay can be armed).
+pub fn preview(planned: &Planned, row: &ReplaySource) -> ReplayPreview {
+    ReplayPreview {
+        node: planned.node.clone(),
+        address: planned.address.clone(),
+        source_address: row.original_address.clone(),
+        body: planned.body.kind().to_string(),
+        body_bytes: i64::try_from(planned.body.len()).unwrap_or(i64::MAX),
+        properties: planned.properties.clone(),
+        truncated: row.body_truncated,
+        consequence: consequence(&planned.body),
+    }
+}
+
+fn consequence(body: &SentBody) -> String {
+    let body = match body {
+        SentBody::Text(_) => "a text body",
+        SentBody::Bytes(_) => "a bytes body",
+        SentBody::Empty => "no body",
+    };
+    format!(
+        "sends one new durable message with {body}, a new message id and the properties listed (as strings; the broker's own _AMQ_ properties are not copied), once: it is not the original message, and consumers of the address receive it as any other. Never retried"
+    )
+}
+
+/// The row was not found or cannot be sent: Failed for good (a replay is never retried).
+pub fn refuse(status: &mut MessageReplayStatus, message: String, generation: Option<i64>) -> Verdict {
+    finish(status, ReplayPhase::Failed, message, generation);
+    Verdict {
+        status: status.clone(),
+        then: Action::await_change(),
+    }
+}
+
+/// The rules every broker write keeps did not hold (cluster, Secrets, topology, the node not
+/// live): nothing is sent; look again soon.
+pub fn not_usable(
+    status: &mut MessageReplayStatus,
+    generation: Option<i64>,
+    reason: &str,
+    message: String,
+) -> Verdict {
+    conditions::set(
+        &mut status.conditions,
+        COMPLETE,
+        false,
+        reason,
+        message,
+        generation,
+    );
+    Verdict {
+        status: status.clone(),
+        then: Action::requeue(Duration::from_secs(5)),
+    }
+}
+
+/// The documented annotation: automation confirms without review (recorded in the audit row).
+pub fn without_review(o: &MessageReplay) -> bool {
+    o.annotations()
+        .get(crate::api::CONFIRM_WITHOUT_REVIEW_ANNOTATION)
+        .is_some_and(|v| v == "true")
+}
+
+/// Confirmed by a person who saw this preview: `spec.confirm` names the address shown, given
+/// after the preview was shown (a later generation) — else the replay waits, saying what to do.
+pub fn judge_confirmation(
+    o: &MessageReplay,
+    preview: ReplayPreview,
+    status: &mut MessageReplayStatus,
+) -> ControlFlow<Verdict> {
+    let generation = o.metadata.generation;
+    let shown_before = status.preview.as_ref() == Some(&preview)
+        && status
+            .shown_generation
+            .is_some_and(|s| generation.is_some_and(|g| g > s));
+    let wanted = preview.address.clone();
+    status.preview = Some(preview);
+    let message = match o.spec.confirm.as_deref() {
+        Some(c) if c == wanted && (shown_before || without_review(o)) => {
+            return ControlFlow::Continue(());
+        }
+        None => format!("preview shown in status.preview: set spec.confirm to \"{wanted}\" to send it"),
+        Some(c) if c != wanted => format!(
+            "spec.confirm says \"{c}\", the replay goes to \"{wanted}\": set spec.confirm to \"{wanted}\" to send it"
+        ),
+        Some(_) => format!(
+            "spec.confirm was given before this preview was shown: read status.preview, then set spec.confirm again (remove it and set it to \"{wanted}\"), or annotate {}: \"true\"",
+            crate::api::CONFIRM_WITHOUT_REVIEW_ANNOTATION
+        ),
+    };
+    ControlFlow::Break(awaiting_confirmation(o, status, message))
+}
+
+/// The operator-wide pause holds a confirmed replay back.
+pub fn judge_pause(o: &MessageReplay, status: &mut MessageReplayStatus) -> ControlFlow<Verdict> {
+    let paused = super::super::is_paused(&o.metadata);
+    let waits = "confirmed, not sent; the replay goes on when the annotation goes";
+    conditions::note_paused(&mut status.conditions, paused, waits, o.metadata.generation);
+    if !paused {
+        return ControlFlow::Continue(());
+    }
+    ControlFlow::Break(awaiting_confirmation(
+        o,
+        status,
+        conditions::paused_message(waits),
+    ))
+}
+
+fn awaiting_confirmation(o: &MessageReplay, status: &mut MessageReplayStatus, message: String) -> Verdict {
+    let generation = o.metadata.generation;
+    status.phase = ReplayPhase::AwaitingConfirmation;
+    status.shown_generation = generation;
+    status.message = Some(message.clone());
+    conditions::set(
+        &mut status.conditions,
+        COMPLETE,
+        false,
+        "AwaitingConfirmation",
+        message,
+        generation,
+    );
+    Verdict {
+        status: status.clone(),
+        then: Action::requeue(Duration::from_secs(30)),
+    }
+}
+
+/// The status that arms the send (`Sending`, by this process, now), written by
+/// compare-and-swap so that exactly one process wins.
+pub fn arming(status: &mut MessageReplayStatus, process_id: &str) {
+    status.phase = ReplayPhase::Sending;
+    status.armed_by = Some(process_id.to_string());
+    status.armed_at = Some(now());
+    status.message = Some("confirmed: sending now; the outcome follows, never retried".into());
+}
+
+/// The send's outcome on its node: Completed with the new message's id, or Failed for good.
+pub fn record_result(
+    status: &mut MessageReplayStatus,
+    outcome: NodeOutcome,
+    sent_id: Option<String>,
+    generation: Option<i64>,
+) {
+    let sent = outcome.outcome == Outcome::Applied;
+    let message = if sent {
+        outcome.message.clone()
+    } else {
+        format!("{}; not retried", outcome.message)
+    };
+    status.sent_message_id = sent_id.filter(|_| sent);
+    status.nodes = vec![outcome];
+    let phase = if sent {
+        ReplayPhase::Completed
+    } else {
+        ReplayPhase::Failed
+    };
+    finish(status, phase, message, generation);
+}
+
+/// The process that armed the send did not finish: Failed with the outcome unknown. Returns
+/// why, for the audit row.
+pub fn fail_unknown(status: &mut MessageReplayStatus, generation: Option<i64>) -> &'static str {
+    let why = "outcome unknown, not retried: the operator process that armed the replay stopped before recording its outcome; look for the message's ArtemisStudioReplay property on the address";
+    finish(status, ReplayPhase::Failed, format!("Failed: {why}"), generation);
+    why
+}
+
+fn finish(status: &mut MessageReplayStatus, phase: ReplayPhase, message: String, generation: Option<i64>) {
+    status.phase = phase;
+    status.completed_at = Some(now());
+    let done = phase == ReplayPhase::Completed;
+    let (complete, failed) = if done {
+        ("Sent", "Sent")
+    } else {
+        ("NotSent", "ReplayFailed")
+    };
+    conditions::set(
+        &mut status.conditions,
+        COMPLETE,
+        done,
+        complete,
+        &message,
+        generation,
+    );
+    conditions::set(
+        &mut status.conditions,
+        FAILED,
+        !done,
+        failed,
+        &message,
+        generation,
+    );
+    status.message = Some(message);
+}
+
+fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// Ready, Reconciling and Stalled from the phase: Completed is Ready; Failed, and a replay
+/// waiting for its confirmation, need a person; Pending and Sending are on their way.
+pub fn with_phase_conditions(status: &MessageReplayStatus) -> MessageReplayStatus {
+    let mut status = status.clone();
+    let generation = status.observed_generation;
+    let message = status.message.clone().unwrap_or_default();
+    let not_started = conditions::get(&status.conditions, COMPLETE)
+        .filter(|c| status.phase == ReplayPhase::Pending && c.status == "False")
+        .map(|c| (c.reason.clone(), c.message.clone()));
+    let (ready, reason, message) = match (status.phase, &not_started) {
+        (ReplayPhase::Completed, _) => (true, "Sent", message),
+        (ReplayPhase::Failed, _) => (false, "ReplayFailed", message),
+        (ReplayPhase::AwaitingConfirmation, _) => (false, "AwaitingConfirmation", message),
+        (ReplayPhase::Pending, Some((reason, why))) => (false, reason.as_str(), why.clone()),
+        (ReplayPhase::Pending | ReplayPhase::Sending, _) => (false, "Sending", message),
+    };
+    let judged = [(conditions::READY, (ready, reason, message))];
+    conditions::set_all(&mut status.conditions, generation, judged);
+    conditions::kstatus(&mut status.conditions, &[], generation);
+    status
+}
