@@ -295,6 +295,7 @@ pub fn audit_kind(word: &str) -> Option<&'static str> {
             Some("ArtemisCaptureSubscription")
         }
         "connectionclose" | "connectioncloses" | "close" => Some("ConnectionClose"),
+        "messagereplay" | "messagereplays" | "mreplay" | "replay" => Some("MessageReplay"),
         _ => None,
     }
 }

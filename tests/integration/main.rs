@@ -35,6 +35,7 @@ mod pause;
 mod process_faults;
 mod queue;
 mod reading;
+mod replay;
 mod safety;
 mod sampling;
 mod scale;

@@ -109,7 +109,10 @@ impl Amqp {
     }
 }
 
-fn text(body: &str, properties: &[(&str, &str)]) -> Message<fe2o3_amqp::types::messaging::AmqpValue<String>> {
+pub fn text(
+    body: &str,
+    properties: &[(&str, &str)],
+) -> Message<fe2o3_amqp::types::messaging::AmqpValue<String>> {
     let mut app = ApplicationProperties::builder();
     for (k, v) in properties {
         app = app.insert(k.to_string(), v.to_string());

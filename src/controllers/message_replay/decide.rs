@@ -58,42 +58,53 @@ pub struct Planned {
     pub properties: BTreeMap<String, String>,
 }
 
+/// Why a captured row is never sent: it is not the message as it was routed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unsendable {
+    #[error("row {0} was sampled (a browse saw it), not captured: only a captured copy is replayed")]
+    Sampled(i64),
+    #[error(
+        "row {0}'s body was truncated at capture (the subscription's maxBodyBytes): a partial body is never sent"
+    )]
+    Truncated(i64),
+    #[error(
+        "row {row} was changed so that Postgres could store it ({changes}): it is not the message as sent, and is never replayed"
+    )]
+    Changed { row: i64, changes: String },
+    #[error(
+        "row {0}'s body is an AMQP sequence: the broker's management sendMessage carries text or bytes only"
+    )]
+    Sequence(i64),
+    #[error(
+        "row {0} does not record how its body was stored (stored before body kinds were recorded): it is never replayed"
+    )]
+    BodyKindUnknown(i64),
+}
+
 /// The captured row as it will be sent, or why it never is: a body cut at capture, changed to
 /// be stored, or of a kind the broker's `sendMessage` cannot carry is refused, never sent in
 /// part.
-pub fn plan(o: &MessageReplay, row: &ReplaySource) -> Result<Planned, String> {
+pub fn plan(o: &MessageReplay, row: &ReplaySource) -> Result<Planned, Unsendable> {
     let id = row.row_id;
     if row.origin == "sampled" {
-        return Err(format!(
-            "row {id} was sampled (a browse saw it), not captured: only a captured copy is replayed"
-        ));
+        return Err(Unsendable::Sampled(id));
     }
     if row.body_truncated {
-        return Err(format!(
-            "row {id}'s body was truncated at capture (the subscription's body limit): a partial body is never sent"
-        ));
+        return Err(Unsendable::Truncated(id));
     }
     if let Some(changed) = row.escaped.as_ref().filter(|e| !e.is_empty()) {
-        return Err(format!(
-            "row {id} was changed so that Postgres could store it ({}): it is not the message as sent, and is never replayed",
-            changed.join("; ")
-        ));
+        return Err(Unsendable::Changed {
+            row: id,
+            changes: changed.join("; "),
+        });
     }
     let body = match (row.body_kind.as_deref(), &row.body_text, &row.body_binary) {
         (Some("data"), _, bytes) => SentBody::Bytes(bytes.clone().unwrap_or_default()),
         (Some("amqp-value"), Some(text), _) => SentBody::Text(text.clone()),
         (Some("amqp-value"), None, Some(bytes)) => SentBody::Bytes(bytes.clone()),
         (Some("amqp-value" | "empty"), None, None) => SentBody::Empty,
-        (Some("amqp-sequence"), ..) => {
-            return Err(format!(
-                "row {id}'s body is an AMQP sequence: the broker's management sendMessage carries text or bytes only"
-            ));
-        }
-        _ => {
-            return Err(format!(
-                "row {id} does not record how its body was stored (stored before body kinds were recorded): it is never replayed"
-            ));
-        }
+        (Some("amqp-sequence"), ..) => return Err(Unsendable::Sequence(id)),
+        _ => return Err(Unsendable::BodyKindUnknown(id)),
     };
     Ok(Planned {
         node: o.spec.node.clone().unwrap_or_else(|| row.node.clone()),
@@ -345,4 +356,172 @@ pub fn with_phase_conditions(status: &MessageReplayStatus) -> MessageReplayStatu
     conditions::set_all(&mut status.conditions, generation, judged);
     conditions::kstatus(&mut status.conditions, &[], generation);
     status
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn replay(spec: serde_json::Value, generation: i64, annotations: serde_json::Value) -> MessageReplay {
+        let mut s = json!({"clusterRef": {"name": "c"}, "subscription": "s", "row": 7});
+        if let (Some(s), Some(extra)) = (s.as_object_mut(), spec.as_object()) {
+            s.extend(extra.clone());
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "MessageReplay",
+            "metadata": {"name": "r", "namespace": "ns", "generation": generation, "annotations": annotations},
+            "spec": s
+        }))
+        .expect("replay")
+    }
+
+    fn row() -> ReplaySource {
+        ReplaySource {
+            row_id: 7,
+            node: "n1".into(),
+            original_address: "orders".into(),
+            properties: json!({"color": "red", "n": 3, "gone": null, "_AMQ_DUPL_ID": "d1"}),
+            body_kind: Some("amqp-value".into()),
+            body_text: Some("hello".into()),
+            body_binary: None,
+            body_truncated: false,
+            escaped: None,
+            origin: "captured".into(),
+        }
+    }
+
+    fn planned(r: &ReplaySource) -> Result<Planned, Unsendable> {
+        plan(&replay(json!({}), 1, json!({})), r)
+    }
+
+    #[test]
+    fn a_row_that_is_not_the_message_as_sent_is_refused_with_the_reason() {
+        let refused = |change: fn(&mut ReplaySource), why: &str| {
+            let mut r = row();
+            change(&mut r);
+            let e = planned(&r).expect_err("refused").to_string();
+            assert!(e.contains(why), "{e}");
+        };
+        refused(|r| r.body_truncated = true, "truncated at capture");
+        refused(|r| r.escaped = Some(vec!["body: U+0000".into()]), "body: U+0000");
+        refused(|r| r.origin = "sampled".into(), "sampled");
+        refused(|r| r.body_kind = Some("amqp-sequence".into()), "AMQP sequence");
+        refused(|r| r.body_kind = None, "does not record how its body was stored");
+        let mut unchanged = row();
+        unchanged.escaped = Some(vec![]);
+        assert!(
+            planned(&unchanged).is_ok(),
+            "an empty list of changes is no change"
+        );
+    }
+
+    #[test]
+    fn each_body_kind_is_sent_as_the_broker_takes_it() {
+        let body = |kind: &str, text: Option<&str>, bytes: Option<&[u8]>| {
+            let mut r = row();
+            r.body_kind = Some(kind.into());
+            r.body_text = text.map(str::to_string);
+            r.body_binary = bytes.map(<[u8]>::to_vec);
+            planned(&r).expect("sendable").body
+        };
+        assert_eq!(body("amqp-value", Some("hi"), None), SentBody::Text("hi".into()));
+        assert_eq!(body("amqp-value", None, Some(b"\x01")), SentBody::Bytes(vec![1]));
+        assert_eq!(body("amqp-value", None, None), SentBody::Empty);
+        assert_eq!(body("data", None, Some(b"ab")), SentBody::Bytes(b"ab".to_vec()));
+        assert_eq!(body("data", None, None), SentBody::Bytes(vec![]));
+        assert_eq!(body("empty", None, None), SentBody::Empty);
+    }
+
+    #[test]
+    fn properties_are_the_originals_as_strings_without_the_brokers_plus_the_replays_name() {
+        let p = planned(&row()).expect("sendable");
+        let expected: BTreeMap<String, String> =
+            [("ArtemisStudioReplay", "ns/r"), ("color", "red"), ("n", "3")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+        assert_eq!(p.properties, expected);
+        assert_eq!((p.node.as_str(), p.address.as_str()), ("n1", "orders"));
+        let elsewhere = plan(
+            &replay(json!({"node": "n2", "address": "audit"}), 1, json!({})),
+            &row(),
+        )
+        .expect("sendable");
+        assert_eq!(
+            (elsewhere.node.as_str(), elsewhere.address.as_str()),
+            ("n2", "audit")
+        );
+    }
+
+    fn judged(o: &MessageReplay, status: &mut MessageReplayStatus) -> Result<(), String> {
+        let p = preview(&planned(&row()).expect("sendable"), &row());
+        match judge_confirmation(o, p, status) {
+            ControlFlow::Continue(()) => Ok(()),
+            ControlFlow::Break(v) => {
+                assert_eq!(v.status.phase, ReplayPhase::AwaitingConfirmation);
+                Err(v.status.message.unwrap_or_default())
+            }
+        }
+    }
+
+    #[test]
+    fn only_the_shown_address_typed_after_this_preview_was_shown_confirms() {
+        // First pass: the preview is shown, whatever spec.confirm says.
+        let mut status = MessageReplayStatus::default();
+        let e = judged(&replay(json!({"confirm": "orders"}), 1, json!({})), &mut status);
+        assert!(e.expect_err("waits").contains("before this preview was shown"));
+        assert_eq!(status.shown_generation, Some(1));
+        let mut s = status.clone();
+        let e = judged(&replay(json!({}), 2, json!({})), &mut s);
+        assert!(e.expect_err("waits").contains("set spec.confirm to \"orders\""));
+        let mut s = status.clone();
+        let e = judged(&replay(json!({"confirm": "audit"}), 2, json!({})), &mut s);
+        assert!(e.expect_err("waits").contains("says \"audit\""));
+        let mut s = status.clone();
+        assert_eq!(
+            judged(&replay(json!({"confirm": "orders"}), 2, json!({})), &mut s),
+            Ok(())
+        );
+        // A preview that changed since it was shown is shown again first.
+        let mut s = status.clone();
+        if let Some(p) = s.preview.as_mut() {
+            p.body_bytes += 1;
+        }
+        assert!(judged(&replay(json!({"confirm": "orders"}), 2, json!({})), &mut s).is_err());
+        // Automation confirms without review.
+        let annotated = json!({"artemis-studio.io/confirm-without-review": "true"});
+        let mut fresh = MessageReplayStatus::default();
+        assert_eq!(
+            judged(&replay(json!({"confirm": "orders"}), 1, annotated), &mut fresh),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_send_completes_with_its_id_or_fails_for_good() {
+        let outcome = |o: Outcome| NodeOutcome {
+            node: "n1".into(),
+            endpoint: None,
+            outcome: o,
+            refusal: None,
+            message: "m".into(),
+            detail: vec![],
+            last_command: None,
+        };
+        let mut s = MessageReplayStatus::default();
+        record_result(&mut s, outcome(Outcome::Applied), Some("42".into()), Some(3));
+        assert_eq!(
+            (s.phase, s.sent_message_id.as_deref()),
+            (ReplayPhase::Completed, Some("42"))
+        );
+        let ready = with_phase_conditions(&s);
+        let r = conditions::get(&ready.conditions, conditions::READY).expect("Ready");
+        assert_eq!((r.status.as_str(), r.reason.as_str()), ("True", "Sent"));
+        let mut s = MessageReplayStatus::default();
+        record_result(&mut s, outcome(Outcome::Failed), Some("42".into()), Some(3));
+        assert_eq!((s.phase, s.sent_message_id), (ReplayPhase::Failed, None));
+        assert!(s.message.unwrap_or_default().ends_with("not retried"));
+    }
 }

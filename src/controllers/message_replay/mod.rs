@@ -121,7 +121,10 @@ async fn reconcile(o: Arc<MessageReplay>, ctx: Arc<Context>) -> Result<Action, R
     };
     let planned = match decide::plan(&fresh, &row) {
         Ok(p) => p,
-        Err(why) => return conclude(&ctx, &fresh, decide::refuse(&mut status, why, generation)).await,
+        Err(why) => {
+            let verdict = decide::refuse(&mut status, why.to_string(), generation);
+            return conclude(&ctx, &fresh, verdict).await;
+        }
     };
     let preview = decide::preview(&planned, &row);
     go_on!(
