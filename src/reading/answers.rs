@@ -70,6 +70,11 @@ pub async fn coverage_of(
 
 /// A stored row as printed: with its origin's claim (ADR-0062 D10).
 pub fn message_doc(row: &StoredMessage) -> Document<'_> {
+    verified_doc(row, None)
+}
+
+/// A stored row as printed, with where it is now when it was verified.
+pub fn verified_doc(row: &StoredMessage, verified: Option<String>) -> Document<'_> {
     Document::Message(MessageDoc {
         row,
         claim: if row.sampled() {
@@ -77,6 +82,7 @@ pub fn message_doc(row: &StoredMessage) -> Document<'_> {
         } else {
             CAPTURED_CLAIM
         },
+        verified,
     })
 }
 

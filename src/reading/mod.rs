@@ -148,6 +148,10 @@ pub struct SearchArgs {
     pub source: Source,
     #[command(flatten)]
     pub query: SearchQuery,
+    /// Add a VERIFIED column: each row's message looked for on every live node, as `capture
+    /// verify` does (with your authority; a miss scans the queue on the broker, per row).
+    #[arg(long)]
+    pub verify: bool,
 }
 
 /// Which stored messages a search reads: one page of them.
@@ -454,9 +458,14 @@ async fn search<W: Write>(a: SearchArgs, out: W) -> Result<(), ReadError> {
     let ns = a.source.namespace();
     let store = a.source.store().await?;
     let page = answers::search_page(&store, &ns, &a.query).await?;
+    let mut verified: Vec<Option<String>> = vec![None; page.rows.len()];
+    if let (true, Some(first)) = (a.verify, page.rows.first()) {
+        let verdicts = verify::verdicts(&first.cluster, &page.rows).await?;
+        verified = verdicts.into_iter().map(Some).collect();
+    }
     let mut printer = Printer::new(out, a.source.output);
-    for r in &page.rows {
-        printer.print(&message_doc(r))?;
+    for (r, v) in page.rows.iter().zip(verified) {
+        printer.print(&answers::verified_doc(r, v))?;
     }
     if let Some(after_row) = page.next_after {
         printer.print(&Document::NextPage { after_row })?;

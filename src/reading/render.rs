@@ -37,6 +37,9 @@ pub struct MessageDoc<'a> {
     #[serde(flatten)]
     pub row: &'a StoredMessage,
     pub claim: &'static str,
+    /// `capture search --verify`: where the message is now, as `capture verify` says it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verified: Option<String>,
 }
 
 /// The coverage of a window, per tap, with the subscriptions that only sample.
@@ -193,11 +196,15 @@ impl<W: Write> Printer<W> {
                 ..
             } => tail_started_lines(&mut self.out, cluster, subscription, mode, *at),
             Document::Message(m) => {
+                let (body, verified) = match m.verified {
+                    Some(_) => (format!("{:<60}", "BODY"), " VERIFIED"),
+                    None => ("BODY".to_string(), ""),
+                };
                 self.head_once(format_args!(
-                    "{:<8} {:<24} {:<9} {:<20} {:<8} {:<24} {:<14} {:<30} BODY",
+                    "{:<8} {:<24} {:<9} {:<20} {:<8} {:<24} {:<14} {:<30} {body}{verified}",
                     "ROW", "AT", "ORIGIN", "SUBSCRIPTION", "NODE", "ADDRESS", "CORRELATION", "PROPERTIES"
                 ))?;
-                message_line(&mut self.out, m.row)
+                message_line(&mut self.out, m.row, m.verified.as_deref())
             }
             Document::Coverage(c) => coverage_lines(&mut self.out, c),
             Document::Exchange(x) => {
@@ -287,7 +294,7 @@ fn tail_started_lines(
 /// One message under the heads: the subscription that stored it too, so a message two
 /// subscriptions both capture shows as two rows told apart (issue 42). A listing covers one
 /// ArtemisCluster, so one namespace: the subscription's name says which.
-fn message_line(o: &mut impl Write, r: &StoredMessage) -> std::io::Result<()> {
+fn message_line(o: &mut impl Write, r: &StoredMessage, verified: Option<&str>) -> std::io::Result<()> {
     // A sampled row is marked in its origin and its row number (ADR-0062 D10).
     let (row, origin) = if r.sampled() {
         (format!("~{}", r.row_id), "~SAMPLED")
@@ -305,7 +312,10 @@ fn message_line(o: &mut impl Write, r: &StoredMessage) -> std::io::Result<()> {
         clip(&r.original_address, 24),
         clip(r.correlation_id.as_deref().unwrap_or("-"), 14),
         clip(&r.properties.to_string(), 30),
-        clip(&body(r), 60)
+        match verified {
+            Some(v) => format!("{:<60} {v}", clip(&body(r), 60)),
+            None => clip(&body(r), 60),
+        }
     )
 }
 
@@ -473,8 +483,12 @@ mod tests {
             CAPTURED_CLAIM
         };
         let mut p = Printer::new(vec![], format);
-        p.print(&Document::Message(MessageDoc { row: r, claim }))
-            .expect("print");
+        p.print(&Document::Message(MessageDoc {
+            row: r,
+            claim,
+            verified: None,
+        }))
+        .expect("print");
         String::from_utf8(p.into_inner()).expect("utf8")
     }
 
@@ -510,6 +524,7 @@ mod tests {
             p.print(&Document::Message(MessageDoc {
                 row: r,
                 claim: CAPTURED_CLAIM,
+                verified: None,
             }))
             .expect("print");
         }

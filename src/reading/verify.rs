@@ -15,6 +15,7 @@ use crate::api::{ArtemisCluster, CAPTURE_PREFIX};
 use crate::broker::messages::MessagePresence;
 use crate::reading::render::{Document, Printer, QueueAnswer, Verification};
 use crate::store::Store;
+use crate::store::reading::StoredMessage;
 use crate::topology::{self, Topology};
 
 /// Is a captured message still on the brokers? Asks every live node of its cluster, with your
@@ -79,9 +80,7 @@ pub async fn verification(
     };
     match row.message_id.as_deref() {
         // ADR-0062 D4: offered, disabled, with the reason.
-        None => {
-            v.verdict = "cannot verify: the message carried no message id (a Core message sent without one, or an AMQP message without message-id), so no broker can be asked for it".into();
-        }
+        None => v.verdict = NO_ID.into(),
         Some(id) => {
             let topology = cluster_topology(&sub.cluster).await?;
             v.answers = ask_every_node(&topology, &row.original_address, id).await;
@@ -89,6 +88,23 @@ pub async fn verification(
         }
     }
     Ok(v)
+}
+
+/// ADR-0062 D4: a row without a message id is offered verify, disabled, with the reason.
+const NO_ID: &str = "cannot verify: the message carried no message id (a Core message sent without one, or an AMQP message without message-id), so no broker can be asked for it";
+
+/// `capture search --verify`: each row's verdict, the cluster polled once for the page (every
+/// row of a search is of one cluster), with the caller's authority as `verify`.
+pub async fn verdicts(cluster: &str, rows: &[StoredMessage]) -> Result<Vec<String>, ReadError> {
+    let topology = cluster_topology(cluster).await?;
+    let mut verdicts = Vec::with_capacity(rows.len());
+    for row in rows {
+        verdicts.push(match row.message_id.as_deref() {
+            None => NO_ID.to_string(),
+            Some(id) => verdict(&ask_every_node(&topology, &row.original_address, id).await),
+        });
+    }
+    Ok(verdicts)
 }
 
 /// The row's cluster polled with the caller's kubeconfig (its Secrets read with their RBAC).

@@ -873,6 +873,28 @@ async fn verify_finds_a_captured_message_on_its_queue_and_not_once_consumed() {
     );
     let answers = v["answers"].as_array().cloned().unwrap_or_default();
     assert_eq!(answers.len(), 3, "one queue per node: {answers:?}");
+    // On demand, the same answer as a column of search.
+    let search = [
+        "capture",
+        "search",
+        "--subscription",
+        "ver",
+        "--verify",
+        "-n",
+        f.ns.as_str(),
+    ];
+    let docs = documents(&f, &[&search[..], &["-o", "json"]].concat()).await;
+    let rows = of_kind(&docs, "Message");
+    assert_eq!(rows.len(), 1, "{docs:?}");
+    assert_eq!(rows[0]["verified"], v["verdict"], "{docs:?}");
+    let table = text_output(&f, &search).await;
+    assert!(
+        table.lines().any(|l| l.contains("VERIFIED"))
+            && table
+                .lines()
+                .any(|l| l.ends_with(&format!("present: {address} on {c1} (waiting)"))),
+        "{table}"
+    );
 
     let mut consumer = Amqp::open(&f.bed, "c1", &format!("verify-c-{id}")).await;
     let mut rx =
