@@ -924,3 +924,84 @@ async fn verify_finds_a_captured_message_on_its_queue_and_not_once_consumed() {
         .await
         .expect("delete");
 }
+
+/// Issue 48 (verify): a node that cannot be asked is named with why, and the verdict leaves the
+/// message possibly there; a row whose message carried no id is offered verify, disabled, with
+/// the reason (ADR-0062 D4).
+#[tokio::test]
+async fn verify_names_a_node_it_could_not_ask_and_a_row_without_an_id_says_why() {
+    let _exclusive = crate::support::brokers_exclusive().await;
+    let f = fixture("read-verify-not", None).await;
+    let id = short_id();
+    f.clean.also(&id);
+    let address = format!("verify.{id}.not");
+    broker_queue(&f.bed, &address).await;
+    f.subscribe("ver", json!({"queues": address})).await;
+    f.wait_subscription("ver", "3 taps drained", |s| taps_in(s, TapState::Healthy) == 3)
+        .await;
+    let mut on_c2 = Amqp::open(&f.bed, "c2", &format!("verify-c2-{id}")).await;
+    let with_id = Message::builder()
+        .properties(Properties::builder().message_id(format!("n-{id}")).build())
+        .value(format!("on c2 {id}"))
+        .build();
+    on_c2.send(&address, vec![with_id]).await;
+    on_c2.close().await;
+    let mut on_c1 = Amqp::open(&f.bed, "c1", &format!("verify-c1-{id}")).await;
+    on_c1.send(&address, vec![text("no id", &[])]).await;
+    on_c1.close().await;
+    wait_stored(&f, "ver", 2).await;
+    let rows: Vec<(i64, Option<String>)> = sqlx::query_as(
+        "SELECT row_id, message_id FROM captured_message WHERE subscription = 'ver' ORDER BY row_id",
+    )
+    .fetch_all(f.op.store.pool())
+    .await
+    .expect("rows");
+    let row_of = |has_id: bool| {
+        rows.iter()
+            .find(|(_, m)| m.is_some() == has_id)
+            .map(|(r, _)| r.to_string())
+            .expect("the row")
+    };
+    let v = verification_of(&f, &row_of(false)).await;
+    let verdict = v["verdict"].as_str().unwrap_or_default();
+    assert!(
+        verdict.starts_with("cannot verify: the message carried no message id"),
+        "{v}"
+    );
+
+    let c2 = crate::cluster_core::node_id_of(&f.bed, "c2").await;
+    let _thaw = crate::support::Thaw(&f.bed, "c2");
+    f.bed.broker_action("freeze", "c2");
+    let v = verification_of(&f, &row_of(true)).await;
+    let answers = v["answers"].as_array().cloned().unwrap_or_default();
+    let on_c2: Vec<&Value> = answers.iter().filter(|a| a["node"] == json!(c2)).collect();
+    assert!(
+        on_c2.len() == 1 && on_c2[0]["state"] == "could-not-ask" && on_c2[0]["why"].is_string(),
+        "{v}"
+    );
+    assert_eq!(
+        v["verdict"],
+        json!("not found on the nodes that answered; 1 could not be asked (see why): it may be there"),
+        "{v}"
+    );
+    drop(_thaw);
+    f.subscriptions()
+        .delete("ver", &DeleteParams::default())
+        .await
+        .expect("delete");
+}
+
+async fn verification_of(f: &Fixture, row: &str) -> Value {
+    let args = [
+        "capture",
+        "verify",
+        row,
+        "--subscription",
+        "ver",
+        "-n",
+        &f.ns,
+        "-o",
+        "json",
+    ];
+    of_kind(&documents(f, &args).await, "Verification")[0].clone()
+}
