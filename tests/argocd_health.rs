@@ -9,7 +9,7 @@ mod argocd_lua;
 use argocd_lua::{argocd_dir, argocd_fixtures, health, script};
 use artemis_studio_operator::api::{
     ArtemisCaptureSubscription, ArtemisCluster, ArtemisDivert, ArtemisQueue, Condition, ConnectionClose,
-    NodeOutcome, Outcome, RefusalKind,
+    MessageReplay, NodeOutcome, Outcome, RefusalKind,
 };
 use artemis_studio_operator::controllers::conditions;
 use kube::Resource;
@@ -454,10 +454,122 @@ fn connection_close_health_follows_its_phase() {
     );
 }
 
+#[test]
+fn message_replay_health_follows_its_phase() {
+    use artemis_studio_operator::api::message_replay::{MessageReplayStatus, ReplayPhase, ReplayPreview};
+    let spec = json!({"clusterRef": {"name": "prod"}, "subscription": "orders-capture", "row": 42});
+    let status = |observed: i64, phase: ReplayPhase, message: &str| MessageReplayStatus {
+        observed_generation: Some(observed),
+        phase,
+        preview: Some(ReplayPreview {
+            node: "n1".into(),
+            address: "orders".into(),
+            source_address: "orders".into(),
+            body: "text".into(),
+            body_bytes: 18,
+            ..Default::default()
+        }),
+        shown_generation: Some(1),
+        message: Some(message.into()),
+        ..Default::default()
+    };
+    let mr =
+        |generation, s: MessageReplayStatus| object::<MessageReplay, _>(generation, spec.clone(), Some(s));
+
+    let (s, m) = health(&mr(
+        1,
+        status(
+            1,
+            ReplayPhase::AwaitingConfirmation,
+            "preview shown in status.preview: set spec.confirm to \"orders\" to send it",
+        ),
+    ));
+    assert_eq!(
+        (s.as_str(), m.contains("spec.confirm")),
+        ("Suspended", true),
+        "{m}"
+    );
+    assert_eq!(
+        health(&mr(2, status(1, ReplayPhase::AwaitingConfirmation, "…"))).0,
+        "Progressing",
+        "confirm patched, not yet observed"
+    );
+    let (s, m) = health(&mr(
+        2,
+        status(
+            2,
+            ReplayPhase::Sending,
+            "confirmed: sending now; the outcome follows, never retried",
+        ),
+    ));
+    assert_eq!(
+        (s.as_str(), m.starts_with("Sending")),
+        ("Progressing", true),
+        "{m}"
+    );
+    assert_eq!(
+        health(&mr(1, status(1, ReplayPhase::Pending, ""))).0,
+        "Progressing"
+    );
+
+    let mut done = status(
+        2,
+        ReplayPhase::Completed,
+        "sent to orders as a new message, broker message ID 8589934612",
+    );
+    done.sent_message_id = Some("8589934612".into());
+    conditions::set(&mut done.conditions, "Complete", true, "Sent", "sent", Some(2));
+    let (s, m) = health(&mr(2, done.clone()));
+    assert_eq!((s.as_str(), m.contains("8589934612")), ("Healthy", true), "{m}");
+    // A finished replay is final (never retried): a later spec change does not make it pending.
+    assert_eq!(health(&mr(3, done)).0, "Healthy");
+
+    let failed = status(
+        1,
+        ReplayPhase::Failed,
+        "row 42's body was truncated at capture (the subscription's body limit): a partial body is never sent",
+    );
+    let (s, m) = health(&mr(1, failed.clone()));
+    assert_eq!((s.as_str(), m.contains("never sent")), ("Degraded", true), "{m}");
+    assert_eq!(
+        health(&mr(2, failed)).0,
+        "Degraded",
+        "final, whatever its generation"
+    );
+    let (s, m) = health(&mr(
+        2,
+        status(
+            2,
+            ReplayPhase::Failed,
+            "Failed: outcome unknown, not retried: the operator process that armed the replay stopped before recording its outcome",
+        ),
+    ));
+    assert_eq!((s.as_str(), m.contains("not retried")), ("Degraded", true), "{m}");
+    // A replay that cannot start because its cluster is missing: for a person.
+    let mut lost = status(1, ReplayPhase::Pending, "");
+    let why = "ArtemisCluster ns/prod does not exist";
+    conditions::set(
+        &mut lost.conditions,
+        "Ready",
+        false,
+        "ClusterNotFound",
+        why,
+        Some(1),
+    );
+    conditions::kstatus(&mut lost.conditions, &[], Some(1));
+    let (s, m) = health(&mr(1, lost));
+    assert_eq!(
+        (s.as_str(), m.contains("ClusterNotFound")),
+        ("Degraded", true),
+        "{m}"
+    );
+}
+
 /// Status documents the controllers really wrote on the test bed (tests/fixtures/argocd,
 /// recorded by tests/integration/gitops.rs, which asserts each verdict there) keep the verdict
 /// they got: a script change that judges a real status differently fails here, without a bed.
-/// Every kind has at least one.
+/// Every kind has at least one. MessageReplay's are built from its controller's own stages until
+/// tests/integration/gitops.rs drives one (their `source` says so).
 #[test]
 fn recorded_statuses_keep_their_verdicts() {
     let mut kinds = std::collections::BTreeSet::new();
