@@ -41,6 +41,7 @@ const NEEDS_A_PERSON: &[&str] = &[
     "ResourceConflict",
     "Contested",
     "CloseFailed",
+    "ReplayFailed",
     "TapCapExceeded",
     "Failed",
 ];

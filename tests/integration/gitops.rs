@@ -865,6 +865,7 @@ const QUEUE: (&str, &str) = ("ArtemisQueue", "artemisqueues");
 const DIVERT: (&str, &str) = ("ArtemisDivert", "artemisdiverts");
 const CAPTURE: (&str, &str) = ("ArtemisCaptureSubscription", "artemiscapturesubscriptions");
 const CLOSE: (&str, &str) = ("ConnectionClose", "connectioncloses");
+const REPLAY: (&str, &str) = ("MessageReplay", "messagereplays");
 const CLUSTER: (&str, &str) = ("ArtemisCluster", "artemisclusters");
 
 /// The states test: its objects (named with `id`), and each one seen in a row of the table.
@@ -1054,6 +1055,20 @@ impl States<'_> {
         )
         .await;
         let ok = self.queue("ok");
+        // A message the tap captures, and its replay, shown and awaiting its confirmation.
+        send_messages(&self.f.bed, "c1", &ok, 1).await;
+        let row = self.a_captured_row().await;
+        let replay = self.name("replay");
+        let spec = json!({"clusterRef": {"name": "c"}, "subscription": self.name("tap"), "row": row});
+        self.create(REPLAY, &replay, spec).await;
+        self.wait_at(
+            Row::AskedFor,
+            "MessageReplay awaiting confirmation",
+            REPLAY,
+            &replay,
+            held,
+        )
+        .await;
         let consumer = crate::support::amqp_consumer(&self.f.bed, "c1", &ok, &self.name("gitops")).await;
         let close = self.name("close");
         self.create(
@@ -1077,7 +1092,35 @@ impl States<'_> {
             "ConnectionClose right after spec.confirm",
             edit,
         );
+        self.a_replay_sent(&replay, &ok).await;
         consumer
+    }
+
+    /// The tap's first stored row (waited for).
+    async fn a_captured_row(&self) -> i64 {
+        let tap = self.name("tap");
+        wait_until("the tap stored a row", Duration::from_secs(90), || async {
+            sqlx::query_scalar::<_, i64>("SELECT min(row_id) FROM captured_message WHERE subscription = $1")
+                .bind(&tap)
+                .fetch_one(self.f.op.store.pool())
+                .await
+                .ok()
+        })
+        .await
+    }
+
+    /// The replay confirmed (as the edit stored it), then sent: Complete, final.
+    async fn a_replay_sent(&mut self, replay: &str, address: &str) {
+        let confirm = json!({"spec": {"confirm": address}});
+        let edit = self.d.patch(REPLAY.0, REPLAY.1, replay, confirm).await;
+        self.at(
+            Row::UnobservedEdit,
+            "MessageReplay right after spec.confirm",
+            edit,
+        );
+        let sent = ("Complete", "True", &[][..]);
+        self.wait_at(Row::Ready, "MessageReplay sent", REPLAY, replay, sent)
+            .await;
     }
 
     /// Only a person can fix it: a missing cluster, refused credentials.
@@ -1128,6 +1171,17 @@ impl States<'_> {
             CLOSE,
             &lost,
             missing,
+        )
+        .await;
+        let spec = json!({"clusterRef": {"name": "c"}, "subscription": self.name("tap"), "row": 999_999_999});
+        self.create(REPLAY, &lost, spec).await;
+        let refused = ("Stalled", "True", &["ReplayFailed"][..]);
+        self.wait_at(
+            Row::NeedsAPerson,
+            "MessageReplay of a row not stored",
+            REPLAY,
+            &lost,
+            refused,
         )
         .await;
     }
@@ -1211,9 +1265,14 @@ impl States<'_> {
         let d = &self.d;
         let allow = json!({"spec": {"deletion": {"allowMessageLoss": 3}}});
         d.patch(QUEUE.0, QUEUE.1, &self.name("full"), allow).await;
-        let resume = json!({"metadata": {"annotations": {"artemis-studio.io/paused": null}}});
+        // The ok queue and fwd (the divert's copies) hold the replayed message and its replay:
+        // their loss allowed, ok resumed.
+        let resume = json!({"metadata": {"annotations": {"artemis-studio.io/paused": null}},
+                            "spec": {"deletion": {"allowMessageLoss": 10}}});
         d.patch(QUEUE.0, QUEUE.1, &self.name("ok"), resume).await;
-        for (kind, plural) in [CLOSE, CAPTURE, DIVERT, QUEUE] {
+        let allow = json!({"spec": {"deletion": {"allowMessageLoss": 10}}});
+        d.patch(QUEUE.0, QUEUE.1, &self.name("fwd"), allow).await;
+        for (kind, plural) in [REPLAY, CLOSE, CAPTURE, DIVERT, QUEUE] {
             let names: Vec<String> = d
                 .api(kind, plural)
                 .list(&ListParams::default())
@@ -1224,13 +1283,22 @@ impl States<'_> {
                 d.delete(kind, plural, n).await;
             }
         }
-        for (kind, plural) in [CLOSE, CAPTURE, DIVERT, QUEUE] {
-            wait_until(
+        for (kind, plural) in [REPLAY, CLOSE, CAPTURE, DIVERT, QUEUE] {
+            let left = || async {
+                let left = d.api(kind, plural).list(&ListParams::default()).await;
+                left.map(|l| l.items).unwrap_or_default()
+            };
+            crate::support::wait_until_or_say(
                 &format!("every {kind} gone"),
                 Duration::from_secs(120),
+                || async { left().await.is_empty().then_some(()) },
                 || async {
-                    let left = d.api(kind, plural).list(&ListParams::default()).await.ok()?;
-                    left.items.is_empty().then_some(())
+                    let left: Vec<Value> = left()
+                        .await
+                        .into_iter()
+                        .map(|o| o.data["status"].clone())
+                        .collect();
+                    format!("left, their status: {left:?}")
                 },
             )
             .await;

@@ -172,13 +172,16 @@ pub fn refuse(status: &mut MessageReplayStatus, message: String, generation: Opt
 }
 
 /// The rules every broker write keeps did not hold (cluster, Secrets, topology, the node not
-/// live): nothing is sent; look again soon.
+/// live): nothing is sent; look again soon. The replay is Pending again, Ready saying why (its
+/// confirmation still holds: it depends on the preview shown and the generation).
 pub fn not_usable(
     status: &mut MessageReplayStatus,
     generation: Option<i64>,
     reason: &str,
     message: String,
 ) -> Verdict {
+    status.phase = ReplayPhase::Pending;
+    status.message = Some(message.clone());
     conditions::set(
         &mut status.conditions,
         COMPLETE,
@@ -266,11 +269,20 @@ fn awaiting_confirmation(o: &MessageReplay, status: &mut MessageReplayStatus, me
 
 /// The status that arms the send (`Sending`, by this process, now), written by
 /// compare-and-swap so that exactly one process wins.
-pub fn arming(status: &mut MessageReplayStatus, process_id: &str) {
+pub fn arming(status: &mut MessageReplayStatus, process_id: &str, generation: Option<i64>) {
     status.phase = ReplayPhase::Sending;
     status.armed_by = Some(process_id.to_string());
     status.armed_at = Some(now());
-    status.message = Some("confirmed: sending now; the outcome follows, never retried".into());
+    let message = "confirmed: sending now; the outcome follows, never retried";
+    status.message = Some(message.into());
+    conditions::set(
+        &mut status.conditions,
+        COMPLETE,
+        false,
+        "Sending",
+        message,
+        generation,
+    );
 }
 
 /// The send's outcome on its node: Completed with the new message's id, or Failed for good.
@@ -496,6 +508,34 @@ mod tests {
         assert_eq!(
             judged(&replay(json!({"confirm": "orders"}), 1, annotated), &mut fresh),
             Ok(())
+        );
+    }
+
+    #[test]
+    fn a_confirmed_replay_that_cannot_be_sent_says_why_not_that_it_waits_for_confirmation() {
+        let ready = |s: &MessageReplayStatus| {
+            let s = with_phase_conditions(s);
+            let r = conditions::get(&s.conditions, conditions::READY)
+                .cloned()
+                .expect("Ready");
+            let stalled = conditions::get(&s.conditions, "Stalled").map(|c| c.status.clone());
+            (r.reason, stalled)
+        };
+        let mut s = MessageReplayStatus {
+            phase: ReplayPhase::AwaitingConfirmation,
+            ..Default::default()
+        };
+        not_usable(&mut s, Some(2), "ClusterNotFound", "no cluster c".into());
+        assert_eq!(s.phase, ReplayPhase::Pending);
+        assert_eq!(ready(&s), ("ClusterNotFound".into(), Some("True".into())));
+        arming(&mut s, "p1", Some(2));
+        assert_eq!(ready(&s).0, "Sending");
+        let mut failed = MessageReplayStatus::default();
+        refuse(&mut failed, "row 7 was truncated".into(), Some(1));
+        assert_eq!(
+            ready(&failed),
+            ("ReplayFailed".into(), Some("True".into())),
+            "a person's to see"
         );
     }
 

@@ -178,7 +178,7 @@ async fn send(
         .await;
     }
     // Persist `Sending` on the version read; exactly one process wins.
-    decide::arming(&mut status, &ctx.process_id);
+    decide::arming(&mut status, &ctx.process_id, generation);
     if !write_if_unchanged(ctx, o, &status).await? {
         tracing::info!(replay = %o.name_any(), "another writer changed the MessageReplay first: not armed here");
         return Ok(Action::requeue(Duration::from_secs(2)));
