@@ -13,7 +13,8 @@
 pub enum Window {
     /// A queue or divert fan-out: the first node is written, the others held.
     MidFanout,
-    /// A ConnectionClose armed and its audit intent written, the broker not yet called.
+    /// A ConnectionClose or MessageReplay armed and its audit intent written, the broker not
+    /// yet called.
     AfterArm,
     /// A capture drain's batch committed to Postgres, not yet settled on the broker.
     AfterInsert,

@@ -252,3 +252,63 @@ async fn a_row_truncated_at_capture_is_refused_and_nothing_is_sent() {
     assert_eq!(on_c1(&f, &address).await, json!(1), "only the original");
     assert!(replay_rows(&f).await.is_empty(), "no command, no audit row");
 }
+
+/// A SIGKILL between arming (Sending and the audit intent persisted) and the send: the next
+/// process finds it armed by a process that is gone — Failed, outcome unknown, its audit row
+/// `unknown` — and never sends (the broker holds only the original).
+#[tokio::test]
+async fn a_sigkill_after_arming_fails_the_replay_with_an_unknown_outcome_and_never_sends() {
+    let _b = brokers_shared().await;
+    let (f, address, row) = captured("replay-kill", None, "replay me once").await;
+    // Only spawned processes act from here: the fixture's stops (the row is stored).
+    f.op.stop();
+    let marker = std::env::temp_dir().join(format!("replay-armed-{}", short_id()));
+    let marker_path = marker.to_string_lossy().to_string();
+    let port = 20_800 + (std::process::id() % 300) as u16;
+    let instance = f.op.ctx.instance_id.clone();
+    let env = [
+        ("INSTANCE_ID", instance.as_str()),
+        ("ARTEMIS_STUDIO_TEST_PAUSE_AFTER_ARM", marker_path.as_str()),
+    ];
+    let mut first = f.bed.spawn_operator(&f.ns, &f.op.db, port, &env);
+    let r: MessageReplay = serde_json::from_value(json!({
+        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "MessageReplay",
+        "metadata": {"name": "armed", "annotations": {"artemis-studio.io/confirm-without-review": "true"}},
+        "spec": {"clusterRef": {"name": "c"}, "subscription": "rep", "row": row, "confirm": address}
+    }))
+    .expect("replay json");
+    replays(&f)
+        .create(&PostParams::default(), &r)
+        .await
+        .expect("create MessageReplay");
+    wait_until(
+        "the first process armed the replay and paused",
+        Duration::from_secs(120),
+        || {
+            let marker = marker.clone();
+            async move { marker.exists().then_some(()) }
+        },
+    )
+    .await;
+    let armed = replays(&f).get("armed").await.expect("get");
+    assert_eq!(phase(&armed), Some(ReplayPhase::Sending));
+    assert!(
+        armed.status.and_then(|s| s.audit_id).is_some(),
+        "the audit id is in status before the send"
+    );
+    first.0.kill().expect("SIGKILL");
+    let _ = first.0.wait();
+    let _second = f.bed.spawn_operator(&f.ns, &f.op.db, port + 1, &env[..1]);
+    let r = wait_replay(&f, "armed", "Failed", |r| phase(r) == Some(ReplayPhase::Failed)).await;
+    let message = r.status.and_then(|s| s.message).unwrap_or_default();
+    assert!(message.contains("outcome unknown, not retried"), "{message}");
+    let rows = replay_rows(&f).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].0, "unknown");
+    assert_eq!(
+        on_c1(&f, &address).await,
+        json!(1),
+        "never sent: only the original"
+    );
+    let _ = std::fs::remove_file(&marker);
+}
