@@ -312,3 +312,43 @@ async fn a_sigkill_after_arming_fails_the_replay_with_an_unknown_outcome_and_nev
     );
     let _ = std::fs::remove_file(&marker);
 }
+
+/// The pause rule holds for a replay (issue 24): confirmed and paused, it sends nothing and says
+/// so (a status written after the pause was judged); the annotation removed, it is sent.
+#[tokio::test]
+async fn a_paused_replay_sends_nothing_until_the_annotation_goes() {
+    let _b = brokers_shared().await;
+    let (f, address, row) = captured("replay-pause", None, "held back").await;
+    let r: MessageReplay = serde_json::from_value(json!({
+        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "MessageReplay",
+        "metadata": {"name": "held", "annotations": {
+            "artemis-studio.io/confirm-without-review": "true", "artemis-studio.io/paused": "true"}},
+        "spec": {"clusterRef": {"name": "c"}, "subscription": "rep", "row": row, "confirm": address}
+    }))
+    .expect("replay json");
+    replays(&f)
+        .create(&PostParams::default(), &r)
+        .await
+        .expect("create MessageReplay");
+    let paused = |r: &MessageReplay| {
+        r.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Paused" && c.status == "True")
+        })
+    };
+    let r = wait_replay(&f, "held", "paused, judged", paused).await;
+    assert_eq!(phase(&r), Some(ReplayPhase::AwaitingConfirmation));
+    assert_eq!(on_c1(&f, &address).await, json!(1), "nothing sent");
+    assert!(replay_rows(&f).await.is_empty());
+    let resume = json!({"metadata": {"annotations": {"artemis-studio.io/paused": null}}});
+    replays(&f)
+        .patch("held", &PatchParams::default(), &Patch::Merge(resume))
+        .await
+        .expect("resume");
+    wait_replay(&f, "held", "Completed", |r| {
+        phase(r) == Some(ReplayPhase::Completed)
+    })
+    .await;
+    assert_eq!(on_c1(&f, &address).await, json!(2), "the original and one replay");
+}

@@ -255,6 +255,7 @@ async fn every_example_is_admitted_by_the_api_server() {
         "ArtemisQueue",
         "ArtemisDivert",
         "ConnectionClose",
+        "MessageReplay",
         "ArtemisCaptureSubscription",
     ] {
         assert!(
