@@ -10,6 +10,9 @@
 //!   writes the object with `spec.dryRun: true` (or reads a delete's blast radius) and returns
 //!   the operator's per-node outcomes with a confirmation token; `apply_*` takes that token and
 //!   acts through the same object a person would write, never a broker call of its own;
+//! - `replay`: the replay write tools, listed with them: `preview_replay` creates a
+//!   MessageReplay and returns the operator's preview of what would be sent with a token;
+//!   `apply_replay` sets its `spec.confirm` to the address shown, and the operator sends once;
 //! - `token`: the previews this server issued and what an apply checks against them;
 //! - `objects`: what the tools read of the objects (documents, the wait for the operator).
 //!
@@ -18,6 +21,7 @@
 
 mod objects;
 mod read;
+mod replay;
 mod token;
 mod write;
 
@@ -45,7 +49,7 @@ pub struct McpArgs {
     #[arg(short = 'n', long, env = "ARTEMIS_NAMESPACE")]
     pub namespace: Option<String>,
     /// List and serve the write tools (preview_queue, apply_queue, preview_queue_delete,
-    /// apply_queue_delete). Without it they are not listed at all.
+    /// apply_queue_delete, preview_replay, apply_replay). Without it they are not listed at all.
     #[arg(long)]
     pub allow_writes: bool,
     /// The most seconds a preview or an apply waits for the operator to report on the object.
@@ -126,6 +130,14 @@ pub enum ToolError {
     NoDeletePreview { object: String },
     #[error("{object} kept changing while it was written ({tries} tries): preview again")]
     Contended { object: String, tries: u32 },
+    #[error(
+        "{object} already exists {why}: give another name (a MessageReplay cannot be changed but for spec.confirm)"
+    )]
+    Exists { object: String, why: String },
+    #[error(
+        "the operator refused {object}: {message}. Nothing was sent, and this replay never will be (Failed is final); no token"
+    )]
+    ReplayRefused { object: String, message: String },
 }
 
 /// An API server's own words for an API error (its message), else the error.
@@ -160,6 +172,7 @@ impl Studio {
         let mut tools = Self::read_tools();
         if args.allow_writes {
             tools += Self::write_tools();
+            tools += Self::replay_tools();
         }
         Studio {
             shared: Arc::new(Shared {
@@ -229,7 +242,9 @@ const INSTRUCTIONS: &str = "Artemis Studio: ActiveMQ Artemis queues, diverts and
 through the operator's objects. Every broker write is reported per node (WOULD_APPLY, APPLIED, ALREADY, \
 SKIPPED_NOT_LIVE, FAILED) and audited. Writes, when enabled, are two steps: a preview_* tool writes the \
 object as a dry run and returns what each node would do and a confirmation token; show that to the user, \
-and call the apply_* tool with the token only once they agree.";
+and call the apply_* tool with the token only once they agree. preview_replay shows the message a \
+MessageReplay would send again; apply_replay sends it, as a new message, to the applications consuming \
+that address: once, never retried, never taken back.";
 
 #[tool_handler(router = self.tools)]
 impl ServerHandler for Studio {

@@ -1,5 +1,5 @@
-//! What the MCP tools read of the operator's objects: documents of clusters, queues and diverts
-//! with their per-node truth, the wait for the operator to report on a generation, the check of
+//! What the MCP tools read of the operator's objects: documents of clusters, queues, diverts and
+//! replays with their per-node truth, the wait for the operator to report on a generation, the check of
 //! a spec's field names, and who the server acts as.
 
 use std::time::Duration;
@@ -7,9 +7,11 @@ use std::time::Duration;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use kube::api::PostParams;
 use kube::{Api, CustomResourceExt, ResourceExt};
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::ToolError;
+use crate::api::message_replay::MessageReplay;
 use crate::api::{ArtemisCluster, ArtemisDivert, ArtemisQueue, Condition, NodeOutcome};
 use crate::controllers::StatusConditions;
 use crate::controllers::conditions::{self, READY};
@@ -122,6 +124,33 @@ pub fn divert_doc(d: &ArtemisDivert, full: bool) -> Value {
     doc
 }
 
+/// A MessageReplay: the row it names, where it is (phase, what it waits for), the preview the
+/// operator shows and what the send did.
+pub fn replay_doc(r: &MessageReplay) -> Value {
+    let s = r.status.clone().unwrap_or_default();
+    json!({
+        "name": r.name_any(),
+        "namespace": r.namespace(),
+        "generation": r.metadata.generation,
+        "observedGeneration": s.observed_generation,
+        "cluster": r.spec.cluster_ref.name,
+        "subscription": r.spec.subscription,
+        "row": r.spec.row,
+        "confirm": r.spec.confirm,
+        "phase": s.phase,
+        "message": s.message,
+        "conditions": s.conditions
+            .iter()
+            .map(|c| json!({"type": c.type_, "status": c.status, "reason": c.reason, "message": c.message}))
+            .collect::<Vec<_>>(),
+        "preview": s.preview,
+        "nodes": node_lines(&s.nodes),
+        "sentMessageId": s.sent_message_id,
+        "auditId": s.audit_id,
+        "completedAt": s.completed_at,
+    })
+}
+
 /// The operator has reported on this generation of the queue: its status describes it and its
 /// nodes were judged for it.
 pub fn reported(q: &ArtemisQueue, generation: i64) -> bool {
@@ -130,18 +159,21 @@ pub fn reported(q: &ArtemisQueue, generation: i64) -> bool {
     })
 }
 
-/// Poll the queue until the operator has reported on `generation` (or `done` holds), at most
-/// `within`; returns it then, or what it last was.
-pub async fn wait_for_queue(
-    api: &Api<ArtemisQueue>,
+/// Poll the object until `done` holds (the operator has reported on what was written), at most
+/// `within`; returns it then, or what it last was (None: it is gone).
+pub async fn wait_for<K>(
+    api: &Api<K>,
     name: &str,
     within: Duration,
-    done: impl Fn(&ArtemisQueue) -> bool,
-) -> Result<Option<ArtemisQueue>, ToolError> {
+    done: impl Fn(&K) -> bool,
+) -> Result<Option<K>, ToolError>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+{
     let deadline = tokio::time::Instant::now() + within;
     loop {
         let now = api.get_opt(name).await.map_err(|source| ToolError::Kube {
-            what: format!("reading ArtemisQueue {name}"),
+            what: format!("reading {} {name}", K::kind(&())),
             source,
         })?;
         let Some(q) = now else { return Ok(None) };

@@ -104,7 +104,7 @@ pub struct Verify {
 pub struct Audit {
     /// Namespace (default: the server's).
     pub namespace: Option<String>,
-    /// The object, `<kind>/<name>`: kind is queue, divert, cluster, capture or connectionclose.
+    /// The object, `<kind>/<name>`: kind is queue, divert, cluster, capture, connectionclose or replay.
     pub object: Option<String>,
     /// … or every command on this ArtemisCluster's brokers.
     pub cluster: Option<String>,

@@ -16,6 +16,9 @@ pub enum Step {
     Queue,
     /// `apply_queue_delete`: the ArtemisQueue deleted, destroying at most what was shown.
     QueueDelete,
+    /// `apply_replay`: the MessageReplay confirmed (`spec.confirm` set to the address shown),
+    /// which sends a new message, once.
+    Replay,
 }
 
 impl Step {
@@ -23,6 +26,7 @@ impl Step {
         match self {
             Step::Queue => ("preview_queue", "apply_queue"),
             Step::QueueDelete => ("preview_queue_delete", "apply_queue_delete"),
+            Step::Replay => ("preview_replay", "apply_replay"),
         }
     }
 }
@@ -38,6 +42,8 @@ pub struct Preview {
     pub resource_version: String,
     /// A delete's messages as the preview showed them (its blast radius).
     pub messages: u64,
+    /// A replay's address as the preview showed it: what `spec.confirm` is set to.
+    pub address: String,
 }
 
 impl Preview {
@@ -141,6 +147,7 @@ fn short(step: Step) -> &'static str {
     match step {
         Step::Queue => "queue",
         Step::QueueDelete => "queue-delete",
+        Step::Replay => "replay",
     }
 }
 
@@ -157,6 +164,7 @@ mod tests {
             generation: 2,
             resource_version: "100".into(),
             messages: 3,
+            address: "orders".into(),
         }
     }
 
@@ -170,6 +178,20 @@ mod tests {
             p.redeem(&token, Step::QueueDelete, t0),
             Err(TokenError::OtherStep { .. })
         ));
+        assert!(matches!(
+            p.redeem(&token, Step::Replay, t0),
+            Err(TokenError::OtherStep { .. })
+        ));
+        let replay = p.issue(preview(Step::Replay), t0);
+        assert!(replay.starts_with("replay-"), "{replay}");
+        assert_eq!(p.redeem(&replay, Step::Replay, t0), Ok(preview(Step::Replay)));
+        let refused = p.redeem(&replay, Step::Queue, t0).map_err(|e| e.to_string());
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|m| m.contains("preview_replay's preview, not apply_queue")),
+            "{refused:?}"
+        );
         assert!(matches!(
             p.redeem("queue-0000", Step::Queue, t0),
             Err(TokenError::Unknown { .. })

@@ -9,15 +9,16 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::{Api, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::CallToolResult;
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, schemars, tool, tool_router};
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::objects::{check_queue_fields, kube_user, queue_doc, reported, wait_for_queue};
+use super::objects::{check_queue_fields, kube_user, queue_doc, reported, wait_for};
 use super::token::{Preview, Step};
 use super::{Studio, ToolError, answer, client_of};
 use crate::api::queue::DeletePreview;
@@ -124,13 +125,28 @@ fn conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
 }
 
+/// What `o` shows now, as a token binds it (a delete's count or a replay's address is the
+/// caller's to add).
+pub(super) fn shown_now<K: Resource>(o: &K, step: Step) -> Preview {
+    Preview {
+        step,
+        namespace: o.namespace().unwrap_or_default(),
+        name: o.name_any(),
+        uid: o.uid().unwrap_or_default(),
+        generation: o.meta().generation.unwrap_or_default(),
+        resource_version: o.resource_version().unwrap_or_default(),
+        messages: 0,
+        address: String::new(),
+    }
+}
+
 impl Studio {
     async fn queues_in(&self, ns: &str) -> Result<Api<ArtemisQueue>, ToolError> {
         Ok(Api::namespaced(self.kube().await?, ns))
     }
 
     /// The annotations every write carries: the MCP client, and the Kubernetes user.
-    async fn marks(&self, client: &str) -> Result<BTreeMap<String, String>, ToolError> {
+    pub(super) async fn marks(&self, client: &str) -> Result<BTreeMap<String, String>, ToolError> {
         let kube = self.kube().await?;
         let user = self.shared.user.get_or_init(|| kube_user(&kube)).await;
         Ok(BTreeMap::from([
@@ -146,7 +162,7 @@ impl Studio {
         }
     }
 
-    fn kube_error(what: String) -> impl FnOnce(kube::Error) -> ToolError {
+    pub(super) fn kube_error(what: String) -> impl FnOnce(kube::Error) -> ToolError {
         move |source| ToolError::Kube { what, source }
     }
 
@@ -200,7 +216,7 @@ impl Studio {
     async fn shown_queue(&self, api: &Api<ArtemisQueue>, written: &ArtemisQueue) -> Result<Value, ToolError> {
         let name = written.name_any();
         let generation = written.metadata.generation.unwrap_or_default();
-        let q = wait_for_queue(api, &name, self.shared.wait, |q| reported(q, generation))
+        let q = wait_for(api, &name, self.shared.wait, |q| reported(q, generation))
             .await?
             .filter(|q| reported(q, generation) && q.uid() == written.uid());
         let Some(q) = q else {
@@ -212,7 +228,7 @@ impl Studio {
                 state: now.map_or_else(|| "gone".into(), |q| queue_doc(&q, false).to_string()),
             });
         };
-        let token = self.issue(&q, Step::Queue, 0);
+        let token = self.issue(shown_now(&q, Step::Queue));
         let nodes = q.status.as_ref().map(|s| s.nodes.clone()).unwrap_or_default();
         let count = |o: Outcome| nodes.iter().filter(|n| n.outcome == o).count();
         let mut doc = queue_doc(&q, false);
@@ -233,17 +249,8 @@ impl Studio {
         Ok(doc)
     }
 
-    /// A token for what `q` shows now.
-    fn issue(&self, q: &ArtemisQueue, step: Step, messages: u64) -> String {
-        let preview = Preview {
-            step,
-            namespace: q.namespace().unwrap_or_default(),
-            name: q.name_any(),
-            uid: q.uid().unwrap_or_default(),
-            generation: q.metadata.generation.unwrap_or_default(),
-            resource_version: q.resource_version().unwrap_or_default(),
-            messages,
-        };
+    /// A token for `preview`.
+    pub(super) fn issue(&self, preview: Preview) -> String {
         let mut previews = match self.shared.previews.lock() {
             Ok(p) => p,
             Err(poisoned) => poisoned.into_inner(),
@@ -251,7 +258,7 @@ impl Studio {
         previews.issue(preview, Instant::now())
     }
 
-    fn redeem(&self, token: &str, step: Step) -> Result<Preview, ToolError> {
+    pub(super) fn redeem(&self, token: &str, step: Step) -> Result<Preview, ToolError> {
         let previews = match self.shared.previews.lock() {
             Ok(p) => p,
             Err(poisoned) => poisoned.into_inner(),
@@ -259,7 +266,7 @@ impl Studio {
         Ok(previews.redeem(token, step, Instant::now())?)
     }
 
-    fn spend(&self, token: &str) {
+    pub(super) fn spend(&self, token: &str) {
         match self.shared.previews.lock() {
             Ok(mut p) => p.spend(token),
             Err(poisoned) => poisoned.into_inner().spend(token),
@@ -268,14 +275,17 @@ impl Studio {
 
     /// Patch `spec` onto the previewed object, locked on a read that still shows what the
     /// preview showed (its uid and generation); tried again while only its status changes.
-    async fn patch_previewed(
+    pub(super) async fn patch_previewed<K>(
         &self,
-        api: &Api<ArtemisQueue>,
+        api: &Api<K>,
         shown: &Preview,
         marks: &BTreeMap<String, String>,
         spec: Value,
-    ) -> Result<ArtemisQueue, ToolError> {
-        let object = format!("ArtemisQueue {}", shown.object());
+    ) -> Result<K, ToolError>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    {
+        let object = format!("{} {}", K::kind(&()), shown.object());
         for _ in 0..TRIES {
             let now = api
                 .get_opt(&shown.name)
@@ -287,7 +297,7 @@ impl Studio {
                 }
                 .into());
             };
-            shown.still_shown(now.uid().as_deref(), now.metadata.generation)?;
+            shown.still_shown(now.uid().as_deref(), now.meta().generation)?;
             let patch = locked_patch(now.resource_version(), marks, spec.clone());
             match api
                 .patch(&shown.name, &Self::patch_params(), &Patch::Merge(&patch))
@@ -310,7 +320,7 @@ impl Studio {
             .await?;
         self.spend(&p.token);
         let generation = applied.metadata.generation.unwrap_or_default();
-        let q = wait_for_queue(&api, &shown.name, self.shared.wait, |q| reported(q, generation)).await?;
+        let q = wait_for(&api, &shown.name, self.shared.wait, |q| reported(q, generation)).await?;
         let mut doc = q.as_ref().map_or_else(|| json!({}), |q| queue_doc(q, false));
         doc["applied"] = json!(true);
         doc["reported"] = json!(q.as_ref().is_some_and(|q| reported(q, generation)));
@@ -352,7 +362,7 @@ impl Studio {
         let ns = self.namespace(p.namespace.as_deref());
         let api = self.queues_in(&ns).await?;
         let object = format!("ArtemisQueue {ns}/{}", p.name);
-        let q = wait_for_queue(&api, &p.name, self.shared.wait, |q| {
+        let q = wait_for(&api, &p.name, self.shared.wait, |q| {
             let generation = q.metadata.generation.unwrap_or_default();
             reported(q, generation) && q.status.as_ref().is_some_and(|s| s.delete_preview.is_some())
         })
@@ -367,7 +377,10 @@ impl Studio {
             .as_ref()
             .and_then(|s| s.delete_preview.clone())
             .ok_or(ToolError::NoDeletePreview { object })?;
-        let token = self.issue(&q, Step::QueueDelete, preview.total_messages);
+        let token = self.issue(Preview {
+            messages: preview.total_messages,
+            ..shown_now(&q, Step::QueueDelete)
+        });
         let per_node: Vec<Value> = preview
             .nodes
             .iter()
@@ -406,7 +419,7 @@ impl Studio {
                 .as_ref()
                 .is_some_and(|s| conditions::get(&s.conditions, conditions::DELETE_BLOCKED).is_some())
         };
-        let q = wait_for_queue(&api, &shown.name, self.shared.wait, blocked).await?;
+        let q = wait_for(&api, &shown.name, self.shared.wait, blocked).await?;
         Ok(json!({
             "deleted": true,
             "gone": q.is_none(),

@@ -7,6 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use artemis_studio_operator::api::capture::TapState;
+use artemis_studio_operator::api::message_replay::MessageReplay;
 use fe2o3_amqp::types::messaging::{Message, Properties};
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
@@ -465,4 +466,106 @@ async fn capture_tools_tail_verify_and_cover_a_captured_message() {
         .delete("cap", &Default::default())
         .await
         .expect("delete the subscription");
+}
+
+/// preview_replay's answer: the operator's preview of the captured message (on c1, to its own
+/// address, its text body and property) and the consequence in plain words.
+async fn shows_the_captured_message(f: &Fixture, preview: &Value, address: &str) {
+    assert_eq!(preview["phase"], "AwaitingConfirmation", "{preview}");
+    let shown = &preview["preview"];
+    let c1 = crate::cluster_core::node_id_of(&f.bed, "c1").await;
+    assert_eq!(
+        (&shown["address"], &shown["node"]),
+        (&json!(address), &json!(c1)),
+        "{preview}"
+    );
+    assert_eq!(
+        (&shown["body"], &shown["bodyBytes"], &shown["truncated"]),
+        (&json!("text"), &json!(9), &json!(false)),
+        "{preview}"
+    );
+    assert_eq!(shown["properties"]["color"], "red", "{preview}");
+    let consequence = preview["consequence"].as_str().unwrap_or_default();
+    assert!(
+        consequence.contains("SENDS one new message") && consequence.contains("never retried"),
+        "{preview}"
+    );
+}
+
+/// A captured message sent again through MCP: preview_replay creates the MessageReplay and
+/// returns the operator's preview with a token; a wrong token is refused and nothing is sent;
+/// the right one confirms it, the operator sends one copy (counted on c1), and its audit row
+/// names the kube user and the MCP client. A row the operator refuses gets its reason, no token.
+#[tokio::test]
+async fn a_captured_message_is_replayed_once_by_preview_then_apply_and_a_wrong_token_sends_nothing() {
+    let _shared = brokers_shared().await;
+    let (f, address, row) = crate::replay::captured("mcp-replay", None, "replay me").await;
+    let c1_broker = f.bed.broker("c1");
+    let on_c1 = || queue_attr(&f.bed, &c1_broker, &address, "MessageCount");
+    assert_eq!(on_c1().await, json!(1), "the original waits on c1");
+    let mut s = Session::start(&f, "claude-test", &["--allow-writes"]).await;
+    let tools = s.tool_names().await;
+    for t in ["preview_replay", "apply_replay"] {
+        assert!(tools.iter().any(|n| n == t), "{t} is listed: {tools:?}");
+    }
+
+    let asked = json!({"name": "again", "cluster": "c", "subscription": "rep", "row": row});
+    let preview = s.call("preview_replay", asked).await;
+    shows_the_captured_message(&f, &preview, &address).await;
+    let token = preview["confirmationToken"]
+        .as_str()
+        .expect("a token")
+        .to_string();
+
+    // A wrong token: refused, the object untouched, nothing sent.
+    let wrong = s
+        .refused("apply_replay", json!({"token": "replay-not-a-token"}))
+        .await;
+    assert!(wrong.contains("not issued by this server"), "{wrong}");
+    let replays: kube::Api<MessageReplay> = kube::Api::namespaced(f.admin.clone(), &f.ns);
+    let r = replays.get("again").await.expect("the MessageReplay");
+    assert_eq!(r.spec.confirm, None, "a refused apply confirms nothing");
+    assert_eq!(on_c1().await, json!(1), "nothing sent");
+
+    let applied = s.call("apply_replay", json!({"token": token})).await;
+    assert_eq!(
+        (&applied["phase"], &applied["confirm"]),
+        (&json!("Completed"), &json!(address)),
+        "{applied}"
+    );
+    assert!(applied["sentMessageId"].is_string(), "{applied}");
+    let again = s.refused("apply_replay", json!({"token": token})).await;
+    assert!(
+        again.contains("not issued by this server"),
+        "a token applies once: {again}"
+    );
+    wait_until("the replay on c1", Duration::from_secs(30), || {
+        let count = on_c1();
+        async move { (count.await == json!(2)).then_some(()) }
+    })
+    .await;
+
+    let audit = s.call("audit", json!({"object": "replay/again"})).await;
+    let commands = audit["commands"].as_array().cloned().unwrap_or_default();
+    assert_eq!(commands.len(), 1, "one command: {audit}");
+    let row = &commands[0];
+    assert_eq!(
+        (&row["command"], &row["id"]),
+        (&json!("message.replay"), &applied["auditId"]),
+        "{audit}"
+    );
+    let actor = row["actor"].as_str().unwrap_or_default();
+    assert!(
+        actor.starts_with(BED_ADMIN) && actor.contains("MCP client claude-test 9.9"),
+        "{row}"
+    );
+    // A row the operator refuses is answered with its reason, and no token.
+    let missing = json!({"name": "no-row", "cluster": "c", "subscription": "rep", "row": 999_999});
+    let refused = s.refused("preview_replay", missing).await;
+    assert!(
+        refused.contains("has no row 999999") && refused.contains("no token"),
+        "{refused}"
+    );
+    assert_eq!(on_c1().await, json!(2), "the original and exactly one replay");
+    s.close().await;
 }

@@ -18,7 +18,7 @@ use crate::support::{brokers_shared, jolokia_raw, short_id, wait_ready, wait_unt
 
 /// A fixture whose subscription `rep` captured one text message (`color=red`) sent to a fresh
 /// queue on c1: the fixture, the address and the row.
-async fn captured(prefix: &str, max_body_bytes: Option<u32>, body: &str) -> (Fixture, String, i64) {
+pub async fn captured(prefix: &str, max_body_bytes: Option<u32>, body: &str) -> (Fixture, String, i64) {
     let f = fixture(prefix, None).await;
     let id = short_id();
     f.clean.also(&id);
