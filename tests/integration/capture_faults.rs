@@ -391,10 +391,7 @@ async fn a_drain_that_dies_is_restarted_with_a_backoff_counted_and_shown_in_stat
     // The same installation, now as a process whose drains die while the file exists.
     f.op.stop();
     let dies = std::env::temp_dir().join(format!("drain-dies-{id}"));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = crate::leader::free_port();
     let _process = f.bed.spawn_operator(
         &f.ns,
         &f.op.db,

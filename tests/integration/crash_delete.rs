@@ -12,17 +12,11 @@ use serde_json::json;
 use artemis_studio_operator::api::divert::ArtemisDivert;
 use artemis_studio_operator::api::queue::ArtemisQueue;
 
+use crate::leader::free_port;
 use crate::support::{
     TestBed, brokers_shared, create_cluster, send_messages, short_id, wait_cluster_condition, wait_ready,
     wait_until,
 };
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
 
 fn is_ready(status: Option<&Vec<artemis_studio_operator::api::Condition>>) -> bool {
     status.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))

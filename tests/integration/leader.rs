@@ -59,12 +59,19 @@ pub(crate) fn spawn_with(
     bed.spawn_operator(ns, db, port, &vars)
 }
 
-/// A port nothing listens on now (the test bed's services keep theirs).
+/// A port nothing listens on now, each call a new one, below the kernel's ephemeral range
+/// (32768–60999): a port the kernel handed out for `:0` could be taken, between this check
+/// and the operator's bind, as the local end of another test's outgoing connection (seen in a
+/// loaded suite: the spawned operator could not listen, and never took its Lease).
 pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    loop {
+        let port = 23_000 + NEXT.fetch_add(1, Ordering::Relaxed) % 9_000;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 pub(crate) fn signal(p: &OperatorProcess, sig: &str) {

@@ -10,6 +10,7 @@ use kube::Api;
 
 use artemis_studio_operator::store::{DatabaseConfig, Store};
 
+use crate::leader::free_port;
 use crate::support::{TestBed, short_id, wait_ready, wait_until};
 
 /// A password with every character that ends a URL's authority early. Its pieces are
@@ -25,14 +26,6 @@ fn binary() -> Command {
     // A failure's report is compared as text: no backtrace in it.
     cmd.env("RUST_BACKTRACE", "0").env("RUST_LIB_BACKTRACE", "0");
     cmd
-}
-
-/// A port nothing listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 /// Run the binary until it exits (bounded: a start-up that should fail must fail soon); its

@@ -26,6 +26,7 @@ use artemis_studio_operator::api::divert::ArtemisDivert;
 use artemis_studio_operator::api::queue::ArtemisQueue;
 
 use crate::capture::{amqp_send, divert_names};
+use crate::leader::free_port;
 use crate::support::{
     OperatorProcess, TestBed, amqp_consumer, apply_manifests, brokers_exclusive, brokers_shared,
     connection_of, create_cluster, jolokia_raw, metrics, send_messages, short_id, wait_ready, wait_until,
@@ -38,13 +39,6 @@ const SUBSCRIPTION: &str = "tap";
 const QUEUES: [&str; 3] = ["a", "b", "src"];
 const DIVERT: &str = "d";
 const CLOSE: &str = "close";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
 
 fn resource_of(kind: &str) -> ApiResource {
     match kind {
