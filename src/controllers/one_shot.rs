@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Context;
 use super::runtime::{ClusterRuntime, current_topology};
-use crate::api::ClusterRef;
+use super::{Context, conditions};
+use crate::api::{ClusterRef, Condition};
 use crate::topology::Topology;
 
 /// How long a command armed by another process is left alone: that process may be calling
@@ -96,4 +96,80 @@ pub async fn usable_cluster(
             Ok(_) => Err(("ClusterNotReady", e.to_string())),
         },
     }
+}
+
+/// Where a one-shot command is, as far as its conditions go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    Pending,
+    AwaitingConfirmation,
+    /// Armed: being sent.
+    InFlight,
+    Completed,
+    Failed,
+}
+
+/// A kind's words for its stages: the reasons of `Complete`, `Failed` and `Ready`.
+#[derive(Clone, Copy, Debug)]
+pub struct Reasons {
+    /// Completed: `Complete`, `Failed` and `Ready` reason.
+    pub done: &'static str,
+    /// Failed: the `Complete` reason.
+    pub not_done: &'static str,
+    /// Failed: the `Failed` and `Ready` reason.
+    pub failed: &'static str,
+    /// Pending or in flight: the `Ready` reason.
+    pub in_flight: &'static str,
+}
+
+const COMPLETE: &str = "Complete";
+const FAILED: &str = "Failed";
+
+pub fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// A finished command's `Complete` and `Failed` (what `kubectl wait` reads), both saying
+/// `message`.
+pub fn set_finished(
+    conditions: &mut Vec<Condition>,
+    done: bool,
+    r: Reasons,
+    message: &str,
+    generation: Option<i64>,
+) {
+    let (complete, failed) = if done {
+        (r.done, r.done)
+    } else {
+        (r.not_done, r.failed)
+    };
+    conditions::set(conditions, COMPLETE, done, complete, message, generation);
+    conditions::set(conditions, FAILED, !done, failed, message, generation);
+}
+
+/// Ready, Reconciling and Stalled from the stage (Flux, kstatus; `Complete`/`Failed` stay for
+/// `kubectl wait`): Completed is Ready; Failed, and a command waiting for its confirmation,
+/// need a person; Pending and in flight are on their way — but a command not started because
+/// its cluster cannot be used (`Complete=False` while Pending) says why in Ready (a missing
+/// cluster is for a person to fix).
+pub fn stage_conditions(
+    conditions: &mut Vec<Condition>,
+    stage: Stage,
+    r: Reasons,
+    message: String,
+    generation: Option<i64>,
+) {
+    let not_started = conditions::get(conditions, COMPLETE)
+        .filter(|c| stage == Stage::Pending && c.status == "False")
+        .map(|c| (c.reason.clone(), c.message.clone()));
+    let (ready, reason, message) = match (stage, &not_started) {
+        (Stage::Completed, _) => (true, r.done, message),
+        (Stage::Failed, _) => (false, r.failed, message),
+        (Stage::AwaitingConfirmation, _) => (false, "AwaitingConfirmation", message),
+        (Stage::Pending, Some((reason, why))) => (false, reason.as_str(), why.clone()),
+        (Stage::Pending | Stage::InFlight, _) => (false, r.in_flight, message),
+    };
+    let judged = [(conditions::READY, (ready, reason, message))];
+    conditions::set_all(conditions, generation, judged);
+    conditions::kstatus(conditions, &[], generation);
 }

@@ -23,6 +23,7 @@ const COMPLETE: &str = "Complete";
 const FAILED: &str = "Failed";
 
 pub use super::super::one_shot::Step;
+use super::super::one_shot::{self, now};
 
 /// How a pass ends: the status to write (after resolving `resolve`, an audit row already
 /// written, with these outcomes) and when to look again.
@@ -541,60 +542,35 @@ pub fn record_address_result(
     }
 }
 
+/// A close's words for its stages.
+const REASONS: one_shot::Reasons = one_shot::Reasons {
+    done: "Closed",
+    not_done: "NotClosed",
+    failed: "CloseFailed",
+    in_flight: "Closing",
+};
+
 fn finish(status: &mut ConnectionCloseStatus, phase: ClosePhase, message: String, generation: Option<i64>) {
     status.phase = phase;
     status.completed_at = Some(now());
     let done = phase == ClosePhase::Completed;
-    let (complete, failed) = if done {
-        ("Closed", "Closed")
-    } else {
-        ("NotClosed", "CloseFailed")
-    };
-    conditions::set(
-        &mut status.conditions,
-        COMPLETE,
-        done,
-        complete,
-        &message,
-        generation,
-    );
-    conditions::set(
-        &mut status.conditions,
-        FAILED,
-        !done,
-        failed,
-        &message,
-        generation,
-    );
+    one_shot::set_finished(&mut status.conditions, done, REASONS, &message, generation);
     status.message = Some(message);
 }
 
-fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-}
-
-/// Ready, Reconciling and Stalled from the phase (Flux, kstatus; `Complete`/`Failed` stay for
-/// `kubectl wait`): Completed is Ready; Failed, and a close waiting for its confirmation, need a
-/// person; Pending and Closing are on their way.
+/// Ready, Reconciling and Stalled from the phase (`one_shot::stage_conditions`).
 pub fn with_phase_conditions(status: &ConnectionCloseStatus) -> ConnectionCloseStatus {
     let mut status = status.clone();
-    let generation = status.observed_generation;
-    let message = status.message.clone().unwrap_or_default();
-    // Not started because its cluster cannot be used: Ready says why (a missing cluster is for
-    // a person to fix, not a close on its way).
-    let not_started = conditions::get(&status.conditions, COMPLETE)
-        .filter(|c| status.phase == ClosePhase::Pending && c.status == "False")
-        .map(|c| (c.reason.clone(), c.message.clone()));
-    let (ready, reason, message) = match (status.phase, &not_started) {
-        (ClosePhase::Completed, _) => (true, "Closed", message),
-        (ClosePhase::Failed, _) => (false, "CloseFailed", message),
-        (ClosePhase::AwaitingConfirmation, _) => (false, "AwaitingConfirmation", message),
-        (ClosePhase::Pending, Some((reason, why))) => (false, reason.as_str(), why.clone()),
-        (ClosePhase::Pending | ClosePhase::Closing, _) => (false, "Closing", message),
+    let stage = match status.phase {
+        ClosePhase::Pending => one_shot::Stage::Pending,
+        ClosePhase::AwaitingConfirmation => one_shot::Stage::AwaitingConfirmation,
+        ClosePhase::Closing => one_shot::Stage::InFlight,
+        ClosePhase::Completed => one_shot::Stage::Completed,
+        ClosePhase::Failed => one_shot::Stage::Failed,
     };
-    let judged = [(conditions::READY, (ready, reason, message))];
-    conditions::set_all(&mut status.conditions, generation, judged);
-    conditions::kstatus(&mut status.conditions, &[], generation);
+    let message = status.message.clone().unwrap_or_default();
+    let generation = status.observed_generation;
+    one_shot::stage_conditions(&mut status.conditions, stage, REASONS, message, generation);
     status
 }
 

@@ -10,7 +10,7 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 
 use super::super::conditions;
-use super::super::one_shot::{self, Step};
+use super::super::one_shot::{self, Step, now};
 use crate::api::message_replay::{
     MessageReplay, MessageReplayStatus, REPLAY_PROPERTY, ReplayPhase, ReplayPreview,
 };
@@ -19,7 +19,6 @@ use crate::broker::messages::SentBody;
 use crate::store::replay::ReplaySource;
 
 const COMPLETE: &str = "Complete";
-const FAILED: &str = "Failed";
 
 /// The broker's own properties (`_AMQ_` prefix) are never sent again: a copied duplicate id
 /// (`_AMQ_DUPL_ID`) would make the broker drop the replay as a duplicate, and the original's
@@ -316,57 +315,35 @@ pub fn fail_unknown(status: &mut MessageReplayStatus, generation: Option<i64>) -
     why
 }
 
+/// A replay's words for its stages.
+const REASONS: one_shot::Reasons = one_shot::Reasons {
+    done: "Sent",
+    not_done: "NotSent",
+    failed: "ReplayFailed",
+    in_flight: "Sending",
+};
+
 fn finish(status: &mut MessageReplayStatus, phase: ReplayPhase, message: String, generation: Option<i64>) {
     status.phase = phase;
     status.completed_at = Some(now());
     let done = phase == ReplayPhase::Completed;
-    let (complete, failed) = if done {
-        ("Sent", "Sent")
-    } else {
-        ("NotSent", "ReplayFailed")
-    };
-    conditions::set(
-        &mut status.conditions,
-        COMPLETE,
-        done,
-        complete,
-        &message,
-        generation,
-    );
-    conditions::set(
-        &mut status.conditions,
-        FAILED,
-        !done,
-        failed,
-        &message,
-        generation,
-    );
+    one_shot::set_finished(&mut status.conditions, done, REASONS, &message, generation);
     status.message = Some(message);
 }
 
-fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-}
-
-/// Ready, Reconciling and Stalled from the phase: Completed is Ready; Failed, and a replay
-/// waiting for its confirmation, need a person; Pending and Sending are on their way.
+/// Ready, Reconciling and Stalled from the phase (`one_shot::stage_conditions`).
 pub fn with_phase_conditions(status: &MessageReplayStatus) -> MessageReplayStatus {
     let mut status = status.clone();
-    let generation = status.observed_generation;
-    let message = status.message.clone().unwrap_or_default();
-    let not_started = conditions::get(&status.conditions, COMPLETE)
-        .filter(|c| status.phase == ReplayPhase::Pending && c.status == "False")
-        .map(|c| (c.reason.clone(), c.message.clone()));
-    let (ready, reason, message) = match (status.phase, &not_started) {
-        (ReplayPhase::Completed, _) => (true, "Sent", message),
-        (ReplayPhase::Failed, _) => (false, "ReplayFailed", message),
-        (ReplayPhase::AwaitingConfirmation, _) => (false, "AwaitingConfirmation", message),
-        (ReplayPhase::Pending, Some((reason, why))) => (false, reason.as_str(), why.clone()),
-        (ReplayPhase::Pending | ReplayPhase::Sending, _) => (false, "Sending", message),
+    let stage = match status.phase {
+        ReplayPhase::Pending => one_shot::Stage::Pending,
+        ReplayPhase::AwaitingConfirmation => one_shot::Stage::AwaitingConfirmation,
+        ReplayPhase::Sending => one_shot::Stage::InFlight,
+        ReplayPhase::Completed => one_shot::Stage::Completed,
+        ReplayPhase::Failed => one_shot::Stage::Failed,
     };
-    let judged = [(conditions::READY, (ready, reason, message))];
-    conditions::set_all(&mut status.conditions, generation, judged);
-    conditions::kstatus(&mut status.conditions, &[], generation);
+    let message = status.message.clone().unwrap_or_default();
+    let generation = status.observed_generation;
+    one_shot::stage_conditions(&mut status.conditions, stage, REASONS, message, generation);
     status
 }
 
