@@ -198,7 +198,7 @@ async fn catch_up<K: TopologyObject>(
     let Some(rt) = ctx.clusters.get(&cluster_key) else {
         return Summary::default();
     };
-    let facts = pipeline::facts(ctx, &cluster_key, &rt);
+    let facts = pipeline::facts(ctx, &cluster_key, &rt, None);
     let work: Vec<(Arc<K>, K::Desired, Missed)> = K::cache(ctx)
         .state()
         .into_iter()

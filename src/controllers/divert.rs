@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use serde_json::{Value, json};
 
 use super::Context;
-use super::pipeline::{self, Pass, PlanFacts, Step, TopologyObject, WholeRefusal};
+use super::pipeline::{self, FreshRead, Pass, PlanFacts, Step, TopologyObject, WholeRefusal};
 use super::queue::plan::{BrokerNameError, check_broker_name};
 use crate::api::divert::{ArtemisDivert, ArtemisDivertSpec, ArtemisDivertStatus, DivertRoutingType};
 use crate::api::{Outcome, RefusalKind};
@@ -289,7 +289,7 @@ impl TopologyObject for ArtemisDivert {
     async fn read_fresh(
         t: &Target,
         d: &DesiredDivert,
-        _for_delete: bool,
+        _purpose: FreshRead,
     ) -> Result<NodeInventory, BrokerError> {
         read_divert(t, d).await
     }

@@ -104,6 +104,11 @@ pub struct Config {
     /// after the other (1: one replica as the chart runs it, unsharded; more: sharded).
     pub shards_queues: usize,
     pub shards_replicas: Vec<usize>,
+    /// Scenario 2 without the bare baselines and the floor (a profile of the operator alone:
+    /// every ratio then reads NaN): ARTEMIS_STUDIO_BENCH_BASELINES=false.
+    pub baselines: bool,
+    /// The operator's RUST_LOG (default `warn`): its log is next to the report.
+    pub operator_log: String,
 }
 
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> Result<T>
@@ -184,6 +189,9 @@ impl Config {
             faults_freeze_seconds: env_or("ARTEMIS_STUDIO_BENCH_FAULTS_FREEZE_SECONDS", 45)?,
             shards_queues: env_or("ARTEMIS_STUDIO_BENCH_SHARDS_QUEUES", 2000)?,
             shards_replicas: env_list("ARTEMIS_STUDIO_BENCH_SHARDS_REPLICAS", "1,3")?,
+            baselines: env_or("ARTEMIS_STUDIO_BENCH_BASELINES", true)?,
+            operator_log: std::env::var("ARTEMIS_STUDIO_BENCH_OPERATOR_LOG")
+                .unwrap_or_else(|_| "warn".into()),
         })
     }
 
@@ -198,6 +206,7 @@ impl Config {
             "faultsQueues": self.faults_queues, "faultsTaps": self.faults_taps,
             "faultsRate": self.faults_rate, "faultsFreezeSeconds": self.faults_freeze_seconds,
             "shardsQueues": self.shards_queues, "shardsReplicas": self.shards_replicas,
+            "baselines": self.baselines, "operatorLog": self.operator_log,
             "inFlight": self.in_flight, "applyInFlight": self.apply_in_flight, "operator": self.operator_bin.display().to_string(),
         })
     }

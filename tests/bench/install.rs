@@ -315,6 +315,7 @@ impl Install {
         let url = ctx.bed.create_database(&db).await?;
         std::fs::create_dir_all(&ctx.cfg.out_dir)?;
         let operator = Operator::start(Launch {
+            rust_log: &ctx.cfg.operator_log,
             binary: &ctx.cfg.operator_bin,
             kubeconfig: &ctx.bed.var("TESTBED_OPERATOR_KUBECONFIG")?,
             database_url: &url,
@@ -346,6 +347,7 @@ impl Install {
         self.operator.stop().await?;
         let url = Install::url_of(ctx, &self.db)?;
         let operator = Operator::start(Launch {
+            rust_log: &ctx.cfg.operator_log,
             binary: &ctx.cfg.operator_bin,
             kubeconfig: &ctx.bed.var("TESTBED_OPERATOR_KUBECONFIG")?,
             database_url: &url,

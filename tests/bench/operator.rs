@@ -26,6 +26,8 @@ pub struct Launch<'a> {
     pub namespace: &'a str,
     pub instance_id: &'a str,
     pub log: PathBuf,
+    /// The operator's RUST_LOG.
+    pub rust_log: &'a str,
     pub extra_env: &'a [(&'a str, &'a str)],
 }
 
@@ -49,7 +51,7 @@ impl Operator {
         ])
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .env("KUBECONFIG", l.kubeconfig)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", l.rust_log)
         .env("LEADER_ELECTION", "false")
         .env("INSTANCE_ID", l.instance_id)
         // The log (tracing writes to stdout) next to the report: the first place to look when a

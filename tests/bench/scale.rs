@@ -156,12 +156,16 @@ pub async fn run(ctx: &Ctx) -> Result<Section> {
 /// operator's N. The floor's namespace is not the one the operator watches.
 async fn one(ctx: &Ctx, n: usize, repeat: usize) -> Result<(Run, Option<SharedFloor>)> {
     let mut run = Run::default();
-    bare(ctx, n, repeat, &mut run).await?;
+    if ctx.cfg.baselines {
+        bare(ctx, n, repeat, &mut run).await?;
+    }
     let install = Install::up(ctx, &format!("s{n}r{repeat}"), &[]).await?;
     let watch = QueueWatch::start(&install.objects);
     let status = probe_status(ctx, &install, &watch, &format!("p{n}r{repeat}")).await?;
-    measure_floor(ctx, n, repeat, &status, &mut run).await;
-    let shared = if repeat == 0 {
+    if ctx.cfg.baselines {
+        measure_floor(ctx, n, repeat, &status, &mut run).await;
+    }
+    let shared = if repeat == 0 && ctx.cfg.baselines {
         let shared = floor_shared::run(ctx, &format!("shared-floor{n}"), n, &status).await;
         match &shared {
             SharedFloor::Measured(f) => println!(

@@ -285,6 +285,7 @@ async fn start_replica(
         env.push(("SHARDING", "true"));
     }
     Operator::start(Launch {
+        rust_log: &ctx.cfg.operator_log,
         binary: &ctx.cfg.operator_bin,
         kubeconfig: &ctx.bed.var("TESTBED_OPERATOR_KUBECONFIG")?,
         database_url,

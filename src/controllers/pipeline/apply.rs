@@ -23,7 +23,7 @@ use super::status::{
     announce_not_ready, carry_history, next_pass, old_audit, old_conditions, old_not_owned, report,
     set_not_converging, set_paused_condition, stop,
 };
-use super::{Pass, Step, TopologyObject};
+use super::{FreshRead, Pass, Step, TopologyObject};
 use crate::api::{NodeOutcome, NotOwned, Outcome, RefusalKind};
 use crate::controllers::command::{self, Scope};
 use crate::controllers::dependents::trigger_dependents;
@@ -118,7 +118,7 @@ async fn apply_dereference<K: TopologyObject>(
             rt.poll_interval.max(Duration::from_secs(10)),
         )));
     }
-    let deref = match with_topology(ctx, rt, cluster_key) {
+    let deref = match with_topology(ctx, rt, cluster_key, &K::addresses(&d)) {
         Ok(deref) => deref,
         Err(e) => return Ok(ControlFlow::Break(not_dereferenced(ctx, o, &d, e).await?)),
     };
@@ -374,7 +374,7 @@ pub(in crate::controllers) async fn apply_with_evidence<K: TopologyObject>(
                 // Made behind the snapshot's back (another writer, or a poll not yet seen):
                 // read that object and judge it as an update would be.
                 existed.store(true, Ordering::Relaxed);
-                let fresh = Arc::new(K::read_fresh(&t, &d, false).await?);
+                let fresh = Arc::new(K::read_fresh(&t, &d, FreshRead::Apply).await?);
                 record(&fresh);
                 let report = K::apply_on(t.clone(), d.clone(), fresh.clone()).await?;
                 verify::<K>(&t, &d, report, &fresh, seen).await
@@ -399,7 +399,7 @@ async fn verify<K: TopologyObject>(
     }
     let (after, answered) = match &report.seen {
         Some(seen) => (seen.clone(), true),
-        None => match K::read_fresh(t, d, false).await {
+        None => match K::read_fresh(t, d, FreshRead::Apply).await {
             Ok(inv) => (Arc::new(inv), false),
             Err(e) => {
                 return Ok(NodeReport {
@@ -599,7 +599,9 @@ mod tests {
         let d = desired(json!({"delivery": "Paused"}));
         let fake = hand_paused(&d, true);
         let t = target("n1", fake.clone());
-        let fresh = ArtemisQueue::read_fresh(&t, &d, false).await.expect("read");
+        let fresh = ArtemisQueue::read_fresh(&t, &d, FreshRead::Apply)
+            .await
+            .expect("read");
         assert_eq!(fresh.queues["orders"].pause_persisted, Some(false));
         let report = apply(&fake, &d, Planned::Fresh(Arc::new(fresh)))
             .await
@@ -622,7 +624,9 @@ mod tests {
 
         let fake = hand_paused(&d, false);
         let t = target("n1", fake.clone());
-        let fresh = ArtemisQueue::read_fresh(&t, &d, false).await.expect("read");
+        let fresh = ArtemisQueue::read_fresh(&t, &d, FreshRead::Apply)
+            .await
+            .expect("read");
         let report = apply(&fake, &d, Planned::Fresh(Arc::new(fresh)))
             .await
             .expect("judged");

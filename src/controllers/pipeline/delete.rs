@@ -163,7 +163,8 @@ async fn delete_dereference<K: TopologyObject>(
     if let Some(done) = owned_elsewhere(ctx, o, d, &cluster_key).await {
         return ControlFlow::Break(done);
     }
-    let deref = match dereference(ctx, o).and_then(|(rt, k)| with_topology(ctx, rt, k)) {
+    let addresses = K::addresses(d);
+    let deref = match dereference(ctx, o).and_then(|(rt, k)| with_topology(ctx, rt, k, &addresses)) {
         Ok(x) => x,
         Err(e) => {
             let m = format!("{e}. {RELEASE_HINT}");

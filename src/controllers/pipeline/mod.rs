@@ -120,6 +120,17 @@ pub struct PlanFacts {
     pub deleting_addresses: BTreeMap<String, String>,
 }
 
+/// What a fresh read is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FreshRead {
+    /// A write's: only the object itself.
+    Apply,
+    /// A delete's: also what goes with it. `diverts_at_last_poll`: whether the node's latest
+    /// inventory held any divert; a node that held none is asked for its divert names first
+    /// and read in full only if any appeared since (issue 45).
+    Delete { diverts_at_last_poll: bool },
+}
+
 /// A delete refused as a whole before anything is sent (e.g. the bulk cap).
 #[derive(Clone, Debug)]
 pub struct WholeRefusal {
@@ -204,11 +215,11 @@ pub trait TopologyObject:
     /// is not this object's (another address, routing type or routing name) is `Nothing`.
     fn plan_delete(d: &Self::Desired, inv: &NodeInventory, facts: &PlanFacts) -> Step;
     /// The fresh read a preflight makes on a node: only what the command touches (for a
-    /// delete, `for_delete`, also what goes with it: the dependent diverts).
+    /// delete, also what goes with it: the dependent diverts).
     fn read_fresh(
         t: &Target,
         d: &Self::Desired,
-        for_delete: bool,
+        read: FreshRead,
     ) -> impl Future<Output = Result<NodeInventory, crate::broker::BrokerError>> + Send;
     /// A refusal of the delete as a whole, from every node's fresh read (the bulk cap).
     fn refuse_delete(

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::dereference::Dereferenced;
 use super::plan::{planned, snapshot_inventories, write_targets};
-use super::{Step, TopologyObject};
+use super::{FreshRead, Step, TopologyObject};
 use crate::api::{NodeOutcome, Outcome};
 use crate::fanout::Target;
 use crate::topology::inventory::NodeInventory;
@@ -85,7 +85,14 @@ pub(super) async fn fresh_reads<K: TopologyObject>(
         let management = n.active.clone()?;
         Some(async move {
             let t = Target::new(n.node_id.clone(), management);
-            let read = tokio::time::timeout(timeout, K::read_fresh(&t, d, for_delete))
+            let purpose = if for_delete {
+                // No inventory yet: as if it held diverts (the full read at once).
+                let diverts_at_last_poll = n.inventory.as_ref().is_none_or(|i| !i.diverts.is_empty());
+                FreshRead::Delete { diverts_at_last_poll }
+            } else {
+                FreshRead::Apply
+            };
+            let read = tokio::time::timeout(timeout, K::read_fresh(&t, d, purpose))
                 .await
                 .unwrap_or(Err(crate::broker::BrokerError::Timeout(timeout.as_secs())));
             let r = read.map(Arc::new).map_err(|e| NodeOutcome {

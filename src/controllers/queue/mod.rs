@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use self::plan::{DesiredQueue, NodeAction};
 use super::Context;
 use super::ownership::InUse;
-use super::pipeline::{self, Pass, PlanFacts, Step, TopologyObject, WholeRefusal};
+use super::pipeline::{self, FreshRead, Pass, PlanFacts, Step, TopologyObject, WholeRefusal};
 use crate::api::queue::{
     ArtemisQueue, ArtemisQueueStatus, DeletePreview, Delivery, DeliveryState, NodeDelivery,
 };
@@ -32,7 +32,7 @@ pub const FINALIZER: &str = "artemis-studio.io/queue";
 /// forwarding into its address live on other addresses). The address is not read: an update
 /// and a delete plan nothing from it, and a create learns it from the broker's answer
 /// (`createAddress` says "already exists").
-async fn read_queue(t: &Target, d: &DesiredQueue, for_delete: bool) -> Result<NodeInventory, BrokerError> {
+async fn read_queue(t: &Target, d: &DesiredQueue, purpose: FreshRead) -> Result<NodeInventory, BrokerError> {
     let queue = [QueueAt {
         name: &d.name,
         address: &d.address,
@@ -41,13 +41,17 @@ async fn read_queue(t: &Target, d: &DesiredQueue, for_delete: bool) -> Result<No
     let read = t.ops.read_scoped(ScopedRead {
         queues: &queue,
         addresses: &[],
-        diverts: if for_delete {
-            DivertsRead::All
-        } else {
-            DivertsRead::None
+        diverts: match purpose {
+            FreshRead::Apply => DivertsRead::None,
+            FreshRead::Delete {
+                diverts_at_last_poll: true,
+            } => DivertsRead::All,
+            FreshRead::Delete {
+                diverts_at_last_poll: false,
+            } => DivertsRead::AllIfAny,
         },
     });
-    if for_delete || d.spec.delivery != Some(Delivery::Paused) {
+    if purpose != FreshRead::Apply || d.spec.delivery != Some(Delivery::Paused) {
         return read.await;
     }
     // Issue 49: a queue declared Paused is also asked whether its pause is persisted (a pause()
@@ -499,9 +503,9 @@ impl TopologyObject for ArtemisQueue {
     async fn read_fresh(
         t: &Target,
         d: &DesiredQueue,
-        for_delete: bool,
+        purpose: FreshRead,
     ) -> Result<NodeInventory, BrokerError> {
-        read_queue(t, d, for_delete).await
+        read_queue(t, d, purpose).await
     }
 
     /// The bulk cap (ADR-0049, ADR-0084 §7) on the fresh counts of every node read.
