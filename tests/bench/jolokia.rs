@@ -99,15 +99,21 @@ impl Jolokia {
     }
 
     async fn send(&self, node: &Node, body: &Value) -> Result<Value> {
-        let resp = self
-            .http
-            .post(&node.url)
-            .basic_auth(&self.user.0, Some(&self.user.1))
-            .header("Origin", &node.origin)
-            .json(body)
-            .send()
-            .await
-            .with_context(|| format!("POST to {}", node.name))?;
+        let post = || {
+            self.http
+                .post(&node.url)
+                .basic_auth(&self.user.0, Some(&self.user.1))
+                .header("Origin", &node.origin)
+                .json(body)
+                .send()
+        };
+        // A pooled keep-alive connection the broker closed as it was reused ("connection closed
+        // before message completed", twice at 10,000 queues) is tried once more on a new one.
+        let resp = match post().await {
+            Err(e) if e.is_request() && !e.is_timeout() => post().await,
+            r => r,
+        }
+        .with_context(|| format!("POST to {}", node.name))?;
         let text = resp.text().await?;
         serde_json::from_str(&text).with_context(|| format!("{}: not JSON: {text:.200}", node.name))
     }

@@ -172,7 +172,10 @@ async fn one(ctx: &Ctx, n: usize, repeat: usize) -> Result<(Run, Option<SharedFl
                 "bench: floor at {n}, the shared script: single {:.1}/s, bulk {:.1}/s, one object {:.1} ms",
                 f.single_rate, f.bulk_rate, f.one_object_ms
             ),
-            SharedFloor::NotMeasured(why) => println!("bench: floor at {n}, the shared script: {why}"),
+            SharedFloor::NotMeasured(why) => {
+                println!("bench: floor at {n}, the shared script: {why}");
+                ctx.clean_brokers().await;
+            }
         }
         Some(shared)
     } else {
@@ -245,6 +248,9 @@ async fn measure_floor(ctx: &Ctx, n: usize, repeat: usize, status: &Value, run: 
         Err(e) => {
             eprintln!("[bench] floor at {n}: {e:#}");
             run.floor_error = Some(format!("{e:#}"));
+            // What the failed floor left on the brokers goes before anything else is measured
+            // (at 10,000 two floors' leftovers exhausted a broker's heap).
+            ctx.clean_brokers().await;
         }
     }
     ctx.drop_scratch_namespace(&ns).await;
@@ -332,7 +338,10 @@ async fn creates(
         .wait_all(names, ctx.cfg.wait_for(n), "Ready", |s| s.ready)
         .await
     {
-        Ok(at) => run.create_rate = n as f64 / at.saturating_duration_since(start).as_secs_f64(),
+        Ok(at) => {
+            run.create_rate = n as f64 / at.saturating_duration_since(start).as_secs_f64();
+            println!("bench: {n} creates → all Ready: {:.1}/s", run.create_rate);
+        }
         Err(e) => {
             run.create_rate = f64::NAN;
             run.not_ready = watch.pending(names, |s| s.ready);
