@@ -576,6 +576,54 @@ async fn delete_removes_dependent_diverts_first_and_keeps_source_diverts() {
     );
 }
 
+/// Issue 45: a delete's preflight on a node that had no divert at its last poll asks the node's
+/// DivertNames instead of the pattern read; when the node lists any (here one made behind the
+/// operator's back just now), every divert is read, so the delete still removes those that
+/// forward into its address first.
+#[tokio::test]
+async fn a_preflight_asking_divert_names_reads_every_divert_once_the_node_lists_one() {
+    use artemis_studio_operator::topology::inventory::{DivertsRead, QueueAt, ScopedRead, read_scoped};
+    let _b = brokers_shared().await;
+    let f = fixture("q-names", None).await;
+    let id = short_id();
+    f.clean.also(&id);
+    let (target, source) = (format!("named.{id}"), format!("namedsrc.{id}"));
+    let t = f.topology().await;
+    let n = t.live_nodes().next().expect("a live node");
+    let m = n.active.as_ref().expect("live");
+    m.create_queue(
+        &json!({"name": target, "address": target, "routing-type": "ANYCAST", "auto-create-address": true}),
+    )
+    .await
+    .expect("queue");
+    m.create_address(&source, "MULTICAST")
+        .await
+        .expect("source address");
+    let divert = format!("into.{id}");
+    m.create_divert(&json!({"name": divert, "routing-name": divert, "address": source, "forwarding-address": target, "exclusive": false}))
+        .await
+        .expect("divert");
+    let queues = [QueueAt {
+        name: &target,
+        address: &target,
+        routing_type: "ANYCAST",
+    }];
+    let scope = ScopedRead {
+        queues: &queues,
+        addresses: &[],
+        diverts: DivertsRead::AllIfAny,
+    };
+    let inv = read_scoped(m, &scope).await.expect("read");
+    assert!(inv.queues.contains_key(&target), "the queue itself is read");
+    let found = inv
+        .diverts
+        .get(&divert)
+        .expect("the divert the node lists is read in full");
+    assert_eq!(found.forwarding_address, target);
+    m.destroy_divert(&divert).await.expect("divert removed");
+    m.destroy_queue(&target, true).await.expect("queue removed");
+}
+
 #[tokio::test]
 async fn delete_over_the_bulk_cap_is_refused_until_message_loss_is_allowed() {
     let _b = brokers_shared().await;
