@@ -648,13 +648,12 @@ pub async fn read_scoped(m: &BrokerManagement, scope: &ScopedRead<'_>) -> Result
 /// What a divert read asks, each request with the divert it reads (None: `DivertNames`, or
 /// the pattern read of every divert for `All`).
 fn divert_requests(broker_name: &str, read: &DivertsRead<'_>) -> Vec<(Option<String>, JolokiaRequest)> {
+    // The node's divert names: judged the same way for a named read and for `AllIfAny`.
+    let names = || JolokiaRequest::read_strict(mbean::broker(broker_name), &["DivertNames"]);
     match read {
         DivertsRead::None => vec![],
         DivertsRead::Named { name, address } => vec![
-            (
-                None,
-                JolokiaRequest::read_strict(mbean::broker(broker_name), &["DivertNames"]),
-            ),
+            (None, names()),
             (
                 Some(name.to_string()),
                 JolokiaRequest::read_strict(mbean::divert(broker_name, address, name), DIVERT_ATTRIBUTES),
@@ -664,10 +663,7 @@ fn divert_requests(broker_name: &str, read: &DivertsRead<'_>) -> Vec<(Option<Str
             None,
             JolokiaRequest::read_strict(mbean::all_diverts(broker_name), DIVERT_ATTRIBUTES),
         )],
-        DivertsRead::AllIfAny => vec![(
-            None,
-            JolokiaRequest::read_strict(mbean::broker(broker_name), &["DivertNames"]),
-        )],
+        DivertsRead::AllIfAny => vec![(None, names())],
     }
 }
 
