@@ -15,7 +15,8 @@ use kube::runtime::controller::Action;
 use super::audit::{intent, stamp};
 use super::claims::conflict_winner;
 use super::dereference::{
-    DereferenceError, Dereferenced, Gate, dereference, ensure_credentials, with_topology,
+    CredentialsAsk, DereferenceError, Dereferenced, Gate, dereference, ensure_credentials_asked,
+    with_topology,
 };
 use super::plan::{merge, plan_nodes, write_targets};
 use super::preflight::fresh_reads;
@@ -30,7 +31,11 @@ use crate::topology::inventory::NodeInventory;
 
 /// cleanup: the delete of every kind. Releases the finalizer only when no node may still hold
 /// what the object owned.
-pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+pub async fn cleanup<K: TopologyObject>(
+    obj: Arc<K>,
+    ctx: Arc<Context>,
+    asked: Option<CredentialsAsk>,
+) -> Result<Action, ReconcileError> {
     let o = obj.as_ref();
     let d = match delete_gate(&ctx, o).await {
         ControlFlow::Continue(d) => d,
@@ -50,7 +55,15 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
         .hold(&deref.cluster_key, &K::addresses(&d), K::ADDRESS_HOLD)
         .await;
     let live: BTreeSet<String> = deref.topology.live_nodes().map(|n| n.node_id.clone()).collect();
-    let fresh = fresh_reads::<K>(&deref, &d, &live, true).await;
+    // Issue 45: the credentials read goes alongside the preflight read (a read, not a write);
+    // the check still ends before the command is sent.
+    let (credentials, fresh) = futures::join!(
+        delete_credentials(&ctx, o, &d, &deref, asked.as_ref()),
+        fresh_reads::<K>(&deref, &d, &live, true)
+    );
+    if let ControlFlow::Break(done) = credentials {
+        return done;
+    }
     let fresh_ok: BTreeMap<String, Arc<NodeInventory>> = fresh
         .iter()
         .filter_map(|(n, r)| r.as_ref().ok().map(|i| (n.clone(), i.clone())))
@@ -141,7 +154,7 @@ async fn release_never_applied<K: TopologyObject>(
 const RELEASE_HINT: &str =
     "To release this object and leave the broker as it is, set spec.deletion.policy: Retain";
 
-/// The cluster, its topology and credentials for a delete — or why the delete cannot go on:
+/// The cluster and its topology for a delete — or why the delete cannot go on:
 /// released (never applied, another object's, the namespace going away), refused for now (not
 /// yet polled since a restart) or blocked (naming the fix).
 async fn delete_dereference<K: TopologyObject>(
@@ -149,9 +162,7 @@ async fn delete_dereference<K: TopologyObject>(
     o: &K,
     d: &K::Desired,
 ) -> ControlFlow<Result<Action, ReconcileError>, Dereferenced> {
-    let never_reached = o
-        .current_status()
-        .is_none_or(|s| s.nodes().is_empty() && s.last_audit_id().is_none());
+    let never_reached = never_reached(o);
     let cluster_key = match dereference(ctx, o) {
         Ok((_, k)) => k,
         Err(e) => {
@@ -171,14 +182,32 @@ async fn delete_dereference<K: TopologyObject>(
             return ControlFlow::Break(delete_not_dereferenced(ctx, o, d, e, never_reached, m).await);
         }
     };
+    ControlFlow::Continue(deref)
+}
+
+/// The delete's credentials check, answered by a read begun after the pass asked: missing (an
+/// object that never reached a broker is released), changed or unreadable (blocked).
+async fn delete_credentials<K: TopologyObject>(
+    ctx: &Context,
+    o: &K,
+    d: &K::Desired,
+    deref: &Dereferenced,
+    asked: Option<&CredentialsAsk>,
+) -> ControlFlow<Result<Action, ReconcileError>> {
     let ns = o.namespace().unwrap_or_default();
     let used = &deref.topology.secret_versions;
-    if let Err(e) = ensure_credentials(ctx, &ns, &o.cluster_ref().name, used).await {
-        let never = never_reached && matches!(e, DereferenceError::CredentialsMissing(..));
-        let m = format!("{e}. {RELEASE_HINT}");
-        return ControlFlow::Break(delete_not_dereferenced(ctx, o, d, e, never, m).await);
-    }
-    ControlFlow::Continue(deref)
+    let Err(e) = ensure_credentials_asked(ctx, &ns, &o.cluster_ref().name, used, asked).await else {
+        return ControlFlow::Continue(());
+    };
+    let never = never_reached(o) && matches!(e, DereferenceError::CredentialsMissing(..));
+    let m = format!("{e}. {RELEASE_HINT}");
+    ControlFlow::Break(delete_not_dereferenced(ctx, o, d, e, never, m).await)
+}
+
+/// The object never reached a broker: no node in its status and no command.
+fn never_reached<K: TopologyObject>(o: &K) -> bool {
+    o.current_status()
+        .is_none_or(|s| s.nodes().is_empty() && s.last_audit_id().is_none())
 }
 
 /// A delete whose cluster cannot be used: the cluster is gone or cannot be used (its Secret is
@@ -304,6 +333,8 @@ async fn block<K: TopologyObject>(
 }
 
 /// The audited delete on the nodes the plan writes to; each node's outcome merged into the plan.
+/// Its success gets an Event only when it destroys more than the object's own unused broker
+/// object (`TopologyObject::delete_destroys_more`); a failure always does.
 async fn execute_delete<K: TopologyObject>(
     ctx: &Context,
     o: &K,
@@ -317,6 +348,7 @@ async fn execute_delete<K: TopologyObject>(
     let targets: BTreeSet<String> = write_targets(&plan);
     let mut params = o.delete_params(d);
     params["plan"] = serde_json::to_value(plan.iter().map(|(n, _)| n).collect::<Vec<_>>())?;
+    let destroys_more = before.values().any(|inv| K::delete_destroys_more(d, inv, &facts));
     let (d2, before) = (d.clone(), Arc::new(before));
     let delete = move |t: Target| {
         let inv = before.get(&t.node_id).cloned().unwrap_or_default();
@@ -335,9 +367,14 @@ async fn execute_delete<K: TopologyObject>(
         timeout: deref.rt.request_timeout * 4,
     };
     let command = format!("{}.delete", K::NOUN);
+    let told = if destroys_more {
+        scope.told(o)
+    } else {
+        scope.told(o).failure_only()
+    };
     let result = command::execute(
         ctx,
-        scope.told(o),
+        told,
         scope.topology,
         scope.timeout,
         intent(ctx, o, d, &command, params),
