@@ -200,11 +200,7 @@ async fn run(mut rx: mpsc::Receiver<Pending>, budget: std::sync::Arc<NodeBudget>
             continue;
         }
         // Supervision: one POST; each request in it awaits its reply, which an end drops.
-        let on_wire = OnWire::new(&in_flight);
-        tokio::spawn(async move {
-            send(batch, permit).await;
-            drop(on_wire);
-        });
+        tokio::spawn(send(batch, permit, OnWire::new(&in_flight)));
     }
 }
 
@@ -226,8 +222,9 @@ impl Drop for OnWire {
 }
 
 /// Send one batch as one POST and hand every caller its own elements. Identical reads go once
-/// (issue 45: the deletes in flight on a node share one read of its diverts).
-async fn send(batch: Vec<Pending>, permit: Permit) {
+/// (issue 45: the deletes in flight on a node share one read of its diverts). The batcher counts
+/// it on the wire until it ends (`OnWire`).
+async fn send(batch: Vec<Pending>, permit: Permit, _on_wire: OnWire) {
     let mut client = None;
     let mut shared = SharedReads::default();
     let mut replies = Vec::with_capacity(batch.len());

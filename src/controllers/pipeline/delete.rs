@@ -15,8 +15,7 @@ use kube::runtime::controller::Action;
 use super::audit::{intent, stamp};
 use super::claims::conflict_winner;
 use super::dereference::{
-    CredentialsAsk, DereferenceError, Dereferenced, Gate, dereference, ensure_credentials_asked,
-    with_topology,
+    DereferenceError, Dereferenced, Gate, dereference, ensure_credentials, with_topology,
 };
 use super::plan::{merge, plan_nodes, write_targets};
 use super::preflight::fresh_reads;
@@ -31,11 +30,7 @@ use crate::topology::inventory::NodeInventory;
 
 /// cleanup: the delete of every kind. Releases the finalizer only when no node may still hold
 /// what the object owned.
-pub async fn cleanup<K: TopologyObject>(
-    obj: Arc<K>,
-    ctx: Arc<Context>,
-    asked: Option<CredentialsAsk>,
-) -> Result<Action, ReconcileError> {
+pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     let o = obj.as_ref();
     let d = match delete_gate(&ctx, o).await {
         ControlFlow::Continue(d) => d,
@@ -55,10 +50,10 @@ pub async fn cleanup<K: TopologyObject>(
         .hold(&deref.cluster_key, &K::addresses(&d), K::ADDRESS_HOLD)
         .await;
     let live: BTreeSet<String> = deref.topology.live_nodes().map(|n| n.node_id.clone()).collect();
-    // Issue 45: the credentials read goes alongside the preflight read (a read, not a write);
-    // the check still ends before the command is sent.
+    // Issue 45: the credentials read goes alongside the preflight read (a read, not a write),
+    // both begun under the lock; the check still ends before the command is sent.
     let (credentials, fresh) = futures::join!(
-        delete_credentials(&ctx, o, &d, &deref, asked.as_ref()),
+        delete_credentials(&ctx, o, &d, &deref),
         fresh_reads::<K>(&deref, &d, &live, true)
     );
     if let ControlFlow::Break(done) = credentials {
@@ -185,18 +180,17 @@ async fn delete_dereference<K: TopologyObject>(
     ControlFlow::Continue(deref)
 }
 
-/// The delete's credentials check, answered by a read begun after the pass asked: missing (an
-/// object that never reached a broker is released), changed or unreadable (blocked).
+/// The delete's credentials check: missing (an object that never reached a broker is
+/// released), changed or unreadable (blocked).
 async fn delete_credentials<K: TopologyObject>(
     ctx: &Context,
     o: &K,
     d: &K::Desired,
     deref: &Dereferenced,
-    asked: Option<&CredentialsAsk>,
 ) -> ControlFlow<Result<Action, ReconcileError>> {
     let ns = o.namespace().unwrap_or_default();
     let used = &deref.topology.secret_versions;
-    let Err(e) = ensure_credentials_asked(ctx, &ns, &o.cluster_ref().name, used, asked).await else {
+    let Err(e) = ensure_credentials(ctx, &ns, &o.cluster_ref().name, used).await else {
         return ControlFlow::Continue(());
     };
     let never = never_reached(o) && matches!(e, DereferenceError::CredentialsMissing(..));

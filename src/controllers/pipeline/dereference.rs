@@ -11,10 +11,10 @@ use kube::{Resource, ResourceExt};
 use super::claims::same_brokers;
 use super::{PlanFacts, TopologyObject};
 use crate::api::{ArtemisCluster, ArtemisQueue, ClusterRef};
-use crate::controllers::context::SecretVersions;
 use crate::controllers::runtime::ClusterRuntime;
 use crate::controllers::shared_read::Asked;
 use crate::controllers::{Context, conditions, is_paused, key};
+use crate::topology::access::AccessProblem;
 use crate::topology::{Topology, TopologyChange};
 
 /// Why an object cannot reach its cluster now.
@@ -161,9 +161,8 @@ pub async fn ensure_credentials(
 }
 
 /// A pass's ask for its cluster's Secrets, taken when the pass began (issue 45): the read that
-/// answers it may go alongside the pass's other work (a create's finalizer patch, a delete's
-/// preflight read), begun after the pass was; [`ensure_credentials_asked`] still ends before
-/// any broker write.
+/// answers it may go alongside the pass's other work (a create's finalizer patch), begun after
+/// the pass was; [`ensure_credentials_asked`] still ends before any broker write.
 #[derive(Clone, Debug)]
 pub struct CredentialsAsk {
     slot: String,
@@ -199,7 +198,11 @@ pub async fn read_credentials(ctx: &Context, ns: &str, cluster: &str, ask: &Cred
     }
 }
 
-async fn read_secrets(ctx: &Context, ns: &str, c: &ArtemisCluster) -> SecretVersions {
+async fn read_secrets(
+    ctx: &Context,
+    ns: &str,
+    c: &ArtemisCluster,
+) -> Result<BTreeMap<String, String>, Arc<AccessProblem>> {
     let read = crate::topology::access::read_secrets(&ctx.client, ns, &c.spec).await;
     read.map(|m| m.versions).map_err(Arc::new)
 }

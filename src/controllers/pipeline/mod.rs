@@ -327,8 +327,8 @@ pub async fn reconcile<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Res
         None => obj,
     };
     let deleting = obj.meta().deletion_timestamp.is_some();
-    // Issue 45: the pass asks for its cluster's Secrets as it begins; a new object's read goes
-    // alongside its finalizer patch, a delete's alongside its preflight read.
+    // Issue 45: the pass asks for its cluster's Secrets as it begins (once granted its slot); a
+    // new object's read goes alongside its finalizer patch.
     let (ns, cluster) = (
         obj.namespace().unwrap_or_default(),
         obj.cluster_ref().name.clone(),
@@ -352,7 +352,7 @@ pub async fn reconcile<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Res
         },
         read_alongside,
         |o| apply::apply(o, ctx.clone(), asked.clone()),
-        |o| delete::cleanup(o, ctx.clone(), asked.clone()),
+        |o| delete::cleanup(o, ctx.clone()),
     )
     .await;
     if deleting && result.is_ok() {
