@@ -620,8 +620,6 @@ async fn a_preflight_asking_divert_names_reads_every_divert_once_the_node_lists_
         .get(&divert)
         .expect("the divert the node lists is read in full");
     assert_eq!(found.forwarding_address, target);
-    m.destroy_divert(&divert).await.expect("divert removed");
-    m.destroy_queue(&target, true).await.expect("queue removed");
 }
 
 #[tokio::test]
