@@ -51,7 +51,8 @@ pub enum SuccessEvent<'a> {
     /// of Events nobody acts on.
     IfExisted(&'a AtomicBool),
     /// Never: a capture tap's install or removal, one of thousands a pattern makes — its
-    /// subscription's status lists each tap and the audit log each command.
+    /// subscription's status lists each tap and the audit log each command; a plain delete,
+    /// told by the object's going and its audit row.
     Never,
 }
 
@@ -73,6 +74,14 @@ impl<'a, K> Told<'a, K> {
             on: Some(obj),
             success_event: SuccessEvent::Always,
             evidence_for: Some((cluster_ns, cluster_name)),
+        }
+    }
+
+    /// A command whose success is told by its audit row alone (a failure still gets an Event).
+    pub fn failure_only(self) -> Self {
+        Told {
+            success_event: SuccessEvent::Never,
+            ..self
         }
     }
 

@@ -218,12 +218,14 @@ pub(super) fn tokio_stream_of<K: Send + 'static>(
 /// (issue 45: one slot per create, where kube's `finalizer()` ends the reconcile and waits for
 /// the patch's watch event to queue a second one behind every later arrival). The finalizer is
 /// stored before `apply` sends anything, as ADR-0084 needs; `own_change` is told of the patched
-/// object first, so its watch event asks for no further reconcile.
+/// object first, so its watch event asks for no further reconcile. `alongside_patch` runs with
+/// the finalizer patch when there is one (issue 45: a create's credentials read), else never.
 pub async fn with_finalizer<K, A, AFut, C, CFut>(
     ctx: &Context,
     obj: Arc<K>,
     finalizer_name: &str,
     own_change: impl FnOnce(&K),
+    alongside_patch: impl std::future::Future<Output = ()>,
     apply: A,
     cleanup: C,
 ) -> Result<kube::runtime::controller::Action, ReconcileError>
@@ -257,8 +259,8 @@ where
             .get_or_insert_default()
             .push(finalizer_name.to_string());
         own_change(&expected);
-        let added = add_finalizer(&api, obj.as_ref(), finalizer_name).await?;
-        return apply(Arc::new(added)).await;
+        let (added, ()) = futures::join!(add_finalizer(&api, obj.as_ref(), finalizer_name), alongside_patch);
+        return apply(Arc::new(added?)).await;
     }
     finalizer(&api, finalizer_name, obj, |event| async move {
         match event {

@@ -39,6 +39,12 @@ fn lock<S>(m: &Mutex<S>) -> MutexGuard<'_, S> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// When a caller asked: it takes the answer of a read of its key that began after that.
+#[derive(Clone, Copy, Debug)]
+pub struct Asked {
+    need: u64,
+}
+
 impl<T: Clone> SharedReads<T> {
     /// The answer of a read of `key` that began after this call: `read` is called only when
     /// no such read is in flight or done.
@@ -47,8 +53,27 @@ impl<T: Clone> SharedReads<T> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = T>,
     {
+        let asked = self.ask(key);
+        self.answer(key, asked, read).await
+    }
+
+    /// Ask now, for an answer taken later ([`SharedReads::answer`]): a read begun meanwhile (by
+    /// this caller alongside other work, or by anyone) answers it.
+    pub fn ask(&self, key: &str) -> Asked {
+        Asked {
+            need: lock(&self.slot(key).state).started + 1,
+        }
+    }
+
+    /// The answer of a read of `key` that began after `asked`: `read` is called only when no
+    /// such read is in flight or done.
+    pub async fn answer<F, Fut>(&self, key: &str, asked: Asked, read: F) -> T
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = T>,
+    {
         let slot = self.slot(key);
-        let need = lock(&slot.state).started + 1;
+        let need = asked.need;
         let mut read = Some(read);
         loop {
             let notified = slot.done.notified();
@@ -157,6 +182,29 @@ mod tests {
         );
         assert_eq!(reads.read("c", read).await, 3, "a caller after them reads again");
         assert_eq!(count.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_read_begun_after_the_ask_answers_it_and_an_older_one_does_not() {
+        let reads: SharedReads<u64> = SharedReads::default();
+        let count = AtomicU64::new(0);
+        let read = || async { count.fetch_add(1, Ordering::SeqCst) + 1 };
+        assert_eq!(reads.read("c", read).await, 1);
+        let asked = reads.ask("c");
+        // Read 1 finished before the ask: not an answer. Read 2, begun after it, is.
+        assert_eq!(reads.read("c", read).await, 2);
+        assert_eq!(reads.answer("c", asked, read).await, 2);
+        assert_eq!(
+            count.load(Ordering::SeqCst),
+            2,
+            "the answer was the read begun after"
+        );
+        let later = reads.ask("c");
+        assert_eq!(
+            reads.answer("c", later, read).await,
+            3,
+            "nothing begun since: read"
+        );
     }
 
     #[tokio::test]

@@ -276,6 +276,17 @@ async fn a_queue_is_created_on_every_node_and_reapplying_is_already_without_audi
     assert!(!preview.exceeds_bulk_cap);
     // A new object's create is told by its status and its audit row, not by an Event.
     assert_eq!(f.event_reasons(&name).await, Vec::<String>::new());
+    // Issue 45: so is the delete of an empty queue nobody uses: by the object's going (the
+    // finalizer is released after the command's Event would have been published) and its row.
+    f.queues()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete");
+    f.wait_gone(&name).await;
+    let deleted = f.audit_rows("queue.delete").await;
+    assert_eq!(deleted.len(), 1, "{deleted:?}");
+    assert_eq!(deleted[0].1, "succeeded");
+    assert_eq!(f.event_reasons(&name).await, Vec::<String>::new());
 }
 
 #[tokio::test]
@@ -569,6 +580,9 @@ async fn delete_removes_dependent_diverts_first_and_keeps_source_diverts() {
     }
     let rows = f.audit_rows("queue.delete").await;
     assert_eq!(rows.len(), 1);
+    // A delete that removed other objects' diverts is told by an Event too.
+    let reasons = f.event_reasons(&name).await;
+    assert!(reasons.iter().any(|r| r == "Applied"), "{reasons:?}");
     let detail = rows[0].2.to_string();
     assert!(
         detail.contains(&format!("into.{id}")) && detail.contains("forwarding-address"),
@@ -620,6 +634,8 @@ async fn a_preflight_asking_divert_names_reads_every_divert_once_the_node_lists_
         .get(&divert)
         .expect("the divert the node lists is read in full");
     assert_eq!(found.forwarding_address, target);
+    m.destroy_divert(&divert).await.expect("divert removed");
+    m.destroy_queue(&target, true).await.expect("queue removed");
 }
 
 #[tokio::test]
@@ -673,6 +689,9 @@ async fn delete_over_the_bulk_cap_is_refused_until_message_loss_is_allowed() {
     let rows = f.audit_rows("queue.delete").await;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].1, "succeeded");
+    // A delete that destroyed messages is told by an Event besides its audit row.
+    let reasons = f.event_reasons(&name).await;
+    assert!(reasons.iter().any(|r| r == "Applied"), "{reasons:?}");
 }
 
 #[tokio::test]

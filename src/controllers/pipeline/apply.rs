@@ -15,7 +15,8 @@ use kube::runtime::controller::Action;
 use super::audit::{intent, stamp};
 use super::claims::conflict_winner;
 use super::dereference::{
-    DereferenceError, Dereferenced, Gate, dereference, ensure_credentials, with_topology,
+    CredentialsAsk, DereferenceError, Dereferenced, Gate, dereference, ensure_credentials_asked,
+    with_topology,
 };
 use super::plan::{CONTESTED_NEXT, History, merge, plan_apply, write_targets};
 use super::preflight::{Planned, preflight_apply};
@@ -32,7 +33,11 @@ use crate::fanout::{self, NodeFailure, NodeReport, Target};
 use crate::topology::inventory::NodeInventory;
 
 /// apply: bring every live node to the spec.
-pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+pub async fn apply<K: TopologyObject>(
+    obj: Arc<K>,
+    ctx: Arc<Context>,
+    asked: Option<CredentialsAsk>,
+) -> Result<Action, ReconcileError> {
     let o = obj.as_ref();
     let (d, deref) = match apply_dereference(&ctx, o).await? {
         ControlFlow::Continue(found) => found,
@@ -62,11 +67,12 @@ pub async fn apply<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<
     let mut last_audit_id = old_audit(o);
     let mut nodes = if !plan.iter().any(|(_, w)| *w) || gate != Gate::Write {
         plan.into_iter().map(|(n, _)| n).collect()
-    } else if let Err(e) = ensure_credentials(
+    } else if let Err(e) = ensure_credentials_asked(
         &ctx,
         &o.namespace().unwrap_or_default(),
         &o.cluster_ref().name,
         &deref.topology.secret_versions,
+        asked.as_ref(),
     )
     .await
     {

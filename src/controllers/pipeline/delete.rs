@@ -50,7 +50,15 @@ pub async fn cleanup<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Resul
         .hold(&deref.cluster_key, &K::addresses(&d), K::ADDRESS_HOLD)
         .await;
     let live: BTreeSet<String> = deref.topology.live_nodes().map(|n| n.node_id.clone()).collect();
-    let fresh = fresh_reads::<K>(&deref, &d, &live, true).await;
+    // Issue 45: the credentials read goes alongside the preflight read (a read, not a write),
+    // both begun under the lock; the check still ends before the command is sent.
+    let (credentials, fresh) = futures::join!(
+        delete_credentials(&ctx, o, &d, &deref),
+        fresh_reads::<K>(&deref, &d, &live, true)
+    );
+    if let ControlFlow::Break(done) = credentials {
+        return done;
+    }
     let fresh_ok: BTreeMap<String, Arc<NodeInventory>> = fresh
         .iter()
         .filter_map(|(n, r)| r.as_ref().ok().map(|i| (n.clone(), i.clone())))
@@ -141,7 +149,7 @@ async fn release_never_applied<K: TopologyObject>(
 const RELEASE_HINT: &str =
     "To release this object and leave the broker as it is, set spec.deletion.policy: Retain";
 
-/// The cluster, its topology and credentials for a delete — or why the delete cannot go on:
+/// The cluster and its topology for a delete — or why the delete cannot go on:
 /// released (never applied, another object's, the namespace going away), refused for now (not
 /// yet polled since a restart) or blocked (naming the fix).
 async fn delete_dereference<K: TopologyObject>(
@@ -149,9 +157,7 @@ async fn delete_dereference<K: TopologyObject>(
     o: &K,
     d: &K::Desired,
 ) -> ControlFlow<Result<Action, ReconcileError>, Dereferenced> {
-    let never_reached = o
-        .current_status()
-        .is_none_or(|s| s.nodes().is_empty() && s.last_audit_id().is_none());
+    let never_reached = never_reached(o);
     let cluster_key = match dereference(ctx, o) {
         Ok((_, k)) => k,
         Err(e) => {
@@ -171,14 +177,31 @@ async fn delete_dereference<K: TopologyObject>(
             return ControlFlow::Break(delete_not_dereferenced(ctx, o, d, e, never_reached, m).await);
         }
     };
+    ControlFlow::Continue(deref)
+}
+
+/// The delete's credentials check: missing (an object that never reached a broker is
+/// released), changed or unreadable (blocked).
+async fn delete_credentials<K: TopologyObject>(
+    ctx: &Context,
+    o: &K,
+    d: &K::Desired,
+    deref: &Dereferenced,
+) -> ControlFlow<Result<Action, ReconcileError>> {
     let ns = o.namespace().unwrap_or_default();
     let used = &deref.topology.secret_versions;
-    if let Err(e) = ensure_credentials(ctx, &ns, &o.cluster_ref().name, used).await {
-        let never = never_reached && matches!(e, DereferenceError::CredentialsMissing(..));
-        let m = format!("{e}. {RELEASE_HINT}");
-        return ControlFlow::Break(delete_not_dereferenced(ctx, o, d, e, never, m).await);
-    }
-    ControlFlow::Continue(deref)
+    let Err(e) = ensure_credentials(ctx, &ns, &o.cluster_ref().name, used).await else {
+        return ControlFlow::Continue(());
+    };
+    let never = never_reached(o) && matches!(e, DereferenceError::CredentialsMissing(..));
+    let m = format!("{e}. {RELEASE_HINT}");
+    ControlFlow::Break(delete_not_dereferenced(ctx, o, d, e, never, m).await)
+}
+
+/// The object never reached a broker: no node in its status and no command.
+fn never_reached<K: TopologyObject>(o: &K) -> bool {
+    o.current_status()
+        .is_none_or(|s| s.nodes().is_empty() && s.last_audit_id().is_none())
 }
 
 /// A delete whose cluster cannot be used: the cluster is gone or cannot be used (its Secret is
@@ -304,6 +327,8 @@ async fn block<K: TopologyObject>(
 }
 
 /// The audited delete on the nodes the plan writes to; each node's outcome merged into the plan.
+/// Its success gets an Event only when it destroys more than the object's own unused broker
+/// object (`TopologyObject::delete_destroys_more`); a failure always does.
 async fn execute_delete<K: TopologyObject>(
     ctx: &Context,
     o: &K,
@@ -317,6 +342,7 @@ async fn execute_delete<K: TopologyObject>(
     let targets: BTreeSet<String> = write_targets(&plan);
     let mut params = o.delete_params(d);
     params["plan"] = serde_json::to_value(plan.iter().map(|(n, _)| n).collect::<Vec<_>>())?;
+    let destroys_more = before.values().any(|inv| K::delete_destroys_more(d, inv, &facts));
     let (d2, before) = (d.clone(), Arc::new(before));
     let delete = move |t: Target| {
         let inv = before.get(&t.node_id).cloned().unwrap_or_default();
@@ -335,9 +361,14 @@ async fn execute_delete<K: TopologyObject>(
         timeout: deref.rt.request_timeout * 4,
     };
     let command = format!("{}.delete", K::NOUN);
+    let told = if destroys_more {
+        scope.told(o)
+    } else {
+        scope.told(o).failure_only()
+    };
     let result = command::execute(
         ctx,
-        scope.told(o),
+        told,
         scope.topology,
         scope.timeout,
         intent(ctx, o, d, &command, params),

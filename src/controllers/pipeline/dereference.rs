@@ -10,9 +10,11 @@ use kube::{Resource, ResourceExt};
 
 use super::claims::same_brokers;
 use super::{PlanFacts, TopologyObject};
-use crate::api::{ArtemisQueue, ClusterRef};
+use crate::api::{ArtemisCluster, ArtemisQueue, ClusterRef};
 use crate::controllers::runtime::ClusterRuntime;
+use crate::controllers::shared_read::Asked;
 use crate::controllers::{Context, conditions, is_paused, key};
+use crate::topology::access::AccessProblem;
 use crate::topology::{Topology, TopologyChange};
 
 /// Why an object cannot reach its cluster now.
@@ -155,20 +157,78 @@ pub async fn ensure_credentials(
     cluster: &str,
     used: &BTreeMap<String, String>,
 ) -> Result<(), DereferenceError> {
+    ensure_credentials_asked(ctx, ns, cluster, used, None).await
+}
+
+/// A pass's ask for its cluster's Secrets, taken when the pass began (issue 45): the read that
+/// answers it may go alongside the pass's other work (a create's finalizer patch), begun after
+/// the pass was; [`ensure_credentials_asked`] still ends before any broker write.
+#[derive(Clone, Debug)]
+pub struct CredentialsAsk {
+    slot: String,
+    asked: Asked,
+}
+
+/// The slot of a cluster's Secret reads: by the spec generation it reads by (the Secrets'
+/// names and keys).
+fn secrets_slot(ns: &str, c: &ArtemisCluster) -> String {
+    format!(
+        "{}@{}",
+        key(ns, &c.name_any()),
+        c.metadata.generation.unwrap_or_default()
+    )
+}
+
+/// Ask now for the Secrets of `cluster` (None: no such cluster: the pass finds that out itself).
+pub fn ask_credentials(ctx: &Context, ns: &str, cluster: &str) -> Option<CredentialsAsk> {
+    let c = ctx.caches.clusters.get(ns, cluster)?;
+    let slot = secrets_slot(ns, &c);
+    let asked = ctx.secret_reads.ask(&slot);
+    Some(CredentialsAsk { slot, asked })
+}
+
+/// Read the Secrets for `ask` now, alongside other work; the answer waits in the shared slot
+/// for the pass's [`ensure_credentials_asked`].
+pub async fn read_credentials(ctx: &Context, ns: &str, cluster: &str, ask: &CredentialsAsk) {
+    if let Some(c) = ctx.caches.clusters.get(ns, cluster) {
+        let _ = ctx
+            .secret_reads
+            .answer(&ask.slot, ask.asked, || read_secrets(ctx, ns, &c))
+            .await;
+    }
+}
+
+async fn read_secrets(
+    ctx: &Context,
+    ns: &str,
+    c: &ArtemisCluster,
+) -> Result<BTreeMap<String, String>, Arc<AccessProblem>> {
+    let read = crate::topology::access::read_secrets(&ctx.client, ns, &c.spec).await;
+    read.map(|m| m.versions).map_err(Arc::new)
+}
+
+/// [`ensure_credentials`], answered by a read begun after `ask` when the pass asked early.
+pub async fn ensure_credentials_asked(
+    ctx: &Context,
+    ns: &str,
+    cluster: &str,
+    used: &BTreeMap<String, String>,
+    ask: Option<&CredentialsAsk>,
+) -> Result<(), DereferenceError> {
     let k = key(ns, cluster);
     let c = ctx
         .caches
         .clusters
         .get(ns, cluster)
         .ok_or_else(|| DereferenceError::ClusterNotFound(k.clone()))?;
-    // Shared with the commands asking at the same time: a read that began after this one asked
-    // (of the spec generation it reads by: the Secrets' names and keys).
-    let slot = format!("{k}@{}", c.metadata.generation.unwrap_or_default());
-    let read = || async {
-        let read = crate::topology::access::read_secrets(&ctx.client, ns, &c.spec).await;
-        read.map(|m| m.versions).map_err(Arc::new)
+    // Shared with the commands asking at the same time: a read that began after this one asked.
+    let slot = secrets_slot(ns, &c);
+    let asked = match ask {
+        Some(a) if a.slot == slot => a.asked,
+        _ => ctx.secret_reads.ask(&slot),
     };
-    let now = match ctx.secret_reads.read(&slot, read).await {
+    let read = || read_secrets(ctx, ns, &c);
+    let now = match ctx.secret_reads.answer(&slot, asked, read).await {
         Ok(versions) => versions,
         Err(problem) => {
             // Withdrawn (a Secret or a key gone): nothing uses the access read from it.

@@ -269,6 +269,14 @@ pub trait TopologyObject:
         None
     }
 
+    /// Whether deleting this object on a node, as its preflight read it, destroys more than the
+    /// object's own unused broker object (messages, consumers, other objects' diverts): such a
+    /// delete's success is told by an Event. A plain one is told by the object's going and its
+    /// audit row (issue 45: no second API write per deleted object, as none for a create).
+    fn delete_destroys_more(_d: &Self::Desired, _before: &NodeInventory, _facts: &PlanFacts) -> bool {
+        false
+    }
+
     /// Why this object must not be written now because a delete in progress removes it (a
     /// divert forwarding into a queue being deleted, ADR-0084 §1), or None.
     fn held_by_delete(_d: &Self::Desired, _facts: &PlanFacts) -> Option<String> {
@@ -319,6 +327,20 @@ pub async fn reconcile<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Res
         None => obj,
     };
     let deleting = obj.meta().deletion_timestamp.is_some();
+    // Issue 45: the pass asks for its cluster's Secrets as it begins (once granted its slot); a
+    // new object's read goes alongside its finalizer patch.
+    let (ns, cluster) = (
+        obj.namespace().unwrap_or_default(),
+        obj.cluster_ref().name.clone(),
+    );
+    let asked = (Gate::of(obj.as_ref()) == Gate::Write)
+        .then(|| dereference::ask_credentials(&ctx, &ns, &cluster))
+        .flatten();
+    let read_alongside = async {
+        if let Some(a) = &asked {
+            dereference::read_credentials(&ctx, &ns, &cluster, a).await;
+        }
+    };
     let result = super::with_finalizer(
         &ctx,
         obj.clone(),
@@ -328,7 +350,8 @@ pub async fn reconcile<K: TopologyObject>(obj: Arc<K>, ctx: Arc<Context>) -> Res
                 c.expect(patched);
             }
         },
-        |o| apply::apply(o, ctx.clone()),
+        read_alongside,
+        |o| apply::apply(o, ctx.clone(), asked.clone()),
         |o| delete::cleanup(o, ctx.clone()),
     )
     .await;

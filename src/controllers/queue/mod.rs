@@ -543,6 +543,12 @@ impl TopologyObject for ArtemisQueue {
         delete_on(t, d, facts, before).await
     }
 
+    /// Messages destroyed, consumers disconnected or diverts into its address removed.
+    fn delete_destroys_more(d: &DesiredQueue, before: &NodeInventory, facts: &PlanFacts) -> bool {
+        let (p, dependent) = plan::delete_preview(d, "", before, facts);
+        p.message_count > 0 || p.consumer_count > 0 || !dependent.is_empty()
+    }
+
     /// The queue's messages and consumers on the node, when it is this object's queue (its
     /// address and routing type): one found in use before this object wrote there is adopted.
     fn in_use(d: &DesiredQueue, inv: &NodeInventory) -> Option<InUse> {
