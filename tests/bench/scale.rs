@@ -129,6 +129,55 @@ fn latency(
     (percentile(&mut seconds, 50.0), percentile(&mut seconds, 99.0))
 }
 
+/// Where a burst's time went, by tenths: the rate at which each tenth of the queues became
+/// `Ready` (in the order they did), and the median create → `Ready` of each tenth in arrival
+/// order. A rate that falls across the burst is what puts p99 above 2× p50 (issue 45).
+fn by_tenth(watch: &QueueWatch, acknowledged: &HashMap<String, Instant>, start: Instant) -> String {
+    let mut arrivals: Vec<(Instant, Instant)> = acknowledged
+        .iter()
+        .filter_map(|(name, at)| {
+            let s = watch.state(name)?;
+            Some((*at, s.since.filter(|_| s.ready)?))
+        })
+        .collect();
+    if arrivals.len() < 10 {
+        return "too few Ready queues to split in tenths".into();
+    }
+    arrivals.sort();
+    let mut readies: Vec<Instant> = arrivals.iter().map(|(_, r)| *r).collect();
+    readies.sort();
+    let tenth = readies.len() / 10;
+    let rates: Vec<String> = (0..10)
+        .map(|i| {
+            let (a, b) = (
+                readies[i * tenth],
+                readies[((i + 1) * tenth).min(readies.len() - 1)],
+            );
+            format!(
+                "{:.0}",
+                tenth as f64 / b.saturating_duration_since(a).as_secs_f64().max(0.001)
+            )
+        })
+        .collect();
+    let lags: Vec<String> = arrivals
+        .chunks(tenth)
+        .take(10)
+        .map(|c| {
+            let mut s: Vec<f64> = c
+                .iter()
+                .map(|(a, r)| r.saturating_duration_since(*a).as_secs_f64())
+                .collect();
+            format!("{:.1}", percentile(&mut s, 50.0))
+        })
+        .collect();
+    format!(
+        "Ready/s by tenth of the burst: {}; create → Ready p50 s by tenth in arrival order: {}; first Ready {:.1} s after the first create",
+        rates.join(" "),
+        lags.join(" "),
+        readies[0].saturating_duration_since(start).as_secs_f64()
+    )
+}
+
 pub async fn run(ctx: &Ctx) -> Result<Section> {
     let mut results = vec![];
     for (&n, &repeats) in ctx.cfg.sizes.iter().zip(&ctx.cfg.scale_repeats) {
@@ -348,6 +397,7 @@ async fn creates(
     (run.first_status_p50, run.first_status_p99) = latency(watch, &acknowledged, |s| s.first_status);
     (run.ready_p50, run.ready_p99) = latency(watch, &acknowledged, |s| s.since.filter(|_| s.ready));
     (run.api_ready_p50, run.api_ready_p99) = stats::whole_second_p50_p99(&o.ready_lags(prefix).await?);
+    println!("bench: {}", by_tenth(watch, &acknowledged, start));
     println!(
         "bench: {n} creates → first status: p50 {:.2} s, p99 {:.2} s; → Ready: p50 {:.2} s, p99 {:.2} s (API timestamps: p50 {} s, p99 {} s)",
         run.first_status_p50,

@@ -535,6 +535,40 @@ mod tests {
         );
     }
 
+    /// Issue 45: the address a create made is laid over the snapshot with its queue, so the
+    /// node's counts match what is known once the creates are answered (no full read after a
+    /// burst); an address that was there already is left to the reads (its other queues are
+    /// not known here).
+    #[tokio::test]
+    async fn a_create_lays_the_address_it_made_over_the_snapshot_and_only_that() {
+        let d = desired(json!({}));
+        let fake = Arc::new(FakeBroker::with(NodeInventory::default()));
+        let report = apply(&fake, &d, Planned::Snapshot(Arc::new(NodeInventory::default())))
+            .await
+            .expect("created");
+        assert_eq!(
+            fake.calls(),
+            vec!["createAddress orders", "createQueue \"orders\""]
+        );
+        let mut known = NodeInventory::default();
+        known.overlay(&report.seen.expect("the answers are the evidence"));
+        let address = known.addresses.get("orders").expect("the address it made");
+        assert_eq!(address.routing_types, vec!["ANYCAST"]);
+        assert_eq!(address.queue_names, vec!["orders"]);
+        assert_eq!((known.queues.len(), known.addresses.len()), (1, 1));
+
+        let fake = Arc::new(FakeBroker::with(node_with_address()));
+        let report = apply(&fake, &d, Planned::Snapshot(Arc::new(NodeInventory::default())))
+            .await
+            .expect("created on the address that was there");
+        let seen = report.seen.expect("the queue's answer");
+        assert!(seen.queues.contains_key("orders"));
+        assert!(
+            seen.addresses.is_empty() && seen.scope.as_ref().is_some_and(|s| s.addresses.is_empty()),
+            "an address it did not make is not described from a guess"
+        );
+    }
+
     #[tokio::test]
     async fn a_queue_made_behind_the_snapshots_back_is_read_and_judged_not_written_again() {
         let d = desired(json!({}));
