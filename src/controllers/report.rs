@@ -35,19 +35,28 @@ fn api_of<K: Reported>(client: &kube::Client, obj: &K) -> Api<K> {
     )
 }
 
-/// Server-side apply `status` as the object's whole status (fields the operator no longer sets
-/// are removed), forced: the operator owns status.
+/// Write `status` as the object's whole status (fields the operator no longer sets are
+/// removed): one JSON Patch `add /status`, which replaces the member when it exists (RFC 6902
+/// §4.1). Not a server-side apply: the operator is the status's only writer, so field ownership
+/// buys nothing, and on the bed's API server an apply of a queue's status cost 7.3–7.8 ms of
+/// its CPU against 6.1–6.4 ms for this patch (issue 45: under a burst of creates the API
+/// server is the busiest process, and this is one of a create's two writes).
 pub async fn apply_status<K: Reported>(
     client: &kube::Client,
     obj: &K,
     status: &impl Serialize,
 ) -> Result<K, kube::Error> {
-    let patch = serde_json::json!({
-        "apiVersion": K::api_version(&()), "kind": K::kind(&()), "status": status
-    });
+    let value = serde_json::to_value(status).map_err(kube::Error::SerdeError)?;
+    let patch: json_patch::Patch =
+        serde_json::from_value(serde_json::json!([{"op": "add", "path": "/status", "value": value}]))
+            .map_err(kube::Error::SerdeError)?;
     let name = obj.meta().name.clone().unwrap_or_default();
+    let params = PatchParams {
+        field_manager: Some(MANAGER.to_string()),
+        ..PatchParams::default()
+    };
     api_of(client, obj)
-        .patch_status(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(patch))
+        .patch_status(&name, &params, &Patch::Json::<()>(patch))
         .await
 }
 
@@ -170,7 +179,8 @@ mod on_a_mock_api {
     fn echo() -> fixtures::Answer {
         Box::new(|sent| {
             let mut q = serde_json::to_value(queue(None)).unwrap_or_default();
-            q["status"] = sent.body["status"].clone();
+            // The status patch: `[{"op": "add", "path": "/status", "value": …}]`.
+            q["status"] = sent.body[0]["value"].clone();
             q["metadata"]["resourceVersion"] = json!("8");
             (200, q)
         })
@@ -191,7 +201,7 @@ mod on_a_mock_api {
     }
 
     #[tokio::test]
-    async fn a_changed_status_is_one_forced_server_side_apply_of_the_status() {
+    async fn a_changed_status_is_one_patch_replacing_the_whole_status() {
         let (ctx, received) = fixtures::context(echo());
         let old = ready("on every live node");
         let new = ready("on 2 of 3 live nodes");
@@ -208,18 +218,18 @@ mod on_a_mock_api {
             "{}",
             s.uri
         );
-        assert!(
-            s.uri.contains("force=true") && s.uri.contains(&format!("fieldManager={MANAGER}")),
-            "{}",
-            s.uri
-        );
-        assert_eq!(s.body["kind"], "ArtemisQueue");
+        assert!(s.uri.contains(&format!("fieldManager={MANAGER}")), "{}", s.uri);
+        // One operation: the whole status member replaced (fields no longer set go with it).
+        let ops = s.body.as_array().expect("a JSON Patch");
+        assert_eq!(ops.len(), 1, "{ops:?}");
         assert_eq!(
-            s.body["status"]["conditions"][0]["message"],
-            "on 2 of 3 live nodes"
+            (ops[0]["op"].as_str(), ops[0]["path"].as_str()),
+            (Some("add"), Some("/status"))
         );
+        let status = &ops[0]["value"];
+        assert_eq!(status["conditions"][0]["message"], "on 2 of 3 live nodes");
         // kstatus conditions follow Ready in the same write.
-        let types: Vec<&str> = s.body["status"]["conditions"]
+        let types: Vec<&str> = status["conditions"]
             .as_array()
             .map(|c| c.iter().filter_map(|c| c["type"].as_str()).collect())
             .unwrap_or_default();
