@@ -20,7 +20,6 @@
 //! The task ends after [`IDLE_EXIT`] without requests (or when its runtime shuts down); the next
 //! call starts a new one.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -30,21 +29,9 @@ use super::budget::{BatchKey, NodeBudget, Permit, Purpose};
 use super::error::BrokerError;
 use super::jolokia::{JolokiaClient, JolokiaRequest};
 
-/// How long the first request of a batch waits for company while a POST of its batcher is on
-/// the wire. A few milliseconds is enough for every reconcile woken by the same event to join;
-/// it is small next to a broker round trip.
+/// How long the first request of a batch waits for company. A few milliseconds is enough for
+/// every reconcile woken by the same event to join; it is small next to a broker round trip.
 pub const LINGER: Duration = Duration::from_millis(3);
-
-/// How long a batch's first request waits for company: not at all when none of the batcher's
-/// POSTs is on the wire (issue 45: a lone command pays no wait; whoever comes while it is out
-/// joins the next batch), [`LINGER`] otherwise.
-fn linger(posts_in_flight: usize) -> Duration {
-    if posts_in_flight == 0 {
-        Duration::ZERO
-    } else {
-        LINGER
-    }
-}
 /// The most operations in one POST. Jolokia runs a bulk request's elements one after another, so
 /// a POST's latency grows with its size: 64 keeps a batch of writes well inside a request timeout
 /// (measured: ~170 queue creates/s in bulk, so 64 creates ≈ 0.4 s).
@@ -159,7 +146,6 @@ pub(crate) async fn together(
 
 /// The batcher task of one endpoint key.
 async fn run(mut rx: mpsc::Receiver<Pending>, budget: std::sync::Arc<NodeBudget>, purpose: Purpose) {
-    let in_flight = std::sync::Arc::new(AtomicUsize::new(0));
     loop {
         let first = match tokio::time::timeout(IDLE_EXIT, rx.recv()).await {
             Ok(Some(p)) => p,
@@ -167,7 +153,7 @@ async fn run(mut rx: mpsc::Receiver<Pending>, budget: std::sync::Arc<NodeBudget>
         };
         let mut batch = vec![first];
         let size = |b: &[Pending]| b.iter().map(|p| p.requests.len()).sum::<usize>();
-        let deadline = tokio::time::Instant::now() + linger(in_flight.load(Ordering::Acquire));
+        let deadline = tokio::time::Instant::now() + LINGER;
         while size(&batch) < MAX_BATCH {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some(p)) => batch.push(p),
@@ -200,31 +186,13 @@ async fn run(mut rx: mpsc::Receiver<Pending>, budget: std::sync::Arc<NodeBudget>
             continue;
         }
         // Supervision: one POST; each request in it awaits its reply, which an end drops.
-        tokio::spawn(send(batch, permit, OnWire::new(&in_flight)));
-    }
-}
-
-/// One of a batcher's POSTs on the wire, counted while it lives (a send task that ends, or is
-/// dropped with its runtime, uncounts it).
-struct OnWire(std::sync::Arc<AtomicUsize>);
-
-impl OnWire {
-    fn new(count: &std::sync::Arc<AtomicUsize>) -> Self {
-        count.fetch_add(1, Ordering::AcqRel);
-        OnWire(count.clone())
-    }
-}
-
-impl Drop for OnWire {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        tokio::spawn(send(batch, permit));
     }
 }
 
 /// Send one batch as one POST and hand every caller its own elements. Identical reads go once
-/// (issue 45: the deletes in flight on a node share one read of its diverts). The batcher counts
-/// it on the wire until it ends (`OnWire`).
-async fn send(batch: Vec<Pending>, permit: Permit, _on_wire: OnWire) {
+/// (issue 45: the deletes in flight on a node share one read of its diverts).
+async fn send(batch: Vec<Pending>, permit: Permit) {
     let mut client = None;
     let mut shared = SharedReads::default();
     let mut replies = Vec::with_capacity(batch.len());
@@ -429,13 +397,6 @@ mod tests {
             },
             Duration::from_secs(5),
         )
-    }
-
-    #[test]
-    fn a_batch_waits_for_company_only_while_a_post_is_on_the_wire() {
-        assert_eq!(linger(0), Duration::ZERO);
-        assert_eq!(linger(1), LINGER);
-        assert_eq!(linger(4), LINGER);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
