@@ -1,5 +1,5 @@
 //! Report: the only code that writes status and publishes Events. Every kind's status goes to
-//! the API server from here — a server-side apply of the whole typed status under the operator's
+//! the API server from here — one JSON Patch replacing the whole typed status under the operator's
 //! field manager, only when something a user acts on changed (condition transition times and
 //! poll timestamps aside) — except a one-shot command's arming, which is a compare-and-swap on
 //! the object's resourceVersion (ADR-0057 D4), also here. Before the first write an object

@@ -944,10 +944,10 @@ async fn the_operator_runs_under_the_charts_service_account() {
         // Arming a close of a connection that is there (ADR-0057 D5): a connection that is gone
         // completes without arming (tests/integration/close_once.rs arms real ones).
         ("connectioncloses/status", "update"),
-        // After arming, the close's audit id and its result are applied (server-side apply); a
+        // After arming, the close's audit id and its result are written (a status patch); a
         // close whose connection is gone completes by the compare-and-swap alone.
         ("connectioncloses/status", "patch"),
-        // After arming a replay, its audit id and its result are applied (server-side apply);
+        // After arming a replay, its audit id and its result are written (a status patch);
         // a replay of a row that is not stored fails by the compare-and-swap alone
         // (tests/integration/replay.rs sends real ones).
         ("messagereplays/status", "patch"),
