@@ -219,9 +219,13 @@ pub async fn set_finalizer(
     }
     let api: Api<ArtemisCaptureSubscription> =
         Api::namespaced(client.clone(), &s.namespace().unwrap_or_default());
+    let params = PatchParams {
+        field_manager: Some(crate::controllers::MANAGER.to_string()),
+        ..PatchParams::default()
+    };
     api.patch(
         &s.name_any(),
-        &PatchParams::default(),
+        &params,
         &Patch::Merge(json!({"metadata": {"finalizers": list, "resourceVersion": s.resource_version()}})),
     )
     .await?;

@@ -74,6 +74,9 @@ pub struct Config {
     pub scale_repeats: Vec<usize>,
     /// Seconds of the converged window (scenario 2) and the idle windows (scenario 4).
     pub converged_seconds: u64,
+    /// A LIST of the queues once a second while a burst is served, as `../shared/bench/
+    /// wait_ready.py` and `delete_all.py` wait (the load the operator is judged under).
+    pub list_observer: bool,
     pub idle_seconds: u64,
     /// Scenario 4: queues and capture subscriptions at idle.
     pub footprint_queues: usize,
@@ -173,6 +176,7 @@ impl Config {
             shared_floor,
             scale_repeats,
             converged_seconds: env_or("ARTEMIS_STUDIO_BENCH_CONVERGED_SECONDS", 60)?,
+            list_observer: env_or("ARTEMIS_STUDIO_BENCH_LIST_OBSERVER", true)?,
             idle_seconds: env_or("ARTEMIS_STUDIO_BENCH_IDLE_SECONDS", 60)?,
             footprint_queues: env_or("ARTEMIS_STUDIO_BENCH_FOOTPRINT_QUEUES", 1000)?,
             footprint_subscriptions: env_or("ARTEMIS_STUDIO_BENCH_FOOTPRINT_SUBSCRIPTIONS", 334)?,
@@ -206,7 +210,7 @@ impl Config {
             "faultsQueues": self.faults_queues, "faultsTaps": self.faults_taps,
             "faultsRate": self.faults_rate, "faultsFreezeSeconds": self.faults_freeze_seconds,
             "shardsQueues": self.shards_queues, "shardsReplicas": self.shards_replicas,
-            "baselines": self.baselines, "operatorLog": self.operator_log,
+            "baselines": self.baselines, "listObserver": self.list_observer, "operatorLog": self.operator_log,
             "inFlight": self.in_flight, "applyInFlight": self.apply_in_flight, "operator": self.operator_bin.display().to_string(),
         })
     }

@@ -25,7 +25,7 @@ use crate::floor::{FloorFigures, IdealOperator};
 use crate::floor_shared::{self, SharedFloor};
 use crate::install::{Ctx, Install, settle};
 use crate::jolokia::Op;
-use crate::objects::QueueWatch;
+use crate::objects::{ListObserver, QueueWatch};
 use crate::report::Section;
 use crate::stats::{self, Summary};
 
@@ -84,6 +84,12 @@ pub struct Run {
     /// condition's lastTransitionTime), whole seconds, p50 and p99: the figures that are judged.
     pub api_ready_p50: f64,
     pub api_ready_p99: f64,
+    /// The judged observer (`Config::list_observer`): LISTs made while the creates (deletes)
+    /// were served, and their mean seconds; 0 and NaN when off.
+    pub observer_create_lists: f64,
+    pub observer_create_list_s: f64,
+    pub observer_delete_lists: f64,
+    pub observer_delete_list_s: f64,
 }
 
 /// One create, one filter change and one delete at a time with the N converged: medians over
@@ -207,6 +213,9 @@ async fn one(ctx: &Ctx, n: usize, repeat: usize) -> Result<(Run, Option<SharedFl
     let mut run = Run::default();
     if ctx.cfg.baselines {
         bare(ctx, n, repeat, &mut run).await?;
+    } else {
+        // Not measured: shown as "—", not as 0/s.
+        (run.bare_create_rate, run.bare_delete_rate, run.bulk_create_rate) = (f64::NAN, f64::NAN, f64::NAN);
     }
     let install = Install::up(ctx, &format!("s{n}r{repeat}"), &[]).await?;
     let watch = QueueWatch::start(&install.objects);
@@ -365,6 +374,16 @@ async fn operator_run(
     Ok(install)
 }
 
+/// Stop the judged observer, if on; print and return its LISTs and their mean seconds.
+async fn observed(observer: Option<ListObserver>) -> (f64, f64) {
+    let Some(observer) = observer else {
+        return (0.0, f64::NAN);
+    };
+    let (lists, mean) = observer.stop().await;
+    println!("bench: observer (a LIST a second, as wait_ready.py): {lists} LISTs, {mean:.2} s each");
+    (lists as f64, mean)
+}
+
 /// N creates, `apply_in_flight` at a time, until all are `Ready`; what they cost; then the
 /// converged window.
 async fn creates(
@@ -378,6 +397,7 @@ async fn creates(
     let (o, n) = (&install.objects, names.len());
     let s0 = install.snapshot(ctx).await?;
     let start = Instant::now();
+    let observer = ctx.cfg.list_observer.then(|| ListObserver::start(o));
     let acknowledged = o.create_queues_timed(names).await?;
     run.apply_rate = n as f64 / start.elapsed().as_secs_f64();
     match watch
@@ -394,6 +414,7 @@ async fn creates(
             eprintln!("[bench] {e:#}");
         }
     }
+    (run.observer_create_lists, run.observer_create_list_s) = observed(observer).await;
     (run.first_status_p50, run.first_status_p99) = latency(watch, &acknowledged, |s| s.first_status);
     (run.ready_p50, run.ready_p99) = latency(watch, &acknowledged, |s| s.since.filter(|_| s.ready));
     (run.api_ready_p50, run.api_ready_p99) = stats::whole_second_p50_p99(&o.ready_lags(prefix).await?);
@@ -484,6 +505,7 @@ async fn deletes(
     let nf = names.len() as f64;
     let s2 = install.snapshot(ctx).await?;
     let start = Instant::now();
+    let observer = ctx.cfg.list_observer.then(|| ListObserver::start(o));
     o.delete_queues(names).await?;
     run.delete_apply_rate = nf / start.elapsed().as_secs_f64();
     match watch
@@ -497,6 +519,7 @@ async fn deletes(
             eprintln!("[bench] {e:#}");
         }
     }
+    (run.observer_delete_lists, run.observer_delete_list_s) = observed(observer).await;
     let s3 = install.snapshot(ctx).await?;
     run.jolokia_per_delete = s3.since(&s2).operator.jolokia() / nf;
     Ok(())

@@ -564,6 +564,8 @@ fn run_json(r: &Run) -> Value {
         "bareCreatePerSecond": num(r.bare_create_rate), "bareDeletePerSecond": num(r.bare_delete_rate),
         "createPerSecond": num(r.create_rate), "deletePerSecond": num(r.delete_rate),
         "appliedCreatesPerSecond": num(r.apply_rate), "appliedDeletesPerSecond": num(r.delete_apply_rate),
+        "observerCreateLists": num(r.observer_create_lists), "observerCreateListSeconds": num(r.observer_create_list_s),
+        "observerDeleteLists": num(r.observer_delete_lists), "observerDeleteListSeconds": num(r.observer_delete_list_s),
         "neverReady": r.not_ready, "neverDeleted": r.not_deleted,
         "jolokiaOpsPerCreate": num(r.jolokia_per_create), "jolokiaOpsPerDelete": num(r.jolokia_per_delete),
         "apiServerReadsPerQueue": num(r.api_reads_per_queue), "apiServerWritesPerQueue": num(r.api_writes_per_queue),
