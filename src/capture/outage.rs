@@ -58,7 +58,8 @@ pub async fn report(
         if same_status(&old, &status) {
             continue;
         }
-        if let Err(e) = crate::controllers::report::apply_status(&ctx.client, s.as_ref(), &status).await {
+        if let Err(e) = crate::controllers::report::patch_whole_status(&ctx.client, s.as_ref(), &status).await
+        {
             tracing::warn!(subscription = %s.name_any(), error = %e, "capture: cannot write the outage status");
         }
     }

@@ -645,7 +645,7 @@ pub async fn write_status(
     status.dropped_estimate = mine.map(|t| t.lost.max(0) as u64).sum();
     set_conditions(&mut status, s, sampled.held);
     if !super::status::same_status(&old, &status) {
-        crate::controllers::report::apply_status(&ctx.client, s, &status).await?;
+        crate::controllers::report::patch_whole_status(&ctx.client, s, &status).await?;
     }
     Ok(())
 }

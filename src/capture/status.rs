@@ -169,7 +169,7 @@ pub async fn report_missing_cluster(
     if same_status(&old, &status) && old.observed_generation == status.observed_generation {
         return Ok(());
     }
-    crate::controllers::report::apply_status(client, s, &status)
+    crate::controllers::report::patch_whole_status(client, s, &status)
         .await
         .map(|_| ())
 }

@@ -104,7 +104,7 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
     // Status is written only when something a user acts on changed (lastPollTime alone is not:
     // no API write per poll; the poll metrics show the cadence).
     if status_changed(&old, &status) {
-        super::report::apply_status(&ctx.client, obj.as_ref(), &status).await?;
+        super::report::patch_whole_status(&ctx.client, obj.as_ref(), &status).await?;
     }
     let away = ctx.topologies.get(&k).map(|t| away(&t)).unwrap_or_default();
     Ok(Action::requeue(next_look(&away, poll_interval)))
@@ -155,7 +155,7 @@ async fn report_write_evidence(
             management_write: evidence,
             ..old.clone()
         };
-        super::report::apply_status(&ctx.client, obj, &status).await?;
+        super::report::patch_whole_status(&ctx.client, obj, &status).await?;
     }
     Ok(())
 }

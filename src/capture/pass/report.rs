@@ -171,7 +171,7 @@ async fn write_status(
     stalled_past_cap(&mut status.conditions, generation);
     let unchanged = same_status(&old, &status);
     if !unchanged {
-        crate::controllers::report::apply_status(&ctx.client, s.as_ref(), &status).await?;
+        crate::controllers::report::patch_whole_status(&ctx.client, s.as_ref(), &status).await?;
     }
     Ok(())
 }

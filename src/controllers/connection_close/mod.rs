@@ -69,7 +69,7 @@ async fn write(
     o: &ConnectionClose,
     status: &ConnectionCloseStatus,
 ) -> Result<(), ReconcileError> {
-    super::report::apply_status(&ctx.client, o, &decide::with_phase_conditions(status)).await?;
+    super::report::patch_whole_status(&ctx.client, o, &decide::with_phase_conditions(status)).await?;
     Ok(())
 }
 

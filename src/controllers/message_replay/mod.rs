@@ -48,7 +48,7 @@ async fn conclude(ctx: &Context, o: &MessageReplay, verdict: Verdict) -> Result<
 }
 
 async fn write(ctx: &Context, o: &MessageReplay, status: &MessageReplayStatus) -> Result<(), ReconcileError> {
-    super::report::apply_status(&ctx.client, o, &decide::with_phase_conditions(status)).await?;
+    super::report::patch_whole_status(&ctx.client, o, &decide::with_phase_conditions(status)).await?;
     Ok(())
 }
 
