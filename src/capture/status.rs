@@ -3,7 +3,7 @@
 //! finalizer, and the words of a tap not drained. Depends on no other capture module, so the
 //! writers never depend on each other.
 
-use kube::api::{Patch, PatchParams};
+use kube::api::Patch;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -219,13 +219,9 @@ pub async fn set_finalizer(
     }
     let api: Api<ArtemisCaptureSubscription> =
         Api::namespaced(client.clone(), &s.namespace().unwrap_or_default());
-    let params = PatchParams {
-        field_manager: Some(crate::controllers::MANAGER.to_string()),
-        ..PatchParams::default()
-    };
     api.patch(
         &s.name_any(),
-        &params,
+        &crate::controllers::patch_params(),
         &Patch::Merge(json!({"metadata": {"finalizers": list, "resourceVersion": s.resource_version()}})),
     )
     .await?;

@@ -74,6 +74,15 @@ pub use triggers::{Triggers, trigger_stream};
 /// Field manager of every write the operator makes.
 pub const MANAGER: &str = "artemis-studio-operator";
 
+/// The parameters of every patch the operator sends: under [`MANAGER`], so `managedFields`
+/// names the operator as the owner of what it wrote (a finalizer, a status), not "unknown".
+pub fn patch_params() -> kube::api::PatchParams {
+    kube::api::PatchParams {
+        field_manager: Some(MANAGER.to_string()),
+        ..kube::api::PatchParams::default()
+    }
+}
+
 /// Whether a namespace is being deleted (or is gone): nothing can be created in it any more, so
 /// a delete that waits for its ArtemisCluster or Secret to come back would wait forever. False
 /// when it cannot be read (the caller keeps waiting, as before).

@@ -5,14 +5,14 @@
 //! the object's resourceVersion (ADR-0057 D4), also here. Before the first write an object
 //! shows the CRD's default status, `observedGeneration: 0` (`api::unobserved_until_seen`).
 
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{Patch, PostParams};
 use kube::core::NamespaceResourceScope;
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{Context, MANAGER, ReconcileError, StatusConditions, conditions};
+use super::{Context, ReconcileError, StatusConditions, conditions};
 
 /// A namespaced kind whose status the operator writes.
 pub trait Reported:
@@ -51,12 +51,8 @@ pub async fn patch_whole_status<K: Reported>(
         serde_json::from_value(serde_json::json!([{"op": "add", "path": "/status", "value": value}]))
             .map_err(kube::Error::SerdeError)?;
     let name = obj.meta().name.clone().unwrap_or_default();
-    let params = PatchParams {
-        field_manager: Some(MANAGER.to_string()),
-        ..PatchParams::default()
-    };
     api_of(client, obj)
-        .patch_status(&name, &params, &Patch::Json::<()>(patch))
+        .patch_status(&name, &super::patch_params(), &Patch::Json::<()>(patch))
         .await
 }
 
@@ -144,7 +140,7 @@ mod on_a_mock_api {
     use super::*;
     use crate::api::ArtemisQueue;
     use crate::api::queue::ArtemisQueueStatus;
-    use crate::controllers::fixtures;
+    use crate::controllers::{MANAGER, fixtures};
 
     fn queue(status: Option<ArtemisQueueStatus>) -> ArtemisQueue {
         let mut q: ArtemisQueue = serde_json::from_value(json!({

@@ -292,13 +292,12 @@ where
         ]),
     };
     let patch: json_patch::Patch = serde_json::from_value(patch)?;
-    // Named, so `managedFields` shows the operator as the finalizer's owner, not "unknown".
-    let params = kube::api::PatchParams {
-        field_manager: Some(super::MANAGER.to_string()),
-        ..kube::api::PatchParams::default()
-    };
     let mut added = api
-        .patch(&name, &params, &kube::api::Patch::Json::<()>(patch))
+        .patch(
+            &name,
+            &super::patch_params(),
+            &kube::api::Patch::Json::<()>(patch),
+        )
         .await?;
     super::keep_spec_writer(added.meta_mut());
     Ok(added)
