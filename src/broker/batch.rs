@@ -2,7 +2,8 @@
 //! URL, credentials, trust roots, Origin and timeout) travel together in one bulk POST.
 //!
 //! One batcher task per endpoint key receives `(request, reply)` pairs on a channel. It waits
-//! [`LINGER`] after the first request for others (or until [`MAX_BATCH`]), takes a permit from
+//! [`LINGER`] after the first request for others (or until [`MAX_BATCH`]) — [`BUSY_LINGER`] when
+//! one of its POSTs is still on the wire, so a burst travels in fewer, fuller POSTs — takes a permit from
 //! the node's budget — while it waits for one, further requests queue and join the batch, so a
 //! slow node gets fewer, larger POSTs — and sends the batch on a task of its own, so up to the
 //! permitted concurrency of batches are in flight. Each caller gets its own element's result
@@ -32,6 +33,18 @@ use super::jolokia::{JolokiaClient, JolokiaRequest};
 /// How long the first request of a batch waits for company. A few milliseconds is enough for
 /// every reconcile woken by the same event to join; it is small next to a broker round trip.
 pub const LINGER: Duration = Duration::from_millis(3);
+/// How long the first request of a batch waits for company when a POST of the same batcher is
+/// still on the wire (the node is busy with our work): a burst travels in fewer, fuller POSTs, at
+/// most about one per this long beyond those in flight. A lone request (nothing on the wire)
+/// waits only [`LINGER`].
+///
+/// Issue 45: a POST costs a 2.40 broker about 3.7 ms of CPU before its first operation (the
+/// servlet, authentication, the management guard) and a create about 0.6 ms more (measured on
+/// the bed: one create per POST 4.9 ms a queue, 32 per POST 1.2 ms). On a bed whose cores the
+/// brokers share with the API server, 2,000 creates in a burst went in POSTs of 7–9 operations
+/// with [`LINGER`] alone, and of 18–20 with this: the brokers' CPU fell by about a tenth and the
+/// creates/s rose by as much (docs/performance.md).
+pub const BUSY_LINGER: Duration = Duration::from_millis(150);
 /// The most operations in one POST. Jolokia runs a bulk request's elements one after another, so
 /// a POST's latency grows with its size: 64 keeps a batch of writes well inside a request timeout
 /// (measured: ~170 queue creates/s in bulk, so 64 creates ≈ 0.4 s).
@@ -146,15 +159,17 @@ pub(crate) async fn together(
 
 /// The batcher task of one endpoint key.
 async fn run(mut rx: mpsc::Receiver<Pending>, budget: std::sync::Arc<NodeBudget>, purpose: Purpose) {
+    // This batcher's POSTs on the wire: each spawned POST holds one of its strong counts.
+    let on_wire = std::sync::Arc::new(());
     loop {
         let first = match tokio::time::timeout(IDLE_EXIT, rx.recv()).await {
             Ok(Some(p)) => p,
             Ok(None) | Err(_) => return,
         };
         let mut batch = vec![first];
-        let size = |b: &[Pending]| b.iter().map(|p| p.requests.len()).sum::<usize>();
-        let deadline = tokio::time::Instant::now() + LINGER;
-        while size(&batch) < MAX_BATCH {
+        let busy = std::sync::Arc::strong_count(&on_wire) > 1;
+        let deadline = tokio::time::Instant::now() + if busy { BUSY_LINGER } else { LINGER };
+        while batch_size(&batch) < MAX_BATCH {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some(p)) => batch.push(p),
                 Ok(None) | Err(_) => break,
@@ -174,7 +189,7 @@ async fn run(mut rx: mpsc::Receiver<Pending>, budget: std::sync::Arc<NodeBudget>
             }
         };
         // Whoever queued while we waited for the node goes along.
-        while size(&batch) < MAX_BATCH {
+        while batch_size(&batch) < MAX_BATCH {
             match rx.try_recv() {
                 Ok(p) => batch.push(p),
                 Err(_) => break,
@@ -185,9 +200,19 @@ async fn run(mut rx: mpsc::Receiver<Pending>, budget: std::sync::Arc<NodeBudget>
         if batch.is_empty() {
             continue;
         }
-        // Supervision: one POST; each request in it awaits its reply, which an end drops.
-        tokio::spawn(send(batch, permit));
+        // Supervision: one POST; each request in it awaits its reply, which an end drops. It
+        // counts as on the wire until its task ends, however it ends.
+        let on_wire = on_wire.clone();
+        tokio::spawn(async move {
+            send(batch, permit).await;
+            drop(on_wire);
+        });
     }
+}
+
+/// How many operations `batch` holds.
+fn batch_size(batch: &[Pending]) -> usize {
+    batch.iter().map(|p| p.requests.len()).sum()
 }
 
 /// Send one batch as one POST and hand every caller its own elements. Identical reads go once
@@ -436,6 +461,37 @@ mod tests {
         assert!(
             stats.max_in_flight <= MAX_IN_FLIGHT && stats.max_in_flight >= 1,
             "{stats:?}"
+        );
+    }
+
+    /// Issue 45: while a POST is on the wire, calls that trickle in (one every 10 ms, as the
+    /// reconciles of a burst reach the broker) wait for company and go in one POST; with only
+    /// `LINGER`, each would leave on its own, up to the budget's four in flight.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn calls_that_trickle_in_while_a_post_is_on_the_wire_share_the_next_post() {
+        let (base, seen) = server().await;
+        let c = client(format!("{base}/slow"));
+        let call = |i: usize| {
+            let c = c.clone();
+            tokio::spawn(async move { c.call(JolokiaRequest::read(format!("m{i}"), "X")).await })
+        };
+        let first = call(0);
+        while seen.posts.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let mut later = Vec::new();
+        for i in 1..=8 {
+            later.push(call(i));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for (i, r) in futures::future::join_all(later).await.into_iter().enumerate() {
+            assert_eq!(r.expect("task").expect("ok"), Value::from(format!("m{}", i + 1)));
+        }
+        first.await.expect("task").expect("ok");
+        let posts = seen.posts.load(Ordering::SeqCst);
+        assert!(
+            posts <= 3,
+            "{posts} POSTs: the first, then the eight calls together"
         );
     }
 
