@@ -202,11 +202,7 @@ async fn run(mut rx: mpsc::Receiver<Pending>, budget: std::sync::Arc<NodeBudget>
         }
         // Supervision: one POST; each request in it awaits its reply, which an end drops. It
         // counts as on the wire until its task ends, however it ends.
-        let on_wire = on_wire.clone();
-        tokio::spawn(async move {
-            send(batch, permit).await;
-            drop(on_wire);
-        });
+        tokio::spawn(send(batch, permit, on_wire.clone()));
     }
 }
 
@@ -216,8 +212,9 @@ fn batch_size(batch: &[Pending]) -> usize {
 }
 
 /// Send one batch as one POST and hand every caller its own elements. Identical reads go once
-/// (issue 45: the deletes in flight on a node share one read of its diverts).
-async fn send(batch: Vec<Pending>, permit: Permit) {
+/// (issue 45: the deletes in flight on a node share one read of its diverts). `_on_wire`, the
+/// batcher's count of POSTs on the wire, is held until this ends.
+async fn send(batch: Vec<Pending>, permit: Permit, _on_wire: std::sync::Arc<()>) {
     let mut client = None;
     let mut shared = SharedReads::default();
     let mut replies = Vec::with_capacity(batch.len());
