@@ -83,6 +83,15 @@ pub fn patch_params() -> kube::api::PatchParams {
     }
 }
 
+/// The same for a create or a replace (`PUT`): `managedFields` names the operator, not
+/// "unknown".
+pub fn post_params() -> kube::api::PostParams {
+    kube::api::PostParams {
+        field_manager: Some(MANAGER.to_string()),
+        ..kube::api::PostParams::default()
+    }
+}
+
 /// Whether a namespace is being deleted (or is gone): nothing can be created in it any more, so
 /// a delete that waits for its ArtemisCluster or Secret to come back would wait forever. False
 /// when it cannot be read (the caller keeps waiting, as before).

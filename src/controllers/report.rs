@@ -5,7 +5,7 @@
 //! the object's resourceVersion (ADR-0057 D4), also here. Before the first write an object
 //! shows the CRD's default status, `observedGeneration: 0` (`api::unobserved_until_seen`).
 
-use kube::api::{Patch, PostParams};
+use kube::api::Patch;
 use kube::core::NamespaceResourceScope;
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource};
@@ -65,7 +65,7 @@ pub async fn replace_status_if_unchanged<K: Reported + Serialize>(
     next.meta_mut().managed_fields = None;
     let name = next.meta().name.clone().unwrap_or_default();
     let api = api_of(client, &next);
-    match api.replace_status(&name, &PostParams::default(), &next).await {
+    match api.replace_status(&name, &super::post_params(), &next).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
         Err(e) => Err(e),
@@ -260,6 +260,11 @@ mod on_a_mock_api {
         assert_eq!(
             sent[0].body["metadata"]["resourceVersion"], "7",
             "the precondition"
+        );
+        assert!(
+            sent[0].uri.contains(&format!("fieldManager={MANAGER}")),
+            "{}",
+            sent[0].uri
         );
     }
 }

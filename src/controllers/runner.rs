@@ -706,3 +706,58 @@ mod slot_tests {
         assert!(waiting <= 1024, "{waiting} bytes wait (the pass: {whole})");
     }
 }
+
+/// The finalizer patch as the API server receives it (a mock API, `fixtures`).
+#[cfg(test)]
+mod finalizer_on_a_mock_api {
+    use serde_json::json;
+
+    use super::super::{MANAGER, fixtures};
+    use super::add_finalizer;
+    use crate::api::ArtemisQueue;
+
+    fn queue(finalizers: serde_json::Value) -> ArtemisQueue {
+        serde_json::from_value(json!({
+            "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+            "metadata": {"name": "orders", "namespace": "ns", "uid": "u1", "resourceVersion": "7",
+                         "finalizers": finalizers},
+            "spec": {"clusterRef": {"name": "c"}}
+        }))
+        .unwrap_or_else(|e| panic!("queue: {e}"))
+    }
+
+    /// One JSON patch under the operator's field manager (`managedFields` names it, not
+    /// "unknown"), testing the list it extends: another writer's finalizer added meanwhile
+    /// refuses it instead of being overwritten.
+    #[tokio::test]
+    async fn the_finalizer_is_one_patch_that_tests_the_list_and_names_the_operator() {
+        let (ctx, received) = fixtures::context(Box::new(|_| {
+            let q = queue(json!(["other.io/keep", "artemis-studio.io/queue"]));
+            (200, serde_json::to_value(q).unwrap_or_default())
+        }));
+        let api = kube::Api::<ArtemisQueue>::namespaced(ctx.client.clone(), "ns");
+        let before = queue(json!(["other.io/keep"]));
+        let added = add_finalizer(&api, &before, "artemis-studio.io/queue")
+            .await
+            .expect("patched");
+        assert_eq!(
+            added.metadata.finalizers.as_deref(),
+            Some(&["other.io/keep".to_string(), "artemis-studio.io/queue".to_string()][..])
+        );
+        let sent = received.all();
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert_eq!(sent[0].method, "PATCH");
+        assert!(
+            sent[0].uri.contains(&format!("fieldManager={MANAGER}")),
+            "{}",
+            sent[0].uri
+        );
+        assert_eq!(
+            sent[0].body,
+            json!([
+                {"op": "test", "path": "/metadata/finalizers", "value": ["other.io/keep"]},
+                {"op": "add", "path": "/metadata/finalizers/-", "value": "artemis-studio.io/queue"},
+            ])
+        );
+    }
+}
