@@ -2,11 +2,11 @@
 //! URL, credentials, trust roots, Origin and timeout) travel together in one bulk POST.
 //!
 //! One batcher task per endpoint key receives `(request, reply)` pairs on a channel. It waits
-//! [`LINGER`] after the first request for others (or until [`MAX_BATCH`]) — [`BUSY_LINGER`] when
-//! one of its POSTs is still on the wire, so a burst travels in fewer, fuller POSTs — takes a permit from
-//! the node's budget — while it waits for one, further requests queue and join the batch, so a
-//! slow node gets fewer, larger POSTs — and sends the batch on a task of its own, so up to the
-//! permitted concurrency of batches are in flight. Each caller gets its own element's result
+//! [`LINGER`] after the first request for others (or until [`MAX_BATCH`]); [`BUSY_LINGER`] when
+//! one of its POSTs is still on the wire, so a burst travels in fewer, fuller POSTs. It then
+//! takes a permit from the node's budget — while it waits for one, further requests queue and
+//! join the batch, so a slow node gets fewer, larger POSTs — and sends the batch on a task of its
+//! own, so up to the permitted concurrency of batches are in flight. Each caller gets its own element's result
 //! (Jolokia answers one element per request, each with its own status); a transport error or a
 //! refusal of the whole request goes to every caller of that batch.
 //!

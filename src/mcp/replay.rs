@@ -5,7 +5,6 @@
 //! the address that preview showed. The operator then sends, once, and writes the audit row: no
 //! broker is called from here.
 
-use kube::api::PostParams;
 use kube::{Api, ResourceExt};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::CallToolResult;
@@ -18,8 +17,8 @@ use super::objects::{replay_doc, wait_for};
 use super::token::{Preview, Step};
 use super::write::{Confirmation, shown_now};
 use super::{Studio, ToolError, answer, client_of};
+use crate::api::ClusterRef;
 use crate::api::message_replay::{MessageReplay, MessageReplaySpec, ReplayPhase, ReplayPreview};
-use crate::api::{ClusterRef, MCP_MANAGER};
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub struct ReplayRequest {
@@ -142,11 +141,7 @@ impl Studio {
         };
         let mut replay = MessageReplay::new(&p.name, wanted.clone());
         replay.metadata.annotations = Some(self.marks(client).await?);
-        let params = PostParams {
-            field_manager: Some(MCP_MANAGER.into()),
-            ..PostParams::default()
-        };
-        let written = match api.create(&params, &replay).await {
+        let written = match api.create(&Self::post_params(), &replay).await {
             Ok(r) => r,
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 let existing = api

@@ -162,6 +162,14 @@ impl Studio {
         }
     }
 
+    /// The same for a create.
+    pub(super) fn post_params() -> PostParams {
+        PostParams {
+            field_manager: Some(MCP_MANAGER.into()),
+            ..PostParams::default()
+        }
+    }
+
     pub(super) fn kube_error(what: String) -> impl FnOnce(kube::Error) -> ToolError {
         move |source| ToolError::Kube { what, source }
     }
@@ -200,11 +208,7 @@ impl Studio {
                     kind: "ArtemisQueue",
                     source,
                 })?;
-                let params = PostParams {
-                    field_manager: Some(MCP_MANAGER.into()),
-                    ..PostParams::default()
-                };
-                api.create(&params, &q)
+                api.create(&Self::post_params(), &q)
                     .await
                     .map_err(Self::kube_error(format!("creating {object} as a dry run")))?
             }
