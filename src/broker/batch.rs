@@ -212,9 +212,11 @@ fn batch_size(batch: &[Pending]) -> usize {
 }
 
 /// Send one batch as one POST and hand every caller its own elements. Identical reads go once
-/// (issue 45: the deletes in flight on a node share one read of its diverts). `_on_wire`, the
-/// batcher's count of POSTs on the wire, is held until this ends.
-async fn send(batch: Vec<Pending>, permit: Permit, _on_wire: std::sync::Arc<()>) {
+/// (issue 45: the deletes in flight on a node share one read of its diverts). `on_wire`, the
+/// batcher's count of POSTs on the wire, is let go when the answer is in, before any caller
+/// hears it: a caller's next call (a delete's `destroyQueue` after its preflight read) must not
+/// find this POST still counted and wait [`BUSY_LINGER`] for company.
+async fn send(batch: Vec<Pending>, permit: Permit, on_wire: std::sync::Arc<()>) {
     let mut client = None;
     let mut shared = SharedReads::default();
     let mut replies = Vec::with_capacity(batch.len());
@@ -224,7 +226,9 @@ async fn send(batch: Vec<Pending>, permit: Permit, _on_wire: std::sync::Arc<()>)
         replies.push((shared.add(p.requests), p.reply));
     }
     let Some(client) = client else { return };
-    match client.post(permit, shared.requests).await {
+    let answer = client.post(permit, shared.requests).await;
+    drop(on_wire);
+    match answer {
         Ok(results) => {
             for (slots, reply) in replies {
                 let mine = slots
@@ -489,6 +493,29 @@ mod tests {
         assert!(
             posts <= 3,
             "{posts} POSTs: the first, then the eight calls together"
+        );
+    }
+
+    /// Issue 45: a caller's next call after its answer (a delete's `destroyQueue` after its
+    /// preflight read) finds nothing of its own on the wire and leaves after `LINGER`, not
+    /// `BUSY_LINGER`: one after another, 20 calls take about 20 round trips.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_call_made_after_an_answer_does_not_wait_for_company() {
+        let (base, seen) = server().await;
+        let c = client(format!("{base}/jolokia"));
+        let mut lingered = 0;
+        for i in 0..20 {
+            let started = tokio::time::Instant::now();
+            c.call(JolokiaRequest::read(format!("m{i}"), "X"))
+                .await
+                .expect("ok");
+            // The server answers after 20 ms; a busy batch would have waited 150 ms first.
+            lingered += usize::from(started.elapsed() >= BUSY_LINGER);
+        }
+        assert_eq!(seen.posts.load(Ordering::SeqCst), 20);
+        assert_eq!(
+            lingered, 0,
+            "calls that waited for company behind an answered POST"
         );
     }
 
