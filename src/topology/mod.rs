@@ -105,13 +105,18 @@ pub struct Topology {
     /// Endpoints that did not answer, with the error.
     pub unreachable: Vec<(String, BrokerError)>,
     /// Fresh reads laid over this snapshot since its poll (when, node ID, what was read): a
-    /// poll that started before one of them carries it over instead of forgetting it.
-    pub fresh_reads: Vec<(Instant, String, Arc<inventory::NodeInventory>)>,
+    /// poll that started before one of them carries it over instead of forgetting it. A
+    /// persistent vector (issue 45): every command clones the snapshot, and in a burst this
+    /// holds thousands of reads between two polls — a clone must not copy them.
+    pub fresh_reads: FreshReads,
     /// The Secrets the access this snapshot was polled with was read from (name →
     /// resourceVersion): its nodes' clients write with those credentials and trust roots, so a
     /// command compares these, not the runtime's, with the Secrets as they are now.
     pub secret_versions: BTreeMap<String, String>,
 }
+
+/// The fresh reads a snapshot carries (when, node ID, what was read).
+pub type FreshReads = imbl::Vector<(Instant, String, Arc<inventory::NodeInventory>)>;
 
 impl Topology {
     pub fn live_nodes(&self) -> impl Iterator<Item = &LogicalNode> {
@@ -149,7 +154,7 @@ impl Topology {
                 let mut merged = (**inv).clone();
                 merged.overlay(&fresh);
                 n.inventory = Some(Arc::new(merged));
-                self.fresh_reads.push((at, node, fresh));
+                self.fresh_reads.push_back((at, node, fresh));
             }
         }
     }
@@ -341,7 +346,7 @@ pub async fn poll_since(
         polled_at_utc: now,
         nodes,
         unreachable,
-        fresh_reads: vec![],
+        fresh_reads: FreshReads::new(),
         secret_versions: access.secret_versions.clone(),
     }
 }
@@ -788,9 +793,31 @@ mod change_tests {
                 ..Default::default()
             }],
             unreachable: vec![],
-            fresh_reads: vec![],
+            fresh_reads: FreshReads::new(),
             secret_versions: BTreeMap::new(),
         }
+    }
+
+    /// Issue 45: in a burst every command lays its answers over the snapshot (thousands of
+    /// fresh reads between two polls) and clones it; a clone shares those reads, it does not
+    /// copy them one by one.
+    #[test]
+    fn a_snapshot_clone_shares_its_fresh_reads() {
+        let fresh = Arc::new(inventory::NodeInventory::default());
+        let reads = BTreeMap::from([("n1".to_string(), fresh.clone())]);
+        let mut t = topology(&[("q1", 0)]);
+        for _ in 0..1000 {
+            t = t.overlaid(&reads);
+        }
+        let held = Arc::strong_count(&fresh);
+        assert_eq!(held, 2 + 1000, "here, in `reads`, and once per read laid over");
+        let copies = [
+            t.clone(),
+            t.restricted_to(&["n1".to_string()].into()),
+            t.overlaid(&BTreeMap::new()),
+        ];
+        assert_eq!(Arc::strong_count(&fresh), held, "three clones copied no read");
+        drop(copies);
     }
 
     #[test]

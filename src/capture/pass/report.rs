@@ -430,7 +430,7 @@ mod deleting_tests {
             polled_at_utc: chrono::Utc::now(),
             nodes: vec![],
             unreachable: vec![],
-            fresh_reads: vec![],
+            fresh_reads: crate::topology::FreshReads::new(),
             secret_versions: Default::default(),
         };
         let record = TapRecord {
@@ -491,7 +491,7 @@ mod departed_tests {
                 .iter()
                 .map(|u| (u.to_string(), BrokerError::Unreachable("refused".into())))
                 .collect(),
-            fresh_reads: vec![],
+            fresh_reads: crate::topology::FreshReads::new(),
             secret_versions: Default::default(),
         }
     }

@@ -756,7 +756,7 @@ mod stage_tests {
             polled_at_utc: chrono::Utc::now(),
             nodes,
             unreachable: vec![],
-            fresh_reads: vec![],
+            fresh_reads: crate::topology::FreshReads::new(),
             secret_versions: Default::default(),
         }
     }
