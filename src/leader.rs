@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, ObjectMeta};
 use tokio::time::Instant;
 
 use crate::telemetry::Metrics;
@@ -280,7 +280,7 @@ impl LeaseLock {
                 spec: Some(spec),
             };
             self.may_hold = true;
-            return match self.api.create(&PostParams::default(), &lease).await {
+            return match self.api.create(&crate::api::post_params(), &lease).await {
                 Ok(created) => {
                     let record = Record::of(&created.spec.unwrap_or_default());
                     self.observe(record, Instant::now());
@@ -335,7 +335,11 @@ impl LeaseLock {
         });
         // The resourceVersion just read is the precondition: 409 if anyone wrote since.
         self.may_hold = true;
-        match self.api.replace(&self.name, &PostParams::default(), &next).await {
+        match self
+            .api
+            .replace(&self.name, &crate::api::post_params(), &next)
+            .await
+        {
             Ok(written) => {
                 let record = Record::of(&written.spec.unwrap_or_default());
                 self.observe(record, Instant::now());
@@ -367,7 +371,11 @@ impl LeaseLock {
         spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
         spec.lease_duration_seconds = Some(1);
         lease.spec = Some(spec);
-        match self.api.replace(&self.name, &PostParams::default(), &lease).await {
+        match self
+            .api
+            .replace(&self.name, &crate::api::post_params(), &lease)
+            .await
+        {
             Ok(_) => {
                 self.may_hold = false;
                 Ok(true)
@@ -682,6 +690,7 @@ async fn run_unelected(
 
 #[cfg(test)]
 mod tests {
+    use super::lease_mock::{assert_each_names_the_operator, mock_lease_api};
     use super::*;
 
     #[test]
@@ -736,6 +745,25 @@ mod tests {
         assert!(a.starts_with("op-0-"), "{a}");
         assert_ne!(a, b);
         assert!(!holder_identity(None).is_empty());
+    }
+
+    /// Every Lease write (its create, a renewal, the release) names the operator in
+    /// `managedFields`, not "unknown".
+    #[tokio::test]
+    async fn lease_writes_name_the_operator_as_their_field_manager() {
+        let (api, writes) = mock_lease_api();
+        let timing = Timing::new(15, 10, 2).expect("valid timings");
+        let mut lock = LeaseLock::new(api, "l".into(), "me".into(), timing);
+        assert_eq!(
+            lock.try_acquire_or_renew().await.expect("created"),
+            Attempt::Leading
+        );
+        assert_eq!(
+            lock.try_acquire_or_renew().await.expect("renewed"),
+            Attempt::Leading
+        );
+        assert!(lock.release().await.expect("released"));
+        assert_each_names_the_operator(&writes, 3);
     }
 
     #[tokio::test]
@@ -796,5 +824,64 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
+    }
+}
+
+/// A mock API server that keeps one Lease (whatever its name) and records every write (method
+/// and URI), for the Lease writers' unit tests (this module's and `shards::leases`').
+#[cfg(test)]
+pub(crate) mod lease_mock {
+    use std::sync::{Arc, Mutex};
+
+    use http::{Request, Response};
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::Api;
+    use kube::client::Body;
+    use serde_json::{Value, json};
+
+    /// The writes the server received: "METHOD uri".
+    pub type Writes = Arc<Mutex<Vec<String>>>;
+
+    pub fn mock_lease_api() -> (Api<Lease>, Writes) {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let writes = Writes::default();
+        let log = writes.clone();
+        tokio::spawn(async move {
+            let mut lease = Value::Null;
+            while let Some((request, respond)) = handle.next_request().await {
+                let (method, uri) = (request.method().to_string(), request.uri().to_string());
+                let body = http_body_util::BodyExt::collect(request.into_body()).await;
+                let body = body.map(|b| b.to_bytes()).unwrap_or_default();
+                let (code, reply) = match method.as_str() {
+                    "GET" if lease.is_null() => (404, not_found()),
+                    "GET" => (200, lease.clone()),
+                    _ => {
+                        lease = serde_json::from_slice(&body).unwrap_or_default();
+                        lease["metadata"]["resourceVersion"] = "1".into();
+                        log.lock().map(|mut l| l.push(format!("{method} {uri}"))).ok();
+                        (200, lease.clone())
+                    }
+                };
+                let response = Response::builder()
+                    .status(code)
+                    .body(Body::from(reply.to_string().into_bytes()));
+                respond.send_response(response.unwrap_or_else(|e| panic!("response: {e}")));
+            }
+        });
+        (Api::namespaced(kube::Client::new(service, "ns"), "ns"), writes)
+    }
+
+    fn not_found() -> Value {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+               "code": 404, "message": "not found"})
+    }
+
+    /// `n` writes, each under the operator's field manager.
+    pub fn assert_each_names_the_operator(writes: &Writes, n: usize) {
+        let writes = writes.lock().map(|w| w.clone()).unwrap_or_default();
+        assert_eq!(writes.len(), n, "{writes:?}");
+        for w in &writes {
+            assert!(w.contains("fieldManager=artemis-studio-operator"), "{w}");
+        }
     }
 }

@@ -71,26 +71,8 @@ pub use locks::{AddressHold, AddressLocks, HeldAddress};
 pub use runner::{Slots, Source, Wiring, run_controller, with_finalizer};
 pub use triggers::{Triggers, trigger_stream};
 
-/// Field manager of every write the operator makes.
-pub const MANAGER: &str = "artemis-studio-operator";
-
-/// The parameters of every patch the operator sends: under [`MANAGER`], so `managedFields`
-/// names the operator as the owner of what it wrote (a finalizer, a status), not "unknown".
-pub fn patch_params() -> kube::api::PatchParams {
-    kube::api::PatchParams {
-        field_manager: Some(MANAGER.to_string()),
-        ..kube::api::PatchParams::default()
-    }
-}
-
-/// The same for a create or a replace (`PUT`): `managedFields` names the operator, not
-/// "unknown".
-pub fn post_params() -> kube::api::PostParams {
-    kube::api::PostParams {
-        field_manager: Some(MANAGER.to_string()),
-        ..kube::api::PostParams::default()
-    }
-}
+// The field manager of every write the operator makes, and the parameters that send it.
+pub use crate::api::{MANAGER, patch_params, post_params};
 
 /// Whether a namespace is being deleted (or is gone): nothing can be created in it any more, so
 /// a delete that waits for its ArtemisCluster or Secret to come back would wait forever. False

@@ -7,7 +7,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Preconditions};
 use tokio::time::Instant;
 
 use crate::leader::{Attempt, LeaseLock, Timing};
@@ -152,13 +152,13 @@ impl ShardLeases {
                     },
                     spec: Some(spec),
                 };
-                self.api.create(&PostParams::default(), &lease).await
+                self.api.create(&crate::api::post_params(), &lease).await
             }
             Some(l) => {
                 let mut next = l.clone();
                 next.spec = Some(spec);
                 self.api
-                    .replace(&l.name_any(), &PostParams::default(), &next)
+                    .replace(&l.name_any(), &crate::api::post_params(), &next)
                     .await
             }
         };
@@ -195,7 +195,7 @@ impl ShardLeases {
             spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
             lease.spec = Some(spec);
             self.api
-                .replace(&name, &PostParams::default(), &lease)
+                .replace(&name, &crate::api::post_params(), &lease)
                 .await
                 .map(|_| ())
         };
@@ -282,6 +282,21 @@ pub fn cluster_lease(prefix: &str, cluster: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::leader::lease_mock::{assert_each_names_the_operator, mock_lease_api};
+
+    /// A cluster's Lease, taken, taken again and released, names the operator in
+    /// `managedFields`, not "unknown".
+    #[tokio::test]
+    async fn cluster_lease_writes_name_the_operator_as_their_field_manager() {
+        let (api, writes) = mock_lease_api();
+        let timing = crate::leader::Timing::new(15, 10, 2).expect("valid timings");
+        let leases = ShardLeases::new(api.clone(), "p".into(), "me".into(), timing);
+        assert!(leases.take("ns/c", None).await.expect("created"));
+        let current = api.get("any").await.expect("the Lease");
+        assert!(leases.take("ns/c", Some(&current)).await.expect("taken again"));
+        leases.release("ns/c", false).await.expect("released");
+        assert_each_names_the_operator(&writes, 3);
+    }
 
     #[test]
     fn lease_names_are_dns_names_that_name_the_installation() {
