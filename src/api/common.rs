@@ -1,5 +1,5 @@
 //! The vocabulary every kind shares (ADR-0049, ADR-0057): one per-node outcome shape, one set of
-//! refusal kinds, one cluster reference. Types only, no I/O.
+//! refusal kinds, one cluster reference, the field managers writes go under. No I/O.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -13,8 +13,37 @@ pub const PAUSED_ANNOTATION: &str = "artemis-studio.io/paused";
 /// Annotation on a ConnectionClose: its `spec.confirm` counts even when it was set before the
 /// consequence was shown (automation that confirms without review; recorded in the audit row).
 pub const CONFIRM_WITHOUT_REVIEW_ANNOTATION: &str = "artemis-studio.io/confirm-without-review";
+/// Field manager of every write the operator makes.
+pub const MANAGER: &str = "artemis-studio-operator";
 /// Field manager of every write `kubectl artemis mcp` makes for an agent (issue 48).
 pub const MCP_MANAGER: &str = "kubectl-artemis-mcp";
+
+/// The parameters of a patch under `manager`, so `managedFields` names the writer as the owner
+/// of what it wrote (a finalizer, a status), not "unknown".
+pub fn patch_params_as(manager: &str) -> kube::api::PatchParams {
+    kube::api::PatchParams {
+        field_manager: Some(manager.to_string()),
+        ..kube::api::PatchParams::default()
+    }
+}
+
+/// The same for a create or a replace (`PUT`).
+pub fn post_params_as(manager: &str) -> kube::api::PostParams {
+    kube::api::PostParams {
+        field_manager: Some(manager.to_string()),
+        ..kube::api::PostParams::default()
+    }
+}
+
+/// Every patch the operator sends: under [`MANAGER`].
+pub fn patch_params() -> kube::api::PatchParams {
+    patch_params_as(MANAGER)
+}
+
+/// Every create or replace the operator sends: under [`MANAGER`].
+pub fn post_params() -> kube::api::PostParams {
+    post_params_as(MANAGER)
+}
 /// Annotation on an object `kubectl artemis mcp` wrote: the MCP client that asked for the
 /// write (its `clientInfo` name and version).
 pub const MCP_CLIENT_ANNOTATION: &str = "artemis-studio.io/mcp-client";

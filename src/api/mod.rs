@@ -22,27 +22,6 @@ pub use queue::ArtemisQueue;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-/// Field manager of every write the operator makes.
-pub const MANAGER: &str = "artemis-studio-operator";
-
-/// The parameters of every patch the operator sends: under [`MANAGER`], so `managedFields`
-/// names the operator as the owner of what it wrote (a finalizer, a status), not "unknown".
-pub fn patch_params() -> kube::api::PatchParams {
-    kube::api::PatchParams {
-        field_manager: Some(MANAGER.to_string()),
-        ..kube::api::PatchParams::default()
-    }
-}
-
-/// The same for a create or a replace (`PUT`): `managedFields` names the operator, not
-/// "unknown".
-pub fn post_params() -> kube::api::PostParams {
-    kube::api::PostParams {
-        field_manager: Some(MANAGER.to_string()),
-        ..kube::api::PostParams::default()
-    }
-}
-
 /// Every CRD this operator serves, in a stable order, their descriptions flowing as paragraphs.
 pub fn all_crds() -> Vec<CustomResourceDefinition> {
     vec![

@@ -6,9 +6,9 @@
 //! one of its POSTs is still on the wire, so a burst travels in fewer, fuller POSTs. It then
 //! takes a permit from the node's budget — while it waits for one, further requests queue and
 //! join the batch, so a slow node gets fewer, larger POSTs — and sends the batch on a task of its
-//! own, so up to the permitted concurrency of batches are in flight. Each caller gets its own element's result
-//! (Jolokia answers one element per request, each with its own status); a transport error or a
-//! refusal of the whole request goes to every caller of that batch.
+//! own, so up to the permitted concurrency of batches are in flight. Each caller gets its own
+//! element's result (Jolokia answers one element per request, each with its own status); a
+//! transport error or a refusal of the whole request goes to every caller of that batch.
 //!
 //! A caller awaits its result before it sends its next request, so the order of one caller's
 //! operations is preserved (a ConnectionClose's re-read, then its close). A caller that gave up

@@ -17,8 +17,8 @@ use super::objects::{replay_doc, wait_for};
 use super::token::{Preview, Step};
 use super::write::{Confirmation, shown_now};
 use super::{Studio, ToolError, answer, client_of};
-use crate::api::ClusterRef;
 use crate::api::message_replay::{MessageReplay, MessageReplaySpec, ReplayPhase, ReplayPreview};
+use crate::api::{ClusterRef, MCP_MANAGER};
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub struct ReplayRequest {
@@ -141,7 +141,10 @@ impl Studio {
         };
         let mut replay = MessageReplay::new(&p.name, wanted.clone());
         replay.metadata.annotations = Some(self.marks(client).await?);
-        let written = match api.create(&Self::post_params(), &replay).await {
+        let written = match api
+            .create(&crate::api::post_params_as(MCP_MANAGER), &replay)
+            .await
+        {
             Ok(r) => r,
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 let existing = api

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, Patch, Preconditions};
 use kube::{Api, Resource, ResourceExt};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::CallToolResult;
@@ -155,21 +155,6 @@ impl Studio {
         ]))
     }
 
-    fn patch_params() -> PatchParams {
-        PatchParams {
-            field_manager: Some(MCP_MANAGER.into()),
-            ..PatchParams::default()
-        }
-    }
-
-    /// The same for a create.
-    pub(super) fn post_params() -> PostParams {
-        PostParams {
-            field_manager: Some(MCP_MANAGER.into()),
-            ..PostParams::default()
-        }
-    }
-
     pub(super) fn kube_error(what: String) -> impl FnOnce(kube::Error) -> ToolError {
         move |source| ToolError::Kube { what, source }
     }
@@ -189,9 +174,13 @@ impl Studio {
         let written = match existing {
             Some(_) => {
                 let patch = json!({"metadata": {"annotations": marks}, "spec": spec});
-                api.patch(&p.name, &Self::patch_params(), &Patch::Merge(&patch))
-                    .await
-                    .map_err(Self::kube_error(format!("writing {object} as a dry run")))?
+                api.patch(
+                    &p.name,
+                    &crate::api::patch_params_as(MCP_MANAGER),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .map_err(Self::kube_error(format!("writing {object} as a dry run")))?
             }
             None => {
                 let cluster = p.cluster.ok_or_else(|| ToolError::NeedsCluster {
@@ -208,7 +197,7 @@ impl Studio {
                     kind: "ArtemisQueue",
                     source,
                 })?;
-                api.create(&Self::post_params(), &q)
+                api.create(&crate::api::post_params_as(MCP_MANAGER), &q)
                     .await
                     .map_err(Self::kube_error(format!("creating {object} as a dry run")))?
             }
@@ -304,7 +293,11 @@ impl Studio {
             shown.still_shown(now.uid().as_deref(), now.meta().generation)?;
             let patch = locked_patch(now.resource_version(), marks, spec.clone());
             match api
-                .patch(&shown.name, &Self::patch_params(), &Patch::Merge(&patch))
+                .patch(
+                    &shown.name,
+                    &crate::api::patch_params_as(MCP_MANAGER),
+                    &Patch::Merge(&patch),
+                )
                 .await
             {
                 Ok(q) => return Ok(q),
