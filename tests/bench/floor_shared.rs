@@ -1,10 +1,13 @@
-//! The shared floor script (`../shared/bench/ideal_operator.py`, the floor as it is judged), run
-//! once per size next to the harness's own port (`floor.rs`), so the report shows whether the
-//! two agree. A clean clone has no `../shared/bench`: the report then says the shared floor was
-//! not measured, and the harness's port stands alone.
+//! The shared scripts (`../shared/bench`), once per size: the floor as it is judged
+//! (`ideal_operator.py`), next to the harness's own port (`floor.rs`), so the report shows
+//! whether the two agree; and the operator under the load that goes with it (`create_queues.py`,
+//! then `wait_ready.py`), since the harness drives its own bursts from Rust and the script's
+//! floor from Python takes more of the bed's cores. A clean clone has no `../shared/bench`: the
+//! report then says neither was measured, and the harness's port stands alone.
 
 use std::path::Path;
 use std::process::Stdio;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value, json};
@@ -83,54 +86,156 @@ async fn run_script(ctx: &Ctx, dir: &Path, ns: &str, n: usize, status: &Value) -
     std::fs::write(&status_file, serde_json::to_vec(status)?)
         .with_context(|| format!("write {}", status_file.display()))?;
     let kubeconfig = ctx.bed.var("TESTBED_KUBECONFIG")?;
+    let args = [
+        kubeconfig,
+        ns.to_string(),
+        n.to_string(),
+        status_file.display().to_string(),
+        ctx.cfg.apply_in_flight.to_string(),
+    ];
+    // Three passes over n objects and their cleanups: as long as the operator may take, thrice.
+    let out = python(dir, SCRIPT, &args, ctx.cfg.wait_for(n) * 3).await;
+    let _ = std::fs::remove_file(&status_file);
+    parse_figures(&out?)
+}
+
+/// Run one of the shared scripts in `dir` and give its standard output, or why it failed.
+async fn python(dir: &Path, script: &str, args: &[String], limit: Duration) -> Result<String> {
     let child = Command::new("python3")
-        .arg(dir.join(SCRIPT))
-        .args([kubeconfig.as_str(), ns, &n.to_string()])
-        .arg(&status_file)
-        .arg(ctx.cfg.apply_in_flight.to_string())
+        .arg(dir.join(script))
+        .args(args)
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .context("start python3 (the shared floor needs Python 3 with PyYAML)")?;
-    // Three passes over n objects and their cleanups: as long as the operator may take, thrice.
-    let limit = ctx.cfg.wait_for(n) * 3;
+        .context("start python3 (the shared scripts need Python 3 with PyYAML)")?;
     let out = tokio::time::timeout(limit, child.wait_with_output())
         .await
-        .map_err(|_| anyhow!("no answer after {limit:?}"))??;
-    let _ = std::fs::remove_file(&status_file);
+        .map_err(|_| anyhow!("{script}: no answer after {limit:?}"))??;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
         bail!(
-            "{}: {}",
+            "{script}: {}: {}",
             out.status,
             tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
         );
     }
-    parse_figures(&String::from_utf8_lossy(&out.stdout))
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// The script's last line: `single_qps bulk_qps latency_ms`.
-fn parse_figures(stdout: &str) -> Result<FloorFigures> {
+/// The operator's creates under the shared scripts' own load, or why they were not measured.
+#[derive(Debug, Clone)]
+pub enum Judged {
+    /// Creates/s from the first create to the second `wait_ready.py` saw them all Ready, and
+    /// create → Ready p50 and p99 from the API's timestamps (whole seconds), as it prints them.
+    Measured {
+        rate: f64,
+        p50: f64,
+        p99: f64,
+    },
+    NotMeasured(String),
+}
+
+impl Judged {
+    pub fn json(&self) -> Value {
+        match self {
+            Judged::Measured { rate, p50, p99 } => json!({"createsPerSecond": rate, "p50": p50, "p99": p99}),
+            Judged::NotMeasured(why) => json!({"notMeasured": why}),
+        }
+    }
+}
+
+/// The scripts the judged creates need.
+const JUDGE_SCRIPTS: [&str; 3] = ["create_queues.py", "wait_ready.py", "delete_all.py"];
+
+/// `n` ArtemisQueues created in `ns` (the operator's, empty) by `create_queues.py`, waited for by
+/// `wait_ready.py`, then removed by `delete_all.py` and their addresses from the brokers.
+pub async fn judged(ctx: &Ctx, ns: &str, n: usize) -> Judged {
+    let Some(dir) = ctx.cfg.shared_floor.as_deref() else {
+        return Judged::NotMeasured("switched off (ARTEMIS_STUDIO_BENCH_SHARED_FLOOR=off)".into());
+    };
+    if let Some(absent) = JUDGE_SCRIPTS.iter().find(|s| !dir.join(s).is_file()) {
+        return Judged::NotMeasured(format!("{} absent", dir.join(absent).display()));
+    }
+    let prefix = format!("judged-{}-{n}", ctx.cfg.run_id);
+    let measured = judged_creates(ctx, dir, ns, &prefix, n).await;
+    let removed = match ctx.bed.var("TESTBED_KUBECONFIG") {
+        Ok(kc) => {
+            let limit = ctx.cfg.wait_for(n);
+            let args = [kc, ns.to_string(), limit.as_secs().to_string()];
+            python(dir, "delete_all.py", &args, limit + Duration::from_secs(60)).await
+        }
+        Err(e) => Err(e),
+    };
+    if let Err(e) = removed {
+        eprintln!("[bench] judged creates: delete_all.py: {e:#}");
+    }
+    // The addresses a delete keeps (the CRD's default), and whatever a failed run left.
+    match ctx.jolokia.remove_by_prefix(&[prefix]).await {
+        Ok(removed) => println!("bench: removed {removed} broker objects the judged creates left"),
+        Err(e) => eprintln!("[bench] judged creates cleanup: {e:#}"),
+    }
+    match measured {
+        Ok(j) => j,
+        Err(e) => Judged::NotMeasured(format!("the scripts failed: {e:#}")),
+    }
+}
+
+async fn judged_creates(ctx: &Ctx, dir: &Path, ns: &str, prefix: &str, n: usize) -> Result<Judged> {
+    let kubeconfig = ctx.bed.var("TESTBED_KUBECONFIG")?;
+    let limit = ctx.cfg.wait_for(n);
+    let started = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs_f64();
+    let create = [
+        kubeconfig.clone(),
+        ns.to_string(),
+        prefix.to_string(),
+        n.to_string(),
+        ctx.cfg.apply_in_flight.to_string(),
+    ];
+    python(dir, "create_queues.py", &create, limit).await?;
+    let wait = [
+        kubeconfig,
+        ns.to_string(),
+        prefix.to_string(),
+        n.to_string(),
+        limit.as_secs().to_string(),
+    ];
+    let out = python(dir, "wait_ready.py", &wait, limit + Duration::from_secs(60)).await?;
+    let numbers = last_numbers(&out)?;
+    match numbers.as_slice() {
+        [ready_at, p50, p99] if *ready_at > started => Ok(Judged::Measured {
+            rate: n as f64 / (ready_at - started),
+            p50: *p50,
+            p99: *p99,
+        }),
+        _ => bail!("wait_ready.py printed {out:?}"),
+    }
+}
+
+/// The numbers of a script's last non-empty line.
+fn last_numbers(stdout: &str) -> Result<Vec<f64>> {
     let line = stdout
         .lines()
         .rev()
         .find(|l| !l.trim().is_empty())
         .ok_or_else(|| anyhow!("the script printed nothing"))?;
-    let numbers: Vec<f64> = line
-        .split_whitespace()
+    line.split_whitespace()
         .map(str::parse)
         .collect::<Result<_, _>>()
-        .with_context(|| format!("not three numbers: {line:?}"))?;
-    match numbers.as_slice() {
+        .with_context(|| format!("not numbers: {line:?}"))
+}
+
+/// The script's last line: `single_qps bulk_qps latency_ms`.
+fn parse_figures(stdout: &str) -> Result<FloorFigures> {
+    match last_numbers(stdout)?.as_slice() {
         [single_rate, bulk_rate, one_object_ms] => Ok(FloorFigures {
             single_rate: *single_rate,
             bulk_rate: *bulk_rate,
             one_object_ms: *one_object_ms,
         }),
-        _ => bail!("not three numbers: {line:?}"),
+        _ => bail!("not three numbers: {stdout:?}"),
     }
 }

@@ -363,6 +363,11 @@ impl Install {
         Ok(Install { operator, ..self })
     }
 
+    /// The namespace the operator watches and the objects live in.
+    pub fn namespace(&self) -> &str {
+        &self.ns
+    }
+
     /// Audit rows in this installation's database.
     pub async fn audit_rows(&self, ctx: &Ctx) -> Result<i64> {
         let pool = sqlx::PgPool::connect(&self.database_url(ctx)?).await?;

@@ -22,7 +22,7 @@ use anyhow::{Context, Result};
 use serde_json::Value;
 
 use crate::floor::{FloorFigures, IdealOperator};
-use crate::floor_shared::{self, SharedFloor};
+use crate::floor_shared::{self, Judged, SharedFloor};
 use crate::install::{Ctx, Install, settle};
 use crate::jolokia::Op;
 use crate::objects::{ListObserver, QueueWatch};
@@ -101,11 +101,13 @@ pub struct SingleOps {
     pub bare_ms: [f64; 3],
 }
 
-/// Every run at one size, and the shared floor script's figures (run once per size).
+/// Every run at one size, the shared floor script's figures and the operator's creates under the
+/// shared scripts' load (each run once per size).
 pub struct SizeResult {
     pub n: usize,
     pub runs: Vec<Run>,
     pub shared_floor: SharedFloor,
+    pub judged: Judged,
 }
 
 /// The `p`-th percentile (0–100) of `values`, nearest rank; NaN when empty.
@@ -189,11 +191,12 @@ pub async fn run(ctx: &Ctx) -> Result<Section> {
     for (&n, &repeats) in ctx.cfg.sizes.iter().zip(&ctx.cfg.scale_repeats) {
         let mut runs = vec![];
         let mut shared_floor = SharedFloor::NotMeasured("no run at this size".into());
+        let mut judged = Judged::NotMeasured("no run at this size".into());
         for r in 0..repeats {
             println!("bench: scale {n} queues, run {}/{repeats}", r + 1);
             let (run, shared) = one(ctx, n, r).await?;
-            if let Some(shared) = shared {
-                shared_floor = shared;
+            if let Some((shared, by_scripts)) = shared {
+                (shared_floor, judged) = (shared, by_scripts);
             }
             runs.push(run);
         }
@@ -201,6 +204,7 @@ pub async fn run(ctx: &Ctx) -> Result<Section> {
             n,
             runs,
             shared_floor,
+            judged,
         });
     }
     Ok(crate::scale_report::section(ctx, &results))
@@ -208,8 +212,9 @@ pub async fn run(ctx: &Ctx) -> Result<Section> {
 
 /// One run: the bare baselines, then an installation whose first queue gives the status the
 /// floor writes, the floor (and in the first run of a size the shared script), then the
-/// operator's N. The floor's namespace is not the one the operator watches.
-async fn one(ctx: &Ctx, n: usize, repeat: usize) -> Result<(Run, Option<SharedFloor>)> {
+/// operator's N (and in the first run of a size its N again under the shared scripts' load).
+/// The floor's namespace is not the one the operator watches.
+async fn one(ctx: &Ctx, n: usize, repeat: usize) -> Result<(Run, Option<(SharedFloor, Judged)>)> {
     let mut run = Run::default();
     if ctx.cfg.baselines {
         bare(ctx, n, repeat, &mut run).await?;
@@ -237,8 +242,24 @@ async fn one(ctx: &Ctx, n: usize, repeat: usize) -> Result<(Run, Option<SharedFl
         None
     };
     let install = operator_run(ctx, install, &watch, n, repeat, &mut run).await?;
+    let shared = match shared {
+        Some(shared) => Some((shared, judged_creates(ctx, &install, n).await)),
+        None => None,
+    };
     install.down(ctx).await;
     Ok((run, shared))
+}
+
+/// The operator's N again, created and observed by the shared scripts themselves.
+async fn judged_creates(ctx: &Ctx, install: &Install, n: usize) -> Judged {
+    let judged = floor_shared::judged(ctx, install.namespace(), n).await;
+    match &judged {
+        Judged::Measured { rate, p50, p99 } => println!(
+            "bench: {n} creates driven by the shared scripts → all Ready: {rate:.1}/s, p50 {p50} s, p99 {p99} s"
+        ),
+        Judged::NotMeasured(why) => println!("bench: {n} creates driven by the shared scripts: {why}"),
+    }
+    judged
 }
 
 /// Bare parallel Jolokia creating and destroying N queues, then bulk POSTs creating them.

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use crate::floor_shared::SharedFloor;
+use crate::floor_shared::{Judged, SharedFloor};
 use crate::install::Ctx;
 use crate::report::{Bar, Chart, Headline, Section, Table};
 use crate::scale::{Run, SizeResult};
@@ -369,14 +369,15 @@ fn headlines(ctx: &Ctx, size: &SizeResult, f: &Figures) -> Vec<Headline> {
     let mut h = vec![
         Headline {
             what: format!(
-                "{n} queues: creates/s ÷ the ideal-operator floor (side by side: ÷ the shared script's floor, ÷ bare parallel Jolokia)"
+                "{n} queues: creates/s ÷ the ideal-operator floor (side by side: ÷ the shared script's floor; driven by the shared scripts, ÷ the shared script's floor; ÷ bare parallel Jolokia)"
             ),
             measured: format!(
-                "{} / {} = {} (÷ the shared script's floor: {}; ÷ bare parallel: {})",
+                "{} / {} = {} (÷ the shared script's floor: {}; driven by the shared scripts: {}; ÷ bare parallel: {})",
                 stats::show(f.create_rate, 1),
                 stats::show(f.floor_rate, 1),
                 stats::show(f.over_floor, 2),
                 stats::show(f.over_shared_floor, 2),
+                judged_over_shared(size).map_or("—".into(), |r| format!("{r:.2} (n=1)")),
                 stats::show(f.over_bare, 2)
             ),
             target: format!("≥ {FLOOR_TARGET}× the floor"),
@@ -534,7 +535,24 @@ fn floor_note(size: &SizeResult) -> String {
         note.push_str(&format!(" The port could not measure: {}.", errors.join("; ")));
     }
     note.push_str(" Both run with the operator under test up and idle (it watches another namespace), just before its N creates.");
+    note.push_str(&match (&size.judged, judged_over_shared(size)) {
+        (Judged::Measured { rate, p50, p99 }, over) => format!(
+            " The operator's {n} creates again, driven and observed by the shared scripts themselves (`create_queues.py`, `wait_ready.py`; once, after its runs): {rate:.1}/s, p50 {p50} s, p99 {p99} s; ÷ the shared script's floor {}.",
+            over.map_or("—".into(), |r| format!("{r:.2}"))
+        ),
+        (Judged::NotMeasured(why), _) => {
+            format!(" The operator's creates driven by the shared scripts: {why}.")
+        }
+    });
     note
+}
+
+/// The operator's creates driven by the shared scripts ÷ the shared script's floor.
+fn judged_over_shared(size: &SizeResult) -> Option<f64> {
+    match (&size.judged, size.shared_floor.figures()) {
+        (Judged::Measured { rate, .. }, Some(floor)) => Some(rate / floor.rate()),
+        _ => None,
+    }
 }
 
 fn size_json(size: &SizeResult, f: &Figures) -> Value {
@@ -542,6 +560,8 @@ fn size_json(size: &SizeResult, f: &Figures) -> Value {
         "queues": size.n,
         "runs": size.runs.iter().map(run_json).collect::<Vec<_>>(),
         "sharedFloor": size.shared_floor.json(),
+        "judgedBySharedScripts": size.judged.json(),
+        "judgedOverSharedFloor": judged_over_shared(size),
         "createOverFloor": stats::json(f.over_floor),
         "createOverSharedFloor": stats::json(f.over_shared_floor),
         "createOverBareParallel": stats::json(f.over_bare),
