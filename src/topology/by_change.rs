@@ -134,24 +134,15 @@ pub async fn read(
         let mut answers = m.client().bulk(&asks).await?.into_iter();
         let short = || BrokerError::BadResponse("short bulk response".into());
         let counts = answers.next().ok_or_else(short)?;
-        let listing = answers.next();
+        // No page when none was asked (a node busy with our writes).
+        let listing = answers.next().transpose();
         // An element the broker refuses (a role without `listQueues`, say) is read in full: the
         // scrape has its own way around it.
-        if let Ok(counts) = counts
+        if let (Ok(counts), Ok(listing)) = (counts, listing)
             && !full_read_needed(moved(&counts, &b.inventory)?, &b)
         {
-            match listing {
-                None => {
-                    metrics.record_inventory_read(&node, false);
-                    let (inventory, next_page) = (b.inventory, b.page);
-                    return Ok(Read::ByChange { inventory, next_page });
-                }
-                Some(Ok(listing)) => {
-                    metrics.record_inventory_read(&node, false);
-                    return with_page(b, &listing);
-                }
-                Some(Err(_)) => {}
-            }
+            metrics.record_inventory_read(&node, false);
+            return with_page(b, listing.as_ref());
         }
     }
     let full = inventory::scrape(m).await?;
@@ -160,8 +151,13 @@ pub async fn read(
 }
 
 /// The baseline with a page of queues laid over it (the same `Arc` when nothing in it moved:
-/// the poll then sees no change), and the page to read next.
-fn with_page(b: Baseline, listing: &Value) -> Result<Read, BrokerError> {
+/// the poll then sees no change), and the page to read next; without a page, the baseline as it
+/// is and the same page next.
+fn with_page(b: Baseline, listing: Option<&Value>) -> Result<Read, BrokerError> {
+    let Some(listing) = listing else {
+        let (inventory, next_page) = (b.inventory, b.page);
+        return Ok(Read::ByChange { inventory, next_page });
+    };
     let mut paged = (*b.inventory).clone();
     let changed = paged.add_listed_queues(listing)?;
     let known = (b.inventory.queues.len() + b.inventory.unreadable_queues.len()) as u64;
@@ -309,14 +305,23 @@ mod tests {
         };
         let b = baseline(1);
         let same = b.inventory.clone();
-        match with_page(b, &listing("a = 1")).expect("a page") {
+        match with_page(b, Some(&listing("a = 1"))).expect("a page") {
             Read::ByChange { inventory, next_page } => {
                 assert!(Arc::ptr_eq(&inventory, &same), "nothing moved: the same snapshot");
                 assert_eq!(next_page, 1, "one page: round again");
             }
             other => panic!("{other:?}"),
         }
-        match with_page(baseline(1), &listing("a = 2")).expect("a page") {
+        let b = baseline(3);
+        let same = b.inventory.clone();
+        match with_page(b, None).expect("no page") {
+            Read::ByChange { inventory, next_page } => {
+                assert!(Arc::ptr_eq(&inventory, &same), "no page: the same snapshot");
+                assert_eq!(next_page, 3, "no page read: the same page next");
+            }
+            other => panic!("{other:?}"),
+        }
+        match with_page(baseline(1), Some(&listing("a = 2"))).expect("a page") {
             Read::ByChange { inventory, .. } => {
                 assert_eq!(inventory.queues["q"].filter.as_deref(), Some("a = 2"));
             }
