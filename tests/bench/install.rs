@@ -188,6 +188,10 @@ impl Ctx {
     /// run's cleanup tries again.
     pub async fn remove_namespace(&self, ns: &str, db: Option<&str>) {
         let mut clean = true;
+        if let Err(e) = bed::delete_finalizer_policy(&self.admin, ns).await {
+            eprintln!("[bench] {ns}: {e:#}");
+            clean = false;
+        }
         if let Err(e) = self.objects(ns).strip_finalizers().await {
             eprintln!("[bench] {ns}: {e:#}");
             clean = false;
@@ -205,6 +209,22 @@ impl Ctx {
         if clean && let Ok(mut l) = self.leftovers.lock() {
             l.retain(|(left, _)| left != ns);
         }
+    }
+
+    /// The chart's finalizer policy as `helm install` puts it on this bed, bound to the
+    /// installation's namespace `ns` (its release named after it; removed with the namespace):
+    /// a queue is stored with its finalizer from its create on, as where the cluster serves
+    /// MutatingAdmissionPolicy (issue 45).
+    pub async fn install_finalizer_policy(&self, ns: &str) -> Result<()> {
+        let yaml = self
+            .bed
+            .finalizer_policy(&self.cfg.repo.join(bed::CHART), ns, &[ns])?;
+        let apply = Apply {
+            manager: "artemis-studio-bench",
+            force: true,
+        };
+        bed::apply_manifests(&self.admin, &yaml, &apply).await?;
+        bed::wait_finalizer_policy(&self.admin, ns, Duration::from_secs(30)).await
     }
 
     /// Brokers besides cluster c's whose objects of this run [`Ctx::clean_brokers`] removes.
@@ -313,6 +333,7 @@ impl Install {
         let db = ctx.database_name(tag);
         ctx.create_namespace(&ns, Some(&db)).await?;
         let url = ctx.bed.create_database(&db).await?;
+        ctx.install_finalizer_policy(&ns).await?;
         std::fs::create_dir_all(&ctx.cfg.out_dir)?;
         let operator = Operator::start(Launch {
             rust_log: &ctx.cfg.operator_log,

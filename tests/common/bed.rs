@@ -27,6 +27,8 @@ pub const OPERATOR_RELEASE: &str = "artemis-studio-operator";
 pub const OPERATOR_NAMESPACE: &str = "artemis-studio";
 /// The chart, relative to the repository.
 pub const CHART: &str = "charts/artemis-studio-operator";
+/// The MutatingAdmissionPolicy API the bed's API server serves (1.34, its feature gate on).
+pub const FINALIZER_POLICY_API: &str = "admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy";
 
 /// One broker of the test bed.
 #[derive(Debug, Clone)]
@@ -238,6 +240,28 @@ impl Bed {
         .context("helm template of the chart's RBAC failed")
     }
 
+    /// The chart's finalizer policy (`templates/finalizer-policy.yaml`) for release `release`,
+    /// bound to `namespaces`: what `helm install` renders on this bed, whose API server serves
+    /// MutatingAdmissionPolicy as v1beta1 (`helm template` cannot discover it, so it is told).
+    pub fn finalizer_policy(&self, chart: &Path, release: &str, namespaces: &[&str]) -> Result<String> {
+        let watch = format!("watchNamespaces={{{}}}", namespaces.join(","));
+        self.helm_template(
+            chart,
+            release,
+            OPERATOR_NAMESPACE,
+            &[
+                "--show-only",
+                "templates/finalizer-policy.yaml",
+                "--api-versions",
+                FINALIZER_POLICY_API,
+                "--set",
+                &watch,
+            ],
+        )?
+        .map_err(anyhow::Error::msg)
+        .context("helm template of the chart's finalizer policy failed")
+    }
+
     /// Install these CRDs (and wait until they are Established), the namespace
     /// `artemis-studio` (the leader-election Role lives in the release namespace) and the
     /// chart's RBAC ([`Bed::operator_rbac`]), as the admin `client`, applied as `apply` says.
@@ -312,6 +336,57 @@ pub async fn delete_namespace(client: &Client, name: &str) -> Result<()> {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         Err(e) => Err(e).with_context(|| format!("delete namespace {name}")),
+    }
+}
+
+/// Remove release `release`'s finalizer policy and its binding (cluster-scoped; the namespaces
+/// they bound go on their own). Absent ones are no error.
+pub async fn delete_finalizer_policy(client: &Client, release: &str) -> Result<()> {
+    let name = format!("{release}-finalizers");
+    for kind in ["MutatingAdmissionPolicyBinding", "MutatingAdmissionPolicy"] {
+        let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1beta1", kind);
+        let (ar, _) = kube::discovery::pinned_kind(client, &gvk)
+            .await
+            .with_context(|| format!("discover {kind}"))?;
+        match Api::<DynamicObject>::all_with(client.clone(), &ar)
+            .delete(&name, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e).with_context(|| format!("delete {kind} {name}")),
+        }
+    }
+    Ok(())
+}
+
+/// Wait until a queue created in `ns` is stored with the operator's finalizer (the policy's
+/// first effect comes a moment after it is applied): asked by dry-run creates, which pass
+/// admission and store nothing.
+pub async fn wait_finalizer_policy(client: &Client, ns: &str, limit: Duration) -> Result<()> {
+    let gvk = GroupVersionKind::gvk("artemis-studio.io", "v1alpha1", "ArtemisQueue");
+    let ar = kube::api::ApiResource::from_gvk(&gvk);
+    let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar);
+    let probe: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "artemis-studio.io/v1alpha1",
+        "kind": "ArtemisQueue",
+        "metadata": {"name": "finalizer-policy-probe"},
+        "spec": {"clusterRef": {"name": "c"}},
+    }))?;
+    let pp = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let made = api.create(&pp, &probe).await.context("dry-run create")?;
+        if made.finalizers().iter().any(|f| f == "artemis-studio.io/queue") {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            bail!("the finalizer policy had no effect in {ns} within {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

@@ -896,6 +896,123 @@ async fn a_create_is_one_write_per_node_an_update_reads_and_writes_a_delete_shar
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Issue 45: where the API server serves MutatingAdmissionPolicy, the chart's finalizer policy
+/// stores each queue with the operator's finalizer from its create on, so the operator's only
+/// API write for a create is its status (elsewhere a finalizer patch comes first, as the test
+/// above counts). A delete still goes through the finalizer: the queue leaves every node, one
+/// audit row per command, none pending. A namespace the release does not watch is left alone.
+#[tokio::test]
+async fn a_queue_admitted_with_its_finalizer_costs_one_api_write_and_deletes_through_it() {
+    const QUEUES: usize = 12;
+    let _b = brokers_shared().await;
+    let s = scale_fixture("scale-admitted").await;
+    let elsewhere = s.bed.fresh_namespace("scale-unwatched").await;
+    let release = s.ns.clone();
+    s.bed.install_finalizer_policy(&release, &[&s.ns]).await;
+    let tag = short_id();
+    s.clean.also(&tag);
+    let names: Vec<String> = (0..QUEUES).map(|i| format!("admitted.{tag}.{i:02}")).collect();
+    let api_before = api_requests(&s.op.ctx.metrics);
+    let reconciles_before = queue_reconciles(&s.op.ctx.metrics);
+    s.create_queues(&names).await;
+    s.wait_all(QUEUES, "Ready=True", ready).await;
+    let mut failures: Vec<String> = vec![];
+    let api_writes: BTreeMap<(String, String), u64> =
+        writes_of(&grown(&api_before, &api_requests(&s.op.ctx.metrics)))
+            .into_iter()
+            .filter(|((_, kind), _)| !kind.starts_with("artemisclusters"))
+            .collect();
+    let q = QUEUES as u64;
+    let expected: BTreeMap<(String, String), u64> =
+        [(("patch".to_string(), "artemisqueues/status".to_string()), q)].into();
+    if api_writes != expected {
+        failures.push(format!(
+            "creating {QUEUES} queues admitted with their finalizer wrote {api_writes:?} to the API; expected {expected:?} (its status only: no finalizer patch)"
+        ));
+    }
+    let reconciles = queue_reconciles(&s.op.ctx.metrics) - reconciles_before;
+    if reconciles != q {
+        failures.push(format!(
+            "creating {QUEUES} queues took {reconciles} reconciles; expected one each"
+        ));
+    }
+    for broker in s.urls.keys() {
+        let held = held_by(&s.bed, broker).await;
+        let missing: Vec<&String> = names.iter().filter(|n| !held.contains(*n)).collect();
+        if !missing.is_empty() {
+            failures.push(format!("{broker} lacks {missing:?} while every object is Ready"));
+        }
+    }
+    // The unwatched namespace: stored as created, no finalizer that nobody would release.
+    let other: Api<ArtemisQueue> = Api::namespaced(s.admin.clone(), &elsewhere);
+    let probe: ArtemisQueue = serde_json::from_value(json!({
+        "apiVersion": "artemis-studio.io/v1alpha1", "kind": "ArtemisQueue",
+        "metadata": {"name": format!("unwatched.{tag}")},
+        "spec": {"clusterRef": {"name": "c"}}
+    }))
+    .expect("queue json");
+    let stored = other
+        .create(&PostParams::default(), &probe)
+        .await
+        .expect("create in the unwatched namespace");
+    if stored.metadata.finalizers.as_ref().is_some_and(|f| !f.is_empty()) {
+        failures.push(format!(
+            "a queue in {elsewhere}, which the release does not watch, was stored with finalizers {:?}",
+            stored.metadata.finalizers
+        ));
+    }
+    let _ = other
+        .delete(&format!("unwatched.{tag}"), &DeleteParams::default())
+        .await;
+
+    s.delete_all_queues(&names).await;
+    for broker in s.urls.keys() {
+        let held = held_by(&s.bed, broker).await;
+        let left: Vec<&String> = names.iter().filter(|n| held.contains(*n)).collect();
+        if !left.is_empty() {
+            failures.push(format!(
+                "{broker} still holds {left:?} after their objects were deleted"
+            ));
+        }
+    }
+    let rows = s.queue_audit().await;
+    let ours = |c: &str| rows.iter().filter(|r| r.0 == c && names.contains(&r.1)).count();
+    let pending = rows
+        .iter()
+        .filter(|r| names.contains(&r.1) && r.2 == "pending")
+        .count();
+    if ours("queue.apply") != QUEUES || ours("queue.delete") != QUEUES || pending > 0 {
+        failures.push(format!(
+            "audit rows: {} queue.apply, {} queue.delete, {pending} pending; expected {QUEUES}, {QUEUES} and none",
+            ours("queue.apply"),
+            ours("queue.delete")
+        ));
+    }
+    s.bed.remove_finalizer_policy(&release).await;
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The queue names a broker holds now, read from the broker itself.
+async fn held_by(bed: &TestBed, broker: &str) -> BTreeSet<String> {
+    let (_, body) = crate::support::jolokia_raw(
+        &bed.broker(broker),
+        &bed.broker_user(),
+        Some("http://localhost"),
+        json!({"type": "read", "mbean": format!("org.apache.activemq.artemis:broker=\"{broker}\""),
+               "attribute": "QueueNames"}),
+    )
+    .await;
+    body["value"]
+        .as_array()
+        .map(|names| {
+            names
+                .iter()
+                .filter_map(|n| n.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Issue 23: an operator restart with converged queues sends no broker write, writes no audit
 /// row, and writes no status (nor anything else) to the API — after every queue was reconciled
 /// by the new process, following its first poll (the positive evidence).

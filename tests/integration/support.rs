@@ -273,6 +273,23 @@ impl TestBed {
         ok(self.bed.helm_template(&chart, release, namespace, args))
     }
 
+    /// The chart's finalizer policy for release `release`, bound to `namespaces`, applied as
+    /// `helm install` would put it on this bed, and effective (a dry-run create in the first
+    /// namespace is stored with the finalizer). [`TestBed::remove_finalizer_policy`] removes it.
+    pub async fn install_finalizer_policy(&self, release: &str, namespaces: &[&str]) {
+        let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(bed::CHART);
+        let yaml = ok(self.bed.finalizer_policy(&chart, release, namespaces));
+        let admin = self.kube_admin().await;
+        apply_manifests(&admin, &yaml, "artemis-studio-tests").await;
+        if let Some(ns) = namespaces.first() {
+            ok(bed::wait_finalizer_policy(&admin, ns, Duration::from_secs(60)).await);
+        }
+    }
+
+    pub async fn remove_finalizer_policy(&self, release: &str) {
+        ok(bed::delete_finalizer_policy(&self.kube_admin().await, release).await);
+    }
+
     /// Start the operator's controllers in this process, as the operator's own identity (only
     /// the chart's RBAC), watching one namespace. Dropping the handle stops them.
     pub async fn start_operator(&self, namespace: &str) -> OperatorHandle {
