@@ -753,8 +753,14 @@ async fn a_create_is_one_write_per_node_an_update_reads_and_writes_a_delete_shar
     let api_before_by_code = api_requests_by_code(&s.op.ctx.metrics);
     let reconciles_before = queue_reconciles(&s.op.ctx.metrics);
     s.create_queues(&kept).await;
-    s.create_queues_with(&removed, json!({"deletion": {"removeEmptyAddress": true}}))
-        .await;
+    // Durable: these get a filter change, and Artemis 2.40 journals an updated non-durable
+    // queue's binding that destroyQueue leaves, so the queue comes back at the broker's next
+    // restart (README, "What delete does"): non-durable, they outlived their cleanup.
+    s.create_queues_with(
+        &removed,
+        json!({"deletion": {"removeEmptyAddress": true}, "durable": true}),
+    )
+    .await;
     s.wait_all(2 * QUEUES, "Ready=True", ready).await;
     let created = ops_grown(&before, &s.ops_by_kind());
     let mut failures: Vec<String> = vec![];
@@ -1169,7 +1175,8 @@ async fn a_create_answered_already_exists_reads_the_queue_and_judges_it() {
             .await
             .expect("connect");
         for (name, filter) in [(&same, None), (&other, Some("old = 1"))] {
-            let mut q = json!({"name": name, "address": name, "routing-type": "ANYCAST", "durable": false, "auto-create-address": true});
+            // Durable, as the objects below: the filtered one gets an update (see the cost test).
+            let mut q = json!({"name": name, "address": name, "routing-type": "ANYCAST", "durable": true, "auto-create-address": true});
             if let Some(f) = filter {
                 q["filter-string"] = json!(f);
             }
@@ -1179,9 +1186,13 @@ async fn a_create_answered_already_exists_reads_the_queue_and_judges_it() {
         }
     }
     let before = s.ops_by_kind();
-    s.create_queues(std::slice::from_ref(&same)).await;
-    s.create_queues_with(std::slice::from_ref(&other), json!({"filter": "new = 1"}))
+    s.create_queues_with(std::slice::from_ref(&same), json!({"durable": true}))
         .await;
+    s.create_queues_with(
+        std::slice::from_ref(&other),
+        json!({"filter": "new = 1", "durable": true}),
+    )
+    .await;
     s.wait_all(2, "Ready=True", ready).await;
     let grown = ops_grown(&before, &s.ops_by_kind());
     let list = s.queues().list(&ListParams::default()).await.expect("list");
