@@ -912,6 +912,9 @@ async fn a_queue_admitted_with_its_finalizer_costs_one_api_write_and_deletes_thr
     const QUEUES: usize = 12;
     let _b = brokers_shared().await;
     let s = scale_fixture("scale-admitted").await;
+    // No poll in the counted window: the brokers are shared, and another test's queues moving
+    // a node's counts make a poll wake this namespace's queues (the cost test does the same).
+    s.poll_hourly().await;
     let elsewhere = s.bed.fresh_namespace("scale-unwatched").await;
     let release = s.ns.clone();
     s.bed.install_finalizer_policy(&release, &[&s.ns]).await;
