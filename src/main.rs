@@ -51,6 +51,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         "starting"
     );
     let tasks = ctx.supervisor.clone();
+    let events = ctx.events.clone();
     serve_health_and_metrics(&tasks, args.listen, ctx.metrics.clone());
     stop_on_signals(ctx.shutdown.clone(), tasks.clone())?;
     // Capture is not leader-only: every replica runs it, and a Postgres advisory lock per
@@ -72,8 +73,18 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         // At once: nothing of this process may act after its Lease is lost or a task died.
         std::process::exit(code);
     }
+    // A clean stop: the Events the last passes queued are published (within a bound).
+    if tokio::time::timeout(EVENTS_AT_EXIT, events.settled())
+        .await
+        .is_err()
+    {
+        tracing::warn!("stopped with Events not yet published");
+    }
     Ok(())
 }
+
+/// How long a clean stop waits for the queued Events to be published.
+const EVENTS_AT_EXIT: Duration = Duration::from_secs(5);
 
 /// A supervised task, which a test build ends (a panic) when a test says so.
 async fn ends_in_tests(task: &'static str, run: impl std::future::Future<Output = ()>) {

@@ -568,7 +568,11 @@ impl NodeBudget {
                 Admission::Probe => return Ok(self.permit(true, now)),
                 Admission::At(start) => {
                     let mut permit = self.permit(false, now);
-                    tokio::time::sleep_until(start).await;
+                    // A slot free now goes now: a sleep until now still waits for the timer's
+                    // next tick, up to a millisecond more on every POST (issue 45).
+                    if start > Instant::now() {
+                        tokio::time::sleep_until(start).await;
+                    }
                     // Judged while this one waited for its rate slot: it is not sent.
                     if purpose == Purpose::Work
                         && let Some(e) = self.not_answering()
@@ -872,6 +876,16 @@ mod tests {
         let fifth = tokio::time::timeout(Duration::from_secs(1), waiting).await;
         assert!(matches!(fifth, Ok(Ok(true))), "the freed slot was not handed on");
         assert_eq!(budget.stats().max_in_flight, MAX_IN_FLIGHT);
+    }
+
+    /// Issue 45: a slot free now is granted at once, not at the timer's next tick (a sleep until
+    /// now is pending on its first poll).
+    #[tokio::test]
+    async fn a_free_slot_is_granted_without_waiting_for_the_timer() {
+        use futures::FutureExt;
+        let budget = Arc::new(NodeBudget::new("test://free".into(), Default::default()));
+        let permit = budget.acquire(Purpose::Work).now_or_never();
+        assert!(matches!(permit, Some(Ok(_))), "a free slot waited for the timer");
     }
 
     #[tokio::test(start_paused = true)]

@@ -95,7 +95,7 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
             let management_write = rt.management_write.clone();
             let (topology, returned) = poll_and_publish(&ctx, &ns, &name, rt).await;
             describe_topology(&mut status, &topology);
-            announce_return(&ctx, &obj, &returned).await;
+            announce_return(&ctx, &obj, &returned);
             // Read after the poll: a write reported meanwhile is included.
             status.management_write = management_write.lock().await.clone();
         }
@@ -316,7 +316,7 @@ fn with_silenced(mut returned: Vec<String>, silenced: &[String], topology: &Topo
 
 /// One Event on the ArtemisCluster per return that sent something: which nodes, how many
 /// objects, and where their audit rows are (each object's own status reports its command).
-async fn announce_return(ctx: &Context, obj: &ArtemisCluster, returned: &Returned) {
+fn announce_return(ctx: &Context, obj: &ArtemisCluster, returned: &Returned) {
     let s = &returned.caught_up;
     let Some((first, last)) = s.audit_ids else {
         return;
@@ -327,8 +327,7 @@ async fn announce_return(ctx: &Context, obj: &ArtemisCluster, returned: &Returne
         s.objects,
         s.failed
     );
-    ctx.event(obj, s.failed > 0, "NodeCaughtUp", "queue.apply", note)
-        .await;
+    ctx.event(obj, s.failed > 0, "NodeCaughtUp", "queue.apply", note);
 }
 
 fn record_poll_metrics(ctx: &Context, k: &str, topology: &Topology, started: std::time::Instant) {

@@ -163,7 +163,7 @@ where
     }
     let told_too = verdict != CommandVerdict::Succeeded || told.success_event.wanted();
     if let Some(obj) = told.on.filter(|_| told_too) {
-        announce(ctx, obj, command, verdict, &nodes).await;
+        announce(ctx, obj, command, verdict, &nodes);
     }
     Ok(CommandResult {
         audit_id,
@@ -205,7 +205,7 @@ async fn record_outcome(
 }
 
 /// The Event a human sees for a finished command on its object.
-async fn announce<K>(ctx: &Context, obj: &K, command: &str, verdict: CommandVerdict, nodes: &[NodeOutcome])
+fn announce<K>(ctx: &Context, obj: &K, command: &str, verdict: CommandVerdict, nodes: &[NodeOutcome])
 where
     K: Resource<DynamicType = ()>,
 {
@@ -213,8 +213,7 @@ where
         CommandVerdict::Succeeded => (false, "Applied"),
         _ => (true, "Failed"),
     };
-    ctx.event(obj, warning, reason, command, describe(command, nodes))
-        .await;
+    ctx.event(obj, warning, reason, command, describe(command, nodes));
 }
 
 /// ADR-0049: only real writes are evidence. An APPLIED node proves writes work; an

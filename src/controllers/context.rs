@@ -198,7 +198,8 @@ pub struct Context {
     pub caches: Caches,
     pub topologies: TopologyCache,
     pub clusters: runtime::ClusterRegistry,
-    pub recorder: Recorder,
+    /// Events, published off the reconcile's path (`events.rs`).
+    pub events: super::events::EventSink,
     pub metrics: Arc<crate::telemetry::Metrics>,
     /// This operator's per-node broker state (budgets, batchers), counted in `metrics`.
     pub broker: Arc<crate::broker::Registry>,
@@ -266,7 +267,10 @@ impl Context {
             uuid::Uuid::new_v4().simple()
         );
         let ctx = Context {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: super::events::EventSink::new(
+                Recorder::new(client.clone(), reporter),
+                metrics.events_dropped.clone(),
+            ),
             client,
             store: store.for_process(&process_id),
             instance_id,

@@ -36,6 +36,7 @@ mod context;
 pub mod dependents;
 pub mod divert;
 mod error;
+pub mod events;
 pub mod feed;
 #[cfg(test)]
 pub mod fixtures;

@@ -104,7 +104,8 @@ pub fn unchanged<S: StatusConditions>(old: &S, new: &S) -> bool {
 
 impl Context {
     /// One Event on an object: what a human should see (kube's recorder aggregates repeats).
-    pub async fn event<K>(&self, obj: &K, warning: bool, reason: &str, action: &str, note: String)
+    /// Queued, not awaited: it is published after the Events queued before it (`events.rs`).
+    pub fn event<K>(&self, obj: &K, warning: bool, reason: &str, action: &str, note: String)
     where
         K: Resource<DynamicType = ()>,
     {
@@ -119,9 +120,7 @@ impl Context {
             action: action.into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
-            tracing::warn!(error = %e, reason, "could not publish event");
-        }
+        self.events.publish(ev, obj.object_ref(&()));
     }
 }
 

@@ -86,6 +86,8 @@ pub struct Metrics {
     pub inventory_objects: Family<ClusterLabels, Gauge>,
     /// Capture passes this process ran (it held the cluster's advisory lock), by result.
     pub capture_passes: Family<CapturePassLabels, Counter>,
+    /// Events not published: the queue to the publisher was full (`controllers::events`).
+    pub events_dropped: Counter,
     /// Kubernetes API requests made through `api_client`.
     pub kube_api: kube_api::ApiMetrics,
     /// `artemis_studio_leader`: 1 while this process leads (holds the Lease, or leader election
@@ -162,6 +164,12 @@ impl Default for Metrics {
             "Capture passes run by this process (holding the cluster's advisory lock), by result",
             capture_passes.clone(),
         );
+        let events_dropped = Counter::default();
+        registry.register(
+            "events_dropped",
+            "Events not published because the queue to the publisher was full",
+            events_dropped.clone(),
+        );
         let jolokia = std::sync::Arc::new(jolokia::JolokiaMetrics::default());
         jolokia.register(&mut registry);
         let capture = std::sync::Arc::new(capture::CaptureMetrics::default());
@@ -199,6 +207,7 @@ impl Default for Metrics {
             poll_seconds,
             inventory_objects,
             capture_passes,
+            events_dropped,
             kube_api,
             leader,
             clusters_held,

@@ -47,24 +47,8 @@ pub(crate) async fn create_queues(bed: &TestBed, broker: &Broker, names: &[Strin
 
 /// The names of one broker's queues starting with `prefix`.
 pub(crate) async fn queues_with(bed: &TestBed, broker: &Broker, prefix: &str) -> BTreeSet<String> {
-    let (_, body) = jolokia_raw(
-        broker,
-        &bed.broker_user(),
-        Some("http://localhost"),
-        json!({"type": "read", "mbean": format!("org.apache.activemq.artemis:broker=\"{}\"", broker.name),
-               "attribute": "QueueNames"}),
-    )
-    .await;
-    body["value"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .filter(|n| n.starts_with(prefix))
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
+    let held = crate::support::queue_names(bed, broker).await.unwrap_or_default();
+    held.into_iter().filter(|n| n.starts_with(prefix)).collect()
 }
 
 #[tokio::test]

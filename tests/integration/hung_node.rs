@@ -21,7 +21,7 @@ use artemis_studio_operator::broker::budget::MAX_IN_FLIGHT;
 
 use crate::queue::ready;
 use crate::support::{
-    CleanUp, OperatorHandle, TestBed, Thaw, brokers_exclusive, create_cluster, jolokia_raw, short_id,
+    CleanUp, OperatorHandle, TestBed, Thaw, brokers_exclusive, create_cluster, short_id,
     wait_cluster_condition, wait_until,
 };
 
@@ -181,21 +181,7 @@ impl Hung {
 
     /// The queue names one broker holds now, read from the broker itself.
     async fn held_by(&self, broker: &str) -> Option<BTreeSet<String>> {
-        let b = self.bed.broker(broker);
-        let (_, body) = jolokia_raw(
-            &b,
-            &self.bed.broker_user(),
-            Some("http://localhost"),
-            json!({"type": "read", "mbean": format!("org.apache.activemq.artemis:broker=\"{broker}\""),
-                   "attribute": "QueueNames"}),
-        )
-        .await;
-        body["value"].as_array().map(|names| {
-            names
-                .iter()
-                .filter_map(|n| n.as_str().map(str::to_string))
-                .collect()
-        })
+        crate::support::queue_names(&self.bed, &self.bed.broker(broker)).await
     }
 
     /// c3 was just thawed: it must hold every one of `names` within one poll interval and a

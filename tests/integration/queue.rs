@@ -151,8 +151,10 @@ impl Fixture {
         .expect("audit rows")
     }
 
-    /// The reasons of the Events on the object `name`, oldest first.
+    /// The reasons of the Events on the object `name`, oldest first: once the Events the
+    /// operator queued are published.
     pub async fn event_reasons(&self, name: &str) -> Vec<String> {
+        self.op.ctx.events.settled().await;
         let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(self.admin.clone(), &self.ns);
         let mut on: Vec<_> = events
             .list(&Default::default())

@@ -91,6 +91,20 @@ async fn scale_fixture(prefix: &str) -> Scale {
 }
 
 impl Scale {
+    /// The operator's API writes since `before` (by verb and kind) for the queues, once the
+    /// Events its passes queued are published: every kind but the cluster's, whose status is the
+    /// managementWrite evidence.
+    async fn queue_api_writes(
+        &self,
+        before: &BTreeMap<(String, String), u64>,
+    ) -> BTreeMap<(String, String), u64> {
+        self.op.ctx.events.settled().await;
+        writes_of(&grown(before, &api_requests(&self.op.ctx.metrics)))
+            .into_iter()
+            .filter(|((_, kind), _)| !kind.starts_with("artemisclusters"))
+            .collect()
+    }
+
     fn queues(&self) -> Api<ArtemisQueue> {
         Api::namespaced(self.admin.clone(), &self.ns)
     }
@@ -769,11 +783,7 @@ async fn a_create_is_one_write_per_node_an_update_reads_and_writes_a_delete_shar
     // (its status and audit row say it was created), no first status (the CRD's default status
     // says "not yet observed" until the pass's, issue 50). The cluster's own status (the
     // managementWrite evidence) is the cluster's, not the objects'.
-    let api_writes: BTreeMap<(String, String), u64> =
-        writes_of(&grown(&api_before, &api_requests(&s.op.ctx.metrics)))
-            .into_iter()
-            .filter(|((_, kind), _)| !kind.starts_with("artemisclusters"))
-            .collect();
+    let api_writes = s.queue_api_writes(&api_before).await;
     let n = 2 * q;
     let status_kind = "artemisqueues/status".to_string();
     let landed = accepted_status_patches(
@@ -835,7 +845,9 @@ async fn a_create_is_one_write_per_node_an_update_reads_and_writes_a_delete_shar
     .await;
     let updated = ops_grown(&before, &s.ops_by_kind());
     // A change to a queue that exists is told by an Event on its object, besides its status.
-    let events = writes_of(&grown(&api_before, &api_requests(&s.op.ctx.metrics)))
+    let events = s
+        .queue_api_writes(&api_before)
+        .await
         .get(&("create".to_string(), "events".to_string()))
         .copied()
         .unwrap_or(0);
@@ -926,11 +938,7 @@ async fn a_queue_admitted_with_its_finalizer_costs_one_api_write_and_deletes_thr
     s.create_queues(&names).await;
     s.wait_all(QUEUES, "Ready=True", ready).await;
     let mut failures: Vec<String> = vec![];
-    let api_writes: BTreeMap<(String, String), u64> =
-        writes_of(&grown(&api_before, &api_requests(&s.op.ctx.metrics)))
-            .into_iter()
-            .filter(|((_, kind), _)| !kind.starts_with("artemisclusters"))
-            .collect();
+    let api_writes = s.queue_api_writes(&api_before).await;
     let q = QUEUES as u64;
     let expected: BTreeMap<(String, String), u64> =
         [(("patch".to_string(), "artemisqueues/status".to_string()), q)].into();
@@ -1003,22 +1011,8 @@ async fn a_queue_admitted_with_its_finalizer_costs_one_api_write_and_deletes_thr
 
 /// The queue names a broker holds now, read from the broker itself.
 async fn held_by(bed: &TestBed, broker: &str) -> BTreeSet<String> {
-    let (_, body) = crate::support::jolokia_raw(
-        &bed.broker(broker),
-        &bed.broker_user(),
-        Some("http://localhost"),
-        json!({"type": "read", "mbean": format!("org.apache.activemq.artemis:broker=\"{broker}\""),
-               "attribute": "QueueNames"}),
-    )
-    .await;
-    body["value"]
-        .as_array()
-        .map(|names| {
-            names
-                .iter()
-                .filter_map(|n| n.as_str().map(str::to_string))
-                .collect()
-        })
+    crate::support::queue_names(bed, &bed.broker(broker))
+        .await
         .unwrap_or_default()
 }
 
@@ -1051,6 +1045,7 @@ async fn a_restart_with_converged_queues_writes_nothing() {
     .await;
     s.wait_polls(s.polls() + 1).await;
     let mut failures: Vec<String> = vec![];
+    s.op.ctx.events.settled().await;
     let writes = writes_of(&api_requests(&s.op.ctx.metrics));
     if !writes.is_empty() {
         failures.push(format!(

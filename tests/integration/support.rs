@@ -174,6 +174,25 @@ where
     }
 }
 
+/// The queue names `broker` holds now, read from the broker itself (`QueueNames`); `None` when
+/// it did not answer with them.
+pub async fn queue_names(bed: &TestBed, broker: &Broker) -> Option<std::collections::BTreeSet<String>> {
+    let (_, body) = jolokia_raw(
+        broker,
+        &bed.broker_user(),
+        Some("http://localhost"),
+        serde_json::json!({"type": "read", "mbean": format!("org.apache.activemq.artemis:broker=\"{}\"", broker.name),
+               "attribute": "QueueNames"}),
+    )
+    .await;
+    body["value"].as_array().map(|names| {
+        names
+            .iter()
+            .filter_map(|n| n.as_str().map(str::to_string))
+            .collect()
+    })
+}
+
 /// One raw Jolokia POST (tests only; the operator uses broker::JolokiaClient).
 pub async fn jolokia_raw(
     broker: &Broker,

@@ -264,6 +264,7 @@ async fn delete_released(s: &Side, bed: &TestBed, name: &str, messages: u64) {
         deletes, 0,
         "a plain delete of what another declares sends no delete"
     );
+    s.op.ctx.events.settled().await;
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(bed.kube_admin().await, &s.ns);
     let released = events
         .list(&Default::default())

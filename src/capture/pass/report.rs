@@ -227,7 +227,7 @@ async fn release_departed<'r>(
         gone.len(),
         nodes.into_iter().collect::<Vec<_>>().join(", ")
     );
-    ctx.event(s, false, "TapsReleased", "capture.remove", note).await;
+    ctx.event(s, false, "TapsReleased", "capture.remove", note);
     Ok(here)
 }
 

@@ -209,7 +209,7 @@ async fn record_ownership<K: TopologyObject>(
             r.evidence(),
             r.confirmation
         );
-        ctx.event(o, false, "Adopted", &command, m).await;
+        ctx.event(o, false, "Adopted", &command, m);
     }
     if let Some(r) = record.as_ref().filter(|_| !new_writer.is_empty()) {
         let m = format!(
@@ -217,8 +217,7 @@ async fn record_ownership<K: TopologyObject>(
             r.evidence(),
             r.confirmation
         );
-        ctx.event(o, true, "OtherWriter", &format!("{}.apply", K::NOUN), m)
-            .await;
+        ctx.event(o, true, "OtherWriter", &format!("{}.apply", K::NOUN), m);
     }
     Ok(record)
 }
@@ -241,7 +240,7 @@ async fn judge_apply<K: TopologyObject>(
     set_not_converging(&mut conds, &nodes, generation);
     if last_audit_id == old_audit(o) {
         // No command (which has its own Event): a new refusal is still told once.
-        announce_not_ready::<K>(ctx, o, before.as_ref(), &conds).await;
+        announce_not_ready::<K>(ctx, o, before.as_ref(), &conds);
     }
     let next = next_pass(ctx, &history.retry_key, &nodes, deref.rt.poll_interval);
     let topology = ctx

@@ -120,18 +120,17 @@ async fn delete_gate<K: TopologyObject>(
             },
         }
     };
-    ControlFlow::Break(release(ctx, o, released.0, released.1).await)
+    ControlFlow::Break(release(ctx, o, released.0, released.1))
 }
 
 /// A delete that leaves the broker untouched: the finalizer goes, an Event says why.
-async fn release<K: TopologyObject>(
+fn release<K: TopologyObject>(
     ctx: &Context,
     obj: &K,
     reason: &str,
     message: String,
 ) -> Result<Action, ReconcileError> {
-    ctx.event(obj, false, reason, &format!("{}.delete", K::NOUN), message)
-        .await;
+    ctx.event(obj, false, reason, &format!("{}.delete", K::NOUN), message);
     Ok(Action::await_change())
 }
 
@@ -143,7 +142,7 @@ async fn release_never_applied<K: TopologyObject>(
     why: &DereferenceError,
 ) -> Result<Action, ReconcileError> {
     let message = format!("{why}; this object never reached a broker: nothing to remove");
-    release(ctx, obj, "NeverApplied", message).await
+    release(ctx, obj, "NeverApplied", message)
 }
 
 const RELEASE_HINT: &str =
@@ -243,7 +242,7 @@ async fn owned_elsewhere<K: TopologyObject>(
         K::audit_target(d),
         K::kind(&())
     );
-    Some(release(ctx, o, "Released", m).await)
+    Some(release(ctx, o, "Released", m))
 }
 
 /// A delete that cannot reach the brokers because the ArtemisCluster or its credentials Secret
@@ -268,7 +267,7 @@ async fn release_if_namespace_deleted<K: TopologyObject>(
         K::audit_target(d)
     );
     tracing::warn!(kind = K::NOUN, object = %obj.name_any(), namespace = %ns, "{message}");
-    Some(release(ctx, obj, "NamespaceDeleted", message).await)
+    Some(release(ctx, obj, "NamespaceDeleted", message))
 }
 
 /// Issue 41: a broker object this object does not own — adopted (found in use before it wrote
@@ -307,7 +306,7 @@ async fn release_not_owned<K: TopologyObject>(
         ownership::DeleteVerdict::Destroy => return None,
     };
     tracing::info!(kind = K::NOUN, object = %o.name_any(), "{m}");
-    Some(release(ctx, o, "Released", m).await)
+    Some(release(ctx, o, "Released", m))
 }
 
 /// A delete that cannot finish now: DeleteBlocked names why and how to proceed; the finalizer
@@ -408,8 +407,7 @@ async fn judge_delete<K: TopologyObject>(
                 "no broker write: nothing of this object's was on any live node ({})",
                 why.join("; ")
             );
-            ctx.event(o, false, "NothingDeleted", &format!("{}.delete", K::NOUN), note)
-                .await;
+            ctx.event(o, false, "NothingDeleted", &format!("{}.delete", K::NOUN), note);
         }
         return Ok(Action::await_change());
     }

@@ -79,6 +79,15 @@ pub(super) async fn report_condition<K: TopologyObject>(
         .iter()
         .any(|c| c.type_ == type_ && c.reason == reason && c.message == message && c.status == shown);
     conditions::set(&mut conds, type_, status, reason, message.clone(), generation);
+    if changed {
+        // Queued before the status is written: whoever reads the status may read the Event.
+        let action = if type_ == DELETE_BLOCKED {
+            "delete"
+        } else {
+            "apply"
+        };
+        ctx.event(obj, true, reason, &format!("{}.{action}", K::NOUN), message);
+    }
     let (nodes, nodes_generation) = match nodes {
         Some(judged) => (judged, None),
         None => carried_nodes(obj.current_status(), generation),
@@ -98,17 +107,7 @@ pub(super) async fn report_condition<K: TopologyObject>(
             not_owned: old_not_owned(obj),
         },
     )
-    .await?;
-    if changed {
-        let action = if type_ == DELETE_BLOCKED {
-            "delete"
-        } else {
-            "apply"
-        };
-        ctx.event(obj, true, reason, &format!("{}.{action}", K::NOUN), message)
-            .await;
-    }
-    Ok(())
+    .await
 }
 
 /// The nodes a report keeps when it judged none, and the generation they describe when it is
@@ -193,7 +192,7 @@ pub(super) fn set_not_converging(conds: &mut Vec<Condition>, nodes: &[NodeOutcom
 
 /// A Warning Event when Ready turns False, or says something new while False, in a pass that
 /// sent nothing (a node refusing for good, e.g. a routing type the broker cannot change).
-pub(super) async fn announce_not_ready<K: TopologyObject>(
+pub(super) fn announce_not_ready<K: TopologyObject>(
     ctx: &Context,
     obj: &K,
     before: Option<&Condition>,
@@ -211,8 +210,7 @@ pub(super) async fn announce_not_ready<K: TopologyObject>(
             &now.reason,
             &format!("{}.apply", K::NOUN),
             now.message.clone(),
-        )
-        .await;
+        );
     }
 }
 
