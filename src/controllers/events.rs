@@ -72,6 +72,8 @@ impl EventSink {
     pub fn publish(&self, ev: Event, regarding: ObjectReference) {
         let progress = &self.inner.progress;
         progress.queued.fetch_add(1, Ordering::AcqRel);
+        // Why an Event was not queued: the publisher's queue is full, or (rarely) the publisher
+        // ended since the check above or the lock was poisoned.
         let refused = match self.inner.tx.lock() {
             Ok(mut tx) => {
                 let sender = match tx.as_ref() {
@@ -84,16 +86,15 @@ impl EventSink {
                     }
                 };
                 sender.try_send((ev, regarding)).err().map(|e| match e {
-                    mpsc::error::TrySendError::Full((ev, _)) | mpsc::error::TrySendError::Closed((ev, _)) => {
-                        ev
-                    }
+                    mpsc::error::TrySendError::Full((ev, _)) => (ev, "the publish queue is full"),
+                    mpsc::error::TrySendError::Closed((ev, _)) => (ev, "the publisher ended"),
                 })
             }
-            Err(_) => Some(ev),
+            Err(_) => Some((ev, "the publisher's lock was poisoned")),
         };
-        if let Some(ev) = refused {
+        if let Some((ev, why)) = refused {
             self.inner.dropped.inc();
-            tracing::warn!(reason = %ev.reason, action = %ev.action, "event dropped: the publish queue is full");
+            tracing::warn!(reason = %ev.reason, action = %ev.action, why, "event dropped");
             progress.finish();
         }
     }

@@ -86,7 +86,7 @@ pub struct Metrics {
     pub inventory_objects: Family<ClusterLabels, Gauge>,
     /// Capture passes this process ran (it held the cluster's advisory lock), by result.
     pub capture_passes: Family<CapturePassLabels, Counter>,
-    /// Events not published: the queue to the publisher was full (`controllers::events`).
+    /// Events not published: the publisher's queue did not take them (`controllers::events`).
     pub events_dropped: Counter,
     /// Kubernetes API requests made through `api_client`.
     pub kube_api: kube_api::ApiMetrics,
@@ -167,7 +167,7 @@ impl Default for Metrics {
         let events_dropped = Counter::default();
         registry.register(
             "events_dropped",
-            "Events not published because the queue to the publisher was full",
+            "Events not published: the publisher's queue did not take them (1,024 waiting, or the publisher ended)",
             events_dropped.clone(),
         );
         let jolokia = std::sync::Arc::new(jolokia::JolokiaMetrics::default());

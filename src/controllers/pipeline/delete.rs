@@ -136,7 +136,7 @@ fn release<K: TopologyObject>(
 
 /// A delete whose cluster cannot be used, of an object that never reached a broker: nothing of
 /// its own is on any broker, so it is released without a write.
-async fn release_never_applied<K: TopologyObject>(
+fn release_never_applied<K: TopologyObject>(
     ctx: &Context,
     obj: &K,
     why: &DereferenceError,
@@ -217,7 +217,7 @@ async fn delete_not_dereferenced<K: TopologyObject>(
     blocked: String,
 ) -> Result<Action, ReconcileError> {
     if never_reached {
-        return release_never_applied(ctx, o, &e).await;
+        return release_never_applied(ctx, o, &e);
     }
     if let DereferenceError::NotYetPolled(cluster) = e {
         return Err(DeleteRefusal::NotYetPolled { cluster }.into());
