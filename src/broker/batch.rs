@@ -1,9 +1,10 @@
 //! Coalescing: single `JolokiaClient::call`s from concurrent tasks to the same endpoint (same
 //! URL, credentials, trust roots, Origin and timeout) travel together in one bulk POST.
 //!
-//! One batcher task per endpoint key receives `(request, reply)` pairs on a channel. It waits
-//! [`LINGER`] after the first request for others (or until [`MAX_BATCH`]); [`BUSY_LINGER`] when
-//! one of its POSTs is still on the wire, so a burst travels in fewer, fuller POSTs. It then
+//! One batcher task per endpoint key receives `(request, reply)` pairs on a channel. When one of
+//! its POSTs is still on the wire it waits [`BUSY_LINGER`] after the first request for others (or
+//! until [`MAX_BATCH`]), so a burst travels in fewer, fuller POSTs; otherwise the request leaves
+//! at once with whoever is already waiting (see [`linger`]). It then
 //! takes a permit from the node's budget — while it waits for one, further requests queue and
 //! join the batch, so a slow node gets fewer, larger POSTs — and sends the batch on a task of its
 //! own, so up to the permitted concurrency of batches are in flight. Each caller gets its own
@@ -30,22 +31,16 @@ use super::budget::{BatchKey, NodeBudget, Permit, Purpose};
 use super::error::BrokerError;
 use super::jolokia::{JolokiaClient, JolokiaRequest};
 
-/// How long the first request of a batch waits for company when nothing of its batcher is on the
-/// wire: enough for the reconciles woken by the same event to join, small next to a broker round
-/// trip. Every step of a command that waits on a node pays it (an update's read, then its write):
-/// issue 45 measured 3 ms, which with the timer's rounding was about 4 ms of each step, and took
-/// it to 1 ms — under a burst a batcher is busy and waits [`BUSY_LINGER`] instead.
-pub const LINGER: Duration = Duration::from_millis(1);
 /// How long the first request of a batch waits for company when a POST of the same batcher is
 /// still on the wire (the node is busy with our work): a burst travels in fewer, fuller POSTs, at
-/// most about one per this long beyond those in flight. A lone request (nothing on the wire)
-/// waits only [`LINGER`].
+/// most about one per this long beyond those in flight. A lone request (nothing of its batcher on
+/// the wire) does not wait: see [`linger`].
 ///
 /// Issue 45: a POST costs a 2.40 broker about 3.7 ms of CPU before its first operation (the
 /// servlet, authentication, the management guard) and a create about 0.6 ms more (measured on
 /// the bed: one create per POST 4.9 ms a queue, 32 per POST 1.2 ms). On a bed whose cores the
 /// brokers share with the API server, 2,000 creates in a burst went in POSTs of 7–9 operations
-/// with [`LINGER`] alone, and of 18–20 with this: the brokers' CPU fell by about a tenth and the
+/// with a 3 ms linger alone, and of 18–20 with this: the brokers' CPU fell by about a tenth and the
 /// creates/s rose by as much (docs/performance.md).
 pub const BUSY_LINGER: Duration = Duration::from_millis(150);
 /// The most operations in one POST. Jolokia runs a bulk request's elements one after another, so
@@ -170,13 +165,18 @@ async fn run(mut rx: mpsc::Receiver<Pending>, budget: std::sync::Arc<NodeBudget>
             Ok(None) | Err(_) => return,
         };
         let mut batch = vec![first];
-        let busy = std::sync::Arc::strong_count(&on_wire) > 1;
-        let deadline = tokio::time::Instant::now() + if busy { BUSY_LINGER } else { LINGER };
-        while batch_size(&batch) < MAX_BATCH {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(p)) => batch.push(p),
-                Ok(None) | Err(_) => break,
+        match linger(std::sync::Arc::strong_count(&on_wire) > 1) {
+            Some(linger) => {
+                let deadline = tokio::time::Instant::now() + linger;
+                while batch_size(&batch) < MAX_BATCH {
+                    match tokio::time::timeout_at(deadline, rx.recv()).await {
+                        Ok(Some(p)) => batch.push(p),
+                        Ok(None) | Err(_) => break,
+                    }
+                }
             }
+            // The tasks woken by the same event hand theirs over before this one runs again.
+            None => tokio::task::yield_now().await,
         }
         let permit = match budget.acquire(purpose).await {
             Ok(permit) => permit,
@@ -207,6 +207,16 @@ async fn run(mut rx: mpsc::Receiver<Pending>, budget: std::sync::Arc<NodeBudget>
         // counts as on the wire until its task ends, however it ends.
         tokio::spawn(send(batch, permit, on_wire.clone()));
     }
+}
+
+/// How long the first request of a batch waits for company: [`BUSY_LINGER`] when a POST of its
+/// batcher is still on the wire (`busy`), otherwise not at all — it leaves with whoever is
+/// already waiting. Issue 45: every step of a command that waits on a node paid a linger when
+/// the node was idle (an update's read, then its write; a delete's preflight, then its
+/// `destroyQueue`): 3 ms, with the timer's rounding about 4, then 1 ms (about 2.3 measured in
+/// the operator's trace). Under a burst a batcher is busy and still waits [`BUSY_LINGER`].
+fn linger(busy: bool) -> Option<Duration> {
+    busy.then_some(BUSY_LINGER)
 }
 
 /// How many operations `batch` holds.
@@ -475,8 +485,8 @@ mod tests {
     }
 
     /// Issue 45: while a POST is on the wire, calls that trickle in (one every 10 ms, as the
-    /// reconciles of a burst reach the broker) wait for company and go in one POST; with only
-    /// `LINGER`, each would leave on its own, up to the budget's four in flight.
+    /// reconciles of a burst reach the broker) wait for company and go in one POST; without
+    /// `BUSY_LINGER`, each would leave on its own, up to the budget's four in flight.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn calls_that_trickle_in_while_a_post_is_on_the_wire_share_the_next_post() {
         let (base, seen) = server().await;
@@ -506,7 +516,7 @@ mod tests {
     }
 
     /// Issue 45: a caller's next call after its answer (a delete's `destroyQueue` after its
-    /// preflight read) finds nothing of its own on the wire and leaves after `LINGER`, not
+    /// preflight read) finds nothing of its own on the wire and leaves at once, not after
     /// `BUSY_LINGER`: one after another, 20 calls take about 20 round trips.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_call_made_after_an_answer_does_not_wait_for_company() {
@@ -526,6 +536,14 @@ mod tests {
             lingered, 0,
             "calls that waited for company behind an answered POST"
         );
+    }
+
+    /// Issue 45: a request to an idle node waits for no timer (each step of a command that
+    /// waits on a node would pay it); a busy batcher waits `BUSY_LINGER` for company.
+    #[test]
+    fn a_request_waits_for_company_only_while_its_batcher_has_a_post_on_the_wire() {
+        assert_eq!(super::linger(false), None);
+        assert_eq!(super::linger(true), Some(BUSY_LINGER));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -417,9 +417,11 @@ impl JolokiaClient {
             .json(requests)
             .timeout(self.timeout)
             .send();
+        let started = std::time::Instant::now();
         let response = send.await.map_err(|e| self.transport_error(e))?;
         let status = response.status();
         let body = response.text().await.map_err(|e| self.transport_error(e))?;
+        tracing::debug!(node = %self.node(), status = status.as_u16(), elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "jolokia answered");
         if status == reqwest::StatusCode::UNAUTHORIZED || status == reqwest::StatusCode::FORBIDDEN {
             return Err(BrokerError::Refused(ManagementRefusal {
                 kind: RefusalKind::NotAuthorized,
