@@ -739,6 +739,16 @@ mod tests {
             "{e}"
         );
         assert_eq!(e.refusal_kind(), RefusalKind::Unreachable);
+        // The POSTs let go when the node was judged go on until their own timeout, and a probe
+        // goes only when nothing is on the wire (`Health::may_probe`): wait for that.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while REGISTRY.node_stats(c.url()).is_some_and(|s| s.in_flight > 0) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the let-go POSTs end at their 100 ms timeout"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let probe = c.probing().call(JolokiaRequest::read("p", "X")).await;
         assert_eq!(probe.expect("the probe is answered"), Value::from("p"));
         assert_eq!(

@@ -233,7 +233,7 @@ impl FakeBroker {
                     .filter(|(n, _)| n.as_str() == name)
                     .map(|(n, d)| (n.clone(), d.clone()))
                     .collect(),
-                DivertsRead::All | DivertsRead::AllIfAny => s.diverts.clone(),
+                DivertsRead::All | DivertsRead::Listed { .. } => s.diverts.clone(),
             },
             unreadable_queues: Default::default(),
             scope: Some(scope.covers()),

@@ -592,13 +592,16 @@ async fn delete_removes_dependent_diverts_first_and_keeps_source_diverts() {
     );
 }
 
-/// Issue 45: a delete's preflight on a node that had no divert at its last poll asks the node's
-/// DivertNames instead of the pattern read; when the node lists any (here one made behind the
-/// operator's back just now), every divert is read, so the delete still removes those that
-/// forward into its address first.
+/// Issue 45: a delete's preflight asks the node's DivertNames beside an exact read of each
+/// divert its last poll found, instead of the pattern read; when the node lists one that was not
+/// read (here made behind the operator's back just now, on a node that had none, then beside one
+/// it knew), every divert is read, so the delete still removes those that forward into its
+/// address first.
 #[tokio::test]
 async fn a_preflight_asking_divert_names_reads_every_divert_once_the_node_lists_one() {
-    use artemis_studio_operator::topology::inventory::{DivertsRead, QueueAt, ScopedRead, read_scoped};
+    use artemis_studio_operator::topology::inventory::{
+        DivertAt, DivertsRead, QueueAt, ScopedRead, read_scoped,
+    };
     let _b = brokers_shared().await;
     let f = fixture("q-names", None).await;
     let id = short_id();
@@ -627,7 +630,7 @@ async fn a_preflight_asking_divert_names_reads_every_divert_once_the_node_lists_
     let scope = ScopedRead {
         queues: &queues,
         addresses: &[],
-        diverts: DivertsRead::AllIfAny,
+        diverts: DivertsRead::Listed { known: &[] },
     };
     let inv = read_scoped(m, &scope).await.expect("read");
     assert!(inv.queues.contains_key(&target), "the queue itself is read");
@@ -636,7 +639,27 @@ async fn a_preflight_asking_divert_names_reads_every_divert_once_the_node_lists_
         .get(&divert)
         .expect("the divert the node lists is read in full");
     assert_eq!(found.forwarding_address, target);
-    m.destroy_divert(&divert).await.expect("divert removed");
+    // The node's last read knew the first divert; a second appears behind the operator's back.
+    let second = format!("into2.{id}");
+    m.create_divert(&json!({"name": second, "routing-name": second, "address": source, "forwarding-address": target, "exclusive": false}))
+        .await
+        .expect("second divert");
+    let known = [DivertAt {
+        name: divert.clone(),
+        address: source.clone(),
+    }];
+    let scope = ScopedRead {
+        diverts: DivertsRead::Listed { known: &known },
+        ..scope
+    };
+    let inv = read_scoped(m, &scope).await.expect("read");
+    for d in [&divert, &second] {
+        let found = inv.diverts.get(d).expect("every divert the node lists is read");
+        assert_eq!(found.forwarding_address, target, "{d}");
+    }
+    for d in [&divert, &second] {
+        m.destroy_divert(d).await.expect("divert removed");
+    }
     m.destroy_queue(&target, true).await.expect("queue removed");
 }
 

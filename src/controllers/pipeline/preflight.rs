@@ -9,7 +9,7 @@ use super::plan::{planned, snapshot_inventories, write_targets};
 use super::{FreshRead, Step, TopologyObject};
 use crate::api::{NodeOutcome, Outcome};
 use crate::fanout::Target;
-use crate::topology::inventory::NodeInventory;
+use crate::topology::inventory::{DivertAt, NodeInventory};
 
 /// What a node's write is planned from.
 #[derive(Clone)]
@@ -86,9 +86,16 @@ pub(super) async fn fresh_reads<K: TopologyObject>(
         Some(async move {
             let t = Target::new(n.node_id.clone(), management);
             let purpose = if for_delete {
-                // No inventory yet: as if it held diverts (the full read at once).
-                let diverts_at_last_poll = n.inventory.as_ref().is_none_or(|i| !i.diverts.is_empty());
-                FreshRead::Delete { diverts_at_last_poll }
+                let known_diverts = n.inventory.as_ref().map(|i| {
+                    i.diverts
+                        .values()
+                        .map(|d| DivertAt {
+                            name: d.name.clone(),
+                            address: d.address.clone(),
+                        })
+                        .collect()
+                });
+                FreshRead::Delete { known_diverts }
             } else {
                 FreshRead::Apply
             };

@@ -28,10 +28,17 @@ use crate::topology::inventory::{
 
 pub const FINALIZER: &str = "artemis-studio.io/queue";
 
+/// The most diverts a delete's preflight reads by name on a node (its last poll's); beyond, one
+/// pattern read of every divert costs the broker less than as many exact reads (a node running a
+/// thousand capture taps).
+const KNOWN_DIVERTS_READ_BY_NAME: usize = 32;
+
 /// The fresh read an apply or a delete makes on one node (issue 45: at a create's price): the
-/// queue by its own MBean — never every queue of the node — and for a delete every divert, by
-/// one pattern read that the deletes in flight on the node share (ADR-0084 §3: the diverts
-/// forwarding into its address live on other addresses). The address is not read: an update
+/// queue by its own MBean — never every queue of the node — and for a delete every divert
+/// (ADR-0084 §3: the diverts forwarding into its address live on other addresses): the node's
+/// `DivertNames` beside an exact read of each divert it held at its last poll, the pattern read
+/// only when it lists another ([`DivertsRead::Listed`]); the deletes in flight on the node share
+/// those reads (identical reads in one POST go once). The address is not read: an update
 /// and a delete plan nothing from it, and a create learns it from the broker's answer
 /// (`createAddress` says "already exists").
 async fn read_queue(t: &Target, d: &DesiredQueue, purpose: FreshRead) -> Result<NodeInventory, BrokerError> {
@@ -43,14 +50,13 @@ async fn read_queue(t: &Target, d: &DesiredQueue, purpose: FreshRead) -> Result<
     let read = t.ops.read_scoped(ScopedRead {
         queues: &queue,
         addresses: &[],
-        diverts: match purpose {
+        diverts: match &purpose {
             FreshRead::Apply => DivertsRead::None,
+            // No inventory yet, or more diverts than exact reads are worth: the pattern read.
             FreshRead::Delete {
-                diverts_at_last_poll: true,
-            } => DivertsRead::All,
-            FreshRead::Delete {
-                diverts_at_last_poll: false,
-            } => DivertsRead::AllIfAny,
+                known_diverts: Some(known),
+            } if known.len() <= KNOWN_DIVERTS_READ_BY_NAME => DivertsRead::Listed { known },
+            FreshRead::Delete { .. } => DivertsRead::All,
         },
     });
     if purpose != FreshRead::Apply || d.spec.delivery != Some(Delivery::Paused) {
