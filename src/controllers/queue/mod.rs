@@ -50,14 +50,7 @@ async fn read_queue(t: &Target, d: &DesiredQueue, purpose: FreshRead) -> Result<
     let read = t.ops.read_scoped(ScopedRead {
         queues: &queue,
         addresses: &[],
-        diverts: match &purpose {
-            FreshRead::Apply => DivertsRead::None,
-            // No inventory yet, or more diverts than exact reads are worth: the pattern read.
-            FreshRead::Delete {
-                known_diverts: Some(known),
-            } if known.len() <= KNOWN_DIVERTS_READ_BY_NAME => DivertsRead::Listed { known },
-            FreshRead::Delete { .. } => DivertsRead::All,
-        },
+        diverts: divert_read(&purpose),
     });
     if purpose != FreshRead::Apply || d.spec.delivery != Some(Delivery::Paused) {
         return read.await;
@@ -71,6 +64,19 @@ async fn read_queue(t: &Target, d: &DesiredQueue, purpose: FreshRead) -> Result<
     inv.queues
         .update(&d.name, |q| q.pause_persisted = persisted.filter(|_| q.paused));
     Ok(inv)
+}
+
+/// The diverts a fresh read covers: none for a write; for a delete, those the node held at its
+/// last poll by name beside its `DivertNames` — the pattern read with no inventory yet, or more
+/// diverts than exact reads are worth.
+fn divert_read(purpose: &FreshRead) -> DivertsRead<'_> {
+    match purpose {
+        FreshRead::Apply => DivertsRead::None,
+        FreshRead::Delete {
+            known_diverts: Some(known),
+        } if known.len() <= KNOWN_DIVERTS_READ_BY_NAME => DivertsRead::Listed { known },
+        FreshRead::Delete { .. } => DivertsRead::All,
+    }
 }
 
 fn queue_ref(d: &DesiredQueue) -> QueueRef<'_> {
@@ -655,4 +661,41 @@ pub async fn run(ctx: Arc<Context>, wiring: super::Wiring<ArtemisQueue>) {
         pipeline::error_policy::<ArtemisQueue>,
     )
     .await;
+}
+
+#[cfg(test)]
+mod divert_read_tests {
+    use std::sync::Arc;
+
+    use super::{FreshRead, KNOWN_DIVERTS_READ_BY_NAME, divert_read};
+    use crate::topology::inventory::{DivertAt, DivertsRead};
+
+    fn known(n: usize) -> FreshRead {
+        let diverts: Arc<[DivertAt]> = (0..n)
+            .map(|i| DivertAt {
+                name: format!("d{i}"),
+                address: "src".into(),
+            })
+            .collect();
+        FreshRead::Delete {
+            known_diverts: Some(diverts),
+        }
+    }
+
+    /// Issue 45: a write reads no divert; a delete reads the diverts its node held by name, up to
+    /// the cap, and by the one pattern read past it or before the node's first poll.
+    #[test]
+    fn a_delete_reads_known_diverts_by_name_up_to_the_cap_and_by_pattern_past_it() {
+        assert!(matches!(divert_read(&FreshRead::Apply), DivertsRead::None));
+        let none = FreshRead::Delete { known_diverts: None };
+        assert!(matches!(divert_read(&none), DivertsRead::All), "no poll yet");
+        let at_cap = known(KNOWN_DIVERTS_READ_BY_NAME);
+        assert!(
+            matches!(divert_read(&at_cap), DivertsRead::Listed { known } if known.len() == KNOWN_DIVERTS_READ_BY_NAME)
+        );
+        let empty = known(0);
+        assert!(matches!(divert_read(&empty), DivertsRead::Listed { known } if known.is_empty()));
+        let past = known(KNOWN_DIVERTS_READ_BY_NAME + 1);
+        assert!(matches!(divert_read(&past), DivertsRead::All));
+    }
 }
