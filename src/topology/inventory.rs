@@ -151,14 +151,7 @@ pub enum DivertsRead<'a> {
     /// 10,000 queues: a queue's read with the pattern 14 ms, with `DivertNames` 4), an exact
     /// read's does not. When the node lists a divert not read where its last poll saw it, every
     /// divert is read by the pattern.
-    Listed { known: &'a [DivertAt] },
-}
-
-/// A divert a [`DivertsRead::Listed`] reads by name, on the source address it was last seen on.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DivertAt {
-    pub name: String,
-    pub address: String,
+    Listed { known: &'a OrdMap<String, DivertInfo> },
 }
 
 impl ScopedRead<'_> {
@@ -673,7 +666,7 @@ fn divert_requests(broker_name: &str, read: &DivertsRead<'_>) -> Vec<(Option<Str
             JolokiaRequest::read_strict(mbean::all_diverts(broker_name), DIVERT_ATTRIBUTES),
         )],
         DivertsRead::Listed { known } => std::iter::once((None, names()))
-            .chain(known.iter().map(|d| {
+            .chain(known.values().map(|d| {
                 let read = JolokiaRequest::read_strict(
                     mbean::divert(broker_name, &d.address, &d.name),
                     DIVERT_ATTRIBUTES,
@@ -1052,7 +1045,8 @@ mod tests {
 
     #[test]
     fn a_node_without_diverts_is_asked_their_names_and_read_in_full_only_when_it_lists_some() {
-        let listed = DivertsRead::Listed { known: &[] };
+        let no_diverts = OrdMap::new();
+        let listed = DivertsRead::Listed { known: &no_diverts };
         let requests = super::divert_requests("b1", &listed);
         let request = serde_json::to_value(&requests[0].1).expect("json");
         assert_eq!(requests.len(), 1);
@@ -1082,10 +1076,12 @@ mod tests {
     /// node lists one that was not where the poll saw it.
     #[test]
     fn diverts_seen_at_the_last_poll_are_read_by_name_and_a_new_one_brings_the_full_read() {
-        let known = [super::DivertAt {
+        let d1_seen = DivertInfo {
             name: "d1".into(),
             address: "src".into(),
-        }];
+            ..DivertInfo::default()
+        };
+        let known = OrdMap::unit("d1".to_string(), d1_seen);
         let listed = DivertsRead::Listed { known: &known };
         let requests = super::divert_requests("b1", &listed);
         assert_eq!(requests.len(), 2, "DivertNames and the known divert");

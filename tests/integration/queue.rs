@@ -599,9 +599,7 @@ async fn delete_removes_dependent_diverts_first_and_keeps_source_diverts() {
 /// address first.
 #[tokio::test]
 async fn a_preflight_asking_divert_names_reads_every_divert_once_the_node_lists_one() {
-    use artemis_studio_operator::topology::inventory::{
-        DivertAt, DivertsRead, QueueAt, ScopedRead, read_scoped,
-    };
+    use artemis_studio_operator::topology::inventory::{DivertsRead, QueueAt, ScopedRead, read_scoped};
     let _b = brokers_shared().await;
     let f = fixture("q-names", None).await;
     let id = short_id();
@@ -630,9 +628,12 @@ async fn a_preflight_asking_divert_names_reads_every_divert_once_the_node_lists_
     let scope = ScopedRead {
         queues: &queues,
         addresses: &[],
-        diverts: DivertsRead::Listed { known: &[] },
+        diverts: DivertsRead::Listed {
+            known: &Default::default(),
+        },
     };
-    let inv = read_scoped(m, &scope).await.expect("read");
+    let first = read_scoped(m, &scope).await.expect("read");
+    let inv = &first;
     assert!(inv.queues.contains_key(&target), "the queue itself is read");
     let found = inv
         .diverts
@@ -644,12 +645,10 @@ async fn a_preflight_asking_divert_names_reads_every_divert_once_the_node_lists_
     m.create_divert(&json!({"name": second, "routing-name": second, "address": source, "forwarding-address": target, "exclusive": false}))
         .await
         .expect("second divert");
-    let known = [DivertAt {
-        name: divert.clone(),
-        address: source.clone(),
-    }];
     let scope = ScopedRead {
-        diverts: DivertsRead::Listed { known: &known },
+        diverts: DivertsRead::Listed {
+            known: &first.diverts,
+        },
         ..scope
     };
     let inv = read_scoped(m, &scope).await.expect("read");

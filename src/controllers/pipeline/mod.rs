@@ -72,7 +72,7 @@ use crate::api::cluster::DeclarationMode;
 use crate::api::{ClusterRef, Condition, DeletionPolicy, NodeOutcome, NotOwned, RefusalKind};
 use crate::fanout::{NodeFailure, NodeReport, Target};
 use crate::topology::Topology;
-use crate::topology::inventory::{DivertAt, NodeInventory};
+use crate::topology::inventory::NodeInventory;
 
 pub use apply::apply;
 pub(in crate::controllers) use apply::{apply_command, apply_with_evidence};
@@ -121,15 +121,16 @@ pub struct PlanFacts {
 }
 
 /// What a fresh read is for.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum FreshRead {
     /// A write's: only the object itself.
     Apply,
-    /// A delete's: also what goes with it. `known_diverts`: the diverts of the node's latest
-    /// inventory, where they were (none: no inventory yet). The node is asked its divert names
-    /// beside an exact read of each, and read in full only if it lists one not found there
-    /// (issue 45).
-    Delete { known_diverts: Option<Arc<[DivertAt]>> },
+    /// A delete's: also what goes with it. `last_inventory`: the node's latest inventory (none:
+    /// no poll yet), whose diverts are read by name where they were, beside the node's divert
+    /// names; the node is read in full only if it lists one not found there (issue 45).
+    Delete {
+        last_inventory: Option<Arc<NodeInventory>>,
+    },
 }
 
 /// A delete refused as a whole before anything is sent (e.g. the bulk cap).

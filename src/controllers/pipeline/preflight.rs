@@ -9,7 +9,7 @@ use super::plan::{planned, snapshot_inventories, write_targets};
 use super::{FreshRead, Step, TopologyObject};
 use crate::api::{NodeOutcome, Outcome};
 use crate::fanout::Target;
-use crate::topology::inventory::{DivertAt, NodeInventory};
+use crate::topology::inventory::NodeInventory;
 
 /// What a node's write is planned from.
 #[derive(Clone)]
@@ -86,16 +86,9 @@ pub(super) async fn fresh_reads<K: TopologyObject>(
         Some(async move {
             let t = Target::new(n.node_id.clone(), management);
             let purpose = if for_delete {
-                let known_diverts = n.inventory.as_ref().map(|i| {
-                    i.diverts
-                        .values()
-                        .map(|d| DivertAt {
-                            name: d.name.clone(),
-                            address: d.address.clone(),
-                        })
-                        .collect()
-                });
-                FreshRead::Delete { known_diverts }
+                FreshRead::Delete {
+                    last_inventory: n.inventory.clone(),
+                }
             } else {
                 FreshRead::Apply
             };

@@ -52,7 +52,7 @@ async fn read_queue(t: &Target, d: &DesiredQueue, purpose: FreshRead) -> Result<
         addresses: &[],
         diverts: divert_read(&purpose),
     });
-    if purpose != FreshRead::Apply || d.spec.delivery != Some(Delivery::Paused) {
+    if matches!(purpose, FreshRead::Delete { .. }) || d.spec.delivery != Some(Delivery::Paused) {
         return read.await;
     }
     // Issue 49: a queue declared Paused is also asked whether its pause is persisted (a pause()
@@ -73,8 +73,8 @@ fn divert_read(purpose: &FreshRead) -> DivertsRead<'_> {
     match purpose {
         FreshRead::Apply => DivertsRead::None,
         FreshRead::Delete {
-            known_diverts: Some(known),
-        } if known.len() <= KNOWN_DIVERTS_READ_BY_NAME => DivertsRead::Listed { known },
+            last_inventory: Some(inv),
+        } if inv.diverts.len() <= KNOWN_DIVERTS_READ_BY_NAME => DivertsRead::Listed { known: &inv.diverts },
         FreshRead::Delete { .. } => DivertsRead::All,
     }
 }
@@ -668,17 +668,21 @@ mod divert_read_tests {
     use std::sync::Arc;
 
     use super::{FreshRead, KNOWN_DIVERTS_READ_BY_NAME, divert_read};
-    use crate::topology::inventory::{DivertAt, DivertsRead};
+    use crate::topology::inventory::{DivertInfo, DivertsRead, NodeInventory};
 
     fn known(n: usize) -> FreshRead {
-        let diverts: Arc<[DivertAt]> = (0..n)
-            .map(|i| DivertAt {
-                name: format!("d{i}"),
+        let mut inv = NodeInventory::default();
+        for i in 0..n {
+            let name = format!("d{i}");
+            let d = DivertInfo {
+                name: name.clone(),
                 address: "src".into(),
-            })
-            .collect();
+                ..DivertInfo::default()
+            };
+            inv.diverts.insert(name, d);
+        }
         FreshRead::Delete {
-            known_diverts: Some(diverts),
+            last_inventory: Some(Arc::new(inv)),
         }
     }
 
@@ -687,7 +691,7 @@ mod divert_read_tests {
     #[test]
     fn a_delete_reads_known_diverts_by_name_up_to_the_cap_and_by_pattern_past_it() {
         assert!(matches!(divert_read(&FreshRead::Apply), DivertsRead::None));
-        let none = FreshRead::Delete { known_diverts: None };
+        let none = FreshRead::Delete { last_inventory: None };
         assert!(matches!(divert_read(&none), DivertsRead::All), "no poll yet");
         let at_cap = known(KNOWN_DIVERTS_READ_BY_NAME);
         assert!(
