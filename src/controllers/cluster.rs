@@ -93,7 +93,13 @@ async fn reconcile(obj: Arc<ArtemisCluster>, ctx: Arc<Context>) -> Result<Action
         Ok(access) => {
             let rt = runtime_for(&ctx, &obj, access, &old, poll_interval);
             let management_write = rt.management_write.clone();
+            let (refusals, timeout) = (rt.divert_watch_refusals.clone(), rt.request_timeout);
             let (topology, returned) = poll_and_publish(&ctx, &ns, &name, rt).await;
+            // Issue 45: a node without the divert watch gets it (its deletes read less).
+            let watched = super::divert_watch::ensure(&ctx, &obj, &topology, &refusals, timeout);
+            if let Err(e) = watched.await {
+                tracing::warn!(cluster = %k, error = %e, "the divert watch could not be created");
+            }
             describe_topology(&mut status, &topology);
             announce_return(&ctx, &obj, &returned);
             // Read after the poll: a write reported meanwhile is included.
@@ -192,12 +198,18 @@ fn runtime_for(
     let previous = ctx
         .clusters
         .get(&key(&obj.namespace().unwrap_or_default(), &obj.name_any()));
-    let (memory, poll_lock, management_write) = match &previous {
-        Some(p) => (p.memory.clone(), p.poll_lock.clone(), p.management_write.clone()),
+    let (memory, poll_lock, management_write, divert_watch_refusals) = match &previous {
+        Some(p) => (
+            p.memory.clone(),
+            p.poll_lock.clone(),
+            p.management_write.clone(),
+            p.divert_watch_refusals.clone(),
+        ),
         None => (
             Arc::new(Mutex::new(TopologyMemory::default())),
             Arc::new(Mutex::new(())),
             Arc::new(Mutex::new(old.management_write.clone())),
+            Arc::default(),
         ),
     };
     ClusterRuntime {
@@ -211,6 +223,7 @@ fn runtime_for(
         request_timeout: Duration::from_secs(obj.spec.request_timeout_seconds.into()),
         poll_lock,
         generation: obj.metadata.generation,
+        divert_watch_refusals,
     }
 }
 

@@ -35,6 +35,7 @@ pub mod connection_close;
 mod context;
 pub mod dependents;
 pub mod divert;
+pub mod divert_watch;
 mod error;
 pub mod events;
 pub mod feed;

@@ -34,6 +34,8 @@ pub struct ClusterRuntime {
     pub poll_lock: Arc<Mutex<()>>,
     /// The spec generation this runtime was resolved from.
     pub generation: Option<i64>,
+    /// The nodes that refused the divert watch (shared across runtimes, like `memory`).
+    pub divert_watch_refusals: Arc<Mutex<super::divert_watch::Refusals>>,
 }
 
 /// Every cluster's runtime, for the other controllers.

@@ -233,11 +233,14 @@ impl FakeBroker {
                     .filter(|(n, _)| n.as_str() == name)
                     .map(|(n, d)| (n.clone(), d.clone()))
                     .collect(),
-                DivertsRead::All | DivertsRead::Listed { .. } => s.diverts.clone(),
+                DivertsRead::All | DivertsRead::Listed { .. } | DivertsRead::Watched { .. } => {
+                    s.diverts.clone()
+                }
             },
             unreadable_queues: Default::default(),
             scope: Some(scope.covers()),
             read_at: None,
+            divert_watch: Default::default(),
         })
     }
 }

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::divert_watch::{self, Watch};
 use super::inventory::{self, NodeInventory};
 use crate::broker::jolokia::JolokiaRequest;
 use crate::broker::{BrokerError, BrokerManagement, mbean};
@@ -79,7 +80,8 @@ fn ours_in_flight(b: &Baseline) -> bool {
 /// What a poll by change asks a node: its counts, and its next page of queues unless the node
 /// is busy with our writes.
 fn by_change_requests(broker_name: &str, b: &Baseline) -> Vec<JolokiaRequest> {
-    let mut asks = vec![counts_request(broker_name)];
+    // The divert watch first: a divert added after it is counted (divert_watch.rs).
+    let mut asks = vec![divert_watch::request(broker_name), counts_request(broker_name)];
     if !ours_in_flight(b) {
         asks.push(inventory::list_queues(
             broker_name,
@@ -133,6 +135,7 @@ pub async fn read(
         let asks = by_change_requests(m.broker_name(), &b);
         let mut answers = m.client().bulk(&asks).await?.into_iter();
         let short = || BrokerError::BadResponse("short bulk response".into());
+        let watch = divert_watch::judge(answers.next().ok_or_else(short)?);
         let counts = answers.next().ok_or_else(short)?;
         // No page when none was asked (a node busy with our writes).
         let listing = answers.next().transpose();
@@ -142,7 +145,7 @@ pub async fn read(
             && !full_read_needed(moved(&counts, &b.inventory)?, &b)
         {
             metrics.record_inventory_read(&node, false);
-            return with_page(b, listing.as_ref());
+            return with_page(b, listing.as_ref(), watch);
         }
     }
     let full = inventory::scrape(m).await?;
@@ -150,16 +153,22 @@ pub async fn read(
     Ok(Read::Full(Arc::new(full)))
 }
 
-/// The baseline with a page of queues laid over it (the same `Arc` when nothing in it moved:
-/// the poll then sees no change), and the page to read next; without a page, the baseline as it
-/// is and the same page next.
-fn with_page(b: Baseline, listing: Option<&Value>) -> Result<Read, BrokerError> {
-    let Some(listing) = listing else {
-        let (inventory, next_page) = (b.inventory, b.page);
-        return Ok(Read::ByChange { inventory, next_page });
-    };
+/// The baseline with a page of queues and the divert watch now laid over it (the same `Arc`
+/// when nothing in it moved: the poll then sees no change), and the page to read next; without
+/// a page, the same page next.
+fn with_page(b: Baseline, listing: Option<&Value>, watch: Watch) -> Result<Read, BrokerError> {
+    let watch = divert_watch::kept(&b.inventory.divert_watch, watch);
     let mut paged = (*b.inventory).clone();
-    let changed = paged.add_listed_queues(listing)?;
+    let mut changed = paged.divert_watch != watch;
+    paged.divert_watch = watch;
+    let Some(listing) = listing else {
+        let inventory = if changed { Arc::new(paged) } else { b.inventory };
+        return Ok(Read::ByChange {
+            inventory,
+            next_page: b.page,
+        });
+    };
+    changed |= paged.add_listed_queues(listing)?;
     let known = (b.inventory.queues.len() + b.inventory.unreadable_queues.len()) as u64;
     let pages = known.div_ceil(PAGE).max(1);
     let next_page = if b.page >= pages { 1 } else { b.page + 1 };
@@ -305,7 +314,7 @@ mod tests {
         };
         let b = baseline(1);
         let same = b.inventory.clone();
-        match with_page(b, Some(&listing("a = 1"))).expect("a page") {
+        match with_page(b, Some(&listing("a = 1")), Watch::Unread).expect("a page") {
             Read::ByChange { inventory, next_page } => {
                 assert!(Arc::ptr_eq(&inventory, &same), "nothing moved: the same snapshot");
                 assert_eq!(next_page, 1, "one page: round again");
@@ -314,14 +323,14 @@ mod tests {
         }
         let b = baseline(3);
         let same = b.inventory.clone();
-        match with_page(b, None).expect("no page") {
+        match with_page(b, None, Watch::Unread).expect("no page") {
             Read::ByChange { inventory, next_page } => {
                 assert!(Arc::ptr_eq(&inventory, &same), "no page: the same snapshot");
                 assert_eq!(next_page, 3, "no page read: the same page next");
             }
             other => panic!("{other:?}"),
         }
-        match with_page(baseline(1), Some(&listing("a = 2"))).expect("a page") {
+        match with_page(baseline(1), Some(&listing("a = 2")), Watch::Unread).expect("a page") {
             Read::ByChange { inventory, .. } => {
                 assert_eq!(inventory.queues["q"].filter.as_deref(), Some("a = 2"));
             }
@@ -332,12 +341,22 @@ mod tests {
     #[test]
     fn a_node_busy_with_our_writes_waits_for_its_page_until_its_full_read_is_due() {
         let asks = |ago, busy| by_change_requests("b1", &baseline_of(ago, busy)).len();
-        assert_eq!(asks(5, true), 1, "busy with our writes: the counts alone");
-        assert_eq!(asks(5, false), 2, "idle: the counts and a page");
+        assert_eq!(
+            asks(5, true),
+            2,
+            "busy with our writes: the watch and the counts alone"
+        );
+        assert_eq!(asks(5, false), 3, "idle: the watch, the counts and a page");
         let bound = BUSY_FULL_READ_EVERY.as_secs();
-        assert_eq!(asks(bound, true), 2, "busy past the bound: the page again");
+        assert_eq!(asks(bound, true), 3, "busy past the bound: the page again");
         let idle = by_change_requests("b1", &baseline_of(0, false));
-        let page = serde_json::to_value(&idle[1]).expect("json");
+        let watch = serde_json::to_value(&idle[0]).expect("json");
+        assert!(
+            watch["mbean"]
+                .as_str()
+                .is_some_and(|m| m.contains(divert_watch::QUEUE))
+        );
+        let page = serde_json::to_value(&idle[2]).expect("json");
         assert_eq!(page["operation"], "listQueues(java.lang.String,int,int)");
     }
 

@@ -5,12 +5,14 @@
 
 use imbl::OrdMap;
 
+pub use super::divert_watch::{Mark, Watch};
 pub use super::queue_map::{QueueInfo, QueueMap};
 
 use serde_json::Value;
 
 use crate::broker::jolokia::attribute_fault;
 use crate::broker::{BrokerError, BrokerManagement, JolokiaRequest, mbean};
+use crate::topology::divert_watch;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DivertInfo {
@@ -45,6 +47,9 @@ pub struct NodeInventory {
     /// reads laid over it refresh only what they cover). Issue 45: between full reads a poll
     /// keeps the inventory while the node's counts match it.
     pub read_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// The node's divert watch as read just before its diverts were read in full (issue 45):
+    /// while it has not counted since, these are every divert on the node.
+    pub divert_watch: Watch,
 }
 
 /// The objects a scoped read covered: absent from the read means absent from the node.
@@ -152,6 +157,15 @@ pub enum DivertsRead<'a> {
     /// read's does not. When the node lists a divert not read where its last poll saw it, every
     /// divert is read by the pattern.
     Listed { known: &'a OrdMap<String, DivertInfo> },
+    /// Every divert on the node, by an exact read of each its last full read found (`known`)
+    /// beside its divert watch: the watch at `mark` (nothing counted since) makes those every
+    /// divert there is, with no `DivertNames` (whose walk of every management object grows
+    /// with the node's queues); any other answer reads every divert by the pattern
+    /// (topology/divert_watch.rs).
+    Watched {
+        known: &'a OrdMap<String, DivertInfo>,
+        mark: Mark,
+    },
 }
 
 impl ScopedRead<'_> {
@@ -160,7 +174,10 @@ impl ScopedRead<'_> {
         ReadScope {
             queues: self.queues.iter().map(|q| q.name.to_string()).collect(),
             addresses: self.addresses.iter().map(|a| a.to_string()).collect(),
-            diverts: matches!(self.diverts, DivertsRead::All | DivertsRead::Listed { .. }),
+            diverts: matches!(
+                self.diverts,
+                DivertsRead::All | DivertsRead::Listed { .. } | DivertsRead::Watched { .. }
+            ),
             divert_names: match self.diverts {
                 DivertsRead::Named { name, .. } => vec![name.to_string()],
                 _ => vec![],
@@ -455,6 +472,8 @@ pub async fn scrape(m: &BrokerManagement) -> Result<NodeInventory, BrokerError> 
     let mut r = m
         .client()
         .bulk(&[
+            // First: a divert added after this read is counted by the watch (issue 45).
+            divert_watch::request(name),
             list_all_queues(name),
             JolokiaRequest::read_many(mbean::all_addresses(name), ADDRESS_ATTRIBUTES),
             JolokiaRequest::read_many(mbean::all_diverts(name), DIVERT_ATTRIBUTES),
@@ -464,6 +483,7 @@ pub async fn scrape(m: &BrokerManagement) -> Result<NodeInventory, BrokerError> 
     let mut next = || next_answer(&mut r);
     let mut inv = NodeInventory {
         read_at: Some(chrono::Utc::now()),
+        divert_watch: divert_watch::judge(next()),
         ..Default::default()
     };
     match next() {
@@ -647,33 +667,44 @@ pub async fn read_scoped(m: &BrokerManagement, scope: &ScopedRead<'_>) -> Result
     Ok(inv)
 }
 
-/// What a divert read asks, each request with the divert it reads (None: `DivertNames`, or
-/// the pattern read of every divert for `All`).
-fn divert_requests(broker_name: &str, read: &DivertsRead<'_>) -> Vec<(Option<String>, JolokiaRequest)> {
-    // The node's divert names: judged the same way for a named read and for `Listed`.
-    let names = || JolokiaRequest::read_strict(mbean::broker(broker_name), &["DivertNames"]);
+/// What one request of a divert read asks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum DivertAsk {
+    /// The node's `DivertNames`.
+    Names,
+    /// Every divert, by the pattern.
+    Every,
+    /// This divert, where it is expected.
+    One(String),
+    /// The node's divert watch.
+    Watch,
+}
+
+/// What a divert read asks, each request with what it asks.
+fn divert_requests(broker_name: &str, read: &DivertsRead<'_>) -> Vec<(DivertAsk, JolokiaRequest)> {
+    let names = || {
+        let names = JolokiaRequest::read_strict(mbean::broker(broker_name), &["DivertNames"]);
+        (DivertAsk::Names, names)
+    };
+    let one = |name: &str, address: &str| {
+        let read = JolokiaRequest::read_strict(mbean::divert(broker_name, address, name), DIVERT_ATTRIBUTES);
+        (DivertAsk::One(name.to_string()), read)
+    };
+    let each = |known: &OrdMap<String, DivertInfo>| -> Vec<_> {
+        known.values().map(|d| one(&d.name, &d.address)).collect()
+    };
     match read {
         DivertsRead::None => vec![],
-        DivertsRead::Named { name, address } => vec![
-            (None, names()),
-            (
-                Some(name.to_string()),
-                JolokiaRequest::read_strict(mbean::divert(broker_name, address, name), DIVERT_ATTRIBUTES),
-            ),
-        ],
+        DivertsRead::Named { name, address } => vec![names(), one(name, address)],
         DivertsRead::All => vec![(
-            None,
+            DivertAsk::Every,
             JolokiaRequest::read_strict(mbean::all_diverts(broker_name), DIVERT_ATTRIBUTES),
         )],
-        DivertsRead::Listed { known } => std::iter::once((None, names()))
-            .chain(known.values().map(|d| {
-                let read = JolokiaRequest::read_strict(
-                    mbean::divert(broker_name, &d.address, &d.name),
-                    DIVERT_ATTRIBUTES,
-                );
-                (Some(d.name.clone()), read)
-            }))
-            .collect(),
+        DivertsRead::Listed { known } => std::iter::once(names()).chain(each(known)).collect(),
+        DivertsRead::Watched { known, .. } => {
+            let watch = (DivertAsk::Watch, divert_watch::request(broker_name));
+            std::iter::once(watch).chain(each(known)).collect()
+        }
     }
 }
 
@@ -689,30 +720,35 @@ enum DivertsLeft {
 /// broker lists that were not where expected come back, to be searched for.
 fn judge_diverts(
     read: &DivertsRead<'_>,
-    answers: Vec<(Option<String>, Result<Value, BrokerError>)>,
+    answers: Vec<(DivertAsk, Result<Value, BrokerError>)>,
     inv: &mut NodeInventory,
 ) -> Result<DivertsLeft, BrokerError> {
     let mut listed: Vec<String> = vec![];
     let mut found = std::collections::BTreeSet::new();
-    for (divert, answer) in answers {
-        match (read, divert, answer) {
-            (DivertsRead::All, _, answer) => {
+    let mut counted_since = false;
+    for (ask, answer) in answers {
+        match (ask, answer) {
+            (DivertAsk::Every, answer) => {
                 for v in matches(answer)? {
                     let d = parse_divert(&v).map_err(bad("a divert"))?;
                     inv.diverts.insert(d.name.clone(), d);
                 }
             }
-            (_, None, Ok(v)) => {
+            (DivertAsk::Names, Ok(v)) => {
                 listed = strings(&v, "DivertNames").map_err(bad("the broker's DivertNames"))?
             }
-            (_, None, Err(e)) => return Err(e),
-            (_, Some(_), Ok(v)) => {
+            (DivertAsk::Names, Err(e)) => return Err(e),
+            (DivertAsk::One(_), Ok(v)) => {
                 let d = parse_divert(&v).map_err(bad("a divert"))?;
                 found.insert(d.name.clone());
                 inv.diverts.insert(d.name.clone(), d);
             }
-            (_, Some(_), Err(e)) if e.is_no_such_mbean() => {}
-            (_, Some(_), Err(e)) => return Err(e),
+            (DivertAsk::One(_), Err(e)) if e.is_no_such_mbean() => {}
+            (DivertAsk::One(_), Err(e)) => return Err(e),
+            (DivertAsk::Watch, answer) => {
+                let now = divert_watch::judge(answer).mark();
+                counted_since = !matches!(read, DivertsRead::Watched { mark, .. } if now == Some(*mark));
+            }
         }
     }
     Ok(match read {
@@ -724,6 +760,8 @@ fn judge_diverts(
                 .collect(),
         ),
         DivertsRead::Listed { .. } if listed.iter().any(|l| !found.contains(l)) => DivertsLeft::Every,
+        // A divert added since the mark (or a watch gone or not ours): it could be anywhere.
+        DivertsRead::Watched { .. } if counted_since => DivertsLeft::Every,
         _ => DivertsLeft::Named(vec![]),
     })
 }
@@ -1014,17 +1052,33 @@ mod tests {
             "k2": divert_attrs(&divert("tap", "y", "cap")),
         });
         let mut inv = NodeInventory::default();
-        let search =
-            super::judge_diverts(&DivertsRead::All, vec![(None, Ok(answer))], &mut inv).expect("judged");
+        let search = super::judge_diverts(
+            &DivertsRead::All,
+            vec![(super::DivertAsk::Every, Ok(answer))],
+            &mut inv,
+        )
+        .expect("judged");
         assert_eq!(search, super::DivertsLeft::Named(vec![]));
         assert_eq!(inv.diverts.keys().collect::<Vec<_>>(), ["d1", "tap"]);
         let none = BrokerError::NoSuchMBean("javax.management.InstanceNotFoundException".into());
         let mut empty = NodeInventory::default();
-        super::judge_diverts(&DivertsRead::All, vec![(None, Err(none))], &mut empty).expect("judged");
+        super::judge_diverts(
+            &DivertsRead::All,
+            vec![(super::DivertAsk::Every, Err(none))],
+            &mut empty,
+        )
+        .expect("judged");
         assert!(empty.diverts.is_empty());
         // Any other failure fails the read: nothing is planned on a guess.
         let refused = BrokerError::BadResponse("AttributeNotFoundException".into());
-        assert!(super::judge_diverts(&DivertsRead::All, vec![(None, Err(refused))], &mut empty).is_err());
+        assert!(
+            super::judge_diverts(
+                &DivertsRead::All,
+                vec![(super::DivertAsk::Every, Err(refused))],
+                &mut empty
+            )
+            .is_err()
+        );
     }
 
     #[test]
@@ -1035,8 +1089,11 @@ mod tests {
         };
         let not_found = BrokerError::NoSuchMBean("javax.management.InstanceNotFoundException".into());
         let answers = vec![
-            (None, Ok(serde_json::json!({"DivertNames": ["d1", "other"]}))),
-            (Some("d1".to_string()), Err(not_found)),
+            (
+                super::DivertAsk::Names,
+                Ok(serde_json::json!({"DivertNames": ["d1", "other"]})),
+            ),
+            (super::DivertAsk::One("d1".into()), Err(not_found)),
         ];
         let mut inv = NodeInventory::default();
         let search = super::judge_diverts(&read, answers, &mut inv).expect("judged");
@@ -1055,7 +1112,12 @@ mod tests {
             request["mbean"].as_str().is_some_and(|m| !m.contains('*')),
             "no pattern"
         );
-        let names = |v: Value| vec![(None, Ok(serde_json::json!({ "DivertNames": v })))];
+        let names = |v: Value| {
+            vec![(
+                super::DivertAsk::Names,
+                Ok(serde_json::json!({ "DivertNames": v })),
+            )]
+        };
         let mut inv = NodeInventory::default();
         let none = super::judge_diverts(&listed, names(serde_json::json!([])), &mut inv);
         assert_eq!(none.expect("judged"), super::DivertsLeft::Named(vec![]));
@@ -1085,7 +1147,7 @@ mod tests {
         let listed = DivertsRead::Listed { known: &known };
         let requests = super::divert_requests("b1", &listed);
         assert_eq!(requests.len(), 2, "DivertNames and the known divert");
-        assert_eq!(requests[1].0.as_deref(), Some("d1"));
+        assert_eq!(requests[1].0, super::DivertAsk::One("d1".into()));
         for (_, r) in &requests {
             let mbean = serde_json::to_value(r).expect("json")["mbean"].clone();
             assert!(
@@ -1097,8 +1159,11 @@ mod tests {
             "Exclusive": false, "Filter": null, "RoutingType": "STRIP", "RoutingName": "d1"});
         let answers = |names: Value| {
             vec![
-                (None, Ok(serde_json::json!({ "DivertNames": names }))),
-                (Some("d1".to_string()), Ok(d1.clone())),
+                (
+                    super::DivertAsk::Names,
+                    Ok(serde_json::json!({ "DivertNames": names })),
+                ),
+                (super::DivertAsk::One("d1".into()), Ok(d1.clone())),
             ]
         };
         let mut inv = NodeInventory::default();
@@ -1110,5 +1175,59 @@ mod tests {
         );
         let new = super::judge_diverts(&listed, answers(serde_json::json!(["d1", "d2"])), &mut inv);
         assert_eq!(new.expect("judged"), super::DivertsLeft::Every);
+    }
+
+    /// Issue 45: with the divert watch at the node's mark, the diverts its last full read found
+    /// are read by name with no `DivertNames` and no pattern; the watch counted since (or gone)
+    /// brings the pattern read of every divert.
+    #[test]
+    fn a_watch_at_its_mark_spares_the_divert_names_and_a_count_since_brings_the_full_read() {
+        let seen = DivertInfo {
+            name: "d1".into(),
+            address: "src".into(),
+            ..DivertInfo::default()
+        };
+        let known = OrdMap::unit("d1".to_string(), seen);
+        let mark = Mark { id: 9, added: 4 };
+        let watched = DivertsRead::Watched { known: &known, mark };
+        let requests = super::divert_requests("b1", &watched);
+        let asks: Vec<_> = requests.iter().map(|(a, _)| a.clone()).collect();
+        assert_eq!(
+            asks,
+            [super::DivertAsk::Watch, super::DivertAsk::One("d1".into())]
+        );
+        for (_, r) in &requests {
+            let r = serde_json::to_value(r).expect("json");
+            assert!(
+                r["mbean"].as_str().is_some_and(|m| !m.contains('*')),
+                "no pattern"
+            );
+            assert_ne!(r["attribute"], serde_json::json!(["DivertNames"]));
+        }
+        let watch = |added: u64| serde_json::json!({"ID": 9, "MessagesAdded": added, "Filter": divert_watch::filter()});
+        let d1 = serde_json::json!({"UniqueName": "d1", "Address": "src", "ForwardingAddress": "dst",
+            "Exclusive": false, "Filter": null, "RoutingType": "STRIP", "RoutingName": "d1"});
+        let answers = |w: Result<Value, BrokerError>| {
+            vec![
+                (super::DivertAsk::Watch, w),
+                (super::DivertAsk::One("d1".into()), Ok(d1.clone())),
+            ]
+        };
+        let mut inv = NodeInventory::default();
+        let same = super::judge_diverts(&watched, answers(Ok(watch(4))), &mut inv);
+        assert_eq!(same.expect("judged"), super::DivertsLeft::Named(vec![]));
+        assert!(inv.diverts.contains_key("d1"));
+        let counted = super::judge_diverts(&watched, answers(Ok(watch(5))), &mut inv);
+        assert_eq!(counted.expect("judged"), super::DivertsLeft::Every);
+        let gone = Err(BrokerError::NoSuchMBean(
+            "javax.management.InstanceNotFoundException".into(),
+        ));
+        let missing = super::judge_diverts(&watched, answers(gone), &mut inv);
+        assert_eq!(missing.expect("judged"), super::DivertsLeft::Every);
+        let read = ScopedRead {
+            diverts: watched,
+            ..Default::default()
+        };
+        assert!(read.covers().diverts, "it covers every divert");
     }
 }

@@ -10,6 +10,7 @@
 pub mod access;
 pub mod answers;
 pub mod by_change;
+pub mod divert_watch;
 pub mod inventory;
 pub mod queue_map;
 

@@ -662,6 +662,112 @@ async fn a_preflight_asking_divert_names_reads_every_divert_once_the_node_lists_
     m.destroy_queue(&target, true).await.expect("queue removed");
 }
 
+/// Issue 45: every live node gets the divert watch (the operator makes it, audited, or finds it
+/// made by another installation), and the operator's full read marks it. A delete's preflight
+/// then reads the diverts the node held by name beside the watch, with no `DivertNames`; a
+/// divert made behind the operator's back since the mark moves the watch, so it is read too,
+/// and a watch destroyed behind its back reads every divert by the pattern until the operator
+/// makes it again.
+#[tokio::test]
+async fn the_divert_watch_counts_a_divert_made_behind_our_back_and_a_delete_reads_it() {
+    use artemis_studio_operator::topology::divert_watch;
+    use artemis_studio_operator::topology::inventory::{
+        DivertsRead, QueueAt, ScopedRead, Watch, read_scoped, scrape,
+    };
+    let _b = brokers_shared().await;
+    let f = fixture("q-watch", None).await;
+    let id = short_id();
+    f.clean.also(&id);
+    let key = format!("{}/c", f.ns);
+    let marked = || async {
+        let t = f.op.ctx.topologies.get(&key)?;
+        let live: Vec<_> = t.live_nodes().collect();
+        let all = !live.is_empty()
+            && live.iter().all(|n| {
+                n.inventory
+                    .as_ref()
+                    .is_some_and(|i| i.divert_watch.mark().is_some())
+            });
+        all.then_some(())
+    };
+    wait_until(
+        "every live node's watch marked by the operator's poll",
+        Duration::from_secs(120),
+        marked,
+    )
+    .await;
+    for (command, outcome, _) in f.audit_rows("divertwatch.").await {
+        assert_eq!(
+            (command.as_str(), outcome.as_str()),
+            ("divertwatch.create", "succeeded")
+        );
+    }
+    let t = f.topology().await;
+    let n = t.live_nodes().next().expect("a live node");
+    let m = n.active.as_ref().expect("live");
+    let (target, source) = (format!("watched.{id}"), format!("watchsrc.{id}"));
+    m.create_queue(
+        &json!({"name": target, "address": target, "routing-type": "ANYCAST", "auto-create-address": true}),
+    )
+    .await
+    .expect("queue");
+    m.create_address(&source, "MULTICAST")
+        .await
+        .expect("source address");
+    let into = |d: &str| json!({"name": d, "routing-name": d, "address": source, "forwarding-address": target, "exclusive": false});
+    let first = format!("into.{id}");
+    m.create_divert(&into(&first)).await.expect("divert");
+    let polled = scrape(m).await.expect("a full read");
+    let mark = polled.divert_watch.mark().expect("the full read marks the watch");
+    let queues = [QueueAt {
+        name: &target,
+        address: &target,
+        routing_type: "ANYCAST",
+    }];
+    let watched = ScopedRead {
+        queues: &queues,
+        addresses: &[],
+        diverts: DivertsRead::Watched {
+            known: &polled.diverts,
+            mark,
+        },
+    };
+    let inv = read_scoped(m, &watched).await.expect("read");
+    assert_eq!(
+        inv.diverts.get(&first).map(|d| d.forwarding_address.as_str()),
+        Some(target.as_str())
+    );
+    // A second divert into the queue's address, behind the operator's back, after the mark.
+    let second = format!("into2.{id}");
+    m.create_divert(&into(&second)).await.expect("second divert");
+    let inv = read_scoped(m, &watched).await.expect("read");
+    for d in [&first, &second] {
+        let found = inv.diverts.get(d).expect("the watch moved: every divert is read");
+        assert_eq!(found.forwarding_address, target, "{d}");
+    }
+    // The watch destroyed behind the operator's back: every divert is read by the pattern, and
+    // the operator makes it again (a new incarnation, marked by its next full read).
+    m.destroy_queue(divert_watch::QUEUE, true)
+        .await
+        .expect("watch destroyed");
+    let inv = read_scoped(m, &watched).await.expect("read");
+    assert!(
+        inv.diverts.contains_key(&second),
+        "read by the pattern without the watch"
+    );
+    let again = || async {
+        match scrape(m).await.ok()?.divert_watch {
+            Watch::Live(w) if w.id != mark.id => Some(()),
+            _ => None,
+        }
+    };
+    wait_until("the watch made again", Duration::from_secs(120), again).await;
+    for d in [&first, &second] {
+        m.destroy_divert(d).await.expect("divert removed");
+    }
+    m.destroy_queue(&target, true).await.expect("queue removed");
+}
+
 #[tokio::test]
 async fn delete_over_the_bulk_cap_is_refused_until_message_loss_is_allowed() {
     let _b = brokers_shared().await;

@@ -515,6 +515,7 @@ mod tests {
             request_timeout: std::time::Duration::from_secs(5),
             poll_lock: Arc::default(),
             generation: Some(1),
+            divert_watch_refusals: Arc::default(),
         }
     }
 }

@@ -67,14 +67,21 @@ async fn read_queue(t: &Target, d: &DesiredQueue, purpose: FreshRead) -> Result<
 }
 
 /// The diverts a fresh read covers: none for a write; for a delete, those the node held at its
-/// last poll by name beside its `DivertNames` — the pattern read with no inventory yet, or more
-/// diverts than exact reads are worth.
+/// last poll by name, beside its divert watch when the poll left a mark (no divert added since:
+/// no `DivertNames`), else beside its `DivertNames` — the pattern read with no inventory yet, or
+/// more diverts than exact reads are worth.
 fn divert_read(purpose: &FreshRead) -> DivertsRead<'_> {
     match purpose {
         FreshRead::Apply => DivertsRead::None,
         FreshRead::Delete {
             last_inventory: Some(inv),
-        } if inv.diverts.len() <= KNOWN_DIVERTS_READ_BY_NAME => DivertsRead::Listed { known: &inv.diverts },
+        } if inv.diverts.len() <= KNOWN_DIVERTS_READ_BY_NAME => match inv.divert_watch.mark() {
+            Some(mark) => DivertsRead::Watched {
+                known: &inv.diverts,
+                mark,
+            },
+            None => DivertsRead::Listed { known: &inv.diverts },
+        },
         FreshRead::Delete { .. } => DivertsRead::All,
     }
 }
@@ -668,7 +675,7 @@ mod divert_read_tests {
     use std::sync::Arc;
 
     use super::{FreshRead, KNOWN_DIVERTS_READ_BY_NAME, divert_read};
-    use crate::topology::inventory::{DivertInfo, DivertsRead, NodeInventory};
+    use crate::topology::inventory::{DivertInfo, DivertsRead, Mark, NodeInventory, Watch};
 
     fn known(n: usize) -> FreshRead {
         let mut inv = NodeInventory::default();
@@ -699,6 +706,23 @@ mod divert_read_tests {
         );
         let empty = known(0);
         assert!(matches!(divert_read(&empty), DivertsRead::Listed { known } if known.is_empty()));
+        let mark = Mark { id: 7, added: 1 };
+        let watched = match known(2) {
+            FreshRead::Delete {
+                last_inventory: Some(inv),
+            } => {
+                let mut inv = (*inv).clone();
+                inv.divert_watch = Watch::Live(mark);
+                FreshRead::Delete {
+                    last_inventory: Some(Arc::new(inv)),
+                }
+            }
+            other => other,
+        };
+        assert!(
+            matches!(divert_read(&watched), DivertsRead::Watched { known, mark: m } if known.len() == 2 && m == mark),
+            "a mark: the watch instead of DivertNames"
+        );
         let past = known(KNOWN_DIVERTS_READ_BY_NAME + 1);
         assert!(matches!(divert_read(&past), DivertsRead::All));
     }
