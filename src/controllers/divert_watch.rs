@@ -32,19 +32,22 @@ impl Refusals {
     }
 }
 
-/// The live nodes of `topology` whose poll found no watch queue, less those that refused it
-/// within [`RETRY_AFTER`].
+/// The live nodes of `topology` that get the watch now.
 fn lacking(topology: &Topology, refusals: &Refusals) -> BTreeSet<String> {
     topology
         .live_nodes()
         .filter(|n| {
-            n.inventory
-                .as_ref()
-                .is_some_and(|i| i.divert_watch == Watch::Missing)
+            let watch = n.inventory.as_ref().map(|i| &i.divert_watch);
+            watch.is_some_and(|w| wanted(w, &n.node_id, refusals))
         })
         .map(|n| n.node_id.clone())
-        .filter(|n| refusals.due(n))
         .collect()
+}
+
+/// A node gets the watch when its full read found none (not one that is there but untrusted:
+/// that one is someone's, or moved) and it has not refused it within [`RETRY_AFTER`].
+fn wanted(watch: &Watch, node: &str, refusals: &Refusals) -> bool {
+    *watch == Watch::Missing && refusals.due(node)
 }
 
 /// Create the watch on every live node that lacks it: one audit row for them all.
@@ -59,8 +62,7 @@ pub async fn ensure(
     if nodes.is_empty() {
         return Ok(());
     }
-    let mut on = topology.clone();
-    on.nodes.retain(|n| nodes.contains(&n.node_id));
+    let on = topology.restricted_to(&nodes);
     // What it says of the management user's authority is about one reserved address, not the
     // queues it manages: no managementWrite evidence; a failure is an Event on the cluster.
     let told = Told {
@@ -114,5 +116,30 @@ fn intent(ctx: &Context, obj: &ArtemisCluster) -> AuditIntent {
         object_uid: obj.uid().unwrap_or_default(),
         object_generation: obj.metadata.generation,
         params: divert_watch::queue_document(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::divert_watch::Mark;
+
+    #[test]
+    fn only_a_missing_watch_is_made_and_a_refusal_waits_its_hour() {
+        let none = Refusals::default();
+        assert!(wanted(&Watch::Missing, "n1", &none));
+        let live = Watch::Live(Mark { id: 1, added: 1 });
+        assert!(!wanted(&live, "n1", &none), "there and counting");
+        let foreign = Watch::Untrusted("its filter is not the watch's".into());
+        assert!(!wanted(&foreign, "n1", &none), "there: never replaced");
+        assert!(!wanted(&Watch::Unread, "n1", &none));
+        let mut refused = Refusals::default();
+        refused.0.insert("n1".into(), Instant::now());
+        assert!(!wanted(&Watch::Missing, "n1", &refused), "refused just now");
+        assert!(wanted(&Watch::Missing, "n2", &refused), "another node");
+        if let Some(long_ago) = Instant::now().checked_sub(RETRY_AFTER) {
+            refused.0.insert("n1".into(), long_ago);
+            assert!(wanted(&Watch::Missing, "n1", &refused), "an hour on: asked again");
+        }
     }
 }
