@@ -3,13 +3,14 @@
 //! in one audited command on the ArtemisCluster. A node that refused it is asked again only
 //! after [`RETRY_AFTER`]; meanwhile its deletes read the diverts as before (`DivertNames`).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 use tokio::sync::Mutex;
 
 use super::command::{self, SuccessEvent, Told};
+use super::runtime::WatchRefusals as Refusals;
 use super::{Context, ReconcileError};
 use crate::api::{ArtemisCluster, Outcome, RefusalKind};
 use crate::fanout::{NodeFailure, NodeReport, Target};
@@ -21,16 +22,6 @@ use crate::topology::divert_watch::{self, Watch};
 /// notification address, say) is left without it before it is asked again: one audit row per
 /// node per this, not per poll.
 pub const RETRY_AFTER: Duration = Duration::from_secs(3600);
-
-/// The nodes that refused the watch, and when (per cluster, shared across its runtimes).
-#[derive(Debug, Default)]
-pub struct Refusals(HashMap<String, Instant>);
-
-impl Refusals {
-    fn due(&self, node: &str) -> bool {
-        self.0.get(node).is_none_or(|at| at.elapsed() >= RETRY_AFTER)
-    }
-}
 
 /// The live nodes of `topology` that get the watch now.
 fn lacking(topology: &Topology, refusals: &Refusals) -> BTreeSet<String> {
@@ -47,7 +38,7 @@ fn lacking(topology: &Topology, refusals: &Refusals) -> BTreeSet<String> {
 /// A node gets the watch when its full read found none (not one that is there but untrusted:
 /// that one is someone's, or moved) and it has not refused it within [`RETRY_AFTER`].
 fn wanted(watch: &Watch, node: &str, refusals: &Refusals) -> bool {
-    *watch == Watch::Missing && refusals.due(node)
+    *watch == Watch::Missing && refusals.0.get(node).is_none_or(|at| at.elapsed() >= RETRY_AFTER)
 }
 
 /// Create the watch on every live node that lacks it: one audit row for them all.

@@ -35,8 +35,12 @@ pub struct ClusterRuntime {
     /// The spec generation this runtime was resolved from.
     pub generation: Option<i64>,
     /// The nodes that refused the divert watch (shared across runtimes, like `memory`).
-    pub divert_watch_refusals: Arc<Mutex<super::divert_watch::Refusals>>,
+    pub divert_watch_refusals: Arc<Mutex<WatchRefusals>>,
 }
+
+/// The nodes that refused the divert watch, and when (controllers/divert_watch.rs).
+#[derive(Debug, Default)]
+pub struct WatchRefusals(pub std::collections::HashMap<String, std::time::Instant>);
 
 /// Every cluster's runtime, for the other controllers.
 pub type ClusterRegistry = crate::topology::ByCluster<ClusterRuntime>;
