@@ -138,3 +138,209 @@ pub(super) fn judge_diverts(
         _ => DivertsLeft::Named(vec![]),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use imbl::OrdMap;
+    use serde_json::Value;
+
+    use super::{DivertsRead, Mark};
+    use crate::broker::BrokerError;
+    use crate::topology::divert_watch;
+    use crate::topology::inventory::{DivertInfo, NodeInventory, ScopedRead};
+
+    fn divert(name: &str, address: &str, into: &str) -> DivertInfo {
+        DivertInfo {
+            name: name.into(),
+            address: address.into(),
+            forwarding_address: into.into(),
+            routing_type: "STRIP".into(),
+            ..Default::default()
+        }
+    }
+
+    fn divert_attrs(d: &DivertInfo) -> Value {
+        serde_json::json!({"UniqueName": d.name, "Address": d.address, "ForwardingAddress": d.forwarding_address,
+            "Exclusive": false, "Filter": null, "RoutingType": d.routing_type, "RoutingName": d.name})
+    }
+
+    #[test]
+    fn every_divert_is_one_strict_pattern_read_and_none_is_an_empty_answer() {
+        let requests = super::divert_requests("b1", &DivertsRead::All);
+        assert_eq!(requests.len(), 1, "one operation whatever the number of diverts");
+        let request = serde_json::to_value(&requests[0].1).expect("json");
+        assert!(request["mbean"].as_str().is_some_and(|m| m.contains("divert=*")));
+        assert!(request.get("config").is_none(), "strict: no ignoreErrors");
+        // Two diverts answered; then a node without any (Jolokia: 404 for an empty pattern).
+        let answer = serde_json::json!({
+            "k1": divert_attrs(&divert("d1", "a", "b")),
+            "k2": divert_attrs(&divert("tap", "y", "cap")),
+        });
+        let mut inv = NodeInventory::default();
+        let search = super::judge_diverts(
+            &DivertsRead::All,
+            vec![(super::DivertAsk::Every, Ok(answer))],
+            &mut inv,
+        )
+        .expect("judged");
+        assert_eq!(search, super::DivertsLeft::Named(vec![]));
+        assert_eq!(inv.diverts.keys().collect::<Vec<_>>(), ["d1", "tap"]);
+        let none = BrokerError::NoSuchMBean("javax.management.InstanceNotFoundException".into());
+        let mut empty = NodeInventory::default();
+        super::judge_diverts(
+            &DivertsRead::All,
+            vec![(super::DivertAsk::Every, Err(none))],
+            &mut empty,
+        )
+        .expect("judged");
+        assert!(empty.diverts.is_empty());
+        // Any other failure fails the read: nothing is planned on a guess.
+        let refused = BrokerError::BadResponse("AttributeNotFoundException".into());
+        assert!(
+            super::judge_diverts(
+                &DivertsRead::All,
+                vec![(super::DivertAsk::Every, Err(refused))],
+                &mut empty
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn a_named_divert_listed_elsewhere_is_searched_for() {
+        let read = DivertsRead::Named {
+            name: "d1",
+            address: "a",
+        };
+        let not_found = BrokerError::NoSuchMBean("javax.management.InstanceNotFoundException".into());
+        let answers = vec![
+            (
+                super::DivertAsk::Names,
+                Ok(serde_json::json!({"DivertNames": ["d1", "other"]})),
+            ),
+            (super::DivertAsk::One("d1".into()), Err(not_found)),
+        ];
+        let mut inv = NodeInventory::default();
+        let search = super::judge_diverts(&read, answers, &mut inv).expect("judged");
+        assert_eq!(search, super::DivertsLeft::Named(vec!["d1".to_string()]));
+    }
+
+    #[test]
+    fn a_node_without_diverts_is_asked_their_names_and_read_in_full_only_when_it_lists_some() {
+        let no_diverts = OrdMap::new();
+        let listed = DivertsRead::Listed { known: &no_diverts };
+        let requests = super::divert_requests("b1", &listed);
+        let request = serde_json::to_value(&requests[0].1).expect("json");
+        assert_eq!(requests.len(), 1);
+        assert_eq!(request["attribute"], serde_json::json!(["DivertNames"]));
+        assert!(
+            request["mbean"].as_str().is_some_and(|m| !m.contains('*')),
+            "no pattern"
+        );
+        let names = |v: Value| {
+            vec![(
+                super::DivertAsk::Names,
+                Ok(serde_json::json!({ "DivertNames": v })),
+            )]
+        };
+        let mut inv = NodeInventory::default();
+        let none = super::judge_diverts(&listed, names(serde_json::json!([])), &mut inv);
+        assert_eq!(none.expect("judged"), super::DivertsLeft::Named(vec![]));
+        let some = super::judge_diverts(&listed, names(serde_json::json!(["new"])), &mut inv);
+        assert_eq!(some.expect("judged"), super::DivertsLeft::Every);
+        let read = ScopedRead {
+            diverts: listed,
+            ..Default::default()
+        };
+        assert!(
+            read.covers().diverts,
+            "it covers every divert, as the pattern read does"
+        );
+    }
+
+    /// Issue 45: the diverts a node's last poll found are read by name beside its
+    /// `DivertNames`, with no pattern; the pattern read of every divert goes only when the
+    /// node lists one that was not where the poll saw it.
+    #[test]
+    fn diverts_seen_at_the_last_poll_are_read_by_name_and_a_new_one_brings_the_full_read() {
+        let known = OrdMap::unit("d1".to_string(), divert("d1", "src", "dst"));
+        let listed = DivertsRead::Listed { known: &known };
+        let requests = super::divert_requests("b1", &listed);
+        assert_eq!(requests.len(), 2, "DivertNames and the known divert");
+        assert_eq!(requests[1].0, super::DivertAsk::One("d1".into()));
+        for (_, r) in &requests {
+            let mbean = serde_json::to_value(r).expect("json")["mbean"].clone();
+            assert!(
+                mbean.as_str().is_some_and(|m| !m.contains('*')),
+                "no pattern: {mbean}"
+            );
+        }
+        let d1 = divert_attrs(&known["d1"]);
+        let answers = |names: Value| {
+            vec![
+                (
+                    super::DivertAsk::Names,
+                    Ok(serde_json::json!({ "DivertNames": names })),
+                ),
+                (super::DivertAsk::One("d1".into()), Ok(d1.clone())),
+            ]
+        };
+        let mut inv = NodeInventory::default();
+        let same = super::judge_diverts(&listed, answers(serde_json::json!(["d1"])), &mut inv);
+        assert_eq!(same.expect("judged"), super::DivertsLeft::Named(vec![]));
+        assert_eq!(
+            inv.diverts.get("d1").map(|d| d.forwarding_address.as_str()),
+            Some("dst")
+        );
+        let new = super::judge_diverts(&listed, answers(serde_json::json!(["d1", "d2"])), &mut inv);
+        assert_eq!(new.expect("judged"), super::DivertsLeft::Every);
+    }
+
+    /// Issue 45: with the divert watch at the node's mark, the diverts its last full read found
+    /// are read by name with no `DivertNames` and no pattern; the watch counted since (or gone)
+    /// brings the pattern read of every divert.
+    #[test]
+    fn a_watch_at_its_mark_spares_the_divert_names_and_a_count_since_brings_the_full_read() {
+        let known = OrdMap::unit("d1".to_string(), divert("d1", "src", "dst"));
+        let mark = Mark { id: 9, added: 4 };
+        let watched = DivertsRead::Watched { known: &known, mark };
+        let requests = super::divert_requests("b1", &watched);
+        let asks: Vec<_> = requests.iter().map(|(a, _)| a.clone()).collect();
+        assert_eq!(
+            asks,
+            [super::DivertAsk::Watch, super::DivertAsk::One("d1".into())]
+        );
+        for (_, r) in &requests {
+            let r = serde_json::to_value(r).expect("json");
+            assert!(
+                r["mbean"].as_str().is_some_and(|m| !m.contains('*')),
+                "no pattern"
+            );
+            assert_ne!(r["attribute"], serde_json::json!(["DivertNames"]));
+        }
+        let watch = |added: u64| serde_json::json!({"ID": 9, "MessagesAdded": added, "Filter": divert_watch::filter()});
+        let d1 = divert_attrs(&known["d1"]);
+        let answers = |w: Result<Value, BrokerError>| {
+            vec![
+                (super::DivertAsk::Watch, w),
+                (super::DivertAsk::One("d1".into()), Ok(d1.clone())),
+            ]
+        };
+        let mut inv = NodeInventory::default();
+        let same = super::judge_diverts(&watched, answers(Ok(watch(4))), &mut inv);
+        assert_eq!(same.expect("judged"), super::DivertsLeft::Named(vec![]));
+        assert!(inv.diverts.contains_key("d1"));
+        let counted = super::judge_diverts(&watched, answers(Ok(watch(5))), &mut inv);
+        assert_eq!(counted.expect("judged"), super::DivertsLeft::Every);
+        let gone = Err(BrokerError::NoSuchMBean(
+            "javax.management.InstanceNotFoundException".into(),
+        ));
+        let missing = super::judge_diverts(&watched, answers(gone), &mut inv);
+        assert_eq!(missing.expect("judged"), super::DivertsLeft::Every);
+        let read = ScopedRead {
+            diverts: watched,
+            ..Default::default()
+        };
+        assert!(read.covers().diverts, "it covers every divert");
+    }
+}
