@@ -82,7 +82,7 @@ async fn create(t: Target) -> Result<NodeReport, NodeFailure> {
         }
         Err(e) => Err(NodeFailure {
             message: Some(format!(
-                "the divert watch {} could not be created on {} ({e}); deletes on this node read every divert by name instead, slower at many queues, and it is tried again in {} min",
+                "the divert watch {} could not be created on {} ({e}); deletes on this node read its DivertNames instead (slower at many queues), and it is tried again in {} min",
                 divert_watch::QUEUE,
                 divert_watch::NOTIFICATION_ADDRESS,
                 RETRY_AFTER.as_secs() / 60
