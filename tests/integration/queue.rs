@@ -592,6 +592,28 @@ async fn delete_removes_dependent_diverts_first_and_keeps_source_diverts() {
     );
 }
 
+/// A queue (`{prefix}.{id}`) and a MULTICAST source address (`{prefix}src.{id}`) made behind
+/// the operator's back on one live node: that node's management, the queue, the source.
+async fn queue_and_source_on_a_node(
+    f: &Fixture,
+    prefix: &str,
+    id: &str,
+) -> (artemis_studio_operator::broker::BrokerManagement, String, String) {
+    let (target, source) = (format!("{prefix}.{id}"), format!("{prefix}src.{id}"));
+    let t = f.topology().await;
+    let n = t.live_nodes().next().expect("a live node");
+    let m = n.active.clone().expect("live");
+    m.create_queue(
+        &json!({"name": target, "address": target, "routing-type": "ANYCAST", "auto-create-address": true}),
+    )
+    .await
+    .expect("queue");
+    m.create_address(&source, "MULTICAST")
+        .await
+        .expect("source address");
+    (m, target, source)
+}
+
 /// Issue 45: a delete's preflight asks the node's DivertNames beside an exact read of each
 /// divert its last poll found, instead of the pattern read; when the node lists one that was not
 /// read (here made behind the operator's back just now, on a node that had none, then beside one
@@ -604,18 +626,8 @@ async fn a_preflight_asking_divert_names_reads_every_divert_once_the_node_lists_
     let f = fixture("q-names", None).await;
     let id = short_id();
     f.clean.also(&id);
-    let (target, source) = (format!("named.{id}"), format!("namedsrc.{id}"));
-    let t = f.topology().await;
-    let n = t.live_nodes().next().expect("a live node");
-    let m = n.active.as_ref().expect("live");
-    m.create_queue(
-        &json!({"name": target, "address": target, "routing-type": "ANYCAST", "auto-create-address": true}),
-    )
-    .await
-    .expect("queue");
-    m.create_address(&source, "MULTICAST")
-        .await
-        .expect("source address");
+    let (m, target, source) = queue_and_source_on_a_node(&f, "named", &id).await;
+    let m = &m;
     let divert = format!("into.{id}");
     m.create_divert(&json!({"name": divert, "routing-name": divert, "address": source, "forwarding-address": target, "exclusive": false}))
         .await
@@ -702,18 +714,8 @@ async fn the_divert_watch_counts_a_divert_made_behind_our_back_and_a_delete_read
             ("divertwatch.create", "succeeded")
         );
     }
-    let t = f.topology().await;
-    let n = t.live_nodes().next().expect("a live node");
-    let m = n.active.as_ref().expect("live");
-    let (target, source) = (format!("watched.{id}"), format!("watchsrc.{id}"));
-    m.create_queue(
-        &json!({"name": target, "address": target, "routing-type": "ANYCAST", "auto-create-address": true}),
-    )
-    .await
-    .expect("queue");
-    m.create_address(&source, "MULTICAST")
-        .await
-        .expect("source address");
+    let (m, target, source) = queue_and_source_on_a_node(&f, "watched", &id).await;
+    let m = &m;
     let into = |d: &str| json!({"name": d, "routing-name": d, "address": source, "forwarding-address": target, "exclusive": false});
     let first = format!("into.{id}");
     m.create_divert(&into(&first)).await.expect("divert");
