@@ -1,4 +1,4 @@
-//! The shared scripts (`../shared/bench`), once per size: the floor as it is judged
+//! The shared scripts (`../shared/bench`), in every run: the floor as it is judged
 //! (`ideal_operator.py`), next to the harness's own port (`floor.rs`), so the report shows
 //! whether the two agree; and the operator under the load that goes with it (`create_queues.py`,
 //! then `wait_ready.py`), since the harness drives its own bursts from Rust and the script's
@@ -27,22 +27,6 @@ const SCRIPT_PREFIXES: [&str; 3] = ["ideal-lat-", "ideal-s-", "ideal-b-"];
 pub enum SharedFloor {
     Measured(FloorFigures),
     NotMeasured(String),
-}
-
-impl SharedFloor {
-    pub fn figures(&self) -> Option<&FloorFigures> {
-        match self {
-            SharedFloor::Measured(f) => Some(f),
-            SharedFloor::NotMeasured(_) => None,
-        }
-    }
-
-    pub fn json(&self) -> Value {
-        match self {
-            SharedFloor::Measured(f) => f.json(),
-            SharedFloor::NotMeasured(why) => json!({"notMeasured": why}),
-        }
-    }
 }
 
 /// Run the shared script for `n` objects in a scratch namespace, with `status` (a status the
@@ -126,25 +110,26 @@ async fn python(dir: &Path, script: &str, args: &[String], limit: Duration) -> R
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// The operator's creates under the shared scripts' own load, or why they were not measured.
+/// The operator's creates under the shared scripts' own load: creates/s from the first create to
+/// the second `wait_ready.py` saw them all Ready, and create → Ready p50 and p99 from the API's
+/// timestamps (whole seconds), as it prints them.
+#[derive(Debug, Clone, Copy)]
+pub struct JudgedFigures {
+    pub rate: f64,
+    pub p50: f64,
+    pub p99: f64,
+}
+
+/// The judged creates, or why they were not measured.
 #[derive(Debug, Clone)]
 pub enum Judged {
-    /// Creates/s from the first create to the second `wait_ready.py` saw them all Ready, and
-    /// create → Ready p50 and p99 from the API's timestamps (whole seconds), as it prints them.
-    Measured {
-        rate: f64,
-        p50: f64,
-        p99: f64,
-    },
+    Measured(JudgedFigures),
     NotMeasured(String),
 }
 
-impl Judged {
+impl JudgedFigures {
     pub fn json(&self) -> Value {
-        match self {
-            Judged::Measured { rate, p50, p99 } => json!({"createsPerSecond": rate, "p50": p50, "p99": p99}),
-            Judged::NotMeasured(why) => json!({"notMeasured": why}),
-        }
+        json!({"createsPerSecond": self.rate, "p50": self.p50, "p99": self.p99})
     }
 }
 
@@ -206,11 +191,11 @@ async fn judged_creates(ctx: &Ctx, dir: &Path, ns: &str, prefix: &str, n: usize)
     let out = python(dir, "wait_ready.py", &wait, limit + Duration::from_secs(60)).await?;
     let numbers = last_numbers(&out)?;
     match numbers.as_slice() {
-        [ready_at, p50, p99] if *ready_at > started => Ok(Judged::Measured {
+        [ready_at, p50, p99] if *ready_at > started => Ok(Judged::Measured(JudgedFigures {
             rate: n as f64 / (ready_at - started),
             p50: *p50,
             p99: *p99,
-        }),
+        })),
         _ => bail!("wait_ready.py printed {out:?}"),
     }
 }

@@ -2,8 +2,9 @@
 //! window, then one create, filter change and delete at a time, then a restart, then all deleted
 //! → all gone. Measured in the same run, side by side with it:
 //! - the ideal-operator floor (issue 45, `floor.rs`): the least an operator must do per object on
-//!   this bed, single and bulk, the faster shape the floor; and once per size the shared script
-//!   it is judged with (`floor_shared.rs`), when `../shared/bench` is there;
+//!   this bed, single and bulk, the faster shape the floor; and in every run the shared script
+//!   it is judged with (`floor_shared.rs`), when `../shared/bench` is there, and the operator's N
+//!   again under the shared scripts' own load;
 //! - bare parallel Jolokia creating and destroying N queues on the same brokers (each queue one
 //!   exec per node, the three nodes in parallel, `in_flight` queues at a time), and bulk POSTs.
 //!
@@ -22,7 +23,7 @@ use anyhow::{Context, Result};
 use serde_json::Value;
 
 use crate::floor::{FloorFigures, IdealOperator};
-use crate::floor_shared::{self, Judged, SharedFloor};
+use crate::floor_shared::{self, Judged, JudgedFigures, SharedFloor};
 use crate::install::{Ctx, Install, settle};
 use crate::jolokia::Op;
 use crate::objects::{ListObserver, QueueWatch};
@@ -40,6 +41,14 @@ pub struct Run {
     /// creates; None when it could not be (`floor_error` says why).
     pub floor: Option<FloorFigures>,
     pub floor_error: Option<String>,
+    /// The shared script's floor (`ideal_operator.py`), measured just after the port; None when
+    /// it could not be (`shared_floor_error` says why).
+    pub shared_floor: Option<FloorFigures>,
+    pub shared_floor_error: Option<String>,
+    /// The operator's N again, created and observed by the shared scripts themselves, after its
+    /// own N; None when they could not be (`judged_error` says why).
+    pub judged: Option<JudgedFigures>,
+    pub judged_error: Option<String>,
     /// The harness's own input: queues/s of creates (deletes) the API server acknowledged, the
     /// bound every operator rate here is under (the bare baselines do not pay it).
     pub apply_rate: f64,
@@ -101,13 +110,10 @@ pub struct SingleOps {
     pub bare_ms: [f64; 3],
 }
 
-/// Every run at one size, the shared floor script's figures and the operator's creates under the
-/// shared scripts' load (each run once per size).
+/// Every run at one size.
 pub struct SizeResult {
     pub n: usize,
     pub runs: Vec<Run>,
-    pub shared_floor: SharedFloor,
-    pub judged: Judged,
 }
 
 /// The `p`-th percentile (0–100) of `values`, nearest rank; NaN when empty.
@@ -190,31 +196,21 @@ pub async fn run(ctx: &Ctx) -> Result<Section> {
     let mut results = vec![];
     for (&n, &repeats) in ctx.cfg.sizes.iter().zip(&ctx.cfg.scale_repeats) {
         let mut runs = vec![];
-        let mut shared_floor = SharedFloor::NotMeasured("no run at this size".into());
-        let mut judged = Judged::NotMeasured("no run at this size".into());
         for r in 0..repeats {
             println!("bench: scale {n} queues, run {}/{repeats}", r + 1);
-            let (run, shared) = one(ctx, n, r).await?;
-            if let Some((shared, by_scripts)) = shared {
-                (shared_floor, judged) = (shared, by_scripts);
-            }
-            runs.push(run);
+            runs.push(one(ctx, n, r).await?);
         }
-        results.push(SizeResult {
-            n,
-            runs,
-            shared_floor,
-            judged,
-        });
+        results.push(SizeResult { n, runs });
     }
     Ok(crate::scale_report::section(ctx, &results))
 }
 
 /// One run: the bare baselines, then an installation whose first queue gives the status the
-/// floor writes, the floor (and in the first run of a size the shared script), then the
-/// operator's N (and in the first run of a size its N again under the shared scripts' load).
-/// The floor's namespace is not the one the operator watches.
-async fn one(ctx: &Ctx, n: usize, repeat: usize) -> Result<(Run, Option<(SharedFloor, Judged)>)> {
+/// floor writes, the floor (the harness's port, then the shared script), then the operator's N,
+/// then its N again under the shared scripts' load. Every run measures both floors and the
+/// judged creates, so each has its median: at 500 a burst lasts seconds, and one reading is
+/// noise (issue 45). The floor's namespace is not the one the operator watches.
+async fn one(ctx: &Ctx, n: usize, repeat: usize) -> Result<Run> {
     let mut run = Run::default();
     if ctx.cfg.baselines {
         bare(ctx, n, repeat, &mut run).await?;
@@ -227,35 +223,39 @@ async fn one(ctx: &Ctx, n: usize, repeat: usize) -> Result<(Run, Option<(SharedF
     let status = probe_status(ctx, &install, &watch, &format!("p{n}r{repeat}")).await?;
     if ctx.cfg.baselines {
         measure_floor(ctx, n, repeat, &status, &mut run).await;
-    }
-    let shared = if repeat == 0 && ctx.cfg.baselines {
-        let shared = floor_shared::run(ctx, &format!("shared-floor{n}"), n, &status).await;
-        match &shared {
-            SharedFloor::Measured(f) => println!(
-                "bench: floor at {n}, the shared script: single {:.1}/s, bulk {:.1}/s, one object {:.1} ms",
-                f.single_rate, f.bulk_rate, f.one_object_ms
-            ),
-            SharedFloor::NotMeasured(why) => println!("bench: floor at {n}, the shared script: {why}"),
+        let tag = format!("shared-floor{n}r{repeat}");
+        match floor_shared::run(ctx, &tag, n, &status).await {
+            SharedFloor::Measured(f) => {
+                println!(
+                    "bench: floor at {n}, the shared script: single {:.1}/s, bulk {:.1}/s, one object {:.1} ms",
+                    f.single_rate, f.bulk_rate, f.one_object_ms
+                );
+                run.shared_floor = Some(f);
+            }
+            SharedFloor::NotMeasured(why) => {
+                println!("bench: floor at {n}, the shared script: {why}");
+                run.shared_floor_error = Some(why);
+            }
         }
-        Some(shared)
-    } else {
-        None
-    };
+    }
     let install = operator_run(ctx, install, &watch, n, repeat, &mut run).await?;
-    let shared = match shared {
-        Some(shared) => Some((shared, judged_creates(ctx, &install, n).await)),
-        None => None,
-    };
+    if ctx.cfg.baselines {
+        match judged_creates(ctx, &install, n).await {
+            Judged::Measured(j) => run.judged = Some(j),
+            Judged::NotMeasured(why) => run.judged_error = Some(why),
+        }
+    }
     install.down(ctx).await;
-    Ok((run, shared))
+    Ok(run)
 }
 
 /// The operator's N again, created and observed by the shared scripts themselves.
 async fn judged_creates(ctx: &Ctx, install: &Install, n: usize) -> Judged {
     let judged = floor_shared::judged(ctx, install.namespace(), n).await;
     match &judged {
-        Judged::Measured { rate, p50, p99 } => println!(
-            "bench: {n} creates driven by the shared scripts → all Ready: {rate:.1}/s, p50 {p50} s, p99 {p99} s"
+        Judged::Measured(j) => println!(
+            "bench: {n} creates driven by the shared scripts → all Ready: {:.1}/s, p50 {} s, p99 {} s",
+            j.rate, j.p50, j.p99
         ),
         Judged::NotMeasured(why) => println!("bench: {n} creates driven by the shared scripts: {why}"),
     }

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use crate::floor_shared::{Judged, SharedFloor};
+use crate::floor::FloorFigures;
 use crate::install::Ctx;
 use crate::report::{Bar, Chart, Headline, Section, Table};
 use crate::scale::{Run, SizeResult};
@@ -32,12 +32,30 @@ fn floor_rate(r: &Run) -> f64 {
     r.floor.map_or(f64::NAN, |f| f.rate())
 }
 
+fn shared_floor_rate(r: &Run) -> f64 {
+    r.shared_floor.map_or(f64::NAN, |f| f.rate())
+}
+
+fn judged_rate(r: &Run) -> f64 {
+    r.judged.map_or(f64::NAN, |j| j.rate)
+}
+
+/// A figure of the shared script's floor over the runs, or "not measured".
+fn shared_cell(runs: &[Run], figure: impl Fn(&FloorFigures) -> f64) -> String {
+    match summary(runs, |r| r.shared_floor.as_ref().map_or(f64::NAN, &figure)) {
+        Some(s) => s.show(1),
+        None => "not measured (see the notes)".into(),
+    }
+}
+
 /// Every figure of one size, and its ratios.
 struct Figures {
     create_rate: Option<Summary>,
     floor_rate: Option<Summary>,
     over_floor: Option<Summary>,
     over_shared_floor: Option<Summary>,
+    /// The operator driven by the shared scripts ÷ the shared script's floor, run by run.
+    judged_over_shared: Option<Summary>,
     over_bare: Option<Summary>,
     over_bulk: Option<Summary>,
     delete_over_bare: Option<Summary>,
@@ -55,7 +73,6 @@ struct Figures {
 impl Figures {
     fn of(size: &SizeResult) -> Figures {
         let runs = &size.runs;
-        let shared = size.shared_floor.figures().map_or(f64::NAN, |f| f.rate());
         let pairs: Vec<(f64, f64)> = runs
             .iter()
             .map(|r| (r.api_ready_p50, r.api_ready_p99))
@@ -67,7 +84,8 @@ impl Figures {
             create_rate: summary(runs, |r| r.create_rate),
             floor_rate: summary(runs, floor_rate),
             over_floor: ratio(runs, |r| r.create_rate, floor_rate),
-            over_shared_floor: ratio(runs, |r| r.create_rate, |_| shared),
+            over_shared_floor: ratio(runs, |r| r.create_rate, shared_floor_rate),
+            judged_over_shared: ratio(runs, judged_rate, shared_floor_rate),
             over_bare: ratio(runs, |r| r.create_rate, |r| r.bare_create_rate),
             over_bulk: ratio(runs, |r| r.create_rate, |r| r.bulk_create_rate),
             delete_over_bare: ratio(runs, |r| r.delete_rate, |r| r.bare_delete_rate),
@@ -295,13 +313,6 @@ fn restart_writes(runs: &[Run]) -> String {
     )
 }
 
-fn shared_cell(shared: &SharedFloor, show: impl Fn(&crate::floor::FloorFigures) -> String) -> String {
-    match shared {
-        SharedFloor::Measured(f) => show(f),
-        SharedFloor::NotMeasured(_) => "not measured (see the notes)".into(),
-    }
-}
-
 fn rates_row(size: &SizeResult, f: &Figures) -> Vec<String> {
     let runs = &size.runs;
     let mut rate_cell = stats::show(f.create_rate, 1);
@@ -319,9 +330,12 @@ fn rates_row(size: &SizeResult, f: &Figures) -> Vec<String> {
         rate_cell,
         floor_cell,
         stats::show(f.over_floor, 2),
-        shared_cell(&size.shared_floor, |x| {
-            format!("{:.1} ({:.1}; {:.1})", x.rate(), x.single_rate, x.bulk_rate)
-        }),
+        format!(
+            "{} ({}; {})",
+            shared_cell(runs, FloorFigures::rate),
+            shared_cell(runs, |x| x.single_rate),
+            shared_cell(runs, |x| x.bulk_rate)
+        ),
         stats::show(f.over_shared_floor, 2),
         stats::show(summary(runs, |r| r.bare_create_rate), 1),
         stats::show(f.over_bare, 2),
@@ -346,7 +360,7 @@ fn one_at_a_time_row(size: &SizeResult, f: &Figures) -> Vec<String> {
             summary(runs, |r| r.floor.map_or(f64::NAN, |x| x.one_object_ms)),
             1
         ),
-        shared_cell(&size.shared_floor, |x| format!("{:.1}", x.one_object_ms))
+        shared_cell(runs, |x| x.one_object_ms)
     );
     vec![
         size.n.to_string(),
@@ -377,7 +391,7 @@ fn headlines(ctx: &Ctx, size: &SizeResult, f: &Figures) -> Vec<Headline> {
                 stats::show(f.floor_rate, 1),
                 stats::show(f.over_floor, 2),
                 stats::show(f.over_shared_floor, 2),
-                judged_over_shared(size).map_or("—".into(), |r| format!("{r:.2} (n=1)")),
+                stats::show(f.judged_over_shared, 2),
                 stats::show(f.over_bare, 2)
             ),
             target: format!("≥ {FLOOR_TARGET}× the floor"),
@@ -495,7 +509,7 @@ fn bars_of(n: usize, f: &Figures) -> Vec<Bar> {
 fn notes(ctx: &Ctx, results: &[SizeResult]) -> Vec<String> {
     let mut notes = vec![];
     for size in results {
-        notes.push(floor_note(size));
+        notes.push(floor_note(size, &Figures::of(size)));
     }
     notes.push("API server figures are every client's requests for the operator's API group, Secrets and Events (the API server's `apiserver_request_total`), less the harness's own; other users of the shared API server (e.g. a concurrent integration test run) add to them. The operator's own client-side count (`artemis_studio_api_requests_total`) is next to them.".into());
     notes.push(format!(
@@ -506,62 +520,55 @@ fn notes(ctx: &Ctx, results: &[SizeResult]) -> Vec<String> {
     notes
 }
 
-/// Whether the harness's port of the floor and the shared script agree, per size.
-fn floor_note(size: &SizeResult) -> String {
-    let n = size.n;
-    let errors: Vec<&str> = size
-        .runs
-        .iter()
-        .filter_map(|r| r.floor_error.as_deref())
-        .collect();
-    let port = summary(&size.runs, floor_rate);
-    let mut note = match &size.shared_floor {
-        SharedFloor::Measured(shared) => format!(
-            "Floor at {n}: the harness's port {}/s, the shared script {:.1}/s ({} shape; single {:.1}, bulk {:.1}, one object {:.1} ms): port ÷ shared {}.",
-            stats::show(port, 1),
-            shared.rate(),
-            shared.shape(),
-            shared.single_rate,
-            shared.bulk_rate,
-            shared.one_object_ms,
-            port.map_or("—".into(), |p| format!("{:.2}", p.median / shared.rate()))
-        ),
-        SharedFloor::NotMeasured(why) => format!(
-            "Floor at {n}: the harness's port {}/s; the shared script: {why}.",
-            stats::show(port, 1)
-        ),
+/// Whether the harness's port of the floor and the shared script agree, per size, and the
+/// operator driven by the shared scripts.
+fn floor_note(size: &SizeResult, f: &Figures) -> String {
+    let (n, runs) = (size.n, &size.runs);
+    let errors = |e: fn(&Run) -> Option<&String>| -> Vec<&str> {
+        runs.iter().filter_map(|r| e(r).map(String::as_str)).collect()
     };
-    if !errors.is_empty() {
-        note.push_str(&format!(" The port could not measure: {}.", errors.join("; ")));
+    let port = summary(runs, floor_rate);
+    let shared = summary(runs, shared_floor_rate);
+    let mut note = format!(
+        "Floor at {n}: the harness's port {}/s, the shared script {}/s (single {}, bulk {}, one object {} ms); port ÷ shared, run by run, {}.",
+        stats::show(port, 1),
+        stats::show(shared, 1),
+        shared_cell(runs, |x| x.single_rate),
+        shared_cell(runs, |x| x.bulk_rate),
+        shared_cell(runs, |x| x.one_object_ms),
+        stats::show(ratio(runs, floor_rate, shared_floor_rate), 2)
+    );
+    let port_errors = errors(|r| r.floor_error.as_ref());
+    if !port_errors.is_empty() {
+        note.push_str(&format!(
+            " The port could not measure: {}.",
+            port_errors.join("; ")
+        ));
+    }
+    let shared_errors = errors(|r| r.shared_floor_error.as_ref());
+    if !shared_errors.is_empty() {
+        note.push_str(&format!(" The shared script: {}.", shared_errors.join("; ")));
     }
     note.push_str(" Both run with the operator under test up and idle (it watches another namespace), just before its N creates.");
-    note.push_str(&match (&size.judged, judged_over_shared(size)) {
-        (Judged::Measured { rate, p50, p99 }, over) => format!(
-            " The operator's {n} creates again, driven and observed by the shared scripts themselves (`create_queues.py`, `wait_ready.py`; once, after its runs): {rate:.1}/s, p50 {p50} s, p99 {p99} s; ÷ the shared script's floor {}.",
-            over.map_or("—".into(), |r| format!("{r:.2}"))
-        ),
-        (Judged::NotMeasured(why), _) => {
-            format!(" The operator's creates driven by the shared scripts: {why}.")
-        }
-    });
-    note
-}
-
-/// The operator's creates driven by the shared scripts ÷ the shared script's floor.
-fn judged_over_shared(size: &SizeResult) -> Option<f64> {
-    match (&size.judged, size.shared_floor.figures()) {
-        (Judged::Measured { rate, .. }, Some(floor)) => Some(rate / floor.rate()),
-        _ => None,
+    note.push_str(&format!(
+        " The operator's {n} creates again in every run, driven and observed by the shared scripts themselves (`create_queues.py`, `wait_ready.py`, after its own N): {}/s, p50 {} s, p99 {} s; ÷ the same run's shared floor {}.",
+        stats::show(summary(runs, judged_rate), 1),
+        stats::show(summary(runs, |r| r.judged.map_or(f64::NAN, |j| j.p50)), 0),
+        stats::show(summary(runs, |r| r.judged.map_or(f64::NAN, |j| j.p99)), 0),
+        stats::show(f.judged_over_shared, 2)
+    ));
+    let judged_errors = errors(|r| r.judged_error.as_ref());
+    if !judged_errors.is_empty() {
+        note.push_str(&format!(" Not measured: {}.", judged_errors.join("; ")));
     }
+    note
 }
 
 fn size_json(size: &SizeResult, f: &Figures) -> Value {
     json!({
         "queues": size.n,
         "runs": size.runs.iter().map(run_json).collect::<Vec<_>>(),
-        "sharedFloor": size.shared_floor.json(),
-        "judgedBySharedScripts": size.judged.json(),
-        "judgedOverSharedFloor": judged_over_shared(size),
+        "judgedOverSharedFloor": stats::json(f.judged_over_shared),
         "createOverFloor": stats::json(f.over_floor),
         "createOverSharedFloor": stats::json(f.over_shared_floor),
         "createOverBareParallel": stats::json(f.over_bare),
@@ -581,6 +588,8 @@ fn run_json(r: &Run) -> Value {
     let ops = |ms: &[f64; 3]| json!({"create": num(ms[0]), "updateFilter": num(ms[1]), "delete": num(ms[2])});
     json!({
         "floor": r.floor.map(|f| f.json()), "floorError": r.floor_error,
+        "sharedFloor": r.shared_floor.map(|f| f.json()), "sharedFloorError": r.shared_floor_error,
+        "judgedBySharedScripts": r.judged.map(|j| j.json()), "judgedError": r.judged_error,
         "bareCreatePerSecond": num(r.bare_create_rate), "bareDeletePerSecond": num(r.bare_delete_rate),
         "createPerSecond": num(r.create_rate), "deletePerSecond": num(r.delete_rate),
         "appliedCreatesPerSecond": num(r.apply_rate), "appliedDeletesPerSecond": num(r.delete_apply_rate),
