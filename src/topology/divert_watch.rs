@@ -146,6 +146,9 @@ mod tests {
         );
         let missing = Err(BrokerError::NoSuchMBean("gone".into()));
         assert_eq!(judge(missing), Watch::Missing);
+        // A read that failed otherwise says nothing of whether it is there: not made again.
+        let failed = Err(BrokerError::BadResponse("AttributeNotFoundException".into()));
+        assert!(matches!(judge(failed), Watch::Untrusted(_)), "not Missing");
         let odd = Ok(json!({"ID": "x", "MessagesAdded": 1, "Filter": ours}));
         assert!(matches!(judge(odd), Watch::Untrusted(_)));
     }

@@ -343,4 +343,30 @@ mod tests {
         };
         assert!(read.covers().diverts, "it covers every divert");
     }
+
+    /// ADR-0084: a known divert that could not be read (anything but "no such MBean") fails the
+    /// read, at the mark or beside `DivertNames`: it is never taken as gone.
+    #[test]
+    fn a_known_divert_whose_read_failed_fails_the_read_and_is_never_taken_as_gone() {
+        let known = OrdMap::unit("d1".to_string(), divert("d1", "src", "dst"));
+        let mark = Mark { id: 9, added: 4 };
+        let watch = serde_json::json!({"ID": 9, "MessagesAdded": 4, "Filter": divert_watch::filter()});
+        let failed = || Err(BrokerError::BadResponse("AttributeNotFoundException".into()));
+        let watched = DivertsRead::Watched { known: &known, mark };
+        let at_mark = vec![
+            (super::DivertAsk::Watch, Ok(watch)),
+            (super::DivertAsk::One("d1".into()), failed()),
+        ];
+        let mut inv = NodeInventory::default();
+        assert!(super::judge_diverts(&watched, at_mark, &mut inv).is_err());
+        let listed = DivertsRead::Listed { known: &known };
+        let beside_names = vec![
+            (
+                super::DivertAsk::Names,
+                Ok(serde_json::json!({"DivertNames": ["d1"]})),
+            ),
+            (super::DivertAsk::One("d1".into()), failed()),
+        ];
+        assert!(super::judge_diverts(&listed, beside_names, &mut inv).is_err());
+    }
 }
