@@ -22,28 +22,22 @@ const SCRIPT: &str = "ideal_operator.py";
 /// when it did not finish.
 const SCRIPT_PREFIXES: [&str; 3] = ["ideal-lat-", "ideal-s-", "ideal-b-"];
 
-/// What the shared script gave, or why it gave nothing.
-#[derive(Debug, Clone)]
-pub enum SharedFloor {
-    Measured(FloorFigures),
-    NotMeasured(String),
-}
-
 /// Run the shared script for `n` objects in a scratch namespace, with `status` (a status the
-/// operator wrote in this run) as its STATUS_JSON and the harness's creates in flight as its W.
-pub async fn run(ctx: &Ctx, tag: &str, n: usize, status: &Value) -> SharedFloor {
+/// operator wrote in this run) as its STATUS_JSON and the harness's creates in flight as its W:
+/// what it gave, or why it gave nothing.
+pub async fn run(ctx: &Ctx, tag: &str, n: usize, status: &Value) -> Result<FloorFigures, String> {
     let Some(dir) = ctx.cfg.shared_floor.as_deref() else {
-        return SharedFloor::NotMeasured("switched off (ARTEMIS_STUDIO_BENCH_SHARED_FLOOR=off)".into());
+        return Err("switched off (ARTEMIS_STUDIO_BENCH_SHARED_FLOOR=off)".into());
     };
     if !dir.join(SCRIPT).is_file() {
-        return SharedFloor::NotMeasured(format!(
+        return Err(format!(
             "floor not measured: {} absent (the harness's port of it is the floor)",
             dir.display()
         ));
     }
     let ns = match ctx.scratch_namespace(tag).await {
         Ok(ns) => ns,
-        Err(e) => return SharedFloor::NotMeasured(format!("no namespace for it: {e:#}")),
+        Err(e) => return Err(format!("no namespace for it: {e:#}")),
     };
     let result = run_script(ctx, dir, &ns, n, status).await;
     ctx.drop_scratch_namespace(&ns).await;
@@ -56,10 +50,10 @@ pub async fn run(ctx: &Ctx, tag: &str, n: usize, status: &Value) -> SharedFloor 
         Err(e) => eprintln!("[bench] shared floor cleanup: {e:#}"),
     }
     match result {
-        Ok(figures) => SharedFloor::Measured(figures),
+        Ok(figures) => Ok(figures),
         Err(e) => {
             eprintln!("[bench] shared floor: {e:#}");
-            SharedFloor::NotMeasured(format!("the script failed: {e:#}"))
+            Err(format!("the script failed: {e:#}"))
         }
     }
 }
@@ -120,13 +114,6 @@ pub struct JudgedFigures {
     pub p99: f64,
 }
 
-/// The judged creates, or why they were not measured.
-#[derive(Debug, Clone)]
-pub enum Judged {
-    Measured(JudgedFigures),
-    NotMeasured(String),
-}
-
 impl JudgedFigures {
     pub fn json(&self) -> Value {
         json!({"createsPerSecond": self.rate, "p50": self.p50, "p99": self.p99})
@@ -137,13 +124,14 @@ impl JudgedFigures {
 const JUDGE_SCRIPTS: [&str; 3] = ["create_queues.py", "wait_ready.py", "delete_all.py"];
 
 /// `n` ArtemisQueues created in `ns` (the operator's, empty) by `create_queues.py`, waited for by
-/// `wait_ready.py`, then removed by `delete_all.py` and their addresses from the brokers.
-pub async fn judged(ctx: &Ctx, ns: &str, n: usize) -> Judged {
+/// `wait_ready.py`, then removed by `delete_all.py` and their addresses from the brokers: what
+/// the scripts measured, or why they did not.
+pub async fn judged(ctx: &Ctx, ns: &str, n: usize) -> Result<JudgedFigures, String> {
     let Some(dir) = ctx.cfg.shared_floor.as_deref() else {
-        return Judged::NotMeasured("switched off (ARTEMIS_STUDIO_BENCH_SHARED_FLOOR=off)".into());
+        return Err("switched off (ARTEMIS_STUDIO_BENCH_SHARED_FLOOR=off)".into());
     };
     if let Some(absent) = JUDGE_SCRIPTS.iter().find(|s| !dir.join(s).is_file()) {
-        return Judged::NotMeasured(format!("{} absent", dir.join(absent).display()));
+        return Err(format!("{} absent", dir.join(absent).display()));
     }
     let prefix = format!("judged-{}-{n}", ctx.cfg.run_id);
     let measured = judged_creates(ctx, dir, ns, &prefix, n).await;
@@ -163,13 +151,10 @@ pub async fn judged(ctx: &Ctx, ns: &str, n: usize) -> Judged {
         Ok(removed) => println!("bench: removed {removed} broker objects the judged creates left"),
         Err(e) => eprintln!("[bench] judged creates cleanup: {e:#}"),
     }
-    match measured {
-        Ok(j) => j,
-        Err(e) => Judged::NotMeasured(format!("the scripts failed: {e:#}")),
-    }
+    measured.map_err(|e| format!("the scripts failed: {e:#}"))
 }
 
-async fn judged_creates(ctx: &Ctx, dir: &Path, ns: &str, prefix: &str, n: usize) -> Result<Judged> {
+async fn judged_creates(ctx: &Ctx, dir: &Path, ns: &str, prefix: &str, n: usize) -> Result<JudgedFigures> {
     let kubeconfig = ctx.bed.var("TESTBED_KUBECONFIG")?;
     let limit = ctx.cfg.wait_for(n);
     let started = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs_f64();
@@ -191,11 +176,11 @@ async fn judged_creates(ctx: &Ctx, dir: &Path, ns: &str, prefix: &str, n: usize)
     let out = python(dir, "wait_ready.py", &wait, limit + Duration::from_secs(60)).await?;
     let numbers = last_numbers(&out)?;
     match numbers.as_slice() {
-        [ready_at, p50, p99] if *ready_at > started => Ok(Judged::Measured(JudgedFigures {
+        [ready_at, p50, p99] if *ready_at > started => Ok(JudgedFigures {
             rate: n as f64 / (ready_at - started),
             p50: *p50,
             p99: *p99,
-        })),
+        }),
         _ => bail!("wait_ready.py printed {out:?}"),
     }
 }

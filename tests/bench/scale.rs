@@ -23,7 +23,7 @@ use anyhow::{Context, Result};
 use serde_json::Value;
 
 use crate::floor::{FloorFigures, IdealOperator};
-use crate::floor_shared::{self, Judged, JudgedFigures, SharedFloor};
+use crate::floor_shared::{self, JudgedFigures};
 use crate::install::{Ctx, Install, settle};
 use crate::jolokia::Op;
 use crate::objects::{ListObserver, QueueWatch};
@@ -225,14 +225,14 @@ async fn one(ctx: &Ctx, n: usize, repeat: usize) -> Result<Run> {
         measure_floor(ctx, n, repeat, &status, &mut run).await;
         let tag = format!("shared-floor{n}r{repeat}");
         match floor_shared::run(ctx, &tag, n, &status).await {
-            SharedFloor::Measured(f) => {
+            Ok(f) => {
                 println!(
                     "bench: floor at {n}, the shared script: single {:.1}/s, bulk {:.1}/s, one object {:.1} ms",
                     f.single_rate, f.bulk_rate, f.one_object_ms
                 );
                 run.shared_floor = Some(f);
             }
-            SharedFloor::NotMeasured(why) => {
+            Err(why) => {
                 println!("bench: floor at {n}, the shared script: {why}");
                 run.shared_floor_error = Some(why);
             }
@@ -241,8 +241,8 @@ async fn one(ctx: &Ctx, n: usize, repeat: usize) -> Result<Run> {
     let install = operator_run(ctx, install, &watch, n, repeat, &mut run).await?;
     if ctx.cfg.baselines {
         match judged_creates(ctx, &install, n).await {
-            Judged::Measured(j) => run.judged = Some(j),
-            Judged::NotMeasured(why) => run.judged_error = Some(why),
+            Ok(j) => run.judged = Some(j),
+            Err(why) => run.judged_error = Some(why),
         }
     }
     install.down(ctx).await;
@@ -250,14 +250,14 @@ async fn one(ctx: &Ctx, n: usize, repeat: usize) -> Result<Run> {
 }
 
 /// The operator's N again, created and observed by the shared scripts themselves.
-async fn judged_creates(ctx: &Ctx, install: &Install, n: usize) -> Judged {
+async fn judged_creates(ctx: &Ctx, install: &Install, n: usize) -> Result<JudgedFigures, String> {
     let judged = floor_shared::judged(ctx, install.namespace(), n).await;
     match &judged {
-        Judged::Measured(j) => println!(
+        Ok(j) => println!(
             "bench: {n} creates driven by the shared scripts → all Ready: {:.1}/s, p50 {} s, p99 {} s",
             j.rate, j.p50, j.p99
         ),
-        Judged::NotMeasured(why) => println!("bench: {n} creates driven by the shared scripts: {why}"),
+        Err(why) => println!("bench: {n} creates driven by the shared scripts: {why}"),
     }
     judged
 }
