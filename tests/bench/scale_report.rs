@@ -107,8 +107,10 @@ pub fn section(ctx: &Ctx, results: &[SizeResult]) -> Section {
     let mut tables = Tables::new();
     let mut bars = vec![];
     let mut sizes_json = vec![];
+    let mut floor_notes = vec![];
     for size in results {
         let f = Figures::of(size);
+        floor_notes.push(floor_note(size, &f));
         tables.add(size, &f);
         s.headlines.extend(headlines(ctx, size, &f));
         bars.extend(bars_of(size.n, &f));
@@ -122,7 +124,7 @@ pub fn section(ctx: &Ctx, results: &[SizeResult]) -> Section {
         bars,
         target: Some((FLOOR_TARGET, format!("target {FLOOR_TARGET}× the floor"))),
     });
-    s.notes = notes(ctx, results);
+    s.notes = notes(ctx, floor_notes);
     s.json = json!({"sizes": sizes_json});
     s
 }
@@ -506,11 +508,9 @@ fn bars_of(n: usize, f: &Figures) -> Vec<Bar> {
     .collect()
 }
 
-fn notes(ctx: &Ctx, results: &[SizeResult]) -> Vec<String> {
-    let mut notes = vec![];
-    for size in results {
-        notes.push(floor_note(size, &Figures::of(size)));
-    }
+/// The section's notes: each size's floor note, then what every size shares.
+fn notes(ctx: &Ctx, floor_notes: Vec<String>) -> Vec<String> {
+    let mut notes = floor_notes;
     notes.push("API server figures are every client's requests for the operator's API group, Secrets and Events (the API server's `apiserver_request_total`), less the harness's own; other users of the shared API server (e.g. a concurrent integration test run) add to them. The operator's own client-side count (`artemis_studio_api_requests_total`) is next to them.".into());
     notes.push(format!(
         "Converged window: {} s after all were Ready; Jolokia ops per node per poll include the poll itself (identity and inventory: 8 operations per node); the RSS is read at its end.",
